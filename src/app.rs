@@ -1,0 +1,547 @@
+//! The commands behind `main`: each loads the configuration, does its work and
+//! maps the result to an exit code (CONTRACT §2): 0 ok, 2 usage (clap),
+//! 69 store unreachable, 78 invalid configuration, 1 anything else.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures_util::StreamExt;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use signal_hook_tokio::Signals;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Cli, Commands};
+use crate::config::{self, Config, JobName, Overrides};
+use crate::node::Node;
+use crate::store::{self, LockStatus, Owner, RunRecord, StoreError};
+use crate::{guard, telemetry};
+
+/// Exit code: store unreachable (sysexits EX_UNAVAILABLE).
+pub const EXIT_UNAVAILABLE: u8 = 69;
+/// Exit code: invalid configuration (sysexits EX_CONFIG).
+pub const EXIT_CONFIG: u8 = 78;
+
+/// Runs a parsed command line.
+pub fn main(cli: Cli) -> ExitCode {
+    match cli.command {
+        Commands::Guard => guard::serve(),
+        Commands::Check { config, next } => check(&config.config, next),
+        Commands::Run(c) => with_runtime(|| run(c.config)),
+        Commands::Status { config, json } => with_runtime(|| status(config.config, json)),
+        Commands::History {
+            config,
+            job,
+            limit,
+            json,
+        } => with_runtime(|| history(config.config, job, limit, json)),
+        Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
+        Commands::StepDown(c) => step_down(&c.config),
+    }
+}
+
+fn with_runtime<F: std::future::Future<Output = ExitCode>>(f: impl FnOnce() -> F) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(f()),
+        Err(e) => {
+            eprintln!("cronlease: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Loads the configuration, printing every error (one per line) on failure.
+fn load_config(path: &Path) -> Result<Config, ExitCode> {
+    config::load(path, &Overrides::from_env()).map_err(|errors| {
+        for e in &errors.0 {
+            eprintln!("{e}");
+        }
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn store_failure(e: &StoreError) -> ExitCode {
+    eprintln!("cronlease: {e}");
+    match e {
+        StoreError::NotBuiltIn(_) => ExitCode::from(EXIT_CONFIG),
+        e if e.is_unreachable() => ExitCode::from(EXIT_UNAVAILABLE),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+/// Runs a store call within the configured `op_timeout`.
+async fn within<T>(
+    config: &Config,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let budget = config.store.op_timeout.max(Duration::from_secs(5));
+    tokio::time::timeout(budget, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(budget)))
+}
+
+fn check(path: &Path, next: usize) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{}: ok (node {}, store {}, {} job{})",
+        path.display(),
+        config.node,
+        config.store.url,
+        config.jobs.len(),
+        if config.jobs.len() == 1 { "" } else { "s" }
+    );
+    let now = Utc::now();
+    for job in &config.jobs {
+        let _ = writeln!(
+            out,
+            "{}  {:?} ({})  {}",
+            job.name,
+            job.schedule.expr(),
+            job.schedule.zone(),
+            job.defined_at
+        );
+        for t in job.schedule.upcoming(now, next) {
+            let local = t.with_timezone(&job.schedule.zone());
+            let _ = writeln!(
+                out,
+                "  {}  ({})",
+                rfc3339(t),
+                local.format("%Y-%m-%d %H:%M:%S %Z")
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+async fn run(path: PathBuf) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init(&config.log);
+    if config.jobs.is_empty() {
+        tracing::warn!(config = %path.display(), "no jobs defined: this node will only hold the store connection");
+    }
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    let signals = match Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cronlease: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let node = Node::new(&config, store);
+    let shutdown = CancellationToken::new();
+    let pid_file = PidFile::create(&config.pid_file);
+    let signal_task = tokio::spawn(handle_signals(
+        signals,
+        node.clone(),
+        shutdown.clone(),
+        path.clone(),
+        config.clone(),
+    ));
+    node.run(config.jobs.clone(), shutdown).await;
+    signal_task.abort();
+    drop(pid_file);
+    ExitCode::SUCCESS
+}
+
+async fn handle_signals(
+    mut signals: Signals,
+    node: Arc<Node>,
+    shutdown: CancellationToken,
+    path: PathBuf,
+    mut current: Config,
+) {
+    while let Some(signal) = signals.next().await {
+        match signal {
+            SIGTERM | SIGINT if shutdown.is_cancelled() => {
+                tracing::warn!("second stop signal: stopping running jobs now");
+                node.kill_running_jobs();
+            }
+            SIGTERM | SIGINT => {
+                let name = if signal == SIGTERM {
+                    "SIGTERM"
+                } else {
+                    "SIGINT"
+                };
+                tracing::info!("{name} received: shutting down");
+                shutdown.cancel();
+            }
+            SIGHUP => {
+                if shutdown.is_cancelled() {
+                    continue;
+                }
+                match config::load(&path, &Overrides::from_env()) {
+                    Ok(new) => {
+                        warn_restart_only_changes(&current, &new);
+                        tracing::info!(jobs = new.jobs.len(), "SIGHUP: job files reloaded");
+                        node.apply_jobs(new.jobs.clone());
+                        current = new;
+                    }
+                    Err(errors) => {
+                        for e in &errors.0 {
+                            tracing::error!("{e}");
+                        }
+                        tracing::error!(
+                            errors = errors.0.len(),
+                            "SIGHUP: configuration invalid; keeping the current jobs"
+                        );
+                    }
+                }
+            }
+            SIGUSR1 if !shutdown.is_cancelled() => {
+                tracing::info!("SIGUSR1: stepping down");
+                let node = node.clone();
+                tokio::spawn(async move { node.step_down().await });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Settings outside the job set take effect only on restart; say so.
+fn warn_restart_only_changes(old: &Config, new: &Config) {
+    let mut changed = Vec::new();
+    if old.node != new.node {
+        changed.push("node");
+    }
+    if old.store.url != new.store.url
+        || old.store.table_prefix != new.store.table_prefix
+        || old.store.key_prefix != new.store.key_prefix
+    {
+        changed.push("store");
+    }
+    if old.lease_margin != new.lease_margin {
+        changed.push("lease.margin");
+    }
+    if old.metrics_listen != new.metrics_listen {
+        changed.push("metrics");
+    }
+    if !changed.is_empty() {
+        tracing::warn!(
+            "SIGHUP reloads jobs only; restart to apply changes to: {}",
+            changed.join(", ")
+        );
+    }
+}
+
+/// The daemon's pid file, removed when dropped.
+struct PidFile(Option<PathBuf>);
+
+impl PidFile {
+    fn create(path: &Path) -> PidFile {
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        match std::fs::write(path, format!("{}\n", std::process::id())) {
+            Ok(()) => PidFile(Some(path.to_path_buf())),
+            Err(e) => {
+                tracing::warn!(pid_file = %path.display(), "cannot write the pid file ({e}); `cronlease step-down` will not find this daemon (SIGUSR1 still works)");
+                PidFile(None)
+            }
+        }
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            // Only our own pid: a newer daemon may have taken the file over.
+            if std::fs::read_to_string(p).is_ok_and(|s| s.trim() == std::process::id().to_string())
+            {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+fn step_down(path: &Path) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let pid_file = &config.pid_file;
+    let pid = match std::fs::read_to_string(pid_file).map(|s| s.trim().parse::<i32>()) {
+        Ok(Ok(pid)) if pid > 1 => pid,
+        Ok(_) => {
+            eprintln!("cronlease: {} does not hold a pid", pid_file.display());
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!(
+                "cronlease: cannot read {} ({e}): is the daemon running with this config?",
+                pid_file.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    // A stale pid file after a crash may name an unrelated process now.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if !String::from_utf8_lossy(&cmdline).contains("cronlease") {
+        eprintln!(
+            "cronlease: process {pid} from {} is not a cronlease daemon (stale pid file?)",
+            pid_file.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    match nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGUSR1,
+    ) {
+        Ok(()) => {
+            println!("step-down requested from cronlease pid {pid}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cronlease: cannot signal pid {pid}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn migrate(path: PathBuf) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init_default();
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    match tokio::time::timeout(Duration::from_secs(60), store.prepare()).await {
+        Ok(Ok(())) => {
+            println!("{}: schema up to date", store.describe());
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) => store_failure(&e),
+        Err(_) => store_failure(&StoreError::Timeout(Duration::from_secs(60))),
+    }
+}
+
+/// One job's line of `status`.
+#[derive(Debug, serde::Serialize)]
+struct JobStatus {
+    job: String,
+    /// Defined in this node's configuration.
+    configured: bool,
+    holder: Option<String>,
+    holder_node: Option<String>,
+    lease_remaining_ms: u64,
+    fence: u64,
+    last_occurrence: Option<DateTime<Utc>>,
+    last_run: Option<RunRecord>,
+}
+
+async fn status(path: PathBuf, json: bool) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init_default();
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    let locks = match within(&config, store.status()).await {
+        Ok(l) => l,
+        Err(e) => return store_failure(&e),
+    };
+    let mut by_job: BTreeMap<String, Option<LockStatus>> = config
+        .jobs
+        .iter()
+        .map(|j| (j.name.to_string(), None))
+        .collect();
+    for lock in locks {
+        by_job.insert(lock.job.clone(), Some(lock));
+    }
+    let mut rows = Vec::new();
+    for (job, lock) in by_job {
+        let last_run = match JobName::parse(&job) {
+            Ok(name) => match within(&config, store.history(Some(&name), 1)).await {
+                Ok(mut runs) => runs.pop(),
+                Err(e) => return store_failure(&e),
+            },
+            Err(_) => None,
+        };
+        rows.push(JobStatus {
+            configured: config.jobs.iter().any(|j| j.name.as_str() == job),
+            holder_node: lock
+                .as_ref()
+                .and_then(|l| l.holder.as_deref())
+                .map(|h| Owner::node_of(h).to_string()),
+            holder: lock.as_ref().and_then(|l| l.holder.clone()),
+            lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
+            fence: lock.as_ref().map_or(0, |l| l.fence),
+            last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
+            last_run,
+            job,
+        });
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let last = r.last_run.as_ref().map_or("-".to_string(), |run| {
+                let code = run.exit_code.map(|c| format!(" ({c})")).unwrap_or_default();
+                format!("{}{code} on {}", run.outcome, run.node)
+            });
+            vec![
+                format!(
+                    "{}{}",
+                    r.job,
+                    if r.configured {
+                        ""
+                    } else {
+                        " (not configured here)"
+                    }
+                ),
+                r.holder.clone().unwrap_or_else(|| "-".into()),
+                if r.holder.is_some() {
+                    format!("{:.1}s", r.lease_remaining_ms as f64 / 1000.0)
+                } else {
+                    "-".into()
+                },
+                r.fence.to_string(),
+                r.last_occurrence.map_or("-".into(), rfc3339),
+                last,
+            ]
+        })
+        .collect();
+    print_table(
+        &mut out,
+        &[
+            "JOB",
+            "HOLDER",
+            "LEASE LEFT",
+            "FENCE",
+            "LAST OCCURRENCE",
+            "LAST RUN",
+        ],
+        &table,
+    );
+    ExitCode::SUCCESS
+}
+
+async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init_default();
+    let job = match job.map(|j| JobName::parse(&j)).transpose() {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("cronlease: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    let runs = match within(&config, store.history(job.as_ref(), limit)).await {
+        Ok(r) => r,
+        Err(e) => return store_failure(&e),
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&runs).unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let table: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.job.clone(),
+                r.fence.to_string(),
+                r.node.clone(),
+                rfc3339(r.occurrence),
+                format!("{:.3}s", r.delay_ms as f64 / 1000.0),
+                format!(
+                    "{:.3}s",
+                    (r.finished_at - r.started_at).num_milliseconds() as f64 / 1000.0
+                ),
+                match r.exit_code {
+                    Some(c) => format!("{} ({c})", r.outcome),
+                    None => r.outcome.to_string(),
+                },
+                if r.takeover {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+            ]
+        })
+        .collect();
+    print_table(
+        &mut out,
+        &[
+            "JOB",
+            "FENCE",
+            "NODE",
+            "OCCURRENCE",
+            "LATE",
+            "TOOK",
+            "OUTCOME",
+            "TAKEOVER",
+        ],
+        &table,
+    );
+    ExitCode::SUCCESS
+}
+
+fn print_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let _ = writeln!(out, "{}", line(header.to_vec()));
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row.iter().map(String::as_str).collect()));
+    }
+}

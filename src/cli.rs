@@ -1,0 +1,66 @@
+//! Command-line definitions (clap). CONTRACT §2 is the interface.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::DEFAULT_CONFIG_PATH;
+
+/// High-availability cron: every host runs the same jobs, a shared lock store
+/// makes each occurrence run exactly once.
+#[derive(Debug, Parser)]
+#[command(name = "cronlease", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+/// Where the configuration is.
+#[derive(Debug, Args, Clone)]
+pub struct ConfigArg {
+    /// Configuration file [default: $CRONLEASE_CONFIG, else /etc/cronlease/cronlease.toml]
+    #[arg(short, long, env = "CRONLEASE_CONFIG", default_value = DEFAULT_CONFIG_PATH, hide_default_value = true, hide_env = true)]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Commands {
+    /// Run the daemon in the foreground (systemd runs this)
+    Run(ConfigArg),
+    /// Validate config and jobs and print their next fire times; needs no store
+    Check {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// How many fire times to print per job
+        #[arg(long, default_value_t = 5, value_name = "N")]
+        next: usize,
+    },
+    /// Show each job's lock: holder, lease left, fence, last occurrence and result
+    Status {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// List recorded runs, newest first
+    History {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only this job's runs
+        job: Option<String>,
+        /// At most this many runs
+        #[arg(long, default_value_t = 20, value_name = "N")]
+        limit: u32,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create or upgrade the store's tables (run also applies them)
+    Migrate(ConfigArg),
+    /// Ask the local daemon to release its leases and pause claiming for one margin
+    StepDown(ConfigArg),
+    /// Internal: the process that kills jobs if their daemon dies
+    #[command(name = "__guard", hide = true)]
+    Guard,
+}

@@ -1,0 +1,977 @@
+//! Configuration: TOML files in, validated [`Config`] out.
+//!
+//! Loading has two stages, as in ripgrep: [`raw`] mirrors the files exactly as
+//! written (unknown keys refused by serde), then [`load`] turns them into
+//! types that cannot hold a bad value ([`JobName`], [`Schedule`], [`StoreUrl`],
+//! durations). Every problem becomes a [`ConfigError`] naming the file, line
+//! and column, and loading collects all of them instead of stopping at the
+//! first, so `cronlease check` can list everything wrong in one pass.
+
+pub mod raw;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+use crate::schedule::Schedule;
+use raw::{RawConfig, RawJob, RawJobFile};
+
+/// Where the configuration lives when neither `-c` nor `$CRONLEASE_CONFIG` says.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/cronlease/cronlease.toml";
+/// Where the daemon writes its pid unless `pid_file` says otherwise.
+pub const DEFAULT_PID_FILE: &str = "/run/cronlease/cronlease.pid";
+/// Store used when the config names none (the embedded default).
+pub const DEFAULT_STORE_URL: &str = "sqlite:///var/lib/cronlease/locks.db";
+
+/// One mistake in the configuration, located as precisely as possible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or `$CRONLEASE_STORE_URL`) the mistake is in.
+    pub origin: String,
+    /// 1-based line and column, when the mistake has a place in a file.
+    pub position: Option<(usize, usize)>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.position {
+            Some((line, col)) => write!(f, "{}:{line}:{col}: {}", self.origin, self.message),
+            None => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+/// Everything wrong with a configuration, in file order. Never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// A job's name: `[A-Za-z0-9_.-]`, 1 to 128 characters.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct JobName(String);
+
+impl JobName {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let ok_chars = s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if s.is_empty() || s.len() > 128 || !ok_chars {
+            return Err(format!(
+                "invalid job name {s:?}: expected 1 to 128 characters from [A-Za-z0-9_.-]"
+            ));
+        }
+        Ok(JobName(s.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for JobName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// This node's name, as jobs see it in `CRONLEASE_NODE`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeName(String);
+
+impl NodeName {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let ok_chars = s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if s.is_empty() || s.len() > 200 || !ok_chars {
+            return Err(format!(
+                "invalid node name {s:?}: expected 1 to 200 characters from [A-Za-z0-9_.-]"
+            ));
+        }
+        Ok(NodeName(s.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which backend a store URL selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreKind {
+    /// A database file on this host, resolved against the config file's directory.
+    Sqlite {
+        path: PathBuf,
+    },
+    Mysql,
+    Postgres,
+    Redis,
+}
+
+/// A store URL. It may carry a password, so `Display` and `Debug` redact it;
+/// only [`StoreUrl::expose`] gives the real thing, to the store driver.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreUrl {
+    kind: StoreKind,
+    url: String,
+    redacted: String,
+    secret: Option<String>,
+}
+
+impl StoreUrl {
+    /// Parses a URL; `base` resolves relative SQLite paths.
+    pub fn parse(raw: &str, base: &Path) -> Result<Self, String> {
+        let redacted_input = redact_url(raw);
+        let scheme = raw.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+        let scheme = scheme.ok_or_else(|| {
+            format!("invalid store URL {redacted_input:?}: expected scheme://..., such as sqlite:///var/lib/cronlease/locks.db")
+        })?;
+        if scheme == "sqlite" {
+            let rest = raw["sqlite:".len()..].trim_start_matches("//");
+            let path = rest.split('?').next().unwrap_or_default();
+            if rest.contains('?') {
+                return Err(format!(
+                    "invalid store URL {redacted_input:?}: sqlite URLs take no query parameters (cronlease sets WAL and the busy timeout itself)"
+                ));
+            }
+            if path.is_empty() || path == ":memory:" {
+                return Err(format!(
+                    "invalid store URL {redacted_input:?}: expected a database file path (an in-memory database cannot be shared between nodes)"
+                ));
+            }
+            let path = base.join(path);
+            return Ok(StoreUrl {
+                kind: StoreKind::Sqlite { path },
+                url: raw.to_string(),
+                redacted: raw.to_string(),
+                secret: None,
+            });
+        }
+        let kind = match scheme.as_str() {
+            "mysql" | "mariadb" => StoreKind::Mysql,
+            "postgres" | "postgresql" => StoreKind::Postgres,
+            "redis" | "rediss" => StoreKind::Redis,
+            other => {
+                return Err(format!(
+                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres:// or redis://"
+                ));
+            }
+        };
+        let parsed = url::Url::parse(raw)
+            .map_err(|e| format!("invalid store URL {redacted_input:?}: {e}"))?;
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(format!(
+                "invalid store URL {redacted_input:?}: expected a host"
+            ));
+        }
+        let secret = parsed
+            .password()
+            .filter(|p| !p.is_empty())
+            .map(|p| percent_decode(p));
+        // sqlx wants mysql://; mariadb:// is accepted as a friendlier alias.
+        let url = if scheme == "mariadb" {
+            format!("mysql{}", &raw["mariadb".len()..])
+        } else {
+            raw.to_string()
+        };
+        Ok(StoreUrl {
+            kind,
+            url,
+            redacted: redacted_input,
+            secret,
+        })
+    }
+
+    /// Sets the password (from `password_file`), replacing any in the URL.
+    pub fn with_password(mut self, password: &str) -> Result<Self, String> {
+        if matches!(self.kind, StoreKind::Sqlite { .. }) {
+            return Err("password_file is set but a sqlite:// store takes no password".into());
+        }
+        let mut parsed = url::Url::parse(&self.url).map_err(|e| e.to_string())?;
+        if parsed.username().is_empty() && self.kind != StoreKind::Redis {
+            return Err("password_file is set but the store URL names no user".into());
+        }
+        parsed
+            .set_password(Some(password))
+            .map_err(|()| "the store URL cannot carry a password".to_string())?;
+        self.url = parsed.to_string();
+        self.secret = Some(password.to_string());
+        Ok(self)
+    }
+
+    pub fn kind(&self) -> &StoreKind {
+        &self.kind
+    }
+
+    /// The URL with its password, for the driver only. Never log this.
+    pub fn expose(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL with any password replaced by `***`, safe for logs.
+    pub fn redacted(&self) -> &str {
+        &self.redacted
+    }
+
+    /// Removes the password from `text` (a driver's error message, say).
+    pub fn scrub(&self, text: &str) -> String {
+        match &self.secret {
+            Some(secret) if !secret.is_empty() => text.replace(secret.as_str(), "***"),
+            _ => text.to_string(),
+        }
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={s}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| s.to_string())
+}
+
+/// `scheme://user:secret@host` → `scheme://user:***@host`; anything that does
+/// not parse is returned with everything between `//` and `@` hidden.
+pub fn redact_url(raw: &str) -> String {
+    if let Ok(mut u) = url::Url::parse(raw) {
+        if u.password().is_some() {
+            let _ = u.set_password(Some("***"));
+            return u.to_string();
+        }
+        return raw.to_string();
+    }
+    match (raw.find("//"), raw.rfind('@')) {
+        (Some(start), Some(at)) if at > start => {
+            format!("{}//***{}", &raw[..start], &raw[at..])
+        }
+        _ => raw.to_string(),
+    }
+}
+
+/// How the store is reached and named.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: StoreUrl,
+    /// SQL: tables are `{prefix}lock_info` and `{prefix}job_runs`.
+    pub table_prefix: String,
+    /// Redis: every key starts with it.
+    pub key_prefix: String,
+    /// A store call slower than this counts as failed.
+    pub op_timeout: Duration,
+    /// Runs kept in history per job.
+    pub history_limit: u32,
+}
+
+impl StoreConfig {
+    /// A store config with the defaults, for tests and tools.
+    pub fn new(url: StoreUrl) -> Self {
+        StoreConfig {
+            url,
+            table_prefix: String::new(),
+            key_prefix: "cronlease:".into(),
+            op_timeout: Duration::from_secs(2),
+            history_limit: 100,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// What a node taking over does with an occurrence nobody ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Misfire {
+    /// Run the most recent missed occurrence once, then carry on.
+    #[default]
+    RunOnce,
+    /// Forget missed occurrences.
+    Skip,
+}
+
+/// What happens when an occurrence comes while the previous run still goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlap {
+    /// Claim the occurrence (keeping the lease) but do not start a second run.
+    #[default]
+    Skip,
+}
+
+/// How a job's process is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Executed directly, no shell.
+    Argv(Vec<String>),
+    /// Run as `/bin/sh -c STRING`.
+    Shell(String),
+}
+
+/// A validated job definition.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub name: JobName,
+    pub schedule: Schedule,
+    pub command: Command,
+    pub timeout: Option<Duration>,
+    pub kill_grace: Duration,
+    pub misfire: Misfire,
+    pub overlap: Overlap,
+    pub env: BTreeMap<String, String>,
+    pub working_dir: Option<PathBuf>,
+    /// `file:line` of the definition, for log messages.
+    pub defined_at: String,
+}
+
+impl Job {
+    /// Same behaviour, wherever in the files it is written.
+    pub fn same_definition(&self, other: &Job) -> bool {
+        self.name == other.name
+            && self.schedule == other.schedule
+            && self.command == other.command
+            && self.timeout == other.timeout
+            && self.kill_grace == other.kill_grace
+            && self.misfire == other.misfire
+            && self.overlap == other.overlap
+            && self.env == other.env
+            && self.working_dir == other.working_dir
+    }
+}
+
+/// Logging settings.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// An `EnvFilter` directive such as `info` or `cronlease=debug`.
+    pub level: String,
+}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub node: NodeName,
+    pub store: StoreConfig,
+    pub lease_margin: Duration,
+    pub shutdown_grace: Duration,
+    /// Where `run` writes its pid, for `cronlease step-down`.
+    pub pid_file: PathBuf,
+    pub metrics_listen: Option<SocketAddr>,
+    pub log: LogConfig,
+    /// Sorted by name; names are unique.
+    pub jobs: Vec<Job>,
+    /// Files the jobs came from (the config file first).
+    pub job_files: Vec<PathBuf>,
+}
+
+/// Values from the environment that override the files.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `$CRONLEASE_STORE_URL`.
+    pub store_url: Option<String>,
+}
+
+impl Overrides {
+    pub fn from_env() -> Self {
+        Overrides {
+            store_url: std::env::var("CRONLEASE_STORE_URL")
+                .ok()
+                .filter(|s| !s.trim().is_empty()),
+        }
+    }
+}
+
+/// The text of one file, to turn byte spans into lines and columns.
+struct Source {
+    origin: String,
+    text: String,
+}
+
+impl Source {
+    fn error_at(&self, span: Option<Range<usize>>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            origin: self.origin.clone(),
+            position: span.map(|s| line_col(&self.text, s.start)),
+            message: one_line(&message.into()),
+        }
+    }
+    fn at<T>(&self, v: &Spanned<T>, message: impl Into<String>) -> ConfigError {
+        self.error_at(Some(v.span()), message)
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn read_source(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Source> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(Source {
+            origin: path.display().to_string(),
+            text,
+        }),
+        Err(e) => {
+            errors.push(ConfigError {
+                origin: path.display().to_string(),
+                position: None,
+                message: format!("cannot read: {e}"),
+            });
+            None
+        }
+    }
+}
+
+fn parse_toml<T: serde::de::DeserializeOwned>(
+    src: &Source,
+    errors: &mut Vec<ConfigError>,
+) -> Option<T> {
+    match toml::from_str::<T>(&src.text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(src.error_at(e.span(), e.message()));
+            None
+        }
+    }
+}
+
+fn duration(
+    src: &Source,
+    v: &Spanned<String>,
+    what: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Duration> {
+    match humantime::parse_duration(v.get_ref()) {
+        Ok(d) if d > Duration::ZERO => Some(d),
+        Ok(_) => {
+            errors.push(src.at(v, format!("{what} must be longer than zero")));
+            None
+        }
+        Err(e) => {
+            errors.push(src.at(
+                v,
+                format!("invalid duration {:?} for {what}: {e} (expected e.g. \"500ms\", \"2s\", \"1h 30m\")", v.get_ref()),
+            ));
+            None
+        }
+    }
+}
+
+fn duration_or(
+    src: &Source,
+    v: &Option<Spanned<String>>,
+    what: &str,
+    default: Duration,
+    errors: &mut Vec<ConfigError>,
+) -> Duration {
+    v.as_ref()
+        .and_then(|v| duration(src, v, what, errors))
+        .unwrap_or(default)
+}
+
+/// Loads and validates the configuration at `path` and every job file it names.
+pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+    let mut errors = Vec::new();
+    let Some(src) = read_source(path, &mut errors) else {
+        return Err(ConfigErrors(errors));
+    };
+    let raw: RawConfig = match parse_toml(&src, &mut errors) {
+        Some(raw) => raw,
+        None => return Err(ConfigErrors(errors)),
+    };
+    let base = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+
+    let node = match &raw.node {
+        Some(n) => NodeName::parse(n.get_ref())
+            .map_err(|m| errors.push(src.at(n, m)))
+            .ok(),
+        None => match host_name() {
+            Some(h) => NodeName::parse(&h)
+                .map_err(|m| {
+                    errors.push(ConfigError {
+                        origin: src.origin.clone(),
+                        position: None,
+                        message: format!(
+                            "the host name cannot serve as node name ({m}); set `node = \"...\"`"
+                        ),
+                    })
+                })
+                .ok(),
+            None => {
+                errors.push(ConfigError {
+                    origin: src.origin.clone(),
+                    position: None,
+                    message: "cannot read the host name; set `node = \"...\"`".into(),
+                });
+                None
+            }
+        },
+    };
+
+    let store = load_store(&src, &raw, &base, overrides, &mut errors);
+    let lease_margin = duration_or(
+        &src,
+        &raw.lease.margin,
+        "lease.margin",
+        Duration::from_secs(1),
+        &mut errors,
+    );
+    let shutdown_grace = duration_or(
+        &src,
+        &raw.shutdown_grace,
+        "shutdown_grace",
+        Duration::from_secs(30),
+        &mut errors,
+    );
+    let metrics_listen = raw.metrics.as_ref().and_then(|m| {
+        m.listen
+            .get_ref()
+            .parse::<SocketAddr>()
+            .map_err(|_| {
+                errors.push(src.at(
+                    &m.listen,
+                    format!(
+                        "invalid metrics.listen {:?}: expected IP:PORT such as \"127.0.0.1:9187\"",
+                        m.listen.get_ref()
+                    ),
+                ))
+            })
+            .ok()
+    });
+    let log = LogConfig {
+        format: raw.log.format.unwrap_or_default(),
+        level: match &raw.log.level {
+            Some(l) => match tracing_subscriber::EnvFilter::try_new(l.get_ref()) {
+                Ok(_) => l.get_ref().clone(),
+                Err(e) => {
+                    errors.push(src.at(l, format!("invalid log.level {:?}: {e} (expected e.g. \"info\" or \"cronlease=debug\")", l.get_ref())));
+                    "info".into()
+                }
+            },
+            None => "info".into(),
+        },
+    };
+
+    // Jobs: those in the config file, then every *.toml of jobs.dir.
+    let mut jobs = Vec::new();
+    let mut seen: HashMap<String, String> = HashMap::new();
+    let mut job_files = vec![path.to_path_buf()];
+    for rj in &raw.job {
+        if let Some(job) = validate_job(&src, rj, &base, &mut seen, &mut errors) {
+            jobs.push(job);
+        }
+    }
+    let (dir, explicit) = match &raw.jobs.dir {
+        Some(d) => (base.join(d.get_ref()), Some(d)),
+        None => (base.join("jobs.d"), None),
+    };
+    match std::fs::read_dir(&dir) {
+        Ok(entries) => {
+            let mut files: Vec<PathBuf> = entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+                .collect();
+            files.sort();
+            for file in files {
+                let Some(jsrc) = read_source(&file, &mut errors) else {
+                    continue;
+                };
+                if let Some(jf) = parse_toml::<RawJobFile>(&jsrc, &mut errors) {
+                    for rj in &jf.job {
+                        if let Some(job) = validate_job(&jsrc, rj, &base, &mut seen, &mut errors) {
+                            jobs.push(job);
+                        }
+                    }
+                }
+                job_files.push(file);
+            }
+        }
+        Err(e) => {
+            if let Some(d) = explicit {
+                errors.push(src.at(d, format!("cannot read jobs.dir {}: {e}", dir.display())));
+            } else if e.kind() != std::io::ErrorKind::NotFound {
+                errors.push(ConfigError {
+                    origin: dir.display().to_string(),
+                    position: None,
+                    message: format!("cannot read the jobs directory: {e}"),
+                });
+            }
+        }
+    }
+
+    if !errors.is_empty() {
+        return Err(ConfigErrors(errors));
+    }
+    jobs.sort_by(|a, b| a.name.cmp(&b.name));
+    match (node, store) {
+        (Some(node), Some(store)) => Ok(Config {
+            path: path.to_path_buf(),
+            node,
+            store,
+            lease_margin,
+            shutdown_grace,
+            pid_file: raw.pid_file.as_ref().map_or_else(
+                || PathBuf::from(DEFAULT_PID_FILE),
+                |p| base.join(p.get_ref()),
+            ),
+            metrics_listen,
+            log,
+            jobs,
+            job_files,
+        }),
+        // Each None above pushed an error, so this arm is not reached.
+        _ => Err(ConfigErrors(vec![ConfigError {
+            origin: src.origin,
+            position: None,
+            message: "invalid configuration".into(),
+        }])),
+    }
+}
+
+fn load_store(
+    src: &Source,
+    raw: &RawConfig,
+    base: &Path,
+    overrides: &Overrides,
+    errors: &mut Vec<ConfigError>,
+) -> Option<StoreConfig> {
+    let s = &raw.store;
+    let url = match (&overrides.store_url, &s.url) {
+        (Some(env), _) => StoreUrl::parse(env, base)
+            .map_err(|m| {
+                errors.push(ConfigError {
+                    origin: "$CRONLEASE_STORE_URL".into(),
+                    position: None,
+                    message: m,
+                })
+            })
+            .ok(),
+        (None, Some(u)) => StoreUrl::parse(u.get_ref(), base)
+            .map_err(|m| errors.push(src.at(u, m)))
+            .ok(),
+        (None, None) => StoreUrl::parse(DEFAULT_STORE_URL, base).ok(),
+    };
+    let url = match (url, &s.password_file) {
+        (Some(url), Some(pf)) => {
+            let file = base.join(pf.get_ref());
+            match std::fs::read_to_string(&file) {
+                Ok(pw) => {
+                    let pw = pw.trim_end_matches(['\n', '\r']);
+                    if pw.is_empty() {
+                        errors
+                            .push(src.at(pf, format!("password_file {} is empty", file.display())));
+                        None
+                    } else {
+                        url.with_password(pw)
+                            .map_err(|m| errors.push(src.at(pf, m)))
+                            .ok()
+                    }
+                }
+                Err(e) => {
+                    errors.push(src.at(
+                        pf,
+                        format!("cannot read password_file {}: {e}", file.display()),
+                    ));
+                    None
+                }
+            }
+        }
+        (url, _) => url,
+    };
+    let table_prefix = match &s.table_prefix {
+        Some(p) => {
+            let v = p.get_ref();
+            if v.len() <= 32 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                v.clone()
+            } else {
+                errors.push(src.at(p, format!("invalid store.table_prefix {v:?}: expected at most 32 characters from [A-Za-z0-9_]")));
+                String::new()
+            }
+        }
+        None => String::new(),
+    };
+    let key_prefix = match &s.key_prefix {
+        Some(p) if p.get_ref().chars().any(char::is_whitespace) => {
+            errors.push(src.at(p, "invalid store.key_prefix: whitespace is not allowed"));
+            String::new()
+        }
+        Some(p) => p.get_ref().clone(),
+        None => "cronlease:".into(),
+    };
+    let op_timeout = duration_or(
+        src,
+        &s.op_timeout,
+        "store.op_timeout",
+        Duration::from_secs(2),
+        errors,
+    );
+    let history_limit = match &s.history_limit {
+        Some(h) if (1..=1_000_000).contains(h.get_ref()) => *h.get_ref() as u32,
+        Some(h) => {
+            errors.push(src.at(h, "store.history_limit must be between 1 and 1000000"));
+            100
+        }
+        None => 100,
+    };
+    Some(StoreConfig {
+        url: url?,
+        table_prefix,
+        key_prefix,
+        op_timeout,
+        history_limit,
+    })
+}
+
+fn validate_job(
+    src: &Source,
+    rj: &RawJob,
+    base: &Path,
+    seen: &mut HashMap<String, String>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Job> {
+    let before = errors.len();
+    let name = JobName::parse(rj.name.get_ref())
+        .map_err(|m| errors.push(src.at(&rj.name, m)))
+        .ok();
+    let (line, col) = line_col(&src.text, rj.name.span().start);
+    let here = format!("{}:{line}:{col}", src.origin);
+    if let Some(n) = &name {
+        if let Some(first) = seen.get(n.as_str()) {
+            errors.push(src.at(
+                &rj.name,
+                format!(
+                    "duplicate job name {:?} (first defined at {first})",
+                    n.as_str()
+                ),
+            ));
+        } else {
+            seen.insert(n.as_str().to_string(), here.clone());
+        }
+    }
+    let zone = rj.timezone.as_ref().map_or("UTC", |z| z.get_ref().as_str());
+    if let Some(z) = &rj.timezone {
+        if let Err(e) = crate::schedule::parse_zone(z.get_ref()) {
+            errors.push(src.at(z, e.to_string()));
+        }
+    }
+    let schedule = match Schedule::parse(rj.schedule.get_ref(), zone) {
+        Ok(s) => Some(s),
+        Err(crate::schedule::ScheduleError::UnknownZone { .. }) => None,
+        Err(e) => {
+            errors.push(src.at(&rj.schedule, e.to_string()));
+            None
+        }
+    };
+    let command = match rj.command.get_ref() {
+        toml::Value::String(s) if !s.trim().is_empty() => Some(Command::Shell(s.clone())),
+        toml::Value::String(_) => {
+            errors.push(src.at(
+                &rj.command,
+                "empty command: expected a shell string or an argv array",
+            ));
+            None
+        }
+        toml::Value::Array(items) => {
+            let argv: Option<Vec<String>> = items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect();
+            match argv {
+                Some(argv) if argv.first().is_some_and(|a| !a.trim().is_empty()) => {
+                    Some(Command::Argv(argv))
+                }
+                Some(_) => {
+                    errors.push(src.at(
+                        &rj.command,
+                        "empty command: the argv array needs a program as its first element",
+                    ));
+                    None
+                }
+                None => {
+                    errors.push(src.at(
+                        &rj.command,
+                        "invalid command: every argv element must be a string",
+                    ));
+                    None
+                }
+            }
+        }
+        other => {
+            errors.push(src.at(
+                &rj.command,
+                format!(
+                    "invalid command: expected a string or an array of strings, found {}",
+                    other.type_str()
+                ),
+            ));
+            None
+        }
+    };
+    let timeout = rj
+        .timeout
+        .as_ref()
+        .and_then(|t| duration(src, t, "timeout", errors));
+    let kill_grace = duration_or(
+        src,
+        &rj.kill_grace,
+        "kill_grace",
+        Duration::from_secs(10),
+        errors,
+    );
+    let mut env = BTreeMap::new();
+    for (k, v) in rj.env.iter().flatten() {
+        let key = k.get_ref();
+        if key.is_empty() || key.contains(['=', '\0']) || key.starts_with(char::is_numeric) {
+            errors.push(src.at(k, format!("invalid environment variable name {key:?}")));
+        } else if key.starts_with("CRONLEASE_") {
+            errors.push(src.at(
+                k,
+                format!(
+                    "environment variable {key:?} is reserved: cronlease sets CRONLEASE_* itself"
+                ),
+            ));
+        } else if v.get_ref().contains('\0') {
+            errors.push(src.at(v, "environment values cannot contain NUL"));
+        } else {
+            env.insert(key.clone(), v.get_ref().clone());
+        }
+    }
+    let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
+    if errors.len() > before {
+        return None;
+    }
+    Some(Job {
+        name: name?,
+        schedule: schedule?,
+        command: command?,
+        timeout,
+        kill_grace,
+        misfire: rj.misfire.unwrap_or_default(),
+        overlap: rj.overlap.unwrap_or_default(),
+        env,
+        working_dir,
+        defined_at: here,
+    })
+}
+
+/// This host's name, used as the node name by default.
+pub fn host_name() -> Option<String> {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn line_col_counts_from_one() {
+        let t = "a = 1\nbb = 2\n";
+        assert_eq!(line_col(t, 0), (1, 1));
+        assert_eq!(line_col(t, 6), (2, 1));
+        assert_eq!(line_col(t, 9), (2, 4));
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        let u = StoreUrl::parse("mysql://root:hunter2@db:3306/x", Path::new("/")).unwrap();
+        assert_eq!(u.redacted(), "mysql://root:***@db:3306/x");
+        assert_eq!(
+            format!("{u} {u:?}"),
+            "mysql://root:***@db:3306/x mysql://root:***@db:3306/x"
+        );
+        assert_eq!(u.scrub("auth failed for hunter2"), "auth failed for ***");
+        assert_eq!(redact_url("redis://:p%40ss@h:1/"), "redis://:***@h:1/");
+        assert_eq!(redact_url("weird//user:pw@host"), "weird//***@host");
+        let r = StoreUrl::parse("redis://:s3cret@localhost/", Path::new("/")).unwrap();
+        assert_eq!(r.scrub("s3cret"), "***");
+    }
+
+    #[test]
+    fn sqlite_paths_resolve_against_the_config_dir() {
+        let u = StoreUrl::parse("sqlite://locks.db", Path::new("/etc/cronlease")).unwrap();
+        assert_eq!(
+            u.kind(),
+            &StoreKind::Sqlite {
+                path: "/etc/cronlease/locks.db".into()
+            }
+        );
+        let u = StoreUrl::parse("sqlite:///var/lib/x.db", Path::new("/etc/cronlease")).unwrap();
+        assert_eq!(
+            u.kind(),
+            &StoreKind::Sqlite {
+                path: "/var/lib/x.db".into()
+            }
+        );
+        assert!(StoreUrl::parse("sqlite://:memory:", Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn password_file_sets_the_password() {
+        let u = StoreUrl::parse("mysql://app@db/x", Path::new("/"))
+            .unwrap()
+            .with_password("p@ss")
+            .unwrap();
+        assert!(u.expose().contains("p%40ss"));
+        assert_eq!(u.redacted(), "mysql://app@db/x");
+        assert_eq!(u.scrub("p@ss"), "***");
+    }
+}

@@ -1,0 +1,91 @@
+//! The configuration exactly as written: a serde mirror of the TOML files.
+//!
+//! Every table denies unknown keys and every value that can be wrong keeps its
+//! span, so validation in [`super`] can point at the file, line and column of
+//! the mistake. Nothing here is trusted; [`super::Config`] is built from it.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The main configuration file (`cronlease.toml`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub node: Option<Spanned<String>>,
+    pub shutdown_grace: Option<Spanned<String>>,
+    pub pid_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub lease: RawLease,
+    #[serde(default)]
+    pub jobs: RawJobs,
+    pub metrics: Option<RawMetrics>,
+    #[serde(default)]
+    pub log: RawLog,
+    #[serde(default)]
+    pub job: Vec<RawJob>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub url: Option<Spanned<String>>,
+    pub password_file: Option<Spanned<String>>,
+    pub table_prefix: Option<Spanned<String>>,
+    pub key_prefix: Option<Spanned<String>>,
+    pub op_timeout: Option<Spanned<String>>,
+    pub history_limit: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLease {
+    pub margin: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJobs {
+    pub dir: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    pub listen: Spanned<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    pub format: Option<super::LogFormat>,
+    pub level: Option<Spanned<String>>,
+}
+
+/// A file of `jobs.dir`: nothing but `[[job]]` tables.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJobFile {
+    #[serde(default)]
+    pub job: Vec<RawJob>,
+}
+
+/// One `[[job]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJob {
+    pub name: Spanned<String>,
+    pub schedule: Spanned<String>,
+    pub timezone: Option<Spanned<String>>,
+    /// A string (`/bin/sh -c`) or an array (argv); checked in validation.
+    pub command: Spanned<toml::Value>,
+    pub timeout: Option<Spanned<String>>,
+    pub kill_grace: Option<Spanned<String>>,
+    pub misfire: Option<super::Misfire>,
+    pub overlap: Option<super::Overlap>,
+    pub env: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
+    pub working_dir: Option<Spanned<String>>,
+}

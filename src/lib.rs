@@ -1,0 +1,29 @@
+//! cronlease: high-availability cron. Every host runs the same jobs; for each
+//! scheduled occurrence the hosts race to claim it in a shared lock store, and
+//! exactly one runs it.
+//!
+//! The map, in the order a job travels through it:
+//!
+//! - [`config`]: TOML files → validated [`config::Config`] (errors with
+//!   file:line:col).
+//! - [`schedule`]: cron expression + IANA zone → occurrences (croner; Vixie
+//!   cron's DST rule).
+//! - [`store`]: the lock store trait and its backends (SQLite, MySQL/MariaDB,
+//!   PostgreSQL, Redis), chosen by URL scheme; the claim rule of CONTRACT §4.
+//! - [`node`]: the daemon: a loop per job, a task per occurrence, the claim
+//!   and takeover protocol, the lease watchdog, step-down, reload, shutdown.
+//! - [`exec`] and [`guard`]: running a job's process group, and killing it if
+//!   the daemon dies.
+//! - [`app`]: the commands (`run`, `check`, `status`, `history`, `migrate`,
+//!   `step-down`) behind the thin `main`, and [`cli`] their clap definitions.
+//! - [`telemetry`]: logging.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod exec;
+pub mod guard;
+pub mod node;
+pub mod schedule;
+pub mod store;
+pub mod telemetry;

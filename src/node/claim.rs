@@ -1,0 +1,258 @@
+//! Claiming: the per-job loop that waits for each occurrence, and the
+//! per-occurrence handler that claims it (CONTRACT §4).
+//!
+//! A handler claims its occurrence once at the scheduled instant. If another
+//! owner holds a live lease and has not claimed this occurrence, it waits for
+//! the remaining lease the store reported (counted from when the reply came,
+//! on the monotonic clock) and claims again: that is the takeover of a dead
+//! holder within one margin. It gives up when some node has claimed the
+//! occurrence or the next one is due. Store errors are retried with backoff
+//! within the same window.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::run::RunTicket;
+use super::{JobState, Node, Standing};
+use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Won};
+
+/// Longest single sleep towards an occurrence: a wall-clock step is noticed
+/// within this time.
+const MAX_SLEEP: Duration = Duration::from_secs(15);
+/// Sleep past a reported lease end, so the store sees it expired.
+const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+
+/// Sleeps until the wall clock reaches `target`; false if `stop` came first.
+async fn sleep_until_wall(target: DateTime<Utc>, stop: &CancellationToken) -> bool {
+    loop {
+        let Ok(left) = (target - Utc::now()).to_std() else {
+            return true;
+        };
+        if left.is_zero() {
+            return true;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return false,
+            () = tokio::time::sleep(left.min(MAX_SLEEP)) => {}
+        }
+    }
+}
+
+/// The monotonic instant at which the wall clock will show `t`.
+fn instant_of(t: DateTime<Utc>) -> Instant {
+    let now = Instant::now();
+    match (t - Utc::now()).to_std() {
+        Ok(ahead) => now + ahead,
+        Err(_) => now,
+    }
+}
+
+impl Node {
+    /// Waits for each occurrence of the job and hands it to its own task.
+    pub(super) async fn job_loop(
+        self: Arc<Self>,
+        state: Arc<JobState>,
+        schedule_stop: CancellationToken,
+        handlers_stop: CancellationToken,
+    ) {
+        let job = state.job();
+        let schedule = &job.schedule;
+        let mut after = Utc::now();
+        loop {
+            let Some(mut occurrence) = schedule.next_after(after) else {
+                tracing::warn!(job = %job.name, "the schedule has no further occurrence");
+                return;
+            };
+            if !sleep_until_wall(occurrence, &schedule_stop).await {
+                return;
+            }
+            // Woken late (a paused process, a suspended VM): claim only the
+            // latest due occurrence; the store's misfire rule covers the rest,
+            // and a stale occurrence is never started.
+            let now = Utc::now();
+            while let Some(next) = schedule.next_after(occurrence).filter(|n| *n <= now) {
+                occurrence = next;
+            }
+            after = occurrence;
+            let next = schedule.next_after(occurrence);
+            let previous = schedule.previous_before(occurrence);
+            let node = self.clone();
+            let state = state.clone();
+            let stop = handlers_stop.clone();
+            self.handlers.spawn(async move {
+                node.handle_occurrence(state, occurrence, previous, next, stop)
+                    .await;
+            });
+        }
+    }
+
+    /// Claims one occurrence until it is claimed by someone or the next is due.
+    async fn handle_occurrence(
+        self: Arc<Self>,
+        state: Arc<JobState>,
+        occurrence: DateTime<Utc>,
+        previous: Option<DateTime<Utc>>,
+        next: Option<DateTime<Utc>>,
+        stop: CancellationToken,
+    ) {
+        let job = state.job();
+        let gap = next
+            .and_then(|n| (n - occurrence).to_std().ok())
+            .unwrap_or(Duration::from_secs(60));
+        let lease = gap + self.margin;
+        let give_up_at = instant_of(occurrence) + gap;
+        let mut backoff = Duration::from_millis(100);
+        // Earliest send of a claim whose answer never came: it may have won.
+        let mut unanswered: Option<Instant> = None;
+        loop {
+            if stop.is_cancelled() || Instant::now() >= give_up_at {
+                return;
+            }
+            if let Some(until) = self.paused_until() {
+                if !self.sleep_within(until, give_up_at, &stop).await {
+                    return;
+                }
+                continue;
+            }
+            let sent = Instant::now();
+            let result = match self.ensure_prepared().await {
+                Ok(()) => {
+                    let request = ClaimRequest {
+                        job: job.name.clone(),
+                        occurrence,
+                        previous,
+                        misfire: job.misfire,
+                        owner: self.owner.clone(),
+                        lease,
+                        fence_floor: state.fence_floor.load(std::sync::atomic::Ordering::SeqCst),
+                    };
+                    let call = self.store.claim(std::slice::from_ref(&request));
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        r = tokio::time::timeout(self.op_timeout, call) => match r {
+                            Ok(r) => r,
+                            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+                        },
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let answer = result.and_then(|mut v| {
+                v.pop().ok_or_else(|| StoreError::Backend {
+                    store: self.store.describe().into(),
+                    reason: "empty claim reply".into(),
+                })
+            });
+            let outcome = match answer {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    if matches!(e, StoreError::NotMigrated { .. }) {
+                        self.prepared
+                            .store(false, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    if e.is_unreachable() {
+                        unanswered.get_or_insert(sent);
+                    }
+                    self.health.failed(&e);
+                    let retry_at = (Instant::now() + backoff).min(give_up_at);
+                    if !self.sleep_within(retry_at, give_up_at, &stop).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            self.health.ok();
+            backoff = Duration::from_millis(100);
+            match outcome {
+                ClaimOutcome::Won(won) => {
+                    state.saw_fence(won.fence);
+                    state.lease_granted(sent, lease);
+                    state.note_standing(Standing::Holder, won.fence);
+                    let ticket = self.ticket(&won);
+                    if won.catch_up {
+                        tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
+                        if let Some(run) = self.start_run(&state, ticket) {
+                            // The missed run goes first; the occurrence itself
+                            // is claimed when it is over (no overlap).
+                            tokio::select! {
+                                () = stop.cancelled() => return,
+                                _ = run => {}
+                            }
+                        }
+                        continue;
+                    }
+                    self.start_run(&state, ticket);
+                    return;
+                }
+                ClaimOutcome::Lost(lost) => {
+                    state.saw_fence(lost.fence);
+                    let claimed = lost.last_occurrence.is_some_and(|last| last >= occurrence);
+                    if claimed {
+                        let ours = lost.holder.as_deref() == Some(self.owner.as_str());
+                        if ours && lost.last_occurrence == Some(occurrence) {
+                            if let Some(first_send) = unanswered {
+                                // A claim whose reply was lost did win: run it,
+                                // with the lease counted from that first send.
+                                tracing::info!(job = %job.name, fence = lost.fence, "an unanswered claim had won: running it");
+                                state.lease_granted(first_send, lease);
+                                state.note_standing(Standing::Holder, lost.fence);
+                                let won = Won {
+                                    fence: lost.fence,
+                                    occurrence,
+                                    catch_up: false,
+                                    previous_owner: None,
+                                };
+                                self.start_run(&state, self.ticket(&won));
+                            }
+                        } else {
+                            state
+                                .note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
+                        }
+                        return;
+                    }
+                    state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
+                    // Another owner's live lease: wait it out and try again.
+                    let retry_at = Instant::now()
+                        + lost.remaining.max(Duration::from_millis(10))
+                        + EXPIRY_SLACK;
+                    if retry_at >= give_up_at {
+                        tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
+                        return;
+                    }
+                    tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, "lease held; retrying in {:?}", lost.remaining);
+                    if !self.sleep_within(retry_at, give_up_at, &stop).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn ticket(&self, won: &Won) -> RunTicket {
+        RunTicket {
+            fence: won.fence,
+            occurrence: won.occurrence,
+            takeover: won
+                .previous_owner
+                .as_deref()
+                .is_some_and(|p| p != self.owner.as_str()),
+        }
+    }
+
+    /// Sleeps until `until` unless `limit` or `stop` comes first; true when
+    /// the caller should go on.
+    async fn sleep_within(&self, until: Instant, limit: Instant, stop: &CancellationToken) -> bool {
+        if until >= limit {
+            return false;
+        }
+        tokio::select! {
+            () = stop.cancelled() => false,
+            () = tokio::time::sleep_until(until) => true,
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The daemon proper: one loop per job, each occurrence claimed on its own,
+//! runs supervised by a lease watchdog, and an orderly shutdown.
+//!
+//! - [`Node::run`] starts a loop per job ([`claim`]) that sleeps on tokio's
+//!   clock until the next occurrence and hands it to its own task, so waiting
+//!   for a takeover, a catch-up or a running job never delays another
+//!   occurrence.
+//! - A won claim starts a run ([`run`]) guarded by the watchdog: the lease is
+//!   renewed while a third of it is left, and the run is killed at the local
+//!   lease deadline if renewals fail or are refused.
+//! - Shutdown (`SIGTERM`/`SIGINT`): stop claiming, let runs finish within
+//!   `shutdown_grace`, kill the rest, release this node's leases.
+//! - Step-down (`SIGUSR1`): release every lease (a running job's when it
+//!   ends) and claim nothing for one lease margin, so a peer takes over.
+//! - Reload (`SIGHUP`): apply a new job set; removed jobs stop being claimed
+//!   and their running runs finish.
+//!
+//! Cancellation is one token tree: `claims` (stop claiming) has a child per
+//! job; `kill_runs` ends running jobs. Two task trackers let shutdown wait for
+//! the handlers and then for the runs.
+
+mod claim;
+pub mod health;
+mod run;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, Job, JobName, NodeName};
+use crate::guard::Guard;
+use crate::store::{Owner, Store, StoreError};
+use health::StoreHealth;
+
+/// When the last successful claim or renewal of a lease was sent, and how long
+/// a lease it asked for (monotonic clock).
+#[derive(Debug, Clone, Copy)]
+struct LeaseClock {
+    sent: Instant,
+    lease: Duration,
+}
+
+impl LeaseClock {
+    /// Clock-rate allowance: the local clock may run this much slower than
+    /// the store's over a lease.
+    fn allowance(&self) -> Duration {
+        self.lease / 1000
+    }
+
+    /// CONTRACT §4's local deadline: sent + lease − margin/2 − allowance.
+    fn deadline(&self, margin: Duration) -> Instant {
+        (self.sent + self.lease)
+            .checked_sub(margin / 2 + self.allowance())
+            .unwrap_or(self.sent)
+    }
+
+    /// The earliest moment the store may see the lease as expired.
+    fn expiry(&self) -> Instant {
+        (self.sent + self.lease)
+            .checked_sub(self.allowance())
+            .unwrap_or(self.sent)
+    }
+}
+
+/// What this node last knew of a job's lock, to log changes only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Standing {
+    Unknown,
+    Holder,
+    Follower(Option<String>),
+}
+
+/// Per-job state shared by the job's loop, its occurrence handlers and runs.
+pub(crate) struct JobState {
+    job: Mutex<Arc<Job>>,
+    /// Highest fence seen from the store: the `fence_floor` of claims.
+    fence_floor: AtomicU64,
+    lease: Mutex<Option<LeaseClock>>,
+    running: AtomicBool,
+    /// Step-down came while a run was going: release when it ends.
+    release_after_run: AtomicBool,
+    standing: Mutex<Standing>,
+}
+
+impl JobState {
+    fn new(job: Job) -> Self {
+        JobState {
+            job: Mutex::new(Arc::new(job)),
+            fence_floor: AtomicU64::new(0),
+            lease: Mutex::new(None),
+            running: AtomicBool::new(false),
+            release_after_run: AtomicBool::new(false),
+            standing: Mutex::new(Standing::Unknown),
+        }
+    }
+
+    fn job(&self) -> Arc<Job> {
+        match self.job.lock() {
+            Ok(j) => j.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn saw_fence(&self, fence: u64) {
+        self.fence_floor.fetch_max(fence, Ordering::SeqCst);
+    }
+
+    fn lease_clock(&self) -> Option<LeaseClock> {
+        self.lease.lock().ok().and_then(|l| *l)
+    }
+
+    /// A claim or renewal sent at `sent` succeeded.
+    fn lease_granted(&self, sent: Instant, lease: Duration) {
+        if let Ok(mut l) = self.lease.lock() {
+            if l.is_none_or(|c| c.sent <= sent) {
+                *l = Some(LeaseClock { sent, lease });
+            }
+        }
+    }
+
+    fn lease_ended(&self) {
+        if let Ok(mut l) = self.lease.lock() {
+            *l = None;
+        }
+    }
+
+    /// Logs at info when this node's standing for the job changes.
+    fn note_standing(&self, now: Standing, fence: u64) {
+        let Ok(mut s) = self.standing.lock() else {
+            return;
+        };
+        if *s == now {
+            return;
+        }
+        let job = self.job().name.clone();
+        match &now {
+            Standing::Holder => tracing::info!(job = %job, fence, "this node now holds the lease"),
+            Standing::Follower(Some(holder)) => {
+                tracing::info!(job = %job, fence, holder = %holder, "lease held by another node")
+            }
+            Standing::Follower(None) => {
+                tracing::info!(job = %job, fence, "occurrence claimed elsewhere")
+            }
+            Standing::Unknown => {}
+        }
+        *s = now;
+    }
+}
+
+struct JobEntry {
+    state: Arc<JobState>,
+    /// Stops the job's loop (schedule changes, removal).
+    schedule_stop: CancellationToken,
+    /// Stops the job's in-flight occurrence handlers (removal).
+    handlers_stop: CancellationToken,
+}
+
+/// A running cronlease node.
+pub struct Node {
+    owner: Owner,
+    name: NodeName,
+    store: Arc<dyn Store>,
+    margin: Duration,
+    op_timeout: Duration,
+    shutdown_grace: Duration,
+    history_limit: u32,
+    health: StoreHealth,
+    guard: Option<Guard>,
+    prepared: AtomicBool,
+    prepare_lock: tokio::sync::Mutex<()>,
+    /// Cancelled: claim nothing more (shutdown). Parent of every job's tokens.
+    claims: CancellationToken,
+    /// Cancelled: running jobs are stopped now.
+    kill_runs: CancellationToken,
+    handlers: TaskTracker,
+    runs: TaskTracker,
+    jobs: Mutex<BTreeMap<JobName, JobEntry>>,
+    step_down_until: Mutex<Option<Instant>>,
+}
+
+impl Node {
+    /// A node for `config` on `store`, with a fresh owner identity.
+    pub fn new(config: &Config, store: Arc<dyn Store>) -> Arc<Node> {
+        let guard = match Guard::spawn() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::error!(
+                    "cannot start the job guard process ({e}): jobs would outlive a daemon killed by SIGKILL"
+                );
+                None
+            }
+        };
+        Arc::new(Node {
+            owner: Owner::new(&config.node),
+            name: config.node.clone(),
+            health: StoreHealth::new(store.describe()),
+            store,
+            margin: config.lease_margin,
+            op_timeout: config.store.op_timeout,
+            shutdown_grace: config.shutdown_grace,
+            history_limit: config.store.history_limit,
+            guard,
+            prepared: AtomicBool::new(false),
+            prepare_lock: tokio::sync::Mutex::new(()),
+            claims: CancellationToken::new(),
+            kill_runs: CancellationToken::new(),
+            handlers: TaskTracker::new(),
+            runs: TaskTracker::new(),
+            jobs: Mutex::new(BTreeMap::new()),
+            step_down_until: Mutex::new(None),
+        })
+    }
+
+    /// This incarnation's owner string.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// The store's health as seen from here.
+    pub fn health(&self) -> &StoreHealth {
+        &self.health
+    }
+
+    /// Runs `jobs` until `shutdown` is cancelled, then shuts down gracefully:
+    /// returns once runs are over and this node's leases are released.
+    pub async fn run(self: &Arc<Self>, jobs: Vec<Job>, shutdown: CancellationToken) {
+        tracing::info!(node = %self.name, owner = %self.owner, store = %self.store.describe(), jobs = jobs.len(), "cronlease node starting");
+        let node = self.clone();
+        self.handlers
+            .spawn(async move { node.prepare_until_ready().await });
+        self.apply_jobs(jobs);
+        shutdown.cancelled().await;
+        self.shut_down().await;
+    }
+
+    /// Retries [`Store::prepare`] (migrations, scripts) until it succeeds.
+    async fn prepare_until_ready(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match self.ensure_prepared().await {
+                Ok(()) => return,
+                Err(_) => {
+                    tokio::select! {
+                        () = self.claims.cancelled() => return,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Prepares the store once (and again after it reported missing tables).
+    async fn ensure_prepared(&self) -> Result<(), StoreError> {
+        if self.prepared.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let _one_at_a_time = self.prepare_lock.lock().await;
+        if self.prepared.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // Migrations may wait for another node's migration lock.
+        let budget = self.op_timeout.max(Duration::from_secs(30));
+        let result = match tokio::time::timeout(budget, self.store.prepare()).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(budget)),
+        };
+        match &result {
+            Ok(()) => {
+                self.prepared.store(true, Ordering::SeqCst);
+                self.health.ok();
+            }
+            Err(e) => self.health.failed(e),
+        }
+        result
+    }
+
+    /// Makes `jobs` the node's job set: new jobs start, removed jobs stop
+    /// being claimed (their runs finish), changed jobs restart their loop.
+    pub fn apply_jobs(self: &Arc<Self>, jobs: Vec<Job>) {
+        let Ok(mut current) = self.jobs.lock() else {
+            return;
+        };
+        let mut wanted: BTreeMap<JobName, Job> =
+            jobs.into_iter().map(|j| (j.name.clone(), j)).collect();
+        let removed: Vec<JobName> = current
+            .keys()
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in removed {
+            if let Some(entry) = current.remove(&name) {
+                tracing::info!(job = %name, "job removed: no longer claimed");
+                entry.schedule_stop.cancel();
+                entry.handlers_stop.cancel();
+                self.release_when_idle(entry.state);
+            }
+        }
+        for (name, job) in std::mem::take(&mut wanted) {
+            match current.get_mut(&name) {
+                Some(entry) if entry.state.job().same_definition(&job) => {}
+                Some(entry) => {
+                    tracing::info!(job = %name, "job changed: applying the new definition");
+                    entry.schedule_stop.cancel();
+                    if let Ok(mut j) = entry.state.job.lock() {
+                        *j = Arc::new(job);
+                    }
+                    entry.schedule_stop = self.claims.child_token();
+                    self.spawn_job_loop(entry);
+                }
+                None => {
+                    let entry = JobEntry {
+                        state: Arc::new(JobState::new(job)),
+                        schedule_stop: self.claims.child_token(),
+                        handlers_stop: self.claims.child_token(),
+                    };
+                    self.spawn_job_loop(&entry);
+                    current.insert(name, entry);
+                }
+            }
+        }
+    }
+
+    fn spawn_job_loop(self: &Arc<Self>, entry: &JobEntry) {
+        let node = self.clone();
+        let state = entry.state.clone();
+        let schedule_stop = entry.schedule_stop.clone();
+        let handlers_stop = entry.handlers_stop.clone();
+        self.handlers
+            .spawn(async move { node.job_loop(state, schedule_stop, handlers_stop).await });
+    }
+
+    /// Names of the jobs currently configured.
+    pub fn job_names(&self) -> Vec<JobName> {
+        self.jobs
+            .lock()
+            .map(|j| j.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn states(&self) -> Vec<Arc<JobState>> {
+        self.jobs
+            .lock()
+            .map(|j| j.values().map(|e| e.state.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Until when claiming is paused by a step-down, if it is.
+    fn paused_until(&self) -> Option<Instant> {
+        let until = self.step_down_until.lock().ok().and_then(|u| *u)?;
+        (until > Instant::now()).then_some(until)
+    }
+
+    /// Step-down: release every lease of this node (a running job's as soon
+    /// as its run ends) and claim nothing for one lease margin.
+    pub async fn step_down(self: &Arc<Self>) {
+        let until = Instant::now() + self.margin;
+        if let Ok(mut u) = self.step_down_until.lock() {
+            *u = Some(until);
+        }
+        let mut idle = Vec::new();
+        for state in self.states() {
+            if state.running.load(Ordering::SeqCst) {
+                state.release_after_run.store(true, Ordering::SeqCst);
+            } else {
+                state.lease_ended();
+                idle.push(state.job().name.clone());
+            }
+        }
+        let released = self.release(&idle).await;
+        tracing::info!(
+            released,
+            "stepped down: leases released, claiming nothing for {:?}",
+            self.margin
+        );
+    }
+
+    /// Releases this node's leases on `jobs` (owner-checked in the store).
+    async fn release(&self, jobs: &[JobName]) -> usize {
+        if jobs.is_empty() {
+            return 0;
+        }
+        for attempt in 0..3 {
+            match tokio::time::timeout(self.op_timeout, self.store.release(jobs, &self.owner)).await
+            {
+                Ok(Ok(n)) => {
+                    self.health.ok();
+                    return n;
+                }
+                Ok(Err(e)) => self.health.failed(&e),
+                Err(_) => self.health.failed(&StoreError::Timeout(self.op_timeout)),
+            }
+            if attempt < 2 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        tracing::warn!("could not release leases; peers take over when they expire");
+        0
+    }
+
+    /// Releases a removed job's lease once no run of it is going.
+    fn release_when_idle(self: &Arc<Self>, state: Arc<JobState>) {
+        if state.running.load(Ordering::SeqCst) {
+            state.release_after_run.store(true, Ordering::SeqCst);
+            return;
+        }
+        let node = self.clone();
+        self.handlers.spawn(async move {
+            node.release(&[state.job().name.clone()]).await;
+        });
+    }
+
+    async fn shut_down(self: &Arc<Self>) {
+        tracing::info!("shutting down: claiming nothing more");
+        self.claims.cancel();
+        self.handlers.close();
+        self.handlers.wait().await;
+        self.runs.close();
+        let running = self.runs.len();
+        if running > 0 {
+            tracing::info!(
+                running,
+                "waiting up to {:?} for running jobs",
+                self.shutdown_grace
+            );
+            if tokio::time::timeout(self.shutdown_grace, self.runs.wait())
+                .await
+                .is_err()
+            {
+                self.kill_runs.cancel();
+                self.runs.wait().await;
+            }
+        }
+        let released = self.release(&self.job_names()).await;
+        tracing::info!(released, "leases released; stopped");
+    }
+
+    /// Stops running jobs at once (a second SIGTERM during shutdown).
+    pub fn kill_running_jobs(&self) {
+        self.kill_runs.cancel();
+    }
+}

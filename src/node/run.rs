@@ -1,0 +1,190 @@
+//! Supervising a run: the last lease check before starting, the watchdog that
+//! keeps the lease while the job runs, and the history record.
+//!
+//! The watchdog renews whenever less than a third of the lease is left. It
+//! keeps CONTRACT §4's local deadline (monotonic time the last successful claim
+//! or renewal was *sent* + lease − margin/2 − 0.1% of the lease); at that
+//! deadline without a renewal, or when a renewal is refused, the run is
+//! killed and recorded `lease_lost`. SIGKILL comes no later than the moment
+//! the store could let a peer in.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{JobState, Node};
+use crate::exec::{self, Finished, RunSpec, StopReason};
+use crate::store::{Outcome, RunRecord, StoreError};
+
+/// A won occurrence, to run.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RunTicket {
+    pub fence: u64,
+    pub occurrence: DateTime<Utc>,
+    pub takeover: bool,
+}
+
+impl Node {
+    /// Starts a run unless one of the job is still going (`overlap = "skip"`).
+    pub(super) fn start_run(
+        self: &Arc<Self>,
+        state: &Arc<JobState>,
+        ticket: RunTicket,
+    ) -> Option<JoinHandle<()>> {
+        let job = state.job();
+        if state.running.swap(true, Ordering::SeqCst) {
+            tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
+            return None;
+        }
+        let node = self.clone();
+        let state = state.clone();
+        Some(self.runs.spawn(async move {
+            node.supervise(&state, ticket).await;
+            state.running.store(false, Ordering::SeqCst);
+            if state.release_after_run.swap(false, Ordering::SeqCst) {
+                state.lease_ended();
+                node.release(&[state.job().name.clone()]).await;
+            }
+        }))
+    }
+
+    async fn supervise(&self, state: &JobState, ticket: RunTicket) {
+        let job = state.job();
+        let provable = state
+            .lease_clock()
+            .is_some_and(|c| Instant::now() < c.deadline(self.margin));
+        if !provable {
+            // Paused between claim and start: the lease may be gone already.
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "lease deadline passed before the run could start: not starting it");
+            let now = Utc::now();
+            let finished = Finished {
+                outcome: Outcome::LeaseLost,
+                exit_code: None,
+                started_at: now,
+                finished_at: now,
+            };
+            self.record(state, ticket, finished).await;
+            return;
+        }
+        let stop = async {
+            tokio::select! {
+                grace = self.watchdog(state) => StopReason::LeaseLost { grace },
+                () = self.kill_runs.cancelled() => StopReason::Shutdown,
+            }
+        };
+        let lateness = (Utc::now() - ticket.occurrence).num_milliseconds();
+        tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, lateness_ms = lateness, takeover = ticket.takeover, "run starting");
+        let spec = RunSpec {
+            job: &job,
+            fence: ticket.fence,
+            occurrence: ticket.occurrence,
+            node: &self.name,
+        };
+        let finished = exec::run(spec, self.guard.as_ref(), stop).await;
+        let took = (finished.finished_at - finished.started_at).num_milliseconds();
+        match finished.outcome {
+            Outcome::Ok => {
+                tracing::info!(job = %job.name, fence = ticket.fence, duration_ms = took, "run finished: ok")
+            }
+            outcome => {
+                tracing::warn!(job = %job.name, fence = ticket.fence, duration_ms = took, exit_code = ?finished.exit_code, "run finished: {outcome}")
+            }
+        }
+        self.record(state, ticket, finished).await;
+    }
+
+    /// Keeps the job's lease while its run goes; returns when the lease is
+    /// lost, with how long SIGTERM may take before SIGKILL.
+    async fn watchdog(&self, state: &JobState) -> Duration {
+        let job = state.job();
+        loop {
+            let Some(clock) = state.lease_clock() else {
+                return Duration::ZERO;
+            };
+            let deadline = clock.deadline(self.margin);
+            let renew_at = clock.sent + clock.lease * 2 / 3;
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::warn!(job = %job.name, "lease deadline reached without a renewal");
+                return clock.expiry().saturating_duration_since(now);
+            }
+            if now < renew_at {
+                tokio::time::sleep_until(renew_at.min(deadline)).await;
+                continue;
+            }
+            let sent = Instant::now();
+            let budget = self.op_timeout.min(deadline - sent);
+            let answer = match tokio::time::timeout(
+                budget,
+                self.store.renew(&job.name, &self.owner, clock.lease),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(budget)),
+            };
+            match answer {
+                Ok(true) => {
+                    self.health.ok();
+                    state.lease_granted(sent, clock.lease);
+                }
+                Ok(false) => {
+                    self.health.ok();
+                    tracing::warn!(job = %job.name, "lease renewal refused: the lease is no longer this node's");
+                    state.lease_ended();
+                    return Duration::ZERO;
+                }
+                Err(e) => {
+                    self.health.failed(&e);
+                    let retry = (Instant::now() + Duration::from_millis(200)).min(deadline);
+                    tokio::time::sleep_until(retry).await;
+                }
+            }
+        }
+    }
+
+    /// Writes the run to the store's history (a few tries; a record lost to
+    /// an outage is logged, never retried forever).
+    async fn record(&self, state: &JobState, ticket: RunTicket, finished: Finished) {
+        let job = state.job();
+        let record = RunRecord {
+            job: job.name.to_string(),
+            fence: ticket.fence,
+            owner: self.owner.to_string(),
+            node: self.name.to_string(),
+            occurrence: ticket.occurrence,
+            started_at: finished.started_at,
+            finished_at: finished.finished_at,
+            outcome: finished.outcome,
+            exit_code: finished.exit_code,
+            takeover: ticket.takeover,
+            delay_ms: (finished.started_at - ticket.occurrence)
+                .num_milliseconds()
+                .max(0) as u64,
+        };
+        let mut last_error = None;
+        for attempt in 0..3 {
+            match tokio::time::timeout(
+                self.op_timeout,
+                self.store.record_run(&record, self.history_limit),
+            )
+            .await
+            {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => last_error = Some(e),
+                Err(_) => last_error = Some(StoreError::Timeout(self.op_timeout)),
+            }
+            if attempt < 2 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        if let Some(e) = last_error {
+            self.health.failed(&e);
+            tracing::warn!(job = %job.name, fence = ticket.fence, outcome = %record.outcome, "run not recorded in history: {e}");
+        }
+    }
+}

@@ -1,0 +1,514 @@
+//! The shared lock store: one small trait, a backend per URL scheme.
+//!
+//! Every backend gives the same answer to the same question (CONTRACT §4):
+//! [`Store::claim`] is one atomic step evaluated on the **store's clock**. It
+//! succeeds iff the job's lease is free, expired or already ours, and the
+//! occurrence is later than the last one claimed. It then bumps the fencing
+//! token and, with `misfire = "run_once"`, may hand out the most recent missed
+//! occurrence instead (a *catch-up*). Losing a race is an outcome
+//! ([`ClaimOutcome::Lost`]) carrying what a peer needs to time its takeover,
+//! not an error.
+//!
+//! Backends: [`sql`] (SQLite, MySQL/MariaDB, PostgreSQL through sqlx) and
+//! [`redis`] (Lua scripts). Which one runs is decided at run time from the
+//! URL by [`connect`]; a backend left out of the build answers with a clear
+//! "not built in" error. Every backend is checked by the same conformance
+//! suite in `tests/it/conformance.rs`.
+
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub mod sql;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, TimeZone, Utc};
+use serde::Serialize;
+
+use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
+
+/// Who holds a lease: the node name plus a random suffix, unique per process
+/// incarnation, so a restarted node never inherits its previous life's lease.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Owner(String);
+
+impl Owner {
+    /// A fresh owner for this process: `node#xxxxxxxx`.
+    pub fn new(node: &NodeName) -> Self {
+        let mut bytes = [0u8; 4];
+        // Without randomness, pid and time still make a restarted node distinct.
+        if getrandom::fill(&mut bytes).is_err() {
+            let now = Utc::now().timestamp_subsec_nanos() ^ std::process::id();
+            bytes = now.to_le_bytes();
+        }
+        Owner(format!("{}#{:08x}", node, u32::from_le_bytes(bytes)))
+    }
+
+    /// An owner string as stored (for tests and tools).
+    pub fn from_raw(s: impl Into<String>) -> Self {
+        Owner(s.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The node part of an owner string.
+    pub fn node_of(owner: &str) -> &str {
+        owner.rsplit_once('#').map_or(owner, |(node, _)| node)
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One claim of one occurrence of one job.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub job: JobName,
+    /// The scheduled instant being claimed.
+    pub occurrence: DateTime<Utc>,
+    /// The occurrence before it, so a missed one can be caught up atomically.
+    pub previous: Option<DateTime<Utc>>,
+    pub misfire: Misfire,
+    pub owner: Owner,
+    /// Lease length, counted on the store's clock from the moment it decides.
+    pub lease: Duration,
+    /// The highest fence this node has seen for the job.
+    pub fence_floor: u64,
+}
+
+/// A won claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Won {
+    pub fence: u64,
+    /// The occurrence now owned: the requested one, or the missed one caught up.
+    pub occurrence: DateTime<Utc>,
+    /// `occurrence` is a missed one; the requested occurrence is still to claim.
+    pub catch_up: bool,
+    /// Who held the lock before (live or not): a different node means takeover.
+    pub previous_owner: Option<String>,
+}
+
+/// A refused claim, with what the store knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    /// The owner of the live lease, if any.
+    pub holder: Option<String>,
+    /// Time left on that lease by the store's clock (zero if none).
+    pub remaining: Duration,
+    /// The last occurrence claimed by anyone.
+    pub last_occurrence: Option<DateTime<Utc>>,
+    /// The job's current fence.
+    pub fence: u64,
+}
+
+/// The answer to a [`ClaimRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    Won(Won),
+    Lost(Lost),
+}
+
+/// A job's lock as the store has it, for `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LockStatus {
+    pub job: String,
+    /// Owner of the live lease, if any.
+    pub holder: Option<String>,
+    /// Lease time left, in milliseconds of store time (0 when free).
+    pub lease_remaining_ms: u64,
+    pub fence: u64,
+    pub last_occurrence: Option<DateTime<Utc>>,
+    /// Last owner, even after the lease ended.
+    pub last_owner: Option<String>,
+}
+
+/// How a run ended (CONTRACT §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    Failed,
+    Timeout,
+    LeaseLost,
+    Killed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
+            Outcome::Timeout => "timeout",
+            Outcome::LeaseLost => "lease_lost",
+            Outcome::Killed => "killed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "ok" => Outcome::Ok,
+            "failed" => Outcome::Failed,
+            "timeout" => Outcome::Timeout,
+            "lease_lost" => Outcome::LeaseLost,
+            "killed" => Outcome::Killed,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One finished run, as kept in the store's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunRecord {
+    pub job: String,
+    pub fence: u64,
+    pub owner: String,
+    pub node: String,
+    pub occurrence: DateTime<Utc>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    /// The lock changed owner with this claim.
+    pub takeover: bool,
+    /// Start lateness after the scheduled instant, in milliseconds.
+    pub delay_ms: u64,
+}
+
+/// A store call that did not give an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {store} unreachable: {reason}")]
+    Unavailable { store: String, reason: String },
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("store {store} failed: {reason}")]
+    Backend { store: String, reason: String },
+    #[error(
+        "store {store} has no cronlease tables yet: run `cronlease migrate` (or start `cronlease run`, which applies them)"
+    )]
+    NotMigrated { store: String },
+    #[error("{0}")]
+    NotBuiltIn(String),
+}
+
+impl StoreError {
+    /// Unreachable or too slow, as opposed to a refused or broken request.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::Timeout(_)
+        )
+    }
+}
+
+/// The lock store. Object-safe so the backend is chosen at run time.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Makes the store ready: SQL applies migrations, Redis loads its scripts
+    /// and checks persistence. Idempotent and safe to run from several nodes.
+    async fn prepare(&self) -> Result<(), StoreError>;
+
+    /// Claims every request in one atomic step per request (CONTRACT §4),
+    /// answering in request order. Requests for distinct jobs due at the same
+    /// instant go to the store together (one round trip on Redis, one
+    /// transaction on SQL).
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError>;
+
+    /// Extends `owner`'s live lease on `job` to `lease` from now (store clock).
+    /// `false` when the lease is not `owner`'s or has already expired.
+    async fn renew(
+        &self,
+        job: &JobName,
+        owner: &Owner,
+        lease: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Ends `owner`'s live leases on `jobs`; another owner's are left alone.
+    /// Fence and last occurrence stay. Returns how many leases ended.
+    async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError>;
+
+    /// Every job lock the store knows, sorted by job.
+    async fn status(&self) -> Result<Vec<LockStatus>, StoreError>;
+
+    /// Appends a finished run to the job's history, keeping the newest `keep`.
+    async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError>;
+
+    /// Runs, newest first, of one job or all.
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// The URL with secrets redacted, for messages.
+    fn describe(&self) -> &str;
+}
+
+/// Opens the store a config names. Connections are made lazily, so a store
+/// that is down now is not an error here: calls fail until it is back.
+pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    match config.url.kind() {
+        StoreKind::Sqlite { .. } | StoreKind::Mysql | StoreKind::Postgres => connect_sql(config),
+        StoreKind::Redis => connect_redis(config),
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+fn connect_sql(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(sql::SqlStore::open(config)?))
+}
+
+#[cfg(not(any(feature = "sqlite", feature = "mysql", feature = "postgres")))]
+fn connect_sql(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Err(StoreError::NotBuiltIn(format!(
+        "{}: SQL store support is not built into this binary (build with feature `sqlite`, `mysql` or `postgres`)",
+        config.url
+    )))
+}
+
+#[cfg(feature = "redis")]
+fn connect_redis(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(redis::RedisStore::open(config)?))
+}
+
+#[cfg(not(feature = "redis"))]
+fn connect_redis(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Err(StoreError::NotBuiltIn(format!(
+        "{}: redis:// support is not built into this binary (build with feature `redis`)",
+        config.url
+    )))
+}
+
+/// Milliseconds since the Unix epoch: how every store keeps instants.
+pub fn to_ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+/// The inverse of [`to_ms`].
+pub fn from_ms(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+/// Duration as whole milliseconds, saturating.
+pub fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The claim rule of CONTRACT §4 as a pure function, for stores that read the
+/// lock row and decide in a transaction (SQL). Redis runs the same rule in Lua
+/// (`redis/claim.lua`); the conformance suite holds both to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRow {
+    pub owner: Option<String>,
+    pub fence: i64,
+    pub expires_at: i64,
+    pub last_occurrence: Option<i64>,
+    /// The store's clock when the row was read.
+    pub now: i64,
+}
+
+/// What [`decide`] wants written, with the answer to give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Write these values, answer `Won`.
+    Claim {
+        fence: i64,
+        expires_at: i64,
+        last_occurrence: i64,
+        won: Won,
+    },
+    /// Leave the row alone, answer `Lost`.
+    Refuse(Lost),
+}
+
+/// Applies the claim rule to one lock row.
+pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
+    let live = row.owner.is_some() && row.expires_at > row.now;
+    let held_by_other = live && row.owner.as_deref() != Some(req.owner.as_str());
+    let occurrence = to_ms(req.occurrence);
+    let already_claimed = row.last_occurrence.is_some_and(|last| last >= occurrence);
+    if held_by_other || already_claimed {
+        return Decision::Refuse(Lost {
+            holder: if live { row.owner.clone() } else { None },
+            remaining: if live {
+                Duration::from_millis((row.expires_at - row.now).max(0) as u64)
+            } else {
+                Duration::ZERO
+            },
+            last_occurrence: row.last_occurrence.map(from_ms),
+            fence: row.fence.max(0) as u64,
+        });
+    }
+    let missed = match (req.misfire, req.previous, row.last_occurrence) {
+        (Misfire::RunOnce, Some(prev), Some(last)) if last < to_ms(prev) => Some(prev),
+        _ => None,
+    };
+    let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX - 1);
+    let fence = row.fence.max(floor).saturating_add(1);
+    let claimed = missed.unwrap_or(req.occurrence);
+    Decision::Claim {
+        fence,
+        expires_at: row.now.saturating_add(duration_ms(req.lease)),
+        last_occurrence: to_ms(claimed),
+        won: Won {
+            fence: fence as u64,
+            occurrence: claimed,
+            catch_up: missed.is_some(),
+            previous_owner: row.owner.clone(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn req(owner: &str, occ: i64, prev: Option<i64>, misfire: Misfire, floor: u64) -> ClaimRequest {
+        ClaimRequest {
+            job: JobName::parse("j").unwrap(),
+            occurrence: from_ms(occ),
+            previous: prev.map(from_ms),
+            misfire,
+            owner: Owner::from_raw(owner),
+            lease: Duration::from_millis(1500),
+            fence_floor: floor,
+        }
+    }
+
+    fn row(owner: Option<&str>, fence: i64, expires_at: i64, last: Option<i64>) -> LockRow {
+        LockRow {
+            owner: owner.map(str::to_string),
+            fence,
+            expires_at,
+            last_occurrence: last,
+            now: 10_000,
+        }
+    }
+
+    #[test]
+    fn fresh_row_is_won() {
+        let d = decide(
+            &row(None, 0, 0, None),
+            &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0),
+        );
+        assert!(matches!(
+            d,
+            Decision::Claim {
+                fence: 1,
+                expires_at: 11_500,
+                last_occurrence: 20_000,
+                won: Won {
+                    catch_up: false,
+                    ..
+                }
+            }
+        ));
+    }
+
+    #[test]
+    fn live_lease_of_another_is_refused_with_remaining() {
+        let d = decide(
+            &row(Some("b"), 7, 10_400, Some(19_000)),
+            &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0),
+        );
+        assert_eq!(
+            d,
+            Decision::Refuse(Lost {
+                holder: Some("b".into()),
+                remaining: Duration::from_millis(400),
+                last_occurrence: Some(from_ms(19_000)),
+                fence: 7
+            })
+        );
+    }
+
+    #[test]
+    fn own_live_lease_is_renewed_by_claim() {
+        let d = decide(
+            &row(Some("a"), 7, 10_400, Some(19_000)),
+            &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0),
+        );
+        assert!(matches!(d, Decision::Claim { fence: 8, .. }));
+    }
+
+    #[test]
+    fn claimed_occurrence_is_refused_even_when_expired() {
+        let d = decide(
+            &row(Some("b"), 7, 9_000, Some(20_000)),
+            &req("a", 20_000, None, Misfire::RunOnce, 0),
+        );
+        assert!(matches!(
+            d,
+            Decision::Refuse(Lost {
+                holder: None,
+                remaining: Duration::ZERO,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn missed_occurrence_is_caught_up_with_run_once_only() {
+        let d = decide(
+            &row(Some("b"), 7, 9_000, Some(17_000)),
+            &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0),
+        );
+        assert!(matches!(
+            d,
+            Decision::Claim {
+                fence: 8,
+                last_occurrence: 19_000,
+                won: Won { catch_up: true, .. },
+                ..
+            }
+        ));
+        let d = decide(
+            &row(Some("b"), 7, 9_000, Some(17_000)),
+            &req("a", 20_000, Some(19_000), Misfire::Skip, 0),
+        );
+        assert!(matches!(
+            d,
+            Decision::Claim {
+                last_occurrence: 20_000,
+                won: Won {
+                    catch_up: false,
+                    ..
+                },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn fence_floor_keeps_fences_from_going_back() {
+        let d = decide(
+            &row(None, 0, 0, None),
+            &req("a", 20_000, None, Misfire::RunOnce, 41),
+        );
+        assert!(matches!(d, Decision::Claim { fence: 42, .. }));
+    }
+
+    #[test]
+    fn owner_node_part() {
+        assert_eq!(Owner::node_of("web-1#0a0b0c0d"), "web-1");
+        let o = Owner::new(&NodeName::parse("web-1").unwrap());
+        assert_eq!(Owner::node_of(o.as_str()), "web-1");
+        assert_ne!(o, Owner::new(&NodeName::parse("web-1").unwrap()));
+    }
+}

@@ -1,0 +1,471 @@
+//! The Redis store: a lease key with a TTL, a state hash that never expires
+//! (fence, last occurrence, last owner), and a capped stream of runs, per job.
+//!
+//! Keys are `{key_prefix}{job}:lease`, `:state` and `:runs`; the braces make
+//! them a hash tag, so one job's keys share a cluster slot. Every claim,
+//! renewal and release is one Lua script (`redis/*.lua`), atomic on the
+//! server, and the server's clock is the only clock (TTL, `PTTL`, `TIME`).
+//! A batch of claims is one pipeline: one round trip.
+//!
+//! The guarantee holds while Redis keeps what it acknowledged: AOF with
+//! `appendfsync always`. [`Store::prepare`] warns once when the server has no
+//! such persistence.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Script};
+use tokio::sync::OnceCell;
+
+use super::{
+    ClaimOutcome, ClaimRequest, LockStatus, Lost, Outcome, Owner, RunRecord, Store, StoreError,
+    Won, duration_ms, from_ms, to_ms,
+};
+use crate::config::{JobName, Misfire, StoreConfig, StoreUrl};
+
+static CLAIM: &str = include_str!("redis/claim.lua");
+static RENEW: &str = include_str!("redis/renew.lua");
+static RELEASE: &str = include_str!("redis/release.lua");
+
+/// The Redis implementation of [`Store`].
+pub struct RedisStore {
+    client: Client,
+    manager: OnceCell<ConnectionManager>,
+    url: StoreUrl,
+    prefix: String,
+    op_timeout: Duration,
+    claim: Script,
+    renew: Script,
+    release: Script,
+    warned_persistence: AtomicBool,
+}
+
+/// `{won, fence, occurrence, catch_up, holder/previous owner, remaining, last}`.
+type ClaimReply = (i64, i64, i64, i64, Option<String>, i64, i64);
+
+impl RedisStore {
+    /// Builds the client; the first connection is made on first use.
+    pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        let url = config.url.clone();
+        let client = Client::open(url.expose()).map_err(|e| StoreError::Backend {
+            store: url.redacted().into(),
+            reason: url.scrub(&e.to_string()),
+        })?;
+        Ok(RedisStore {
+            client,
+            manager: OnceCell::new(),
+            prefix: config.key_prefix.clone(),
+            op_timeout: config.op_timeout,
+            url,
+            claim: Script::new(CLAIM),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+            warned_persistence: AtomicBool::new(false),
+        })
+    }
+
+    fn key(&self, job: &str, kind: &str) -> String {
+        format!("{}{{{job}}}:{kind}", self.prefix)
+    }
+
+    fn err(&self, e: redis::RedisError) -> StoreError {
+        let store = self.url.redacted().to_string();
+        let reason = self.url.scrub(&e.to_string());
+        if e.is_io_error()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+        {
+            StoreError::Unavailable { store, reason }
+        } else {
+            StoreError::Backend { store, reason }
+        }
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.op_timeout))
+            .set_response_timeout(Some(self.op_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        self.manager
+            .get_or_try_init(|| ConnectionManager::new_with_config(self.client.clone(), config))
+            .await
+            .cloned()
+            .map_err(|e| self.err(e))
+    }
+
+    /// Runs `build`'s pipeline of `EVALSHA`s, loading the scripts once if the
+    /// server has forgotten them (restart, `SCRIPT FLUSH`).
+    async fn eval_pipeline<T: redis::FromRedisValue>(
+        &self,
+        build: impl Fn() -> redis::Pipeline,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut conn = self.conn().await?;
+        match build().query_async::<Vec<T>>(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                for script in [&self.claim, &self.renew, &self.release] {
+                    script
+                        .prepare_invoke()
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                build()
+                    .query_async::<Vec<T>>(&mut conn)
+                    .await
+                    .map_err(|e| self.err(e))
+            }
+            other => other.map_err(|e| self.err(e)),
+        }
+    }
+
+    async fn warn_without_persistence(&self, conn: &mut ConnectionManager) {
+        if self.warned_persistence.load(Ordering::Relaxed) {
+            return;
+        }
+        let info: String = match redis::cmd("INFO")
+            .arg("persistence")
+            .query_async(conn)
+            .await
+        {
+            Ok(info) => info,
+            Err(_) => return,
+        };
+        let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
+        // CONFIG may be disabled on managed servers; then only AOF is known.
+        let fsync: Option<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendfsync")
+            .query_async(conn)
+            .await
+            .ok();
+        let fsync = fsync.and_then(|v| v.get(1).cloned());
+        let problem = if !aof {
+            Some("has no AOF persistence (appendonly no)".to_string())
+        } else if let Some(f) = fsync.filter(|f| f != "always") {
+            Some(format!("uses appendfsync {f}, not always"))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            if !self.warned_persistence.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    store = %self.url,
+                    "Redis {problem}: a restart or failover can lose acknowledged claims, and an occurrence may then run twice; use `appendonly yes` with `appendfsync always` (CONTRACT §4)"
+                );
+            }
+        }
+    }
+
+    async fn scan(&self, kind: &str) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.conn().await?;
+        let pattern = format!("{}{{*}}:{kind}", glob_escape(&self.prefix));
+        let mut cursor: u64 = 0;
+        let mut keys = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    fn job_of(&self, key: &str, kind: &str) -> Option<String> {
+        key.strip_prefix(&self.prefix)?
+            .strip_prefix('{')?
+            .strip_suffix(&format!("}}:{kind}"))
+            .map(str::to_string)
+    }
+
+    async fn read_runs(&self, key: &str, limit: u32) -> Result<Vec<RunRecord>, StoreError> {
+        let mut conn = self.conn().await?;
+        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+            .arg(key)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        entries
+            .into_iter()
+            .map(|(id, fields)| {
+                run_from_fields(&fields).ok_or_else(|| StoreError::Backend {
+                    store: self.url.redacted().into(),
+                    reason: format!("malformed history entry {id} in {key}"),
+                })
+            })
+            .collect()
+    }
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn run_from_fields(f: &HashMap<String, String>) -> Option<RunRecord> {
+    let int = |k: &str| f.get(k).and_then(|v| v.parse::<i64>().ok());
+    Some(RunRecord {
+        job: f.get("job")?.clone(),
+        fence: int("fence")?.max(0) as u64,
+        owner: f.get("owner")?.clone(),
+        node: f.get("node")?.clone(),
+        occurrence: from_ms(int("occurrence")?),
+        started_at: from_ms(int("started_at")?),
+        finished_at: from_ms(int("finished_at")?),
+        outcome: Outcome::parse(f.get("outcome")?)?,
+        exit_code: f.get("exit_code").and_then(|c| c.parse().ok()),
+        takeover: int("takeover")? != 0,
+        delay_ms: int("delay_ms")?.max(0) as u64,
+    })
+}
+
+fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {
+    let (won, fence, occurrence, catch_up, who, remaining, last) = r;
+    let fence = fence.max(0) as u64;
+    if won == 1 {
+        ClaimOutcome::Won(Won {
+            fence,
+            occurrence: from_ms(occurrence),
+            catch_up: catch_up == 1,
+            previous_owner: who,
+        })
+    } else {
+        ClaimOutcome::Lost(Lost {
+            remaining: if who.is_some() {
+                Duration::from_millis(remaining.max(0) as u64)
+            } else {
+                Duration::ZERO
+            },
+            holder: who,
+            last_occurrence: (last >= 0).then(|| from_ms(last)),
+            fence,
+        })
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn prepare(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        for script in [&self.claim, &self.renew, &self.release] {
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        self.warn_without_persistence(&mut conn).await;
+        Ok(())
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let replies: Vec<ClaimReply> = self
+            .eval_pipeline(|| {
+                let mut pipe = redis::pipe();
+                for r in requests {
+                    let job = r.job.as_str();
+                    pipe.cmd("EVALSHA")
+                        .arg(self.claim.get_hash())
+                        .arg(2)
+                        .arg(self.key(job, "lease"))
+                        .arg(self.key(job, "state"))
+                        .arg(r.owner.as_str())
+                        .arg(to_ms(r.occurrence))
+                        .arg(r.previous.map(|p| to_ms(p).to_string()).unwrap_or_default())
+                        .arg(duration_ms(r.lease).max(1))
+                        .arg(r.fence_floor)
+                        .arg(match r.misfire {
+                            Misfire::RunOnce => "run_once",
+                            Misfire::Skip => "skip",
+                        });
+                }
+                pipe
+            })
+            .await?;
+        Ok(replies.into_iter().map(outcome_from_reply).collect())
+    }
+
+    async fn renew(
+        &self,
+        job: &JobName,
+        owner: &Owner,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done: Vec<i64> = self
+            .eval_pipeline(|| {
+                let mut pipe = redis::pipe();
+                pipe.cmd("EVALSHA")
+                    .arg(self.renew.get_hash())
+                    .arg(1)
+                    .arg(self.key(job.as_str(), "lease"))
+                    .arg(owner.as_str())
+                    .arg(duration_ms(lease).max(1));
+                pipe
+            })
+            .await?;
+        Ok(done.first() == Some(&1))
+    }
+
+    async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let done: Vec<i64> = self
+            .eval_pipeline(|| {
+                let mut pipe = redis::pipe();
+                for job in jobs {
+                    pipe.cmd("EVALSHA")
+                        .arg(self.release.get_hash())
+                        .arg(1)
+                        .arg(self.key(job.as_str(), "lease"))
+                        .arg(owner.as_str());
+                }
+                pipe
+            })
+            .await?;
+        Ok(done.iter().filter(|&&d| d == 1).count())
+    }
+
+    async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
+        let keys = self.scan("state").await?;
+        let jobs: Vec<String> = keys
+            .iter()
+            .filter_map(|k| self.job_of(k, "state"))
+            .collect();
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let mut pipe = redis::pipe();
+        for job in &jobs {
+            pipe.cmd("HMGET")
+                .arg(self.key(job, "state"))
+                .arg("fence")
+                .arg("last_occurrence")
+                .arg("owner");
+            pipe.cmd("GET").arg(self.key(job, "lease"));
+            pipe.cmd("PTTL").arg(self.key(job, "lease"));
+        }
+        let replies: Vec<redis::Value> =
+            pipe.query_async(&mut conn).await.map_err(|e| self.err(e))?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for (job, chunk) in jobs.into_iter().zip(replies.chunks(3)) {
+            let [state, holder, pttl] = chunk else {
+                continue;
+            };
+            let malformed = |e: redis::ParsingError| StoreError::Backend {
+                store: self.url.redacted().into(),
+                reason: format!("unexpected reply for {job}: {e}"),
+            };
+            let state: (Option<i64>, Option<i64>, Option<String>) =
+                redis::from_redis_value(state.clone()).map_err(malformed)?;
+            let holder: Option<String> =
+                redis::from_redis_value(holder.clone()).map_err(malformed)?;
+            let pttl: i64 = redis::from_redis_value(pttl.clone()).map_err(malformed)?;
+            out.push(LockStatus {
+                job,
+                lease_remaining_ms: if holder.is_some() {
+                    pttl.max(0) as u64
+                } else {
+                    0
+                },
+                holder,
+                fence: state.0.unwrap_or(0).max(0) as u64,
+                last_occurrence: state.1.map(from_ms),
+                last_owner: state.2,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.key(&run.job, "runs"))
+            .arg("MAXLEN")
+            .arg(keep)
+            .arg("*")
+            .arg("job")
+            .arg(&run.job)
+            .arg("fence")
+            .arg(run.fence)
+            .arg("owner")
+            .arg(&run.owner)
+            .arg("node")
+            .arg(&run.node)
+            .arg("occurrence")
+            .arg(to_ms(run.occurrence))
+            .arg("started_at")
+            .arg(to_ms(run.started_at))
+            .arg("finished_at")
+            .arg(to_ms(run.finished_at))
+            .arg("outcome")
+            .arg(run.outcome.as_str())
+            .arg("takeover")
+            .arg(i64::from(run.takeover))
+            .arg("delay_ms")
+            .arg(run.delay_ms);
+        if let Some(code) = run.exit_code {
+            cmd.arg("exit_code").arg(code);
+        }
+        cmd.query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let keys = match job {
+            Some(job) => vec![self.key(job.as_str(), "runs")],
+            None => self.scan("runs").await?,
+        };
+        let mut runs = Vec::new();
+        for key in keys {
+            runs.extend(self.read_runs(&key, limit).await?);
+        }
+        runs.sort_by(|a, b| {
+            b.finished_at
+                .cmp(&a.finished_at)
+                .then(b.fence.cmp(&a.fence))
+        });
+        runs.truncate(limit as usize);
+        Ok(runs)
+    }
+
+    fn describe(&self) -> &str {
+        self.url.redacted()
+    }
+}

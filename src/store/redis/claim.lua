@@ -1,0 +1,37 @@
+-- cronlease claim (CONTRACT §4), one atomic step on the Redis server's clock.
+-- KEYS[1] lease key: the owner, with a TTL (PX) equal to the lease
+-- KEYS[2] state hash, never expires: fence, last_occurrence, owner, modified_at
+-- ARGV[1] owner  ARGV[2] occurrence (ms)  ARGV[3] previous occurrence (ms) or ""
+-- ARGV[4] lease (ms)  ARGV[5] fence floor  ARGV[6] "run_once" or "skip"
+-- Reply: {won, fence, occurrence, catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1}
+local holder = redis.call('GET', KEYS[1])
+local remaining = 0
+if holder then
+  remaining = redis.call('PTTL', KEYS[1])
+  if remaining < 0 then remaining = 0 end
+end
+local state = redis.call('HMGET', KEYS[2], 'fence', 'last_occurrence', 'owner')
+local fence = tonumber(state[1]) or 0
+local last = tonumber(state[2])
+local occurrence = tonumber(ARGV[2])
+
+if (holder and holder ~= ARGV[1]) or (last and last >= occurrence) then
+  return {0, fence, 0, 0, holder or false, remaining, last or -1}
+end
+
+local claimed = ARGV[2]
+local catch_up = 0
+if ARGV[6] == 'run_once' and ARGV[3] ~= '' and last and last < tonumber(ARGV[3]) then
+  claimed = ARGV[3]
+  catch_up = 1
+end
+local floor = tonumber(ARGV[5]) or 0
+if floor > fence then fence = floor end
+fence = fence + 1
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local previous_owner = state[3]
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
+redis.call('HSET', KEYS[2], 'fence', string.format('%d', fence), 'last_occurrence', claimed,
+  'owner', ARGV[1], 'modified_at', now)
+return {1, fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1}

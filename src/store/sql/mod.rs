@@ -1,0 +1,582 @@
+//! The SQL store: one implementation of [`Store`] for SQLite, MySQL/MariaDB
+//! and PostgreSQL, over sqlx's `Any` driver.
+//!
+//! Everything stored is an integer (milliseconds since the Unix epoch, fences)
+//! or a string, so the three databases differ only in a handful of SQL
+//! fragments: how to read the clock, how to start the claim transaction and
+//! lock the row, how to insert a row unless it exists, and the migrations.
+//! Those live in one [`Dialect`] per backend file ([`sqlite`], [`mysql`],
+//! [`postgres`]), each behind its cargo feature.
+//!
+//! A claim is one short transaction: lock the job's row (SQLite: `BEGIN
+//! IMMEDIATE`; MySQL/PostgreSQL: `SELECT ... FOR UPDATE`), read it together
+//! with the database's clock, apply [`decide`], write, commit. The winner is
+//! decided from the row itself, never from `rows_affected` (sqlx's MySQL
+//! driver sets `CLIENT_FOUND_ROWS`, which makes that number useless here).
+
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
+
+use super::{
+    ClaimOutcome, ClaimRequest, Decision, LockRow, LockStatus, Outcome, Owner, RunRecord, Store,
+    StoreError, decide, duration_ms, from_ms, to_ms,
+};
+use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl};
+
+/// What differs between SQL databases.
+pub struct Dialect {
+    pub name: &'static str,
+    /// An expression giving the database's clock in ms since the Unix epoch.
+    pub now_ms: &'static str,
+    /// Starts the claim transaction.
+    pub begin: &'static str,
+    /// Appended to the row read of a claim.
+    pub lock_row: &'static str,
+    /// `INSERT` of an empty lock row that does nothing if it exists
+    /// (`{p}` is the table prefix, `{now}` the clock, one `?` the job).
+    pub seed_row: &'static str,
+    /// Placeholders are `$1, $2...` instead of `?`.
+    pub numbered_params: bool,
+    /// Migrations, in version order.
+    pub migrations: &'static [(i64, &'static str)],
+}
+
+/// The SQL implementation of [`Store`].
+pub struct SqlStore {
+    pool: AnyPool,
+    url: StoreUrl,
+    connect_url: String,
+    dialect: &'static Dialect,
+    prefix: String,
+    queries: Queries,
+    op_timeout: Duration,
+}
+
+struct Queries {
+    select_lock: SqlStr,
+    seed_row: SqlStr,
+    write_claim: SqlStr,
+    renew: SqlStr,
+    release: SqlStr,
+    status: SqlStr,
+    insert_run: SqlStr,
+    prune_cutoff: SqlStr,
+    prune: SqlStr,
+    history_all: SqlStr,
+    history_job: SqlStr,
+}
+
+const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms";
+
+impl Queries {
+    fn new(d: &Dialect, p: &str) -> Self {
+        let now = d.now_ms;
+        let q = |sql: String| -> SqlStr {
+            let sql = if d.numbered_params {
+                number_params(&sql)
+            } else {
+                sql
+            };
+            AssertSqlSafe(sql).into_sql_str()
+        };
+        Queries {
+            select_lock: q(format!(
+                "SELECT owner, fence, expires_at, last_occurrence, {now} AS now_ms FROM {p}lock_info WHERE lock_name = ?{}",
+                d.lock_row
+            )),
+            seed_row: q(d.seed_row.replace("{p}", p).replace("{now}", now)),
+            write_claim: q(format!(
+                "UPDATE {p}lock_info SET owner = ?, fence = ?, expires_at = ?, last_occurrence = ?, modified_at = ? WHERE lock_name = ?"
+            )),
+            renew: q(format!(
+                "UPDATE {p}lock_info SET expires_at = {now} + ?, modified_at = {now} WHERE lock_name = ? AND owner = ? AND expires_at > {now}"
+            )),
+            release: q(format!(
+                "UPDATE {p}lock_info SET expires_at = {now}, modified_at = {now} WHERE lock_name = ? AND owner = ? AND expires_at > {now}"
+            )),
+            status: q(format!(
+                "SELECT lock_name, owner, fence, expires_at, last_occurrence, {now} AS now_ms FROM {p}lock_info ORDER BY lock_name"
+            )),
+            insert_run: q(format!(
+                "INSERT INTO {p}job_runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            )),
+            prune_cutoff: q(format!(
+                "SELECT id FROM {p}job_runs WHERE job = ? ORDER BY id DESC LIMIT 1 OFFSET ?"
+            )),
+            prune: q(format!("DELETE FROM {p}job_runs WHERE job = ? AND id <= ?")),
+            history_all: q(format!(
+                "SELECT {RUN_COLUMNS} FROM {p}job_runs ORDER BY id DESC LIMIT ?"
+            )),
+            history_job: q(format!(
+                "SELECT {RUN_COLUMNS} FROM {p}job_runs WHERE job = ? ORDER BY id DESC LIMIT ?"
+            )),
+        }
+    }
+}
+
+/// `?` → `$1, $2, ...` (none of our statements has a `?` inside a literal).
+fn number_params(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl SqlStore {
+    /// Builds the store and its (lazy) connection pool; nothing is contacted yet.
+    pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let url = config.url.clone();
+        let op_ms = duration_ms(config.op_timeout).max(1);
+        let (dialect, connect_url, setup): (&'static Dialect, String, Vec<String>) =
+            match url.kind() {
+                StoreKind::Sqlite { path } => sqlite_parts(path, op_ms)?,
+                StoreKind::Mysql => mysql_parts(&url, op_ms)?,
+                StoreKind::Postgres => postgres_parts(&url, op_ms)?,
+                StoreKind::Redis => {
+                    return Err(StoreError::Backend {
+                        store: url.redacted().into(),
+                        reason: "not an SQL URL".into(),
+                    });
+                }
+            };
+        let setup: std::sync::Arc<[String]> = setup.into();
+        let pool = AnyPoolOptions::new()
+            .max_connections(if dialect.name == "sqlite" { 2 } else { 4 })
+            .min_connections(0)
+            .acquire_timeout(config.op_timeout)
+            .idle_timeout(Some(Duration::from_secs(300)))
+            .after_connect(move |conn, _meta| {
+                let setup = setup.clone();
+                Box::pin(async move {
+                    for stmt in setup.iter() {
+                        sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy(&connect_url)
+            .map_err(|e| StoreError::Backend {
+                store: url.redacted().into(),
+                reason: url.scrub(&e.to_string()),
+            })?;
+        Ok(SqlStore {
+            pool,
+            queries: Queries::new(dialect, &config.table_prefix),
+            prefix: config.table_prefix.clone(),
+            url,
+            connect_url,
+            dialect,
+            op_timeout: config.op_timeout,
+        })
+    }
+
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        let store = self.url.redacted().to_string();
+        let reason = self.url.scrub(&e.to_string());
+        match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable { store, reason },
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                let missing_table =
+                    code == "42S02" || code == "42P01" || db.message().contains("no such table");
+                if missing_table {
+                    StoreError::NotMigrated { store }
+                } else {
+                    StoreError::Backend { store, reason }
+                }
+            }
+            _ => StoreError::Backend { store, reason },
+        }
+    }
+
+    async fn read_lock(
+        &self,
+        conn: &mut AnyConnection,
+        job: &str,
+    ) -> Result<Option<LockRow>, sqlx::Error> {
+        let row = sqlx::query(self.queries.select_lock.clone())
+            .bind(job.to_string())
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(|r| {
+            Ok(LockRow {
+                owner: r.try_get(0)?,
+                fence: r.try_get(1)?,
+                expires_at: r.try_get(2)?,
+                last_occurrence: r.try_get(3)?,
+                now: r.try_get(4)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn claim_in_tx(
+        &self,
+        requests: &[ClaimRequest],
+    ) -> Result<Vec<ClaimOutcome>, sqlx::Error> {
+        // Rows are locked in name order so two batches can never deadlock.
+        let mut order: Vec<usize> = (0..requests.len()).collect();
+        order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
+        let mut tx = self.pool.begin_with(self.dialect.begin).await?;
+        for i in order {
+            let req = &requests[i];
+            let job = req.job.as_str();
+            let row = match self.read_lock(&mut tx, job).await? {
+                Some(row) => row,
+                None => {
+                    sqlx::query(self.queries.seed_row.clone())
+                        .bind(job.to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                    self.read_lock(&mut tx, job).await?.ok_or_else(|| {
+                        sqlx::Error::Protocol(format!("lock row for {job} missing after insert"))
+                    })?
+                }
+            };
+            answers[i] = Some(match decide(&row, req) {
+                Decision::Claim {
+                    fence,
+                    expires_at,
+                    last_occurrence,
+                    won,
+                } => {
+                    sqlx::query(self.queries.write_claim.clone())
+                        .bind(req.owner.as_str().to_string())
+                        .bind(fence)
+                        .bind(expires_at)
+                        .bind(last_occurrence)
+                        .bind(row.now)
+                        .bind(job.to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                    ClaimOutcome::Won(won)
+                }
+                Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
+            });
+        }
+        tx.commit().await?;
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    /// Applies pending migrations on a connection of its own, under the
+    /// database's migration lock, so nodes starting together do not collide.
+    async fn migrate(&self) -> Result<(), sqlx::Error> {
+        let mut conn = AnyConnection::connect(&self.connect_url).await?;
+        let p = &self.prefix;
+        let lock_key = format!("cronlease_migrate_{p}");
+        let (lock, unlock): (String, String) = match self.dialect.name {
+            "sqlite" => ("BEGIN IMMEDIATE".into(), "COMMIT".into()),
+            "mysql" => (
+                format!("SELECT GET_LOCK('{lock_key}', 30)"),
+                format!("SELECT RELEASE_LOCK('{lock_key}')"),
+            ),
+            _ => (
+                format!("BEGIN; SELECT pg_advisory_xact_lock(hashtext('{lock_key}'))"),
+                "COMMIT".into(),
+            ),
+        };
+        if self.dialect.name == "sqlite" {
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "PRAGMA busy_timeout = {}",
+                duration_ms(self.op_timeout).max(1000)
+            )))
+            .execute(&mut conn)
+            .await?;
+            sqlx::raw_sql("PRAGMA journal_mode = WAL")
+                .execute(&mut conn)
+                .await?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(lock))
+            .execute(&mut conn)
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {p}cronlease_schema (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)"
+        )))
+        .execute(&mut conn)
+        .await?;
+        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {p}cronlease_schema"
+        )))
+        .fetch_all(&mut conn)
+        .await?;
+        for (version, script) in self.dialect.migrations {
+            if applied.contains(version) {
+                continue;
+            }
+            let script = script.replace("{prefix}", p);
+            for stmt in split_statements(&script) {
+                sqlx::raw_sql(AssertSqlSafe(stmt))
+                    .execute(&mut conn)
+                    .await?;
+            }
+            let record = format!(
+                "INSERT INTO {p}cronlease_schema (version, applied_at) VALUES ({version}, {})",
+                self.dialect.now_ms
+            );
+            sqlx::raw_sql(AssertSqlSafe(record))
+                .execute(&mut conn)
+                .await?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(unlock))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await
+    }
+}
+
+/// Splits a migration script into statements, dropping `--` comments.
+fn split_statements(script: &str) -> Vec<String> {
+    let without_comments: String = script
+        .lines()
+        .map(|l| l.split("--").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    without_comments
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
+    let outcome: String = r.try_get(7)?;
+    Ok(RunRecord {
+        job: r.try_get(0)?,
+        fence: r.try_get::<i64, _>(1)?.max(0) as u64,
+        owner: r.try_get(2)?,
+        node: r.try_get(3)?,
+        occurrence: from_ms(r.try_get(4)?),
+        started_at: from_ms(r.try_get(5)?),
+        finished_at: from_ms(r.try_get(6)?),
+        outcome: Outcome::parse(&outcome)
+            .ok_or_else(|| sqlx::Error::Protocol(format!("unknown outcome {outcome:?}")))?,
+        exit_code: r.try_get::<Option<i64>, _>(8)?.map(|c| c as i32),
+        takeover: r.try_get::<i64, _>(9)? != 0,
+        delay_ms: r.try_get::<i64, _>(10)?.max(0) as u64,
+    })
+}
+
+#[async_trait]
+impl Store for SqlStore {
+    async fn prepare(&self) -> Result<(), StoreError> {
+        self.migrate().await.map_err(|e| self.err(e))
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.claim_in_tx(requests).await.map_err(|e| self.err(e))
+    }
+
+    async fn renew(
+        &self,
+        job: &JobName,
+        owner: &Owner,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        // rows_affected counts matched rows under CLIENT_FOUND_ROWS, which is
+        // what is wanted: the WHERE clause is the owner check.
+        let done = sqlx::query(self.queries.renew.clone())
+            .bind(duration_ms(lease))
+            .bind(job.as_str().to_string())
+            .bind(owner.as_str().to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
+        let mut released = 0;
+        for job in jobs {
+            let done = sqlx::query(self.queries.release.clone())
+                .bind(job.as_str().to_string())
+                .bind(owner.as_str().to_string())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            released += done.rows_affected() as usize;
+        }
+        Ok(released)
+    }
+
+    async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
+        let rows = sqlx::query(self.queries.status.clone())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter()
+            .map(|r| -> Result<LockStatus, sqlx::Error> {
+                let owner: Option<String> = r.try_get(1)?;
+                let expires_at: i64 = r.try_get(3)?;
+                let now: i64 = r.try_get(5)?;
+                let live = owner.is_some() && expires_at > now;
+                Ok(LockStatus {
+                    job: r.try_get(0)?,
+                    holder: if live { owner.clone() } else { None },
+                    lease_remaining_ms: if live { (expires_at - now) as u64 } else { 0 },
+                    fence: r.try_get::<i64, _>(2)?.max(0) as u64,
+                    last_occurrence: r.try_get::<Option<i64>, _>(4)?.map(from_ms),
+                    last_owner: owner,
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(e))
+    }
+
+    async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError> {
+        let result: Result<(), sqlx::Error> = async {
+            sqlx::query(self.queries.insert_run.clone())
+                .bind(run.job.clone())
+                .bind(run.fence as i64)
+                .bind(run.owner.clone())
+                .bind(run.node.clone())
+                .bind(to_ms(run.occurrence))
+                .bind(to_ms(run.started_at))
+                .bind(to_ms(run.finished_at))
+                .bind(run.outcome.as_str().to_string())
+                .bind(run.exit_code.map(i64::from))
+                .bind(i64::from(run.takeover))
+                .bind(run.delay_ms as i64)
+                .execute(&self.pool)
+                .await?;
+            let cutoff: Option<i64> = sqlx::query_scalar(self.queries.prune_cutoff.clone())
+                .bind(run.job.clone())
+                .bind(i64::from(keep))
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(cutoff) = cutoff {
+                sqlx::query(self.queries.prune.clone())
+                    .bind(run.job.clone())
+                    .bind(cutoff)
+                    .execute(&self.pool)
+                    .await?;
+            }
+            Ok(())
+        }
+        .await;
+        result.map_err(|e| self.err(e))
+    }
+
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let query = match job {
+            Some(job) => {
+                sqlx::query(self.queries.history_job.clone()).bind(job.as_str().to_string())
+            }
+            None => sqlx::query(self.queries.history_all.clone()),
+        };
+        let rows = query
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter()
+            .map(run_from_row)
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn describe(&self) -> &str {
+        self.url.redacted()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_parts(
+    path: &std::path::Path,
+    op_ms: i64,
+) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
+    sqlite::parts(path, op_ms)
+}
+#[cfg(not(feature = "sqlite"))]
+fn sqlite_parts(
+    _: &std::path::Path,
+    _: i64,
+) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
+    Err(StoreError::NotBuiltIn(
+        "sqlite:// support is not built into this binary (build with feature `sqlite`)".into(),
+    ))
+}
+#[cfg(feature = "mysql")]
+fn mysql_parts(
+    url: &StoreUrl,
+    op_ms: i64,
+) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
+    Ok(mysql::parts(url, op_ms))
+}
+#[cfg(not(feature = "mysql"))]
+fn mysql_parts(
+    _: &StoreUrl,
+    _: i64,
+) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
+    Err(StoreError::NotBuiltIn(
+        "mysql:// support is not built into this binary (build with feature `mysql`)".into(),
+    ))
+}
+#[cfg(feature = "postgres")]
+fn postgres_parts(
+    url: &StoreUrl,
+    op_ms: i64,
+) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
+    Ok(postgres::parts(url, op_ms))
+}
+#[cfg(not(feature = "postgres"))]
+fn postgres_parts(
+    _: &StoreUrl,
+    _: i64,
+) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
+    Err(StoreError::NotBuiltIn(
+        "postgres:// support is not built into this binary (build with feature `postgres`)".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_placeholders() {
+        assert_eq!(number_params("a = ? AND b = ?"), "a = $1 AND b = $2");
+    }
+
+    #[test]
+    fn splits_scripts() {
+        let s = "-- head; comment\nCREATE TABLE a (x INT); -- tail\n\nCREATE INDEX i ON a (x);\n";
+        assert_eq!(
+            split_statements(s),
+            ["CREATE TABLE a (x INT)", "CREATE INDEX i ON a (x)"]
+        );
+    }
+}

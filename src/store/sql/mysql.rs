@@ -1,0 +1,30 @@
+//! MySQL 8 and MariaDB 10.11. The claim locks the job's row with
+//! `SELECT ... FOR UPDATE` under READ COMMITTED, so the first claim of a new
+//! job (row seeded by `INSERT IGNORE`) takes no gap lock and two nodes racing
+//! to create it cannot deadlock. The clock is `UTC_TIMESTAMP(6)`, which does
+//! not depend on the session's time zone.
+
+use super::Dialect;
+use crate::config::StoreUrl;
+
+pub static DIALECT: Dialect = Dialect {
+    name: "mysql",
+    now_ms: "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)",
+    begin: "BEGIN",
+    lock_row: " FOR UPDATE",
+    seed_row: "INSERT IGNORE INTO {p}lock_info (lock_name, owner, fence, expires_at, last_occurrence, modified_at) VALUES (?, NULL, 0, 0, NULL, {now})",
+    numbered_params: false,
+    migrations: &[(1, include_str!("../../../migrations/mysql/0001_init.sql"))],
+};
+
+pub(super) fn parts(url: &StoreUrl, op_ms: i64) -> (&'static Dialect, String, Vec<String>) {
+    let lock_wait_s = (op_ms + 999) / 1000;
+    let setup = vec![
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
+        format!(
+            "SET SESSION innodb_lock_wait_timeout = {}",
+            lock_wait_s.max(1)
+        ),
+    ];
+    (&DIALECT, url.expose().to_string(), setup)
+}

@@ -1,0 +1,24 @@
+//! PostgreSQL. The claim locks the job's row with `SELECT ... FOR UPDATE`;
+//! a new job's row is seeded with `ON CONFLICT DO NOTHING`. The clock is
+//! `clock_timestamp()` (the real time, not the transaction's start).
+
+use super::Dialect;
+use crate::config::StoreUrl;
+
+pub static DIALECT: Dialect = Dialect {
+    name: "postgres",
+    now_ms: "(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT)",
+    begin: "BEGIN",
+    lock_row: " FOR UPDATE",
+    seed_row: "INSERT INTO {p}lock_info (lock_name, owner, fence, expires_at, last_occurrence, modified_at) VALUES (?, NULL, 0, 0, NULL, {now}) ON CONFLICT (lock_name) DO NOTHING",
+    numbered_params: true,
+    migrations: &[(
+        1,
+        include_str!("../../../migrations/postgres/0001_init.sql"),
+    )],
+};
+
+pub(super) fn parts(url: &StoreUrl, op_ms: i64) -> (&'static Dialect, String, Vec<String>) {
+    let setup = vec![format!("SET lock_timeout = {}", op_ms.max(1))];
+    (&DIALECT, url.expose().to_string(), setup)
+}
