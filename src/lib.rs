@@ -15,8 +15,8 @@
 //! - [`exec`] and [`guard`]: running a job's process group, and killing it if
 //!   the daemon dies.
 //! - [`app`]: the commands (`run`, `check`, `status`, `history`, `migrate`,
-//!   `step-down`) behind the thin `main`, and [`cli`] their clap definitions.
-//! - [`telemetry`]: logging.
+//!   `step-down`) behind the thin `main`; [`cli`]: their clap definitions.
+//! - [`telemetry`] sets up logging.
 
 pub mod app;
 pub mod cli;

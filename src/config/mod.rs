@@ -192,7 +192,7 @@ impl StoreUrl {
         let secret = parsed
             .password()
             .filter(|p| !p.is_empty())
-            .map(|p| percent_decode(p));
+            .map(percent_decode);
         // sqlx wants mysql://; mariadb:// is accepted as a friendlier alias.
         let url = if scheme == "mariadb" {
             format!("mysql{}", &raw["mariadb".len()..])

@@ -146,10 +146,8 @@ impl RedisStore {
         let fsync = fsync.and_then(|v| v.get(1).cloned());
         let problem = if !aof {
             Some("has no AOF persistence (appendonly no)".to_string())
-        } else if let Some(f) = fsync.filter(|f| f != "always") {
-            Some(format!("uses appendfsync {f}, not always"))
         } else {
-            None
+            fsync.filter(|f| f != "always").map(|f| format!("uses appendfsync {f}, not always"))
         };
         if let Some(problem) = problem {
             if !self.warned_persistence.swap(true, Ordering::Relaxed) {

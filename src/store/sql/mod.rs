@@ -148,7 +148,7 @@ impl SqlStore {
         let op_ms = duration_ms(config.op_timeout).max(1);
         let (dialect, connect_url, setup): (&'static Dialect, String, Vec<String>) =
             match url.kind() {
-                StoreKind::Sqlite { path } => sqlite_parts(path, op_ms)?,
+                StoreKind::Sqlite { path } => sqlite_parts(path)?,
                 StoreKind::Mysql => mysql_parts(&url, op_ms)?,
                 StoreKind::Postgres => postgres_parts(&url, op_ms)?,
                 StoreKind::Redis => {
@@ -235,10 +235,60 @@ impl SqlStore {
         .transpose()
     }
 
-    async fn claim_in_tx(
+    /// Runs `op` again while it fails for a transient reason (SQLite busy,
+    /// a deadlock or serialization failure: the transaction was rolled back),
+    /// with a short jittered pause, until `op_timeout` has passed. SQLite's
+    /// own busy handler sleeps in steps of up to 100 ms; this polls finely,
+    /// which keeps claims of many nodes at one instant on time.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.op_timeout;
+        let mut attempt: u32 = 0;
+        loop {
+            match op().await {
+                Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
+                    attempt += 1;
+                    let mut r = [0u8; 2];
+                    let _ = getrandom::fill(&mut r);
+                    let spread = 500 * u64::from(attempt.min(5));
+                    let pause = 500 + u64::from(u16::from_le_bytes(r)) % spread;
+                    tokio::time::sleep(Duration::from_micros(pause)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One claim transaction; a job without a row yet gets it inserted
+    /// outside the transaction first (concurrent inserts of one new key inside
+    /// transactions deadlock on MySQL), then the transaction starts over.
+    async fn claim_rows(
         &self,
         requests: &[ClaimRequest],
     ) -> Result<Vec<ClaimOutcome>, sqlx::Error> {
+        loop {
+            match self.retrying(|| self.claim_in_tx(requests)).await? {
+                Ok(outcomes) => return Ok(outcomes),
+                Err(missing) => {
+                    self.retrying(|| {
+                        sqlx::query(self.queries.seed_row.clone())
+                            .bind(missing.clone())
+                            .execute(&self.pool)
+                    })
+                    .await?;
+                }
+            }
+        }
+    }
+
+    /// Claims in one transaction, or names a job whose row does not exist.
+    async fn claim_in_tx(
+        &self,
+        requests: &[ClaimRequest],
+    ) -> Result<Result<Vec<ClaimOutcome>, String>, sqlx::Error> {
         // Rows are locked in name order so two batches can never deadlock.
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
@@ -247,17 +297,9 @@ impl SqlStore {
         for i in order {
             let req = &requests[i];
             let job = req.job.as_str();
-            let row = match self.read_lock(&mut tx, job).await? {
-                Some(row) => row,
-                None => {
-                    sqlx::query(self.queries.seed_row.clone())
-                        .bind(job.to_string())
-                        .execute(&mut *tx)
-                        .await?;
-                    self.read_lock(&mut tx, job).await?.ok_or_else(|| {
-                        sqlx::Error::Protocol(format!("lock row for {job} missing after insert"))
-                    })?
-                }
+            let Some(row) = self.read_lock(&mut tx, job).await? else {
+                tx.rollback().await?;
+                return Ok(Err(job.to_string()));
             };
             answers[i] = Some(match decide(&row, req) {
                 Decision::Claim {
@@ -281,7 +323,7 @@ impl SqlStore {
             });
         }
         tx.commit().await?;
-        Ok(answers.into_iter().flatten().collect())
+        Ok(Ok(answers.into_iter().flatten().collect()))
     }
 
     /// Applies pending migrations on a connection of its own, under the
@@ -350,6 +392,22 @@ impl SqlStore {
     }
 }
 
+/// Errors after which the whole operation can simply run again.
+fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            // SQLite BUSY/LOCKED (and their extended codes), SQLSTATE
+            // serialization failure (MySQL deadlock 1213 too) and PostgreSQL deadlock.
+            matches!(
+                code.as_ref(),
+                "5" | "6" | "261" | "262" | "517" | "40001" | "40P01"
+            ) || db.message().contains("database is locked")
+        }
+        _ => false,
+    }
+}
+
 /// Splits a migration script into statements, dropping `--` comments.
 fn split_statements(script: &str) -> Vec<String> {
     let without_comments: String = script
@@ -393,7 +451,7 @@ impl Store for SqlStore {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        self.claim_in_tx(requests).await.map_err(|e| self.err(e))
+        self.claim_rows(requests).await.map_err(|e| self.err(e))
     }
 
     async fn renew(
@@ -404,11 +462,14 @@ impl Store for SqlStore {
     ) -> Result<bool, StoreError> {
         // rows_affected counts matched rows under CLIENT_FOUND_ROWS, which is
         // what is wanted: the WHERE clause is the owner check.
-        let done = sqlx::query(self.queries.renew.clone())
-            .bind(duration_ms(lease))
-            .bind(job.as_str().to_string())
-            .bind(owner.as_str().to_string())
-            .execute(&self.pool)
+        let done = self
+            .retrying(|| {
+                sqlx::query(self.queries.renew.clone())
+                    .bind(duration_ms(lease))
+                    .bind(job.as_str().to_string())
+                    .bind(owner.as_str().to_string())
+                    .execute(&self.pool)
+            })
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
@@ -417,10 +478,13 @@ impl Store for SqlStore {
     async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
         let mut released = 0;
         for job in jobs {
-            let done = sqlx::query(self.queries.release.clone())
-                .bind(job.as_str().to_string())
-                .bind(owner.as_str().to_string())
-                .execute(&self.pool)
+            let done = self
+                .retrying(|| {
+                    sqlx::query(self.queries.release.clone())
+                        .bind(job.as_str().to_string())
+                        .bind(owner.as_str().to_string())
+                        .execute(&self.pool)
+                })
                 .await
                 .map_err(|e| self.err(e))?;
             released += done.rows_affected() as usize;
@@ -453,36 +517,37 @@ impl Store for SqlStore {
     }
 
     async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError> {
-        let result: Result<(), sqlx::Error> = async {
-            sqlx::query(self.queries.insert_run.clone())
-                .bind(run.job.clone())
-                .bind(run.fence as i64)
-                .bind(run.owner.clone())
-                .bind(run.node.clone())
-                .bind(to_ms(run.occurrence))
-                .bind(to_ms(run.started_at))
-                .bind(to_ms(run.finished_at))
-                .bind(run.outcome.as_str().to_string())
-                .bind(run.exit_code.map(i64::from))
-                .bind(i64::from(run.takeover))
-                .bind(run.delay_ms as i64)
-                .execute(&self.pool)
-                .await?;
-            let cutoff: Option<i64> = sqlx::query_scalar(self.queries.prune_cutoff.clone())
-                .bind(run.job.clone())
-                .bind(i64::from(keep))
-                .fetch_optional(&self.pool)
-                .await?;
-            if let Some(cutoff) = cutoff {
-                sqlx::query(self.queries.prune.clone())
+        let result: Result<(), sqlx::Error> = self
+            .retrying(|| async {
+                sqlx::query(self.queries.insert_run.clone())
                     .bind(run.job.clone())
-                    .bind(cutoff)
+                    .bind(run.fence as i64)
+                    .bind(run.owner.clone())
+                    .bind(run.node.clone())
+                    .bind(to_ms(run.occurrence))
+                    .bind(to_ms(run.started_at))
+                    .bind(to_ms(run.finished_at))
+                    .bind(run.outcome.as_str().to_string())
+                    .bind(run.exit_code.map(i64::from))
+                    .bind(i64::from(run.takeover))
+                    .bind(run.delay_ms as i64)
                     .execute(&self.pool)
                     .await?;
-            }
-            Ok(())
-        }
-        .await;
+                let cutoff: Option<i64> = sqlx::query_scalar(self.queries.prune_cutoff.clone())
+                    .bind(run.job.clone())
+                    .bind(i64::from(keep))
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if let Some(cutoff) = cutoff {
+                    sqlx::query(self.queries.prune.clone())
+                        .bind(run.job.clone())
+                        .bind(cutoff)
+                        .execute(&self.pool)
+                        .await?;
+                }
+                Ok(())
+            })
+            .await;
         result.map_err(|e| self.err(e))
     }
 
@@ -516,14 +581,12 @@ impl Store for SqlStore {
 #[cfg(feature = "sqlite")]
 fn sqlite_parts(
     path: &std::path::Path,
-    op_ms: i64,
 ) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
-    sqlite::parts(path, op_ms)
+    sqlite::parts(path)
 }
 #[cfg(not(feature = "sqlite"))]
 fn sqlite_parts(
     _: &std::path::Path,
-    _: i64,
 ) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
     Err(StoreError::NotBuiltIn(
         "sqlite:// support is not built into this binary (build with feature `sqlite`)".into(),

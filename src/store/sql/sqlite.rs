@@ -1,8 +1,9 @@
 //! SQLite: the embedded default. One database file shared by every node
 //! process on this host, in WAL mode with a busy timeout, `synchronous = FULL`
 //! so an acknowledged claim survives a power cut. Claims take the write lock
-//! up front (`BEGIN IMMEDIATE`), so concurrent claimers queue instead of
-//! failing a lock upgrade.
+//! up front (`BEGIN IMMEDIATE`), so concurrent claimers never fail a lock
+//! upgrade halfway; a busy database is retried by `SqlStore` with short
+//! jittered pauses rather than SQLite's coarse busy handler.
 
 use std::path::Path;
 
@@ -20,10 +21,7 @@ pub static DIALECT: Dialect = Dialect {
 };
 
 /// The dialect, the sqlx URL and the per-connection setup for a database file.
-pub(super) fn parts(
-    path: &Path,
-    op_ms: i64,
-) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
+pub(super) fn parts(path: &Path) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         // A missing directory would otherwise surface as an opaque "unable to open".
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Backend {
@@ -41,7 +39,8 @@ pub(super) fn parts(
     }
     let url = format!("sqlite://{encoded}?mode=rwc");
     let setup = vec![
-        format!("PRAGMA busy_timeout = {}", op_ms.max(1000)),
+        // No busy handler: SqlStore retries a busy database itself, finely.
+        "PRAGMA busy_timeout = 0".into(),
         "PRAGMA journal_mode = WAL".into(),
         "PRAGMA synchronous = FULL".into(),
     ];

@@ -1,0 +1,144 @@
+//! The command line's contract (CONTRACT §2): exit codes and output.
+
+use std::process::Command;
+
+use crate::support::{Backend, binary, unique};
+
+fn cronlease(args: &[&str], config: &std::path::Path) -> std::process::Output {
+    Command::new(binary())
+        .args(args)
+        .arg("-c")
+        .arg(config)
+        .env_remove("CRONLEASE_STORE_URL")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn write_config(dir: &std::path::Path, store: &str) -> std::path::PathBuf {
+    let path = dir.join("cronlease.toml");
+    let text = format!(
+        "node = \"cli\"\n[store]\nurl = \"{store}\"\ntable_prefix = \"{p}\"\nkey_prefix = \"cl:{p}\"\nop_timeout = \"1s\"\n[[job]]\nname = \"tick\"\nschedule = \"*/5 * * * * *\"\ncommand = \"true\"\n",
+        p = unique("cli")
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn version_help_and_usage_errors() {
+    let out = Command::new(binary()).arg("--version").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("cronlease "));
+    let out = Command::new(binary()).arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let out = Command::new(binary()).arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(binary())
+        .args(["check", "--next", "many"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn check_prints_next_fire_times_without_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "redis://127.0.0.1:1/");
+    let out = cronlease(&["check", "--next", "3"], &config);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("  20")).count(),
+        3,
+        "{stdout}"
+    );
+}
+
+#[test]
+fn config_from_the_environment_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "sqlite://x.db");
+    let out = Command::new(binary())
+        .arg("check")
+        .env("CRONLEASE_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn status_and_migrate_exit_69_when_the_store_is_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "redis://:s3cretpw@127.0.0.1:1/",
+        "mysql://root:s3cretpw@127.0.0.1:1/test",
+        "postgres://u:s3cretpw@127.0.0.1:1/test",
+    ] {
+        let config = write_config(dir.path(), url);
+        for cmd in ["status", "migrate", "history"] {
+            let out = cronlease(&[cmd], &config);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {stderr}");
+            assert!(
+                !stderr.contains("s3cretpw")
+                    && !String::from_utf8_lossy(&out.stdout).contains("s3cretpw"),
+                "{stderr}"
+            );
+            assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        }
+    }
+}
+
+#[test]
+fn migrate_then_status_on_each_store() {
+    for backend in [
+        Backend::Sqlite,
+        Backend::Mysql,
+        Backend::Postgres,
+        Backend::Redis,
+    ] {
+        backend.require();
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(dir.path(), &backend.url(dir.path()));
+        let out = cronlease(&["migrate"], &config);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = cronlease(&["migrate"], &config);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{backend:?}: migrate is idempotent"
+        );
+        let out = cronlease(&["status"], &config);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.starts_with("JOB") && stdout.contains("tick"),
+            "{stdout}"
+        );
+        let out = cronlease(&["status", "--json"], &config);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v[0]["job"], "tick");
+        assert_eq!(v[0]["fence"], 0);
+    }
+}

@@ -1,0 +1,254 @@
+//! A cluster of real `cronlease run` processes sharing one store, driven with
+//! real signals, and judged only from what their jobs wrote.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::{Backend, binary, unique};
+
+/// One line a job wrote: `occurrence fence node started_unix_seconds`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    pub occurrence: DateTime<Utc>,
+    pub fence: u64,
+    pub node: String,
+    pub started: f64,
+}
+
+impl Line {
+    /// Seconds from the scheduled instant to the job's start.
+    pub fn lateness(&self) -> f64 {
+        self.started - self.occurrence.timestamp_millis() as f64 / 1000.0
+    }
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    #[allow(dead_code)]
+    pub backend: Backend,
+    pub out: PathBuf,
+    nodes: BTreeMap<String, Child>,
+}
+
+/// The job every cluster test runs unless it brings its own: each second,
+/// append what it is to the shared output file.
+pub fn tick_job(out: &Path) -> String {
+    format!(
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/sh\", \"-c\", \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N)\\\" >> '{}'\"]\n",
+        out.display()
+    )
+}
+
+impl Cluster {
+    /// A cluster on `backend`; `jobs` is the shared job file (it may use
+    /// `{out}` for the output file's path). `extra` goes into each node's
+    /// main config.
+    pub fn new(backend: Backend, jobs: Option<&str>, extra: &str) -> Cluster {
+        backend.require();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.log");
+        std::fs::write(&out, "").unwrap();
+        let prefix = unique("e2e");
+        std::fs::create_dir_all(dir.path().join("jobs.d")).unwrap();
+        let jobs = jobs.map_or_else(
+            || tick_job(&out),
+            |j| j.replace("{out}", &out.display().to_string()),
+        );
+        std::fs::write(dir.path().join("jobs.d/jobs.toml"), jobs).unwrap();
+        let url = backend.url(dir.path());
+        for n in 1..=5 {
+            let name = format!("n{n}");
+            let config = format!(
+                "node = \"{name}\"\npid_file = \"{name}.pid\"\nshutdown_grace = \"5s\"\n{extra}\n[store]\nurl = \"{url}\"\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
+            );
+            std::fs::write(dir.path().join(format!("{name}.toml")), config).unwrap();
+        }
+        Cluster {
+            dir,
+            backend,
+            out,
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("{node}.toml"))
+    }
+
+    /// Starts (or restarts) a node; its output is appended to `{node}.log`.
+    pub fn start(&mut self, node: &str) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{node}.log")))
+            .unwrap();
+        let child = Command::new(binary())
+            .args(["run", "-c"])
+            .arg(self.config(node))
+            .env_remove("CRONLEASE_STORE_URL")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.nodes.insert(node.to_string(), child);
+    }
+
+    pub fn pid(&self, node: &str) -> i32 {
+        self.nodes[node].id() as i32
+    }
+
+    pub fn signal(&self, node: &str, sig: Signal) {
+        kill(Pid::from_raw(self.pid(node)), sig).unwrap();
+    }
+
+    /// Waits up to `limit` for the node to exit.
+    pub fn wait_exit(&mut self, node: &str, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        let child = self.nodes.get_mut(node)?;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn is_running(&mut self, node: &str) -> bool {
+        self.nodes
+            .get_mut(node)
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Everything the jobs wrote, in file order.
+    pub fn lines(&self) -> Vec<Line> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some(Line {
+                    occurrence: DateTime::parse_from_rfc3339(f.next()?)
+                        .ok()?
+                        .with_timezone(&Utc),
+                    fence: f.next()?.parse().ok()?,
+                    node: f.next()?.to_string(),
+                    started: f.next()?.parse().ok()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Waits until `pred` holds for the lines (or panics after `limit`).
+    pub fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&[Line]) -> bool,
+    ) -> Vec<Line> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let lines = self.lines();
+            if pred(&lines) {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\n{}",
+                self.report()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The output file and the tail of every node's log, for failure messages.
+    pub fn report(&self) -> String {
+        let mut s = format!(
+            "--- {} ---\n{}",
+            self.out.display(),
+            std::fs::read_to_string(&self.out).unwrap_or_default()
+        );
+        for node in self.nodes.keys() {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("{node}.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            s.push_str(&format!("--- {node}.log (last 40 lines) ---\n"));
+            for l in tail.iter().rev() {
+                s.push_str(l);
+                s.push('\n');
+            }
+        }
+        s
+    }
+
+    /// Stops every node with SIGTERM and checks each exits 0.
+    pub fn stop_all(&mut self) {
+        let names: Vec<String> = self.nodes.keys().cloned().collect();
+        for n in &names {
+            if self.is_running(n) {
+                self.signal(n, Signal::SIGTERM);
+            }
+        }
+        for n in &names {
+            let status = self.wait_exit(n, Duration::from_secs(15));
+            assert!(status.is_some(), "{n} did not stop\n{}", self.report());
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.nodes.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sleeps until the wall clock is `frac` into a second (away from instants).
+pub fn at_fraction_of_second(frac: f64) {
+    let now = Utc::now();
+    let into = now.timestamp_subsec_millis() as f64 / 1000.0;
+    let wait = if into < frac {
+        frac - into
+    } else {
+        1.0 - into + frac
+    };
+    std::thread::sleep(Duration::from_secs_f64(wait));
+}
+
+/// Checks the whole record: every occurrence exactly once with no gap, and
+/// fences strictly increasing in occurrence order. Returns the lines sorted.
+pub fn check_exactly_once(lines: &[Line], report: &str) -> Vec<Line> {
+    let mut sorted = lines.to_vec();
+    sorted.sort_by_key(|l| l.occurrence);
+    for w in sorted.windows(2) {
+        assert_ne!(
+            w[0].occurrence, w[1].occurrence,
+            "occurrence ran twice: {:?} {:?}\n{report}",
+            w[0], w[1]
+        );
+        assert_eq!(
+            (w[1].occurrence - w[0].occurrence).num_seconds(),
+            1,
+            "occurrence missed between {:?} and {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+        assert!(
+            w[0].fence < w[1].fence,
+            "fence not increasing: {:?} then {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+    }
+    sorted
+}

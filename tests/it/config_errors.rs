@@ -1,0 +1,342 @@
+//! Malformed configurations: each gives one precise line naming file, line
+//! and column, and `check`/`run` exit 78.
+
+use std::path::Path;
+use std::process::Command;
+
+use cronlease::config::{self, ConfigError, Overrides};
+
+const GOOD_MAIN: &str = "node = \"n1\"\n[store]\nurl = \"sqlite://locks.db\"\n";
+const GOOD_JOB: &str = "[[job]]\nname = \"ok\"\nschedule = \"* * * * *\"\ncommand = \"true\"\n";
+
+/// Writes `main` as cronlease.toml and each `jobs` entry into jobs.d, then loads.
+fn load(dir: &Path, main: &str, jobs: &[(&str, &str)]) -> Result<config::Config, Vec<ConfigError>> {
+    std::fs::write(dir.join("cronlease.toml"), main).unwrap();
+    std::fs::create_dir_all(dir.join("jobs.d")).unwrap();
+    for (name, text) in jobs {
+        std::fs::write(dir.join("jobs.d").join(name), text).unwrap();
+    }
+    config::load(&dir.join("cronlease.toml"), &Overrides::default()).map_err(|e| e.0)
+}
+
+/// (case, main file, job file, file the error is in, line, message fragment)
+const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
+    (
+        "unknown top-level key",
+        "node = \"n1\"\nnodes = 3\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        2,
+        "unknown field `nodes`",
+    ),
+    (
+        "unknown store key",
+        "[store]\nurl = \"sqlite://x.db\"\npasword = \"x\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        3,
+        "unknown field `pasword`",
+    ),
+    (
+        "unknown job key",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\"\ncomand = \"x\"\n",
+        "a.toml",
+        5,
+        "unknown field `comand`",
+    ),
+    (
+        "missing schedule",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\ncommand = \"true\"\n",
+        "a.toml",
+        1,
+        "missing field `schedule`",
+    ),
+    (
+        "empty shell command",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"  \"\n",
+        "a.toml",
+        4,
+        "empty command",
+    ),
+    (
+        "empty argv",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = []\n",
+        "a.toml",
+        4,
+        "empty command",
+    ),
+    (
+        "command of the wrong type",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = 42\n",
+        "a.toml",
+        4,
+        "expected a string or an array of strings",
+    ),
+    (
+        "cron with too few fields",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * *\"\ncommand = \"true\"\n",
+        "a.toml",
+        3,
+        "expected 5 fields",
+    ),
+    (
+        "cron value out of range",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"61 * * * *\"\ncommand = \"true\"\n",
+        "a.toml",
+        3,
+        "invalid schedule \"61 * * * *\"",
+    ),
+    (
+        "cron that never fires",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"0 0 0 30 2 *\"\ncommand = \"true\"\n",
+        "a.toml",
+        3,
+        "never fires",
+    ),
+    (
+        "@reboot",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"@reboot\"\ncommand = \"true\"\n",
+        "a.toml",
+        3,
+        "@reboot is not supported",
+    ),
+    (
+        "unknown time zone",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ntimezone = \"Europe/Atlantis\"\ncommand = \"true\"\n",
+        "a.toml",
+        4,
+        "unknown time zone \"Europe/Atlantis\"",
+    ),
+    (
+        "bad job name",
+        GOOD_MAIN,
+        "[[job]]\nname = \"has space\"\nschedule = \"* * * * *\"\ncommand = \"true\"\n",
+        "a.toml",
+        2,
+        "invalid job name",
+    ),
+    (
+        "bad misfire policy",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\"\nmisfire = \"sometimes\"\n",
+        "a.toml",
+        5,
+        "unknown variant `sometimes`",
+    ),
+    (
+        "bad duration",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\"\ntimeout = \"2 parsecs\"\n",
+        "a.toml",
+        5,
+        "invalid duration \"2 parsecs\" for timeout",
+    ),
+    (
+        "zero lease margin",
+        "[store]\nurl = \"sqlite://x.db\"\n[lease]\nmargin = \"0s\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        4,
+        "lease.margin must be longer than zero",
+    ),
+    (
+        "unsupported URL scheme",
+        "[store]\nurl = \"ftp://host/x\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        2,
+        "unsupported store URL scheme \"ftp\"",
+    ),
+    (
+        "URL without host",
+        "[store]\nurl = \"mysql://\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        2,
+        "expected a host",
+    ),
+    (
+        "in-memory sqlite",
+        "[store]\nurl = \"sqlite://:memory:\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        2,
+        "in-memory database cannot be shared",
+    ),
+    (
+        "bad table prefix",
+        "[store]\nurl = \"sqlite://x.db\"\ntable_prefix = \"a-b;\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        3,
+        "invalid store.table_prefix",
+    ),
+    (
+        "reserved env var",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\"\nenv = { CRONLEASE_FENCE = \"1\" }\n",
+        "a.toml",
+        5,
+        "is reserved",
+    ),
+    (
+        "TOML syntax error",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \n",
+        "a.toml",
+        3,
+        "string values must be quoted",
+    ),
+    (
+        "duplicate key",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nname = \"b\"\n",
+        "a.toml",
+        3,
+        "duplicate key",
+    ),
+    (
+        "bad metrics address",
+        "[store]\nurl = \"sqlite://x.db\"\n[metrics]\nlisten = \"everywhere\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        4,
+        "invalid metrics.listen",
+    ),
+    (
+        "missing password file",
+        "[store]\nurl = \"mysql://app@db/x\"\npassword_file = \"nope.pass\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        3,
+        "cannot read password_file",
+    ),
+];
+
+#[test]
+fn malformed_configs_name_file_line_and_column() {
+    assert!(CASES.len() >= 15);
+    for (case, main, job, file, line, fragment) in CASES {
+        let dir = tempfile::tempdir().unwrap();
+        let errors = match load(dir.path(), main, &[("a.toml", job)]) {
+            Ok(_) => panic!("{case}: accepted"),
+            Err(e) => e,
+        };
+        let hit = errors.iter().find(|e| e.message.contains(fragment));
+        let Some(e) = hit else {
+            panic!("{case}: no error contains {fragment:?}: {errors:#?}");
+        };
+        assert!(
+            e.origin.ends_with(file),
+            "{case}: error in {} not {file}",
+            e.origin
+        );
+        let (l, c) = e
+            .position
+            .unwrap_or_else(|| panic!("{case}: no position in {e}"));
+        assert_eq!(l, *line, "{case}: {e}");
+        assert!(c >= 1, "{case}: {e}");
+        let shown = e.to_string();
+        assert!(!shown.contains('\n'), "{case}: one line: {shown}");
+        assert!(
+            shown.starts_with(&format!("{}:{l}:{c}: ", e.origin)),
+            "{case}: {shown}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_names_across_files_point_at_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = load(
+        dir.path(),
+        GOOD_MAIN,
+        &[("a.toml", GOOD_JOB), ("b.toml", &format!("\n\n{GOOD_JOB}"))],
+    )
+    .unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let e = &errors[0];
+    assert!(
+        e.origin.ends_with("b.toml") && e.position == Some((4, 8)),
+        "{e}"
+    );
+    assert!(
+        e.message.contains("duplicate job name \"ok\"") && e.message.contains("a.toml:2:8"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_error_is_listed_and_check_exits_78() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cronlease.toml"), GOOD_MAIN).unwrap();
+    std::fs::create_dir_all(dir.path().join("jobs.d")).unwrap();
+    let bad = "[[job]]\nname = \"a\"\nschedule = \"* *\"\ncommand = \"\"\n\n[[job]]\nname = \"b\"\nschedule = \"* * * * *\"\ntimezone = \"Nowhere\"\ncommand = \"true\"\n";
+    std::fs::write(dir.path().join("jobs.d/bad.toml"), bad).unwrap();
+    std::fs::write(dir.path().join("jobs.d/broken.toml"), "[[job]\n").unwrap();
+    for cmd in ["check", "run"] {
+        let out = Command::new(crate::support::binary())
+            .args([cmd, "-c"])
+            .arg(dir.path().join("cronlease.toml"))
+            .env_remove("CRONLEASE_STORE_URL")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(78), "{cmd}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 4, "{cmd}: {stderr}");
+        assert!(
+            lines[0].contains("bad.toml:3:12: invalid schedule"),
+            "{stderr}"
+        );
+        assert!(
+            lines[1].contains("bad.toml:4:11: empty command"),
+            "{stderr}"
+        );
+        assert!(
+            lines[2].contains("bad.toml:9:12: unknown time zone"),
+            "{stderr}"
+        );
+        assert!(lines[3].contains("broken.toml:1:"), "{stderr}");
+    }
+}
+
+#[test]
+fn store_url_from_the_environment_is_checked_and_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cronlease.toml"), GOOD_MAIN).unwrap();
+    let out = Command::new(crate::support::binary())
+        .args(["check", "-c"])
+        .arg(dir.path().join("cronlease.toml"))
+        .env("CRONLEASE_STORE_URL", "nosql://user:hunter2@db/x")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("$CRONLEASE_STORE_URL: unsupported store URL scheme"),
+        "{stderr}"
+    );
+    let out = Command::new(crate::support::binary())
+        .args(["check", "-c"])
+        .arg(dir.path().join("cronlease.toml"))
+        .env("CRONLEASE_STORE_URL", "redis://:hunter2@127.0.0.1:6379/")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("store redis://:***@127.0.0.1:6379/") && !stdout.contains("hunter2"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,447 @@
+//! The store conformance suite: CONTRACT §4's claim semantics, held against
+//! every backend by the same cases, plus ShedLock's provider-suite cases in
+//! our semantics. `conformance!(backend)` instantiates the suite.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use cronlease::config::{JobName, Misfire};
+use cronlease::store::{
+    ClaimOutcome, ClaimRequest, Lost, Outcome, Owner, RunRecord, Store, Won, from_ms,
+};
+use tokio::sync::Barrier;
+
+use crate::support::{Backend, Harness};
+
+fn job(name: &str) -> JobName {
+    JobName::parse(name).unwrap()
+}
+
+/// A realistic occurrence: `n` seconds after a fixed instant in 2026.
+fn occ(n: i64) -> DateTime<Utc> {
+    from_ms(1_790_000_000_000 + n * 1000)
+}
+
+fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
+    ClaimRequest {
+        job: job(name),
+        occurrence: occ(n),
+        previous: Some(occ(n - 1)),
+        misfire: Misfire::RunOnce,
+        owner: Owner::from_raw(owner),
+        lease: Duration::from_millis(lease_ms),
+        fence_floor: 0,
+    }
+}
+
+async fn claim(store: &Arc<dyn Store>, r: ClaimRequest) -> ClaimOutcome {
+    store.claim(&[r]).await.unwrap().pop().unwrap()
+}
+
+fn won(o: ClaimOutcome) -> Won {
+    match o {
+        ClaimOutcome::Won(w) => w,
+        ClaimOutcome::Lost(l) => panic!("expected a won claim, got {l:?}"),
+    }
+}
+
+fn lost(o: ClaimOutcome) -> Lost {
+    match o {
+        ClaimOutcome::Lost(l) => l,
+        ClaimOutcome::Won(w) => panic!("expected a lost claim, got {w:?}"),
+    }
+}
+
+pub async fn first_claim_wins(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let w = won(claim(&a, req("j", "a#1", 10, 5_000)).await);
+    assert_eq!(
+        (w.fence, w.occurrence, w.catch_up, w.previous_owner),
+        (1, occ(10), false, None)
+    );
+    let l = lost(claim(&b, req("j", "b#1", 10, 5_000)).await);
+    assert_eq!(l.holder.as_deref(), Some("a#1"));
+    assert_eq!(l.last_occurrence, Some(occ(10)));
+    assert_eq!(l.fence, 1);
+    assert!(
+        l.remaining > Duration::from_millis(4_000) && l.remaining <= Duration::from_millis(5_000),
+        "{l:?}"
+    );
+    // The holder also wins the next occurrence while its lease lives (biased ownership),
+    // and a peer is refused it.
+    assert_eq!(won(claim(&a, req("j", "a#1", 11, 5_000)).await).fence, 2);
+    assert_eq!(
+        lost(claim(&b, req("j", "b#1", 12, 5_000)).await)
+            .holder
+            .as_deref(),
+        Some("a#1")
+    );
+}
+
+pub async fn sixteen_claimers_one_winner_200_rounds(h: &Harness) {
+    let mut stores = Vec::new();
+    for _ in 0..16 {
+        stores.push(h.store().await);
+    }
+    let barrier = Arc::new(Barrier::new(16));
+    let mut tasks = Vec::new();
+    for (i, store) in stores.into_iter().enumerate() {
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let owner = format!("node{i}#x");
+            let mut wins = Vec::new();
+            for round in 0..200 {
+                barrier.wait().await;
+                let outcome = claim(&store, req("race", &owner, 100 + round, 30_000)).await;
+                if let ClaimOutcome::Won(w) = outcome {
+                    wins.push((round, w.fence));
+                    // Let the next round race on a free lock.
+                    assert_eq!(
+                        store
+                            .release(&[job("race")], &Owner::from_raw(&owner))
+                            .await
+                            .unwrap(),
+                        1
+                    );
+                }
+                barrier.wait().await;
+            }
+            wins
+        }));
+    }
+    let mut all: Vec<(i64, u64)> = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort();
+    let rounds: Vec<i64> = all.iter().map(|(r, _)| *r).collect();
+    assert_eq!(
+        rounds,
+        (0..200).collect::<Vec<_>>(),
+        "exactly one winner per round"
+    );
+    assert!(
+        all.windows(2).all(|w| w[0].1 < w[1].1),
+        "fences strictly increase: {all:?}"
+    );
+}
+
+pub async fn fence_increases_across_owners_release_expiry_and_restarts(h: &Harness) {
+    let a = h.store().await;
+    let mut fences = vec![won(claim(&a, req("f", "a#1", 1, 5_000)).await).fence];
+    assert_eq!(
+        a.release(&[job("f")], &Owner::from_raw("a#1"))
+            .await
+            .unwrap(),
+        1
+    );
+    let b = h.store().await;
+    fences.push(won(claim(&b, req("f", "b#1", 2, 200)).await).fence);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    fences.push(won(claim(&a, req("f", "a#1", 3, 200)).await).fence);
+    drop(a);
+    drop(b);
+    // A restarted daemon: new connections, new owner.
+    let c = h.store().await;
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    fences.push(won(claim(&c, req("f", "a#2", 4, 200)).await).fence);
+    assert_eq!(fences, [1, 2, 3, 4]);
+    // A node that remembers a higher fence than the store keeps it from going back.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let mut r = req("f", "c#1", 5, 200);
+    r.fence_floor = 41;
+    assert_eq!(won(claim(&c, r).await).fence, 42);
+    let status = c.status().await.unwrap();
+    let f = status.iter().find(|s| s.job == "f").unwrap();
+    assert_eq!(
+        (f.fence, f.last_occurrence),
+        (42, Some(occ(5))),
+        "fence and last occurrence survive"
+    );
+}
+
+pub async fn claimed_occurrence_refused_even_after_expiry(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    won(claim(&a, req("o", "a#1", 10, 150)).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let l = lost(claim(&b, req("o", "b#1", 10, 5_000)).await);
+    assert_eq!(
+        (l.holder, l.remaining, l.last_occurrence),
+        (None, Duration::ZERO, Some(occ(10)))
+    );
+    // An older occurrence is refused too.
+    lost(claim(&b, req("o", "b#1", 9, 5_000)).await);
+    assert_eq!(won(claim(&b, req("o", "b#1", 11, 5_000)).await).fence, 2);
+}
+
+pub async fn expired_lease_is_claimable_by_another_owner(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    won(claim(&a, req("e", "a#1", 10, 300)).await);
+    let l = lost(claim(&b, req("e", "b#1", 11, 5_000)).await);
+    assert_eq!(l.holder.as_deref(), Some("a#1"));
+    // Wait exactly what the store reported, from when its reply came.
+    tokio::time::sleep(l.remaining + Duration::from_millis(5)).await;
+    let w = won(claim(&b, req("e", "b#1", 11, 5_000)).await);
+    assert_eq!((w.fence, w.previous_owner.as_deref()), (2, Some("a#1")));
+}
+
+pub async fn only_the_owner_renews_or_releases(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let (oa, ob) = (Owner::from_raw("a#1"), Owner::from_raw("b#1"));
+    won(claim(&a, req("r", "a#1", 10, 5_000)).await);
+    assert!(
+        !b.renew(&job("r"), &ob, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert_eq!(b.release(&[job("r")], &ob).await.unwrap(), 0);
+    assert_eq!(
+        lost(claim(&b, req("r", "b#1", 11, 5_000)).await)
+            .holder
+            .as_deref(),
+        Some("a#1")
+    );
+    assert!(
+        a.renew(&job("r"), &oa, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    let l = lost(claim(&b, req("r", "b#1", 11, 5_000)).await);
+    assert!(
+        l.remaining > Duration::from_secs(50),
+        "renewal set a 60 s lease: {l:?}"
+    );
+    assert_eq!(a.release(&[job("r")], &oa).await.unwrap(), 1);
+    assert_eq!(
+        a.release(&[job("r")], &oa).await.unwrap(),
+        0,
+        "already released"
+    );
+    assert!(
+        !a.renew(&job("r"), &oa, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        "a released lease is not renewed"
+    );
+    won(claim(&b, req("r", "b#1", 11, 5_000)).await);
+}
+
+pub async fn lease_expiry_follows_the_store_clock(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    // The reported remaining lease shrinks with the store's time.
+    won(claim(&a, req("c", "a#1", 10, 2_000)).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let l = lost(claim(&b, req("c", "b#1", 11, 5_000)).await);
+    assert!(
+        l.remaining >= Duration::from_millis(1_200) && l.remaining <= Duration::from_millis(1_600),
+        "{l:?}"
+    );
+    // Expiry is whatever the store holds, against the store's clock: moved
+    // into the store's past, the lease is free at once, though no time passed
+    // here and the lease asked for was 2 s...
+    h.set_expiry_in("c", -1).await;
+    let w = won(claim(&b, req("c", "b#1", 11, 100)).await);
+    assert_eq!(w.previous_owner.as_deref(), Some("a#1"));
+    // ...and moved an hour into the store's future, a 100 ms lease holds long
+    // after 100 ms have passed here.
+    h.set_expiry_in("c", 3_600_000).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let l = lost(claim(&a, req("c", "a#1", 12, 5_000)).await);
+    assert_eq!(l.holder.as_deref(), Some("b#1"));
+    assert!(l.remaining > Duration::from_secs(3_500), "{l:?}");
+}
+
+pub async fn missed_occurrence_is_caught_up_once(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    won(claim(&a, req("m", "a#1", 10, 100)).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Nobody claimed 11 and 12; b claims 13 (previous 12): it gets 12 as a catch-up.
+    let w = won(claim(&b, req("m", "b#1", 13, 5_000)).await);
+    assert_eq!((w.occurrence, w.catch_up, w.fence), (occ(12), true, 2));
+    let w = won(claim(&b, req("m", "b#1", 13, 5_000)).await);
+    assert_eq!((w.occurrence, w.catch_up, w.fence), (occ(13), false, 3));
+    // misfire = skip: straight to the occurrence.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.release(&[job("m")], &Owner::from_raw("b#1"))
+        .await
+        .unwrap();
+    let mut r = req("m", "a#1", 20, 5_000);
+    r.misfire = Misfire::Skip;
+    let w = won(claim(&a, r).await);
+    assert_eq!((w.occurrence, w.catch_up), (occ(20), false));
+}
+
+pub async fn batch_claims_answer_in_order(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    won(claim(&b, req("bx", "b#1", 10, 5_000)).await);
+    let batch = vec![
+        req("bz", "a#1", 10, 5_000),
+        req("bx", "a#1", 10, 5_000),
+        req("by", "a#1", 10, 5_000),
+    ];
+    let out = a.claim(&batch).await.unwrap();
+    assert_eq!(out.len(), 3);
+    assert!(matches!(&out[0], ClaimOutcome::Won(w) if w.fence == 1));
+    assert!(matches!(&out[1], ClaimOutcome::Lost(l) if l.holder.as_deref() == Some("b#1")));
+    assert!(matches!(&out[2], ClaimOutcome::Won(w) if w.fence == 1));
+}
+
+pub async fn history_is_bounded_and_newest_first(h: &Harness) {
+    let a = h.store().await;
+    for fence in 1..=5u64 {
+        let t = occ(fence as i64);
+        let run = RunRecord {
+            job: "h".into(),
+            fence,
+            owner: "a#1".into(),
+            node: "a".into(),
+            occurrence: t,
+            started_at: t + TimeDelta::milliseconds(3),
+            finished_at: t + TimeDelta::milliseconds(10 + fence as i64),
+            outcome: if fence == 4 {
+                Outcome::Failed
+            } else {
+                Outcome::Ok
+            },
+            exit_code: Some(if fence == 4 { 3 } else { 0 }),
+            takeover: fence == 2,
+            delay_ms: 3,
+        };
+        a.record_run(&run, 3).await.unwrap();
+    }
+    let runs = a.history(Some(&job("h")), 10).await.unwrap();
+    assert_eq!(runs.iter().map(|r| r.fence).collect::<Vec<_>>(), [5, 4, 3]);
+    assert_eq!(
+        (runs[1].outcome, runs[1].exit_code),
+        (Outcome::Failed, Some(3))
+    );
+    assert_eq!(runs[0].occurrence, occ(5));
+    assert_eq!(a.history(None, 2).await.unwrap().len(), 2);
+}
+
+// ShedLock's provider integration suite, in our semantics.
+
+pub async fn shedlock_lock_twice_in_a_row(h: &Harness) {
+    let a = h.store().await;
+    won(claim(&a, req("s1", "a#1", 10, 5_000)).await);
+    // The same occurrence cannot be taken twice, not even by its holder.
+    lost(claim(&a, req("s1", "a#1", 10, 5_000)).await);
+    lost(claim(&a, req("s1", "b#1", 10, 5_000)).await);
+}
+
+pub async fn shedlock_timeout_then_reacquire(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    won(claim(&a, req("s2", "a#1", 10, 100)).await);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    won(claim(&b, req("s2", "b#1", 11, 100)).await);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    won(claim(&a, req("s2", "a#1", 12, 100)).await);
+}
+
+pub async fn shedlock_lock_right_after_unlock(h: &Harness) {
+    let a = h.store().await;
+    for i in 0..10 {
+        let owner = format!("n{}#1", i % 2);
+        won(claim(&a, req("s3", &owner, 10 + i, 60_000)).await);
+        assert_eq!(
+            a.release(&[job("s3")], &Owner::from_raw(&owner))
+                .await
+                .unwrap(),
+            1
+        );
+    }
+}
+
+pub async fn shedlock_extend_and_not_extend_expired(h: &Harness) {
+    let a = h.store().await;
+    let o = Owner::from_raw("a#1");
+    won(claim(&a, req("s4", "a#1", 10, 300)).await);
+    assert!(
+        a.renew(&job("s4"), &o, Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !a.renew(&job("s4"), &o, Duration::from_millis(300))
+            .await
+            .unwrap(),
+        "an expired lease is not extended"
+    );
+}
+
+pub async fn shedlock_fuzz_unprotected_counter(h: &Harness) {
+    let counter = Arc::new(AtomicU64::new(0));
+    let next_occurrence = Arc::new(AtomicI64::new(1_000));
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let store = h.store().await;
+        let counter = counter.clone();
+        let next_occurrence = next_occurrence.clone();
+        tasks.push(tokio::spawn(async move {
+            let owner = Owner::from_raw(format!("fuzz{t}#1"));
+            for _ in 0..100 {
+                loop {
+                    let n = next_occurrence.fetch_add(1, Ordering::SeqCst);
+                    let mut r = req("fuzz", owner.as_str(), n, 30_000);
+                    r.previous = None;
+                    if let ClaimOutcome::Won(_) = claim(&store, r).await {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                // A read-modify-write that loses updates unless the lock excludes.
+                let seen = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                counter.store(seen + 1, Ordering::SeqCst);
+                assert_eq!(store.release(&[job("fuzz")], &owner).await.unwrap(), 1);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 800);
+}
+
+macro_rules! conformance {
+    ($name:ident, $backend:expr) => {
+        mod $name {
+            use super::*;
+            conformance!(@cases $backend;
+                first_claim_wins,
+                sixteen_claimers_one_winner_200_rounds,
+                fence_increases_across_owners_release_expiry_and_restarts,
+                claimed_occurrence_refused_even_after_expiry,
+                expired_lease_is_claimable_by_another_owner,
+                only_the_owner_renews_or_releases,
+                lease_expiry_follows_the_store_clock,
+                missed_occurrence_is_caught_up_once,
+                batch_claims_answer_in_order,
+                history_is_bounded_and_newest_first,
+                shedlock_lock_twice_in_a_row,
+                shedlock_timeout_then_reacquire,
+                shedlock_lock_right_after_unlock,
+                shedlock_extend_and_not_extend_expired,
+                shedlock_fuzz_unprotected_counter
+            );
+        }
+    };
+    (@cases $backend:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let h = Harness::new($backend).await;
+                super::$case(&h).await;
+            }
+        )*
+    };
+}
+
+conformance!(sqlite, Backend::Sqlite);
+conformance!(mysql, Backend::Mysql);
+conformance!(postgres, Backend::Postgres);
+conformance!(redis, Backend::Redis);

@@ -1,0 +1,105 @@
+//! End to end: three `cronlease run` processes per store and a job every
+//! second. Every occurrence runs exactly once with increasing fences; after
+//! `kill -9` of the holder a peer takes over within margin + 0.5 s, and after
+//! SIGTERM of the holder a peer runs the next occurrence on time.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use nix::sys::signal::Signal;
+
+use crate::cluster::{Cluster, at_fraction_of_second, check_exactly_once};
+use crate::support::Backend;
+
+const MARGIN: f64 = 1.0;
+
+fn failover(backend: Backend) {
+    let mut c = Cluster::new(backend, None, "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    c.wait_for("three runs", Duration::from_secs(20), |l| l.len() >= 3);
+
+    // kill -9 the holder half-way between two instants.
+    at_fraction_of_second(0.4);
+    let holder = c.lines().last().unwrap().node.clone();
+    let killed_at = Utc::now();
+    c.signal(&holder, Signal::SIGKILL);
+    c.wait_exit(&holder, Duration::from_secs(5))
+        .expect("killed node exits");
+    let after_kill =
+        |l: &[crate::cluster::Line]| l.iter().filter(|x| x.occurrence > killed_at).count();
+    c.wait_for("five runs after kill -9", Duration::from_secs(20), |l| {
+        after_kill(l) >= 5
+    });
+
+    // SIGTERM the new holder: it releases, a peer runs the next one on time.
+    at_fraction_of_second(0.4);
+    let second = c.lines().last().unwrap().node.clone();
+    assert_ne!(second, holder);
+    let termed_at = Utc::now();
+    c.signal(&second, Signal::SIGTERM);
+    let status = c
+        .wait_exit(&second, Duration::from_secs(10))
+        .expect("SIGTERM ends the daemon");
+    assert_eq!(status.code(), Some(0), "graceful exit\n{}", c.report());
+    let after_term =
+        |l: &[crate::cluster::Line]| l.iter().filter(|x| x.occurrence > termed_at).count();
+    c.wait_for("three runs after SIGTERM", Duration::from_secs(20), |l| {
+        after_term(l) >= 3
+    });
+    c.stop_all();
+
+    let report = c.report();
+    let lines = check_exactly_once(&c.lines(), &report);
+    let post_kill: Vec<_> = lines.iter().filter(|l| l.occurrence > killed_at).collect();
+    assert!(
+        post_kill.iter().all(|l| l.node != holder),
+        "the killed node ran nothing after its death\n{report}"
+    );
+    for l in &post_kill {
+        assert!(
+            l.lateness() <= MARGIN + 0.5,
+            "start {:.3}s after its instant after kill -9: {l:?}\n{report}",
+            l.lateness()
+        );
+    }
+    let post_term: Vec<_> = lines.iter().filter(|l| l.occurrence > termed_at).collect();
+    assert!(
+        post_term
+            .iter()
+            .all(|l| l.node != second && l.node != holder),
+        "{report}"
+    );
+    assert!(
+        post_term[0].lateness() <= 0.5,
+        "next occurrence after SIGTERM late by {:.3}s\n{report}",
+        post_term[0].lateness()
+    );
+    eprintln!(
+        "{backend:?}: {} occurrences; takeover after kill -9: first run {:.3}s late; after SIGTERM: {:.3}s late",
+        lines.len(),
+        post_kill[0].lateness(),
+        post_term[0].lateness()
+    );
+}
+
+#[test]
+fn failover_sqlite() {
+    failover(Backend::Sqlite);
+}
+
+#[test]
+fn failover_mysql() {
+    failover(Backend::Mysql);
+}
+
+#[test]
+fn failover_postgres() {
+    failover(Backend::Postgres);
+}
+
+#[test]
+fn failover_redis() {
+    failover(Backend::Redis);
+}

@@ -1,0 +1,16 @@
+//! Integration tests: one binary, shared helpers in `support`.
+//!
+//! They talk to real services on loopback (MariaDB 3306, PostgreSQL 5432,
+//! Redis 6379; URLs can be overridden with CRONLEASE_TEST_{MYSQL,POSTGRES,
+//! REDIS}_URL). A service that is not there fails its tests with a message
+//! saying how to start it. Every test uses its own table or key prefix, so
+//! they run in parallel.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cli;
+mod cluster;
+mod config_errors;
+mod conformance;
+mod e2e;
+mod support;

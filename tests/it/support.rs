@@ -1,0 +1,175 @@
+//! Shared test helpers: service URLs, unique prefixes, store harnesses and
+//! cluster processes.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use cronlease::config::{StoreConfig, StoreUrl};
+use cronlease::store::{self, Store};
+use sqlx::AssertSqlSafe;
+
+/// A backend under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Mysql,
+    Postgres,
+    Redis,
+}
+
+impl Backend {
+    pub fn url(self, dir: &Path) -> String {
+        let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+        match self {
+            Backend::Sqlite => format!("sqlite://{}", dir.join("locks.db").display()),
+            Backend::Mysql => env(
+                "CRONLEASE_TEST_MYSQL_URL",
+                "mysql://root@127.0.0.1:3306/test",
+            ),
+            Backend::Postgres => env(
+                "CRONLEASE_TEST_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ),
+            Backend::Redis => env("CRONLEASE_TEST_REDIS_URL", "redis://127.0.0.1:6379/"),
+        }
+    }
+
+    /// Fails the test, saying how to start the service, if it is not there.
+    pub fn require(self) {
+        let (addr, name, start) = match self {
+            Backend::Sqlite => return,
+            Backend::Mysql => (
+                "127.0.0.1:3306",
+                "MariaDB",
+                "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd",
+            ),
+            Backend::Postgres => (
+                "127.0.0.1:5432",
+                "PostgreSQL",
+                "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+            ),
+            Backend::Redis => (
+                "127.0.0.1:6379",
+                "Redis",
+                "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no",
+            ),
+        };
+        let reachable = addr
+            .parse()
+            .ok()
+            .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok())
+            .is_some();
+        assert!(
+            reachable,
+            "{name} is not reachable on {addr}; these tests need it. Start it with: {start}"
+        );
+    }
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A prefix no other test (or test run) uses.
+pub fn unique(tag: &str) -> String {
+    let mut r = [0u8; 3];
+    getrandom::fill(&mut r).unwrap();
+    format!(
+        "t{}_{}_{}{:02x}{:02x}{:02x}_",
+        tag,
+        std::process::id() % 100_000,
+        COUNTER.fetch_add(1, Ordering::SeqCst),
+        r[0],
+        r[1],
+        r[2]
+    )
+}
+
+/// One backend, one namespace: builds store instances (each its own pool,
+/// like separate nodes) and tampers with the stored state directly.
+pub struct Harness {
+    pub backend: Backend,
+    pub config: StoreConfig,
+    /// Holds the SQLite file for the harness's lifetime.
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    pub async fn new(backend: Backend) -> Harness {
+        backend.require();
+        let dir = tempfile::tempdir().unwrap();
+        let url = StoreUrl::parse(&backend.url(dir.path()), dir.path()).unwrap();
+        let mut config = StoreConfig::new(url);
+        let prefix = unique(&format!("{backend:?}").to_lowercase()[..2]);
+        config.table_prefix = prefix.clone();
+        config.key_prefix = format!("cl:{prefix}");
+        let h = Harness {
+            backend,
+            config,
+            _dir: dir,
+        };
+        h.store().await.prepare().await.expect("prepare the store");
+        h
+    }
+
+    /// A fresh store instance (own connections), as another node would have.
+    pub async fn store(&self) -> Arc<dyn Store> {
+        store::connect(&self.config).await.unwrap()
+    }
+
+    /// Sets the job's lease to expire `ms` from now on the **store's** clock
+    /// (negative: already expired), bypassing cronlease.
+    pub async fn set_expiry_in(&self, job: &str, ms: i64) {
+        match self.backend {
+            Backend::Redis => {
+                let client = redis::Client::open(self.config.url.expose()).unwrap();
+                let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                let key = format!("{}{{{job}}}:lease", self.config.key_prefix);
+                let _: i64 = redis::cmd("PEXPIRE")
+                    .arg(&key)
+                    .arg(ms.max(1))
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                if ms <= 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            _ => {
+                sqlx::any::install_default_drivers();
+                let url = match self.config.url.kind() {
+                    cronlease::config::StoreKind::Sqlite { path } => {
+                        format!("sqlite://{}", path.display())
+                    }
+                    _ => self.config.url.expose().to_string(),
+                };
+                let now = match self.backend {
+                    Backend::Sqlite => {
+                        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+                    }
+                    Backend::Mysql => {
+                        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+                    }
+                    _ => "(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT)",
+                };
+                let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
+                    .await
+                    .unwrap();
+                let sql = format!(
+                    "UPDATE {}lock_info SET expires_at = {now} + ({ms}) WHERE lock_name = '{job}'",
+                    self.config.table_prefix
+                );
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// The cronlease binary built for these tests.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cronlease"))
+}
