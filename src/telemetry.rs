@@ -1,5 +1,8 @@
 //! Logging: `tracing` to stderr, as text (console, journald) or JSON (log
-//! shippers). `RUST_LOG`, when set, overrides `log.level`.
+//! shippers). `RUST_LOG`, when set, overrides `log.level`. Text is coloured
+//! only on a terminal.
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -14,6 +17,8 @@ pub fn init(log: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal; never into journald or files.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_target(false);
     let _ = match log.format {
         LogFormat::Text => builder.try_init(),

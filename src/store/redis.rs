@@ -147,7 +147,9 @@ impl RedisStore {
         let problem = if !aof {
             Some("has no AOF persistence (appendonly no)".to_string())
         } else {
-            fsync.filter(|f| f != "always").map(|f| format!("uses appendfsync {f}, not always"))
+            fsync
+                .filter(|f| f != "always")
+                .map(|f| format!("uses appendfsync {f}, not always"))
         };
         if let Some(problem) = problem {
             if !self.warned_persistence.swap(true, Ordering::Relaxed) {

@@ -52,6 +52,17 @@ impl Cluster {
     /// main config.
     pub fn new(backend: Backend, jobs: Option<&str>, extra: &str) -> Cluster {
         backend.require();
+        Cluster::with_url(backend, None, jobs, extra)
+    }
+
+    /// As [`Cluster::new`], with a store URL of the test's own (a server it
+    /// starts and stops itself).
+    pub fn with_url(
+        backend: Backend,
+        url: Option<&str>,
+        jobs: Option<&str>,
+        extra: &str,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out.log");
         std::fs::write(&out, "").unwrap();
@@ -62,11 +73,11 @@ impl Cluster {
             |j| j.replace("{out}", &out.display().to_string()),
         );
         std::fs::write(dir.path().join("jobs.d/jobs.toml"), jobs).unwrap();
-        let url = backend.url(dir.path());
+        let url = url.map_or_else(|| backend.url(dir.path()), str::to_string);
         for n in 1..=5 {
             let name = format!("n{n}");
             let config = format!(
-                "node = \"{name}\"\npid_file = \"{name}.pid\"\nshutdown_grace = \"5s\"\n{extra}\n[store]\nurl = \"{url}\"\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
+                "node = \"{name}\"\npid_file = \"{name}.pid\"\nshutdown_grace = \"5s\"\n{extra}\n[store]\nurl = \"{url}\"\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\nhistory_limit = 100000\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
             );
             std::fs::write(dir.path().join(format!("{name}.toml")), config).unwrap();
         }
@@ -84,6 +95,11 @@ impl Cluster {
 
     /// Starts (or restarts) a node; its output is appended to `{node}.log`.
     pub fn start(&mut self, node: &str) {
+        self.start_with_env(node, &[]);
+    }
+
+    /// Starts a node with extra environment variables.
+    pub fn start_with_env(&mut self, node: &str, env: &[(&str, &str)]) {
         let log = File::options()
             .create(true)
             .append(true)
@@ -94,6 +110,7 @@ impl Cluster {
             .arg(self.config(node))
             .env_remove("CRONLEASE_STORE_URL")
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -167,6 +184,11 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// A node's log so far.
+    pub fn log(&self, node: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{node}.log"))).unwrap_or_default()
     }
 
     /// The output file and the tail of every node's log, for failure messages.

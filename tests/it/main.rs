@@ -13,4 +13,6 @@ mod cluster;
 mod config_errors;
 mod conformance;
 mod e2e;
+mod jobs;
+mod outage;
 mod support;

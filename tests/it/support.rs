@@ -173,3 +173,85 @@ impl Harness {
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cronlease"))
 }
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A Redis server of the test's own, which it may stop and start.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+    persistent: bool,
+}
+
+impl RedisServer {
+    /// Prepares a server on a free port, not yet started. A persistent one
+    /// keeps an AOF with `appendfsync always` (what CONTRACT §4 asks) across
+    /// restarts; the other forgets everything.
+    pub fn new(persistent: bool) -> RedisServer {
+        RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+            persistent,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Starts it (no persistence) and waits until it accepts connections.
+    pub fn start(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(if self.persistent {
+                ["--appendonly", "yes", "--appendfsync", "always"]
+            } else {
+                ["--appendonly", "no", "--appendfsync", "no"]
+            })
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (Debian package redis-server)");
+        self.child = Some(child);
+        let addr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        for _ in 0..100 {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    /// Kills it (SIGKILL: an abrupt outage).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

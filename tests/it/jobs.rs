@@ -1,0 +1,286 @@
+//! Running a job (CONTRACT §5), through a real daemon on SQLite: argv and
+//! shell commands, the environment, timeout, overlap, outcomes in history,
+//! output in the log, and no job outliving its daemon.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::cluster::Cluster;
+use crate::support::{Backend, binary};
+
+/// The job's history, or nothing while the daemon has not set the store up yet.
+fn history(c: &Cluster, job: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(binary())
+        .args(["history", job, "--json", "--limit", "100", "-c"])
+        .arg(c.config("n1"))
+        .env_remove("CRONLEASE_STORE_URL")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("no cronlease tables yet"), "{stderr}");
+        return Vec::new();
+    }
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn wait_history(
+    c: &Cluster,
+    job: &str,
+    pred: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = history(c, job);
+        if pred(&h) {
+            return h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "history of {job} never matched: {h:#?}\n{}",
+            c.report()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn environment_argv_shell_and_outcomes() {
+    let jobs = r#"
+[[job]]
+name = "env"
+schedule = "* * * * * *"
+command = ["/bin/sh", "-c", "env > \"{out}.env.$CRONLEASE_FENCE\"; pwd >> \"{out}.env.$CRONLEASE_FENCE\""]
+env = { GREETING = "hello world" }
+working_dir = "/tmp"
+
+[[job]]
+name = "fails"
+schedule = "* * * * * *"
+command = "echo to-stdout-$CRONLEASE_FENCE; echo to-stderr >&2; exit 3"
+
+[[job]]
+name = "missing"
+schedule = "* * * * * *"
+command = ["/nonexistent/program"]
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    // The same store, named by the environment: the job must not see it.
+    let url = format!("sqlite://{}", c.dir.path().join("locks.db").display());
+    c.start_with_env("n1", &[("CRONLEASE_STORE_URL", url.as_str())]);
+    let fails = wait_history(&c, "fails", |h| !h.is_empty());
+    assert_eq!(
+        (fails[0]["outcome"].as_str(), fails[0]["exit_code"].as_i64()),
+        (Some("failed"), Some(3))
+    );
+    let missing = wait_history(&c, "missing", |h| !h.is_empty());
+    assert_eq!(
+        (
+            missing[0]["outcome"].as_str(),
+            missing[0]["exit_code"].as_i64()
+        ),
+        (Some("failed"), Some(127))
+    );
+    let env_runs = wait_history(&c, "env", |h| !h.is_empty());
+    c.stop_all();
+
+    let fence = env_runs[0]["fence"].as_u64().unwrap();
+    let env = std::fs::read_to_string(format!("{}.env.{fence}", c.out.display())).unwrap();
+    let occurrence = env_runs[0]["occurrence"]
+        .as_str()
+        .unwrap()
+        .replace(".000", "");
+    for want in [
+        "CRONLEASE_JOB=env".to_string(),
+        format!("CRONLEASE_FENCE={fence}"),
+        format!("CRONLEASE_OCCURRENCE={occurrence}"),
+        "CRONLEASE_NODE=n1".to_string(),
+        "GREETING=hello world".to_string(),
+    ] {
+        assert!(
+            env.lines().any(|l| l == want),
+            "{want} missing from the job's environment:\n{env}"
+        );
+    }
+    assert!(env.lines().last() == Some("/tmp"), "working_dir: {env}");
+    assert!(
+        !env.contains("CRONLEASE_STORE_URL="),
+        "the store URL is not passed on"
+    );
+
+    // Output lines are in the daemon's log, tagged with job and fence.
+    let log = c.log("n1");
+    let line = log
+        .lines()
+        .find(|l| l.contains("to-stdout-"))
+        .expect("stdout line logged");
+    assert!(
+        line.contains("job=fails") || line.contains("job\":\"fails"),
+        "{line}"
+    );
+    assert!(line.contains("fence="), "{line}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("to-stderr") && l.contains("stderr")),
+        "stderr logged"
+    );
+}
+
+#[test]
+fn timeout_sends_sigterm_then_sigkill() {
+    let jobs = r#"
+[[job]]
+name = "stubborn"
+schedule = "*/30 * * * * *"
+command = "trap '' TERM; echo started >> '{out}.stubborn'; sleep 20; echo survived >> '{out}.stubborn'"
+timeout = "1s"
+kill_grace = "1s"
+
+[[job]]
+name = "polite"
+schedule = "*/30 * * * * *"
+command = "trap 'echo terminated >> {out}.polite; exit 0' TERM; sleep 20 & wait"
+timeout = "1s"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let stubborn = wait_history(&c, "stubborn", |h| !h.is_empty());
+    let polite = wait_history(&c, "polite", |h| !h.is_empty());
+    c.stop_all();
+    assert_eq!(stubborn[0]["outcome"], "timeout");
+    assert_eq!(stubborn[0]["exit_code"], 137, "SIGKILL after kill_grace");
+    let took = |r: &serde_json::Value| {
+        let t = |k: &str| chrono::DateTime::parse_from_rfc3339(r[k].as_str().unwrap()).unwrap();
+        (t("finished_at") - t("started_at")).num_milliseconds()
+    };
+    assert!(
+        (1900..4000).contains(&took(&stubborn[0])),
+        "timeout 1 s + kill_grace 1 s: {}",
+        took(&stubborn[0])
+    );
+    assert_eq!(polite[0]["outcome"], "timeout");
+    assert!(
+        (900..1900).contains(&took(&polite[0])),
+        "ended by SIGTERM: {}",
+        took(&polite[0])
+    );
+    let polite_out = std::fs::read_to_string(format!("{}.polite", c.out.display())).unwrap();
+    assert!(polite_out.contains("terminated"));
+    let stubborn_out = std::fs::read_to_string(format!("{}.stubborn", c.out.display())).unwrap();
+    assert!(!stubborn_out.contains("survived"));
+}
+
+#[test]
+fn overlap_skip_never_runs_a_job_twice_at_once() {
+    let jobs = r#"
+[[job]]
+name = "slow"
+schedule = "* * * * * *"
+command = "echo start $(date +%s.%N) >> '{out}.slow'; sleep 2.5; echo end $(date +%s.%N) >> '{out}.slow'"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    std::thread::sleep(Duration::from_secs(8));
+    c.stop_all();
+    let text = std::fs::read_to_string(format!("{}.slow", c.out.display())).unwrap();
+    let events: Vec<(&str, f64)> = text
+        .lines()
+        .map(|l| {
+            let (kind, t) = l.split_once(' ').unwrap();
+            (kind, t.parse().unwrap())
+        })
+        .collect();
+    assert!(events.len() >= 4, "{text}");
+    for pair in events.chunks(2) {
+        assert_eq!(
+            pair[0].0, "start",
+            "runs alternate start/end, never two at once: {text}"
+        );
+        if pair.len() == 2 {
+            assert_eq!(pair[1].0, "end", "{text}");
+        }
+    }
+    assert!(
+        c.log("n1")
+            .contains("previous run still going: skipping this occurrence")
+    );
+}
+
+#[test]
+fn a_job_never_outlives_a_daemon_killed_by_sigkill() {
+    let marker = format!("cronlease-orphan-{}", std::process::id());
+    let jobs = format!(
+        "[[job]]\nname = \"tree\"\nschedule = \"* * * * * *\"\ncommand = \"echo running >> '{{out}}.tree'; : {marker}; sleep 30 & sleep 31 & sleep 32; true\"\n"
+    );
+    let mut c = Cluster::new(Backend::Sqlite, Some(&jobs), "");
+    c.start("n1");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !std::path::Path::new(&format!("{}.tree", c.out.display())).exists() {
+        assert!(Instant::now() < deadline, "{}", c.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pgids = job_groups(&marker);
+    assert!(!pgids.is_empty(), "the job is running");
+    let members_before = processes_in(&pgids);
+    assert!(
+        members_before >= 3,
+        "the job's tree: {members_before} processes"
+    );
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5)).unwrap();
+    let gone = Instant::now() + Duration::from_secs(1);
+    while processes_in(&pgids) > 0 {
+        assert!(
+            Instant::now() < gone,
+            "job processes still alive 1 s after the daemon's SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Process groups of processes whose command line names `marker`.
+fn job_groups(marker: &str) -> Vec<i32> {
+    let mut groups = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(marker) {
+            if let Ok(pgid) = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))) {
+                groups.push(pgid.as_raw());
+            }
+        }
+    }
+    groups
+}
+
+/// Live (not zombie) processes in any of `groups`.
+fn processes_in(groups: &[i32]) -> usize {
+    let mut n = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // pid (comm) state ppid pgrp ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 2
+            && fields[0] != "Z"
+            && fields[2].parse::<i32>().is_ok_and(|g| groups.contains(&g))
+        {
+            n += 1;
+        }
+    }
+    n
+}

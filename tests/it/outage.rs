@@ -1,0 +1,122 @@
+//! A store that is down at start or goes away mid-run: the daemon keeps
+//! running, claims nothing, logs once per state change and recovers by itself.
+//! The tests run their own Redis server so they can stop it.
+
+use std::time::Duration;
+
+use crate::cluster::{Cluster, Line};
+use crate::support::{Backend, RedisServer};
+
+/// Runs two nodes through a store down at start, up, down (SIGKILL) for 3 s,
+/// and up again; returns the cluster and the number of runs before the outage.
+fn through_outages(redis: &mut RedisServer) -> (Cluster, usize) {
+    let mut c = Cluster::with_url(Backend::Redis, Some(&redis.url()), None, "");
+    c.start("n1");
+    c.start("n2");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(c.lines().is_empty(), "nothing runs without a store");
+    assert!(
+        c.is_running("n1") && c.is_running("n2"),
+        "an unreachable store is not fatal"
+    );
+    redis.start();
+    c.wait_for("runs once the store is up", Duration::from_secs(15), |l| {
+        l.len() >= 3
+    });
+    redis.stop();
+    let before = c.lines().len();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        c.lines().len() <= before + 1,
+        "no claims while the store is down\n{}",
+        c.report()
+    );
+    redis.start();
+    c.wait_for(
+        "runs after the store came back",
+        Duration::from_secs(15),
+        |l| l.len() >= before + 3,
+    );
+    c.stop_all();
+    for node in ["n1", "n2"] {
+        let log = c.log(node);
+        assert_eq!(
+            log.matches("store unavailable").count(),
+            2,
+            "{node}: one warning per outage, not one per tick\n{log}"
+        );
+        assert_eq!(
+            log.matches("store reachable again").count(),
+            2,
+            "{node}: one line each time it comes back\n{log}"
+        );
+    }
+    (c, before)
+}
+
+fn sorted(c: &Cluster) -> Vec<Line> {
+    let mut lines = c.lines();
+    lines.sort_by_key(|l| l.occurrence);
+    lines
+}
+
+#[test]
+fn persistent_redis_down_at_start_and_mid_run() {
+    let mut redis = RedisServer::new(true);
+    let (c, _) = through_outages(&mut redis);
+    let report = c.report();
+    let lines = sorted(&c);
+    for w in lines.windows(2) {
+        assert_ne!(w[0].occurrence, w[1].occurrence, "ran twice\n{report}");
+        assert!(
+            w[0].fence < w[1].fence,
+            "fence not increasing: {:?} {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+    }
+    // The occurrence due when the store came back was caught up (run_once):
+    // at most the 3 s of outage minus one catch-up are missing.
+    let gaps: i64 = lines
+        .windows(2)
+        .map(|w| (w[1].occurrence - w[0].occurrence).num_seconds() - 1)
+        .sum();
+    assert!(
+        gaps <= 3,
+        "{gaps} occurrences missing around a 3 s outage\n{report}"
+    );
+    assert!(
+        !c.log("n1").contains("persistence"),
+        "no warning for an AOF-always Redis"
+    );
+}
+
+#[test]
+fn redis_that_loses_its_data() {
+    let mut redis = RedisServer::new(false);
+    let (c, _) = through_outages(&mut redis);
+    let report = c.report();
+    let lines = sorted(&c);
+    for w in lines.windows(2) {
+        assert_ne!(w[0].occurrence, w[1].occurrence, "ran twice\n{report}");
+    }
+    // The store forgot its fences; each node's fence floor still keeps its
+    // own fences increasing (CONTRACT §4: across nodes that needs a store
+    // that keeps what it acknowledged, and cronlease says so, once).
+    for node in ["n1", "n2"] {
+        let fences: Vec<u64> = lines
+            .iter()
+            .filter(|l| l.node == node)
+            .map(|l| l.fence)
+            .collect();
+        assert!(
+            fences.windows(2).all(|w| w[0] < w[1]),
+            "{node}: {fences:?}\n{report}"
+        );
+        let warnings = c.log(node).matches("has no AOF persistence").count();
+        assert_eq!(
+            warnings, 1,
+            "{node}: warned once about persistence\n{report}"
+        );
+    }
+}
