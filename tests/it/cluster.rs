@@ -74,10 +74,15 @@ impl Cluster {
         );
         std::fs::write(dir.path().join("jobs.d/jobs.toml"), jobs).unwrap();
         let url = url.map_or_else(|| backend.url(dir.path()), str::to_string);
+        let grace = if extra.contains("shutdown_grace") {
+            ""
+        } else {
+            "shutdown_grace = \"5s\"\n"
+        };
         for n in 1..=5 {
             let name = format!("n{n}");
             let config = format!(
-                "node = \"{name}\"\npid_file = \"{name}.pid\"\nshutdown_grace = \"5s\"\n{extra}\n[store]\nurl = \"{url}\"\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\nhistory_limit = 100000\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
+                "node = \"{name}\"\npid_file = \"{name}.pid\"\n{grace}{extra}\n[store]\nurl = \"{url}\"\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\nhistory_limit = 100000\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
             );
             std::fs::write(dir.path().join(format!("{name}.toml")), config).unwrap();
         }

@@ -284,3 +284,58 @@ fn processes_in(groups: &[i32]) -> usize {
     }
     n
 }
+
+#[test]
+fn sigterm_lets_a_run_finish_within_the_grace() {
+    let jobs = "[[job]]\nname = \"finish\"\nschedule = \"* * * * * *\"\ncommand = \"echo start >> '{out}.finish'; sleep 2; echo end >> '{out}.finish'\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "shutdown_grace = \"10s\"");
+    c.start("n1");
+    let file = format!("{}.finish", c.out.display());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !std::fs::read_to_string(&file)
+        .unwrap_or_default()
+        .contains("start")
+    {
+        assert!(Instant::now() < deadline, "{}", c.report());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.signal("n1", Signal::SIGTERM);
+    let status = c.wait_exit("n1", Duration::from_secs(10)).expect("exits");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "start\nend\n",
+        "the run finished, and nothing new started"
+    );
+    let runs = history(&c, "finish");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["outcome"], "ok");
+}
+
+#[test]
+fn sigterm_kills_runs_still_going_after_the_grace() {
+    let jobs = "[[job]]\nname = \"long\"\nschedule = \"* * * * * *\"\nkill_grace = \"1s\"\ncommand = \"echo start >> '{out}.long'; sleep 30; echo end >> '{out}.long'\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "shutdown_grace = \"1s\"");
+    c.start("n1");
+    let file = format!("{}.long", c.out.display());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !std::fs::read_to_string(&file)
+        .unwrap_or_default()
+        .contains("start")
+    {
+        assert!(Instant::now() < deadline, "{}", c.report());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let asked = Instant::now();
+    c.signal("n1", Signal::SIGTERM);
+    let status = c.wait_exit("n1", Duration::from_secs(10)).expect("exits");
+    assert_eq!(status.code(), Some(0));
+    let took = asked.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "grace 1 s then SIGTERM: {took:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "start\n");
+    let runs = history(&c, "long");
+    assert_eq!(runs[0]["outcome"], "killed", "{runs:#?}");
+}
