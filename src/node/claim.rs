@@ -112,14 +112,20 @@ impl Node {
             if stop.is_cancelled() || Instant::now() >= give_up_at {
                 return;
             }
+            let gate = state.claim_gate.lock().await;
             if let Some(until) = self.paused_until() {
+                drop(gate);
                 if !self.sleep_within(until, give_up_at, &stop).await {
                     return;
                 }
                 continue;
             }
             let sent = Instant::now();
-            let result = match self.ensure_prepared().await {
+            let prepared = tokio::select! {
+                () = stop.cancelled() => return,
+                r = self.ensure_prepared() => r,
+            };
+            let result = match prepared {
                 Ok(()) => {
                     let request = ClaimRequest {
                         job: job.name.clone(),
@@ -130,13 +136,12 @@ impl Node {
                         lease,
                         fence_floor: state.fence_floor.load(std::sync::atomic::Ordering::SeqCst),
                     };
+                    // Not cancelled by shutdown: a claim the store granted must
+                    // not be dropped unrun. It ends within op_timeout.
                     let call = self.store.claim(std::slice::from_ref(&request));
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        r = tokio::time::timeout(self.op_timeout, call) => match r {
-                            Ok(r) => r,
-                            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
-                        },
+                    match tokio::time::timeout(self.op_timeout, call).await {
+                        Ok(r) => r,
+                        Err(_) => Err(StoreError::Timeout(self.op_timeout)),
                     }
                 }
                 Err(e) => Err(e),
@@ -150,6 +155,7 @@ impl Node {
             let outcome = match answer {
                 Ok(outcome) => outcome,
                 Err(e) => {
+                    drop(gate);
                     if matches!(e, StoreError::NotMigrated { .. }) {
                         self.prepared
                             .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -176,7 +182,9 @@ impl Node {
                     let ticket = self.ticket(&won);
                     if won.catch_up {
                         tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
-                        if let Some(run) = self.start_run(&state, ticket) {
+                        let run = self.start_run(&state, ticket);
+                        drop(gate);
+                        if let Some(run) = run {
                             // The missed run goes first; the occurrence itself
                             // is claimed when it is over (no overlap).
                             tokio::select! {
@@ -190,6 +198,7 @@ impl Node {
                     return;
                 }
                 ClaimOutcome::Lost(lost) => {
+                    drop(gate);
                     state.saw_fence(lost.fence);
                     let claimed = lost.last_occurrence.is_some_and(|last| last >= occurrence);
                     if claimed {

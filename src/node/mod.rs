@@ -82,6 +82,9 @@ pub(crate) struct JobState {
     fence_floor: AtomicU64,
     lease: Mutex<Option<LeaseClock>>,
     running: AtomicBool,
+    /// Held from a claim until its run has started, so a step-down never
+    /// sees a job as idle while a claim of it is in flight.
+    claim_gate: tokio::sync::Mutex<()>,
     /// Step-down came while a run was going: release when it ends.
     release_after_run: AtomicBool,
     standing: Mutex<Standing>,
@@ -94,6 +97,7 @@ impl JobState {
             fence_floor: AtomicU64::new(0),
             lease: Mutex::new(None),
             running: AtomicBool::new(false),
+            claim_gate: tokio::sync::Mutex::new(()),
             release_after_run: AtomicBool::new(false),
             standing: Mutex::new(Standing::Unknown),
         }
@@ -242,7 +246,11 @@ impl Node {
     async fn prepare_until_ready(self: Arc<Self>) {
         let mut backoff = Duration::from_millis(200);
         loop {
-            match self.ensure_prepared().await {
+            let prepared = tokio::select! {
+                () = self.claims.cancelled() => return,
+                r = self.ensure_prepared() => r,
+            };
+            match prepared {
                 Ok(()) => return,
                 Err(_) => {
                     tokio::select! {
@@ -365,6 +373,8 @@ impl Node {
         }
         let mut idle = Vec::new();
         for state in self.states() {
+            // Wait out a claim in flight: its run, if it won, counts as running.
+            let _gate = state.claim_gate.lock().await;
             if state.running.load(Ordering::SeqCst) {
                 state.release_after_run.store(true, Ordering::SeqCst);
             } else {

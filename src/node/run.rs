@@ -44,7 +44,6 @@ impl Node {
         let state = state.clone();
         Some(self.runs.spawn(async move {
             node.supervise(&state, ticket).await;
-            state.running.store(false, Ordering::SeqCst);
             if state.release_after_run.swap(false, Ordering::SeqCst) {
                 state.lease_ended();
                 node.release(&[state.job().name.clone()]).await;
@@ -67,6 +66,7 @@ impl Node {
                 started_at: now,
                 finished_at: now,
             };
+            state.running.store(false, Ordering::SeqCst);
             self.record(state, ticket, finished).await;
             return;
         }
@@ -85,6 +85,9 @@ impl Node {
             node: &self.name,
         };
         let finished = exec::run(spec, self.guard.as_ref(), stop).await;
+        // The process is over: the next occurrence may start, whatever
+        // recording the run takes.
+        state.running.store(false, Ordering::SeqCst);
         let took = (finished.finished_at - finished.started_at).num_milliseconds();
         match finished.outcome {
             Outcome::Ok => {

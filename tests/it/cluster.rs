@@ -145,6 +145,52 @@ impl Cluster {
         None
     }
 
+    /// The node's daemon and every process below it (guard, jobs and theirs).
+    pub fn tree(&self, node: &str) -> Vec<i32> {
+        let root = self.pid(node);
+        let mut parent_of = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            if let Some(ppid) = rest
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<i32>().ok())
+            {
+                parent_of.push((pid, ppid));
+            }
+        }
+        let mut tree = vec![root];
+        let mut i = 0;
+        while i < tree.len() {
+            let p = tree[i];
+            tree.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+            i += 1;
+        }
+        tree
+    }
+
+    /// SIGSTOP the whole tree, daemon first: a VM or GC pause. Returns it.
+    pub fn freeze(&self, node: &str) -> Vec<i32> {
+        let tree = self.tree(node);
+        for pid in &tree {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGSTOP);
+        }
+        tree
+    }
+
+    /// SIGCONT a frozen tree, the daemon last (its jobs wake first, as they may).
+    pub fn thaw(&self, tree: &[i32]) {
+        for pid in tree.iter().rev() {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);
+        }
+    }
+
     pub fn is_running(&mut self, node: &str) -> bool {
         self.nodes
             .get_mut(node)

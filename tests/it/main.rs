@@ -12,6 +12,8 @@ mod cli;
 mod cluster;
 mod config_errors;
 mod conformance;
+mod drill;
+mod drills;
 mod e2e;
 mod jobs;
 mod outage;

@@ -113,6 +113,21 @@ impl Harness {
         h
     }
 
+    /// A harness on an existing store config (for tampering in daemon tests).
+    pub fn for_config(config: StoreConfig) -> Harness {
+        let backend = match config.url.kind() {
+            cronlease::config::StoreKind::Sqlite { .. } => Backend::Sqlite,
+            cronlease::config::StoreKind::Mysql => Backend::Mysql,
+            cronlease::config::StoreKind::Postgres => Backend::Postgres,
+            cronlease::config::StoreKind::Redis => Backend::Redis,
+        };
+        Harness {
+            backend,
+            config,
+            _dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
     /// A fresh store instance (own connections), as another node would have.
     pub async fn store(&self) -> Arc<dyn Store> {
         store::connect(&self.config).await.unwrap()
@@ -251,6 +266,99 @@ impl RedisServer {
 }
 
 impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A MariaDB server of the test's own (its own data directory and port), which
+/// it may kill and start again; InnoDB keeps what it acknowledged.
+pub struct MariaDbServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl MariaDbServer {
+    /// Initialises a data directory (`mariadb-install-db`), not yet started.
+    pub fn new() -> MariaDbServer {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mariadb-install-db")
+            .args([
+                "--no-defaults",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ])
+            .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .output()
+            .expect("mariadb-install-db must be installed (Debian package mariadb-server)");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        MariaDbServer {
+            port: free_port(),
+            dir,
+            child: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/test", self.port)
+    }
+
+    /// Starts it and waits until it answers; creates database `test`.
+    pub fn start(&mut self) {
+        let d = self.dir.path();
+        let child = std::process::Command::new("/usr/sbin/mariadbd")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", d.join("data").display()))
+            .arg(format!("--socket={}", d.join("sock").display()))
+            .arg(format!("--pid-file={}", d.join("pid").display()))
+            .arg(format!("--port={}", self.port))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--user=root",
+                "--skip-grant-tables",
+                "--innodb-buffer-pool-size=16M",
+                "--skip-log-bin",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.join("server.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        for _ in 0..200 {
+            let ok = std::process::Command::new("mariadb")
+                .args([
+                    "-h127.0.0.1",
+                    &format!("-P{}", self.port),
+                    "-uroot",
+                    "-e",
+                    "CREATE DATABASE IF NOT EXISTS test",
+                ])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("mariadbd on port {} did not start", self.port);
+    }
+
+    /// Kills it (SIGKILL: an abrupt outage).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for MariaDbServer {
     fn drop(&mut self) {
         self.stop();
     }

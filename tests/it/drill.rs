@@ -1,0 +1,338 @@
+//! The randomized failover drill: three nodes, and every 1–3 s a random
+//! SIGKILL+restart, SIGSTOP…SIGCONT of a node's whole tree, SIGTERM+restart or
+//! step-down (SIGUSR1 or `cronlease step-down`), never leaving fewer than one
+//! undisturbed node. At the end the jobs' own output is judged:
+//! occurrences run twice, overlapping runs, fences out of order, occurrences
+//! missed while a node was up. The seed is printed; `CRONLEASE_DRILL_SEED`
+//! replays one.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
+
+use crate::cluster::Cluster;
+use crate::support::{Backend, binary};
+
+const MARGIN: f64 = 1.0;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn between(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (self.next() % 10_000) as f64 / 10_000.0 * (hi - lo)
+    }
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[(self.next() % v.len() as u64) as usize]
+    }
+}
+
+fn now() -> f64 {
+    Utc::now().timestamp_micros() as f64 / 1e6
+}
+
+/// A span of time during which a node could not claim.
+#[derive(Debug, Clone)]
+struct Disturbance {
+    node: String,
+    kind: &'static str,
+    from: f64,
+    to: f64,
+}
+
+enum Heal {
+    Restart,
+    Thaw(Vec<i32>),
+}
+
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub events: BTreeMap<&'static str, usize>,
+    pub occurrences: usize,
+    pub ran_twice: usize,
+    pub overlapping: usize,
+    pub stale_fenced: usize,
+    pub fence_out_of_order: usize,
+    pub missed_while_up: usize,
+    pub lost_between_claim_and_start: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Run {
+    occurrence: f64,
+    fence: u64,
+    node: String,
+    start: f64,
+    end: Option<f64>,
+}
+
+pub fn run(backend: Backend, seconds: u64) -> Counts {
+    let seed = std::env::var("CRONLEASE_DRILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Utc::now().timestamp_nanos_opt().unwrap_or(1) as u64 | 1);
+    let mut rng = Rng(seed);
+    let job = "[[job]]\nname = \"drill\"\nschedule = \"* * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE start $(date +%s.%N)\\\" >> '{out}'; sleep 0.2; echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE end $(date +%s.%N)\\\" >> '{out}'\"\n";
+    let mut c = Cluster::new(backend, Some(job), "");
+    let nodes = ["n1", "n2", "n3"];
+    for n in nodes {
+        c.start(n);
+    }
+    c.wait_for("steady state", Duration::from_secs(20), |l| {
+        !l.is_empty() || std::fs::read_to_string(&c.out).is_ok_and(|t| t.lines().count() >= 2)
+    });
+    let begin = now();
+    let mut disturbances: Vec<Disturbance> = Vec::new();
+    let mut pending: Vec<(f64, String, Heal)> = Vec::new();
+    let mut busy_until: BTreeMap<String, f64> = BTreeMap::new();
+    let mut counts = Counts::default();
+    let mut step_down_by_command = false;
+    let until = begin + seconds as f64;
+    while now() < until {
+        std::thread::sleep(Duration::from_secs_f64(rng.between(1.0, 3.0)));
+        // Heal what is due.
+        let t = now();
+        let (due, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut pending)
+            .into_iter()
+            .partition(|(at, _, _)| *at <= t);
+        pending = rest;
+        for (_, node, heal) in due {
+            match heal {
+                Heal::Restart => c.start(&node),
+                Heal::Thaw(tree) => c.thaw(&tree),
+            }
+            let end = now()
+                + if matches!(disturbances.last(), Some(d) if d.kind == "stop") {
+                    0.1
+                } else {
+                    0.5
+                };
+            if let Some(d) = disturbances.iter_mut().rev().find(|d| d.node == node) {
+                d.to = end;
+            }
+            busy_until.insert(node, end);
+        }
+        let t = now();
+        let healthy: Vec<&str> = nodes
+            .iter()
+            .copied()
+            .filter(|n| {
+                !pending.iter().any(|(_, p, _)| p == n) && busy_until.get(*n).is_none_or(|b| *b < t)
+            })
+            .collect();
+        if healthy.len() < 2 {
+            continue;
+        }
+        let node = rng.pick(&healthy).to_string();
+        let kind = *rng.pick(&["kill", "stop", "term", "step-down"]);
+        *counts.events.entry(kind).or_default() += 1;
+        let from = now();
+        match kind {
+            "kill" => {
+                c.signal(&node, Signal::SIGKILL);
+                c.wait_exit(&node, Duration::from_secs(5));
+                pending.push((from + rng.between(1.0, 3.0), node.clone(), Heal::Restart));
+            }
+            "stop" => {
+                let tree = c.freeze(&node);
+                pending.push((from + rng.between(0.5, 4.0), node.clone(), Heal::Thaw(tree)));
+            }
+            "term" => {
+                c.signal(&node, Signal::SIGTERM);
+                let status = c.wait_exit(&node, Duration::from_secs(10));
+                assert!(
+                    status.is_some_and(|s| s.success()),
+                    "{node} did not stop cleanly on SIGTERM\n{}",
+                    c.report()
+                );
+                pending.push((now() + rng.between(0.5, 2.0), node.clone(), Heal::Restart));
+            }
+            _ => {
+                if step_down_by_command {
+                    let out = Command::new(binary())
+                        .args(["step-down", "-c"])
+                        .arg(c.config(&node))
+                        .output()
+                        .unwrap();
+                    assert!(
+                        out.status.success(),
+                        "{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                } else {
+                    c.signal(&node, Signal::SIGUSR1);
+                }
+                step_down_by_command = !step_down_by_command;
+                busy_until.insert(node.clone(), from + MARGIN + 0.1);
+            }
+        }
+        let to = if kind == "step-down" {
+            from + MARGIN + 0.1
+        } else {
+            f64::INFINITY
+        };
+        disturbances.push(Disturbance {
+            node,
+            kind,
+            from,
+            to,
+        });
+    }
+    let judged_until = now() - 2.0;
+    for (_, node, heal) in std::mem::take(&mut pending) {
+        match heal {
+            Heal::Restart => c.start(&node),
+            Heal::Thaw(tree) => c.thaw(&tree),
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    c.stop_all();
+    let report = c.report();
+    judge(&c, &disturbances, begin, judged_until, &mut counts);
+    eprintln!(
+        "drill {backend:?} {seconds}s seed {seed}: events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}",
+        counts.events,
+        counts.occurrences,
+        counts.ran_twice,
+        counts.overlapping,
+        counts.stale_fenced,
+        counts.fence_out_of_order,
+        counts.missed_while_up,
+        counts.lost_between_claim_and_start
+    );
+    assert_eq!(counts.ran_twice, 0, "seed {seed}\n{report}");
+    assert_eq!(counts.overlapping, 0, "seed {seed}\n{report}");
+    assert_eq!(counts.fence_out_of_order, 0, "seed {seed}\n{report}");
+    assert_eq!(counts.missed_while_up, 0, "seed {seed}\n{report}");
+    counts
+}
+
+fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, counts: &mut Counts) {
+    let text = std::fs::read_to_string(&c.out).unwrap_or_default();
+    let mut by_fence: BTreeMap<u64, Run> = BTreeMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [occ, fence, node, phase, t] = f[..] else {
+            continue;
+        };
+        let (Ok(occ), Ok(fence), Ok(t)) = (
+            DateTime::parse_from_rfc3339(occ),
+            fence.parse::<u64>(),
+            t.parse::<f64>(),
+        ) else {
+            continue;
+        };
+        let occ = occ.timestamp_millis() as f64 / 1000.0;
+        let run = by_fence.entry(fence).or_insert(Run {
+            occurrence: occ,
+            fence,
+            node: node.into(),
+            start: t,
+            end: None,
+        });
+        if phase == "start" {
+            run.start = t;
+        } else {
+            run.end = Some(t);
+        }
+    }
+    let mut runs: Vec<Run> = by_fence.into_values().collect();
+
+    // Each occurrence once; fences increasing in occurrence order.
+    runs.sort_by(|a, b| {
+        a.occurrence
+            .total_cmp(&b.occurrence)
+            .then(a.fence.cmp(&b.fence))
+    });
+    counts.occurrences = runs.len();
+    for w in runs.windows(2) {
+        if w[0].occurrence == w[1].occurrence {
+            counts.ran_twice += 1;
+        } else if w[0].fence >= w[1].fence {
+            counts.fence_out_of_order += 1;
+        }
+    }
+
+    // Overlap in time. A run whose node was frozen may write after a peer
+    // started (it resumes before its daemon can kill it): those writes carry
+    // the lower fence and a fencing sink refuses them, so they are counted
+    // apart. Anything else overlapping is a violation.
+    let disturbed = |node: &str, kind: &str, from: f64, to: f64| {
+        disturbances
+            .iter()
+            .any(|d| d.node == node && d.kind == kind && d.from < to && d.to > from)
+    };
+    runs.sort_by(|a, b| a.start.total_cmp(&b.start));
+    for (i, a) in runs.iter().enumerate() {
+        let killed_at = disturbances
+            .iter()
+            .filter(|d| d.node == a.node && d.kind == "kill" && d.from >= a.start)
+            .map(|d| d.from)
+            .fold(f64::INFINITY, f64::min);
+        let end = a.end.unwrap_or_else(|| {
+            if killed_at.is_finite() {
+                killed_at
+            } else {
+                a.start
+            }
+        });
+        for b in runs[i + 1..].iter().take_while(|b| b.start < end) {
+            if b.node != a.node && disturbed(&a.node, "stop", a.start, b.start) {
+                counts.stale_fenced += 1;
+            } else {
+                counts.overlapping += 1;
+            }
+        }
+    }
+
+    // Missed: an instant with no run although some node was up throughout its
+    // claim window (the instant to the takeover and catch-up one margin on).
+    let ran: std::collections::BTreeSet<i64> = runs.iter().map(|r| r.occurrence as i64).collect();
+    let up = |node: &str, from: f64, to: f64| {
+        !disturbances
+            .iter()
+            .any(|d| d.node == node && d.from < to && d.to > from)
+    };
+    let mut t = begin.ceil() as i64 + 2;
+    while (t as f64) < until {
+        let instant = t as f64;
+        if !ran.contains(&t)
+            && ["n1", "n2", "n3"]
+                .iter()
+                .any(|n| up(n, instant - 0.3, instant + MARGIN + 0.6))
+        {
+            // A holder frozen or killed between its claim and the start of the
+            // run loses that occurrence by design (it never runs on a lease it
+            // cannot prove): at most once beats at least once.
+            // The claim is made at the instant, or at the takeover one margin later.
+            let in_window = disturbances.iter().any(|d| {
+                (d.kind == "stop" || d.kind == "kill")
+                    && [instant, instant + MARGIN]
+                        .iter()
+                        .any(|at| d.from >= at - 0.05 && d.from <= at + 0.15)
+            });
+            if in_window {
+                counts.lost_between_claim_and_start += 1;
+            } else {
+                counts.missed_while_up += 1;
+                let around: Vec<&Disturbance> = disturbances
+                    .iter()
+                    .filter(|d| d.from > instant - 4.0 && d.from < instant + 3.0)
+                    .collect();
+                eprintln!(
+                    "missed occurrence {} (unix {instant}); disturbances around it: {around:#?}",
+                    DateTime::from_timestamp(t, 0).unwrap_or_default()
+                );
+            }
+        }
+        t += 1;
+    }
+}

@@ -1,0 +1,647 @@
+//! Failover drills (issue 3): the guarantee when things go wrong, with real
+//! processes and real signals, judged from what the jobs wrote.
+//!
+//! Jobs here write `OCCURRENCE FENCE NODE PHASE UNIX_TIME` lines; a run is the
+//! lines of one fence.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
+
+use crate::cluster::{Cluster, at_fraction_of_second};
+use crate::support::{Backend, MariaDbServer, RedisServer, binary};
+
+/// A job that writes `start`, sleeps `secs`, writes `end`.
+fn timed_job(schedule: &str, secs: f64) -> String {
+    let line = |phase: &str| {
+        format!(
+            "echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE {phase} $(date +%s.%N)\\\" >> '{{out}}'"
+        )
+    };
+    format!(
+        "[[job]]\nname = \"job\"\nschedule = \"{schedule}\"\ncommand = \"{}; sleep {secs}; {}\"\n",
+        line("start"),
+        line("end")
+    )
+}
+
+#[derive(Debug, Clone)]
+struct Run {
+    occurrence: DateTime<Utc>,
+    fence: u64,
+    node: String,
+    start: f64,
+    end: Option<f64>,
+}
+
+fn now_f64() -> f64 {
+    Utc::now().timestamp_micros() as f64 / 1e6
+}
+
+/// Runs by fence, in start order.
+fn runs(c: &Cluster) -> Vec<Run> {
+    let text = std::fs::read_to_string(&c.out).unwrap_or_default();
+    let mut by_fence: BTreeMap<u64, Run> = BTreeMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [occ, fence, node, phase, t] = f[..] else {
+            continue;
+        };
+        let (Ok(occ), Ok(fence), Ok(t)) = (
+            DateTime::parse_from_rfc3339(occ),
+            fence.parse::<u64>(),
+            t.parse::<f64>(),
+        ) else {
+            continue;
+        };
+        let run = by_fence.entry(fence).or_insert(Run {
+            occurrence: occ.with_timezone(&Utc),
+            fence,
+            node: node.into(),
+            start: t,
+            end: None,
+        });
+        match phase {
+            "start" => run.start = t,
+            _ => run.end = Some(t),
+        }
+    }
+    let mut v: Vec<Run> = by_fence.into_values().collect();
+    v.sort_by(|a, b| a.start.total_cmp(&b.start));
+    v
+}
+
+fn history(c: &Cluster, node: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(binary())
+        .args(["history", "--json", "--limit", "1000", "-c"])
+        .arg(c.config(node))
+        .output()
+        .unwrap();
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .map(|v| v.as_array().cloned().unwrap_or_default())
+        .unwrap_or_default()
+}
+
+fn wait_runs(c: &Cluster, what: &str, limit: Duration, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let r = runs(c);
+        if pred(&r) {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            c.report()
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// No two runs overlap in time; fences increase with start order.
+fn assert_no_overlap(runs: &[Run], report: &str) {
+    for w in runs.windows(2) {
+        let end = w[0].end.unwrap_or(w[0].start);
+        assert!(
+            w[1].start > end,
+            "runs overlap: {:?} and {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+        assert!(
+            w[0].fence < w[1].fence && w[0].occurrence < w[1].occurrence,
+            "{:?} {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+// A job longer than its interval keeps its lease: no peer starts it meanwhile.
+fn long_job_keeps_its_lease(backend: Backend) {
+    let mut c = Cluster::new(backend, Some(&timed_job("* * * * * *", 3.0)), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    wait_runs(&c, "two finished runs", Duration::from_secs(25), |r| {
+        r.iter().filter(|x| x.end.is_some()).count() >= 2
+    });
+    c.stop_all();
+    let report = c.report();
+    let runs = runs(&c);
+    assert!(
+        runs.iter()
+            .all(|r| r.end.is_some_and(|e| e - r.start >= 3.0)),
+        "each ran its 3 s (longer than its 2 s lease)\n{report}"
+    );
+    assert_no_overlap(&runs, &report);
+}
+
+// kill -9 of the holder mid-run: its job's process tree is gone within a
+// second, and the peer's run starts after that.
+fn kill9_mid_run(backend: Backend) {
+    let mut c = Cluster::new(backend, Some(&timed_job("* * * * * *", 3.0)), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    let first = wait_runs(&c, "a run", Duration::from_secs(20), |r| !r.is_empty())[0].clone();
+    std::thread::sleep(Duration::from_millis(500));
+    let tree = c.tree(&first.node);
+    assert!(
+        tree.len() >= 3,
+        "daemon, guard and the running job: {tree:?}"
+    );
+    let killed = now_f64();
+    c.signal(&first.node, Signal::SIGKILL);
+    c.wait_exit(&first.node, Duration::from_secs(5)).unwrap();
+    let limit = Instant::now() + Duration::from_secs(1);
+    while tree
+        .iter()
+        .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists() && !is_zombie(*p))
+    {
+        assert!(
+            Instant::now() < limit,
+            "processes of the killed node's tree still alive after 1 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let gone = now_f64();
+    let after = wait_runs(&c, "a peer's run", Duration::from_secs(10), |r| {
+        r.iter().any(|x| x.start > killed)
+    });
+    c.stop_all();
+    let report = c.report();
+    let peer = after.iter().find(|x| x.start > killed).unwrap();
+    assert_ne!(peer.node, first.node);
+    assert!(
+        peer.start > gone,
+        "the peer started only after the killed job was gone\n{report}"
+    );
+    assert!(
+        after
+            .iter()
+            .find(|x| x.fence == first.fence)
+            .is_some_and(|r| r.end.is_none()),
+        "the killed run never finished\n{report}"
+    );
+    assert_no_overlap(
+        &runs(&c)
+            .into_iter()
+            .filter(|r| r.fence != first.fence)
+            .collect::<Vec<_>>(),
+        &report,
+    );
+}
+
+fn is_zombie(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+}
+
+/// A sink that accepts a write only if its fence is at least the highest it
+/// has accepted: `sink FENCE NODE OCCURRENCE` appends `accept|reject ...`.
+fn install_sink(c: &Cluster) {
+    let dir = c.dir.path();
+    let sink = std::path::PathBuf::from(format!("{}.sink", c.out.display()));
+    let script = format!(
+        "#!/bin/sh\nexec 9>>'{d}/sink.lock'\nflock 9\nmax=$(cat '{d}/sink.max' 2>/dev/null || echo 0)\nif [ \"$1\" -ge \"$max\" ]; then echo \"$1\" > '{d}/sink.max'; v=accept; else v=reject; fi\necho \"$v $1 $2 $3 $(date +%s.%N)\" >> '{d}/sink.log'\n",
+        d = dir.display()
+    );
+    std::fs::write(&sink, script).unwrap();
+    std::fs::set_permissions(&sink, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+// SIGSTOP of the holder's whole tree past its lease: a peer takes over on
+// time; after SIGCONT the stale job is killed at once (lease_lost), no stale
+// occurrence starts, and the stale job's writes are refused by fence.
+fn stop_the_world(backend: Backend) {
+    let job = "[[job]]\nname = \"job\"\nschedule = \"* * * * * *\"\ncommand = \"for i in 1 2 3 4 5 6 7 8 9 10; do '{out}.sink' $CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_OCCURRENCE; sleep 0.3; done\"\n";
+    let mut c = Cluster::new(backend, Some(job), "");
+    install_sink(&c);
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    let log = c.dir.path().join("sink.log");
+    let sink_lines = || -> Vec<Vec<String>> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sink_lines().len() < 3 {
+        assert!(Instant::now() < deadline, "{}", c.report());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let holder = sink_lines()[0][2].clone();
+    let stale_fence: u64 = sink_lines().last().unwrap()[1].parse().unwrap();
+    let stopped = Utc::now();
+    let tree = c.freeze(&holder);
+    std::thread::sleep(Duration::from_secs(4));
+    let resumed = now_f64();
+    c.thaw(&tree);
+    std::thread::sleep(Duration::from_secs(3));
+    c.stop_all();
+    let report = format!(
+        "{}\n--- sink ---\n{}",
+        c.report(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let lines = sink_lines();
+
+    // A peer took over on time: the first occurrence after the pause ran on a
+    // peer within margin + 0.5 s of its instant.
+    let peer_first = lines
+        .iter()
+        .filter(|l| l[2] != holder)
+        .filter_map(|l| {
+            Some((
+                DateTime::parse_from_rfc3339(&l[3])
+                    .ok()?
+                    .with_timezone(&Utc),
+                l[4].parse::<f64>().ok()?,
+            ))
+        })
+        .filter(|(occ, _)| *occ > stopped)
+        .min_by_key(|(occ, _)| *occ)
+        .unwrap_or_else(|| panic!("no peer took over\n{report}"));
+    let lateness = peer_first.1 - peer_first.0.timestamp_millis() as f64 / 1000.0;
+    assert!(
+        lateness <= 1.5,
+        "takeover {lateness:.3}s after the instant\n{report}"
+    );
+
+    // Every write the stale job made after resuming carried its old fence and was refused.
+    let stale_after: Vec<&Vec<String>> = lines
+        .iter()
+        .filter(|l| l[2] == holder && l[4].parse::<f64>().unwrap() > resumed)
+        .collect();
+    for l in &stale_after {
+        if l[1].parse::<u64>().unwrap() <= stale_fence {
+            assert_eq!(
+                l[0], "reject",
+                "a stale write was accepted: {l:?}\n{report}"
+            );
+        }
+    }
+    // No stale occurrence: nothing the holder ran after resuming is for an
+    // occurrence from the pause.
+    for l in lines
+        .iter()
+        .filter(|l| l[2] == holder && l[1].parse::<u64>().unwrap() > stale_fence)
+    {
+        let occ = DateTime::parse_from_rfc3339(&l[3])
+            .unwrap()
+            .with_timezone(&Utc);
+        assert!(
+            occ.timestamp_millis() as f64 / 1000.0 > resumed - 0.001,
+            "stale occurrence {occ} started after resuming\n{report}"
+        );
+    }
+    // The resumed daemon killed its stale run and recorded lease_lost.
+    let h = history(&c, "n1");
+    assert!(
+        h.iter().any(|r| r["node"] == holder.as_str()
+            && r["outcome"] == "lease_lost"
+            && r["fence"] == stale_fence),
+        "lease_lost recorded for fence {stale_fence}: {h:#?}\n{report}"
+    );
+}
+
+// Step-down by SIGUSR1 and by `cronlease step-down`: a peer runs the next
+// occurrence on time, none missed.
+fn step_down(backend: Backend) {
+    let mut c = Cluster::new(backend, None, "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    c.wait_for("three runs", Duration::from_secs(20), |l| l.len() >= 3);
+    for by_command in [false, true] {
+        at_fraction_of_second(0.4);
+        let holder = c.lines().last().unwrap().node.clone();
+        let at = Utc::now();
+        if by_command {
+            let out = Command::new(binary())
+                .args(["step-down", "-c"])
+                .arg(c.config(&holder))
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            c.signal(&holder, Signal::SIGUSR1);
+        }
+        let lines = c.wait_for("runs after the step-down", Duration::from_secs(10), |l| {
+            l.iter().filter(|x| x.occurrence > at).count() >= 2
+        });
+        let next = lines
+            .iter()
+            .filter(|x| x.occurrence > at)
+            .min_by_key(|x| x.occurrence)
+            .unwrap();
+        assert_ne!(
+            next.node,
+            holder,
+            "a peer ran the next occurrence\n{}",
+            c.report()
+        );
+        assert!(
+            next.lateness() <= 0.5,
+            "on time: {:.3}s\n{}",
+            next.lateness(),
+            c.report()
+        );
+    }
+    c.stop_all();
+    crate::cluster::check_exactly_once(&c.lines(), &c.report());
+}
+
+// SIGHUP: a broken job file keeps the old jobs; a good one applies the new
+// set (removed jobs stop, their running run finishes).
+fn reload(backend: Backend) {
+    let a = "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = \"echo \\\"a $CRONLEASE_OCCURRENCE start\\\" >> '{out}'; sleep 1.5; echo \\\"a $CRONLEASE_OCCURRENCE end\\\" >> '{out}'\"\n";
+    let mut c = Cluster::new(backend, Some(a), "");
+    c.start("n1");
+    let out = c.out.clone();
+    let text = || std::fs::read_to_string(&out).unwrap_or_default();
+    let wait = |what: &str, pred: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !pred(&text()) {
+            assert!(Instant::now() < deadline, "{what}\n{}", c.report());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("a runs", &|t| t.contains(" end"));
+    let jobs = c.dir.path().join("jobs.d/jobs.toml");
+    std::fs::write(
+        &jobs,
+        "[[job]]\nname = \"a\"\nschedule = \"* * *\"\ncommand = \"true\"\n",
+    )
+    .unwrap();
+    c.signal("n1", Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = text().matches("a ").count();
+    wait("a still runs after a broken reload", &|t| {
+        t.matches("a ").count() >= before + 2
+    });
+    assert!(
+        c.log("n1")
+            .contains("configuration invalid; keeping the current jobs")
+    );
+    assert!(
+        c.log("n1").contains("jobs.toml:3:12: invalid schedule"),
+        "the reason is logged"
+    );
+
+    // A good set: a is removed (mid-run), b is added.
+    wait("a mid-run", &|t| {
+        t.lines().last().is_some_and(|l| l.ends_with("start"))
+    });
+    let b = format!(
+        "[[job]]\nname = \"b\"\nschedule = \"* * * * * *\"\ncommand = \"echo \\\"b $CRONLEASE_OCCURRENCE\\\" >> '{}'\"\n",
+        out.display()
+    );
+    std::fs::write(&jobs, b).unwrap();
+    c.signal("n1", Signal::SIGHUP);
+    wait("b runs", &|t| t.contains("b "));
+    std::thread::sleep(Duration::from_secs(2));
+    c.stop_all();
+    let t = text();
+    let lines: Vec<&str> = t.lines().collect();
+    let last_a = lines.iter().rposition(|l| l.starts_with("a ")).unwrap();
+    assert!(
+        lines[last_a].ends_with("end"),
+        "a's running run finished\n{t}"
+    );
+    let a_starts_after_b = t
+        .lines()
+        .skip_while(|l| !l.starts_with("b "))
+        .filter(|l| l.starts_with("a ") && l.ends_with("start"))
+        .count();
+    assert_eq!(a_starts_after_b, 0, "a is no longer claimed\n{t}");
+}
+
+macro_rules! per_store {
+    ($($scenario:ident),*) => {
+        mod sqlite { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sqlite) } )* }
+        mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
+        mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
+    };
+}
+
+per_store!(
+    long_job_keeps_its_lease,
+    kill9_mid_run,
+    stop_the_world,
+    step_down,
+    reload,
+    randomized_drill
+);
+
+/// The randomized drill, with its duration from `CRONLEASE_DRILL_SECONDS`
+/// (default 120): `CRONLEASE_DRILL_SECONDS=600 cargo test --all-features --test it drill -- --nocapture`.
+fn randomized_drill(backend: Backend) {
+    let seconds = std::env::var("CRONLEASE_DRILL_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
+    crate::drill::run(backend, seconds);
+}
+
+// The watchdog renews a running job's lease before a third is left, and a
+// refused renewal kills the run (lease_lost).
+#[test]
+fn watchdog_renews_and_a_refused_renewal_kills() {
+    let mut c = Cluster::new(Backend::Sqlite, Some(&timed_job("*/10 * * * * *", 9.0)), "");
+    c.start("n1");
+    let run = wait_runs(&c, "a run", Duration::from_secs(15), |r| !r.is_empty())[0].clone();
+    // Lease 11 s from the claim; renewal at 7.3 s. At 8.5 s, without a renewal
+    // 2.5 s would be left.
+    let at = run.occurrence.timestamp_millis() as f64 / 1000.0 + 8.5;
+    std::thread::sleep(Duration::from_secs_f64((at - now_f64()).max(0.0)));
+    let out = Command::new(binary())
+        .args(["status", "--json", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let left = status[0]["lease_remaining_ms"].as_u64().unwrap();
+    assert!(
+        left > 8_000,
+        "renewed by the watchdog: {left} ms left\n{}",
+        c.report()
+    );
+
+    // Another owner takes the lease (as a store that lost it would let happen):
+    // the next renewal is refused and the run is killed.
+    let run = wait_runs(&c, "the next run", Duration::from_secs(15), |r| {
+        r.len() >= 2
+    })[1]
+        .clone();
+    rt().block_on(async {
+        let config = cronlease::config::load(&c.config("n1"), &Default::default()).unwrap();
+        let store = cronlease::store::connect(&config.store).await.unwrap();
+        let h = crate::support::Harness::for_config(config.store.clone());
+        h.set_expiry_in("job", -1).await;
+        let thief = cronlease::store::ClaimRequest {
+            job: cronlease::config::JobName::parse("job").unwrap(),
+            occurrence: run.occurrence + chrono::TimeDelta::milliseconds(500),
+            previous: None,
+            misfire: cronlease::config::Misfire::Skip,
+            owner: cronlease::store::Owner::from_raw("thief#1"),
+            lease: Duration::from_secs(60),
+            fence_floor: 0,
+        };
+        let won = store.claim(&[thief]).await.unwrap();
+        assert!(
+            matches!(won[0], cronlease::store::ClaimOutcome::Won(_)),
+            "{won:?}"
+        );
+    });
+    let h = {
+        let deadline = Instant::now() + Duration::from_secs(12);
+        loop {
+            let h = history(&c, "n1");
+            if h.iter().any(|r| r["fence"] == run.fence) {
+                break h;
+            }
+            assert!(Instant::now() < deadline, "{}", c.report());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    c.stop_all();
+    let record = h.iter().find(|r| r["fence"] == run.fence).unwrap();
+    assert_eq!(
+        record["outcome"],
+        "lease_lost",
+        "{record:#?}\n{}",
+        c.report()
+    );
+    assert!(
+        runs(&c)
+            .iter()
+            .find(|r| r.fence == run.fence)
+            .unwrap()
+            .end
+            .is_none(),
+        "killed before its end"
+    );
+    assert!(c.log("n1").contains("lease renewal refused"));
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A store that the test stops and starts: Redis with AOF, or MariaDB.
+trait OwnServer {
+    fn url(&self) -> String;
+    fn start(&mut self);
+    fn stop(&mut self);
+}
+
+impl OwnServer for RedisServer {
+    fn url(&self) -> String {
+        RedisServer::url(self)
+    }
+    fn start(&mut self) {
+        RedisServer::start(self)
+    }
+    fn stop(&mut self) {
+        RedisServer::stop(self)
+    }
+}
+
+impl OwnServer for MariaDbServer {
+    fn url(&self) -> String {
+        MariaDbServer::url(self)
+    }
+    fn start(&mut self) {
+        MariaDbServer::start(self)
+    }
+    fn stop(&mut self) {
+        MariaDbServer::stop(self)
+    }
+}
+
+// The store dies while a run goes and comes back after a few seconds: the
+// run ends at its lease deadline, nothing runs twice, the nodes recover.
+fn store_restart(backend: Backend, server: &mut dyn OwnServer) {
+    server.start();
+    let mut c = Cluster::with_url(
+        backend,
+        Some(&server.url()),
+        Some(&timed_job("* * * * * *", 2.5)),
+        "",
+    );
+    c.start("n1");
+    c.start("n2");
+    let first = wait_runs(&c, "a run", Duration::from_secs(20), |r| !r.is_empty())[0].clone();
+    std::thread::sleep(Duration::from_millis(300));
+    server.stop();
+    let down = now_f64();
+    std::thread::sleep(Duration::from_secs(4));
+    server.start();
+    let up = now_f64();
+    let all = wait_runs(&c, "runs after the restart", Duration::from_secs(20), |r| {
+        r.iter().filter(|x| x.start > up && x.end.is_some()).count() >= 2
+    });
+    assert!(
+        c.is_running("n1") && c.is_running("n2"),
+        "no daemon died of the outage\n{}",
+        c.report()
+    );
+    c.stop_all();
+    let report = c.report();
+    let killed = all.iter().find(|r| r.fence == first.fence).unwrap();
+    assert!(
+        killed.end.is_none(),
+        "the run was ended at its lease deadline, not allowed to finish\n{report}"
+    );
+    assert!(
+        c.log(&first.node)
+            .contains("lease deadline reached without a renewal"),
+        "{report}"
+    );
+    assert!(
+        all.iter().all(|r| r.start < down || r.start > up),
+        "nothing started while the store was down\n{report}"
+    );
+    let mut by_occ = all.clone();
+    by_occ.sort_by_key(|r| r.occurrence);
+    assert!(
+        by_occ.windows(2).all(|w| w[0].occurrence < w[1].occurrence),
+        "an occurrence ran twice\n{report}"
+    );
+    assert_no_overlap(
+        &all.iter()
+            .filter(|r| r.fence != first.fence)
+            .cloned()
+            .collect::<Vec<_>>(),
+        &report,
+    );
+}
+
+#[test]
+fn redis_restart_mid_run() {
+    Backend::Redis.require();
+    store_restart(Backend::Redis, &mut RedisServer::new(true));
+}
+
+#[test]
+fn mariadb_restart_mid_run() {
+    Backend::Mysql.require();
+    store_restart(Backend::Mysql, &mut MariaDbServer::new());
+}
