@@ -19,7 +19,7 @@ use crate::cli::{Cli, Commands};
 use crate::config::{self, Config, JobName, Overrides};
 use crate::node::Node;
 use crate::store::{self, LockStatus, Owner, RunRecord, StoreError};
-use crate::{guard, telemetry};
+use crate::{guard, metrics, telemetry};
 
 /// Exit code: store unreachable (sysexits EX_UNAVAILABLE).
 pub const EXIT_UNAVAILABLE: u8 = 69;
@@ -92,6 +92,9 @@ fn check(path: &Path, next: usize) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
@@ -149,8 +152,30 @@ async fn run(path: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let node = Node::new(&config, store);
     let shutdown = CancellationToken::new();
+    if let Some(addr) = config.metrics_listen {
+        match metrics::bind(addr).await {
+            Ok(listener) => {
+                let n = node.clone();
+                let healthy: Arc<dyn Fn() -> bool + Send + Sync> = Arc::new(move || n.healthy());
+                tokio::spawn(metrics::serve(
+                    listener,
+                    node.metrics().clone(),
+                    healthy,
+                    shutdown.clone(),
+                ));
+                tracing::info!(%addr, "serving /metrics and /healthz");
+            }
+            Err(e) => {
+                eprintln!("cronlease: cannot listen on {addr} for /metrics: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let pid_file = PidFile::create(&config.pid_file);
     let signal_task = tokio::spawn(handle_signals(
         signals,

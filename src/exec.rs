@@ -81,6 +81,12 @@ fn build_command(spec: &RunSpec<'_>) -> tokio::process::Command {
     for key in WITHHELD_ENV {
         cmd.env_remove(key);
     }
+    if let Some(id) = &spec.job.identity {
+        cmd.uid(id.uid).gid(id.gid);
+        if let Some((name, home)) = &id.user {
+            cmd.env("USER", name).env("LOGNAME", name).env("HOME", home);
+        }
+    }
     cmd.envs(&spec.job.env)
         .env("CRONLEASE_JOB", spec.job.name.as_str())
         .env("CRONLEASE_FENCE", spec.fence.to_string())

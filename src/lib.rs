@@ -16,14 +16,17 @@
 //!   the daemon dies.
 //! - [`app`]: the commands (`run`, `check`, `status`, `history`, `migrate`,
 //!   `step-down`) behind the thin `main`; [`cli`]: their clap definitions.
-//! - [`telemetry`] sets up logging.
+//! - [`telemetry`] sets up logging; [`metrics`] serves `/metrics` and
+//!   `/healthz`; [`systemd`] speaks sd_notify.
 
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod exec;
 pub mod guard;
+pub mod metrics;
 pub mod node;
 pub mod schedule;
 pub mod store;
+pub mod systemd;
 pub mod telemetry;

@@ -296,6 +296,17 @@ pub struct StoreConfig {
     pub op_timeout: Duration,
     /// Runs kept in history per job.
     pub history_limit: u32,
+    /// TLS trust and client identity (`rediss://`, MySQL, PostgreSQL).
+    pub tls: Option<TlsFiles>,
+}
+
+/// Files for TLS to the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificates (PEM) the server's certificate must chain to.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (PEM), for servers that ask for one.
+    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 impl StoreConfig {
@@ -307,6 +318,7 @@ impl StoreConfig {
             key_prefix: "cronlease:".into(),
             op_timeout: Duration::from_secs(2),
             history_limit: 100,
+            tls: None,
         }
     }
 }
@@ -349,6 +361,15 @@ pub enum Command {
     Shell(String),
 }
 
+/// Who a job runs as, resolved at load time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+    /// Set when `user` was given: HOME, USER and LOGNAME for the job.
+    pub user: Option<(String, PathBuf)>,
+}
+
 /// A validated job definition.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -361,6 +382,8 @@ pub struct Job {
     pub overlap: Overlap,
     pub env: BTreeMap<String, String>,
     pub working_dir: Option<PathBuf>,
+    /// Run as this user and group (the daemon must be root).
+    pub identity: Option<Identity>,
     /// `file:line` of the definition, for log messages.
     pub defined_at: String,
 }
@@ -377,6 +400,7 @@ impl Job {
             && self.overlap == other.overlap
             && self.env == other.env
             && self.working_dir == other.working_dir
+            && self.identity == other.identity
     }
 }
 
@@ -404,6 +428,8 @@ pub struct Config {
     pub jobs: Vec<Job>,
     /// Files the jobs came from (the config file first).
     pub job_files: Vec<PathBuf>,
+    /// Things that are allowed but unwise (a password readable by others).
+    pub warnings: Vec<String>,
 }
 
 /// Values from the environment that override the files.
@@ -561,7 +587,8 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         },
     };
 
-    let store = load_store(&src, &raw, &base, overrides, &mut errors);
+    let mut warnings = Vec::new();
+    let store = load_store(&src, &raw, &base, overrides, &mut errors, &mut warnings);
     let lease_margin = duration_or(
         &src,
         &raw.lease.margin,
@@ -672,6 +699,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             log,
             jobs,
             job_files,
+            warnings,
         }),
         // Each None above pushed an error, so this arm is not reached.
         _ => Err(ConfigErrors(vec![ConfigError {
@@ -688,6 +716,7 @@ fn load_store(
     base: &Path,
     overrides: &Overrides,
     errors: &mut Vec<ConfigError>,
+    warnings: &mut Vec<String>,
 ) -> Option<StoreConfig> {
     let s = &raw.store;
     let url = match (&overrides.store_url, &s.url) {
@@ -700,14 +729,25 @@ fn load_store(
                 })
             })
             .ok(),
-        (None, Some(u)) => StoreUrl::parse(u.get_ref(), base)
-            .map_err(|m| errors.push(src.at(u, m)))
-            .ok(),
+        (None, Some(u)) => {
+            let url = StoreUrl::parse(u.get_ref(), base)
+                .map_err(|m| errors.push(src.at(u, m)))
+                .ok();
+            if url.as_ref().is_some_and(|u| u.secret.is_some()) {
+                warn_if_world_readable(
+                    Path::new(&src.origin),
+                    "holds the store password",
+                    warnings,
+                );
+            }
+            url
+        }
         (None, None) => StoreUrl::parse(DEFAULT_STORE_URL, base).ok(),
     };
     let url = match (url, &s.password_file) {
         (Some(url), Some(pf)) => {
             let file = base.join(pf.get_ref());
+            warn_if_world_readable(&file, "is the store password file", warnings);
             match std::fs::read_to_string(&file) {
                 Ok(pw) => {
                     let pw = pw.trim_end_matches(['\n', '\r']);
@@ -767,7 +807,9 @@ fn load_store(
         }
         None => 100,
     };
+    let tls = tls_files(src, s, base, url.as_ref(), errors);
     Some(StoreConfig {
+        tls,
         url: url?,
         table_prefix,
         key_prefix,
@@ -891,6 +933,7 @@ fn validate_job(
         }
     }
     let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
+    let identity = identity(src, rj, errors);
     if errors.len() > before {
         return None;
     }
@@ -904,8 +947,121 @@ fn validate_job(
         overlap: rj.overlap.unwrap_or_default(),
         env,
         working_dir,
+        identity,
         defined_at: here,
     })
+}
+
+/// Resolves a job's `user`/`group`; only a daemon running as root may switch.
+fn identity(src: &Source, rj: &RawJob, errors: &mut Vec<ConfigError>) -> Option<Identity> {
+    use nix::unistd::{Group, User, geteuid};
+    if rj.user.is_none() && rj.group.is_none() {
+        return None;
+    }
+    let first = rj.user.as_ref().or(rj.group.as_ref())?;
+    if !geteuid().is_root() {
+        errors.push(src.at(
+            first,
+            format!("user/group needs the daemon to run as root (it runs as uid {}); remove it or run cronlease as root", geteuid()),
+        ));
+        return None;
+    }
+    let user = match &rj.user {
+        Some(u) => match User::from_name(u.get_ref()) {
+            Ok(Some(user)) => Some(user),
+            _ => {
+                errors.push(src.at(u, format!("unknown user {:?}", u.get_ref())));
+                return None;
+            }
+        },
+        None => None,
+    };
+    let gid = match &rj.group {
+        Some(g) => match Group::from_name(g.get_ref()) {
+            Ok(Some(group)) => group.gid.as_raw(),
+            _ => {
+                errors.push(src.at(g, format!("unknown group {:?}", g.get_ref())));
+                return None;
+            }
+        },
+        None => user.as_ref().map_or(0, |u| u.gid.as_raw()),
+    };
+    Some(Identity {
+        uid: user.as_ref().map_or(0, |u| u.uid.as_raw()),
+        gid,
+        user: user.map(|u| (u.name, u.dir)),
+    })
+}
+
+/// Warns when `path` can be read by users other than its owner and group.
+fn warn_if_world_readable(path: &Path, what: &str, warnings: &mut Vec<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o004 != 0 {
+            warnings.push(format!(
+                "{} {what} and is readable by other users (mode {mode:04o}); run: chmod o-r {}",
+                path.display(),
+                path.display()
+            ));
+        }
+    }
+}
+
+/// `tls_ca_file`, `tls_cert_file`, `tls_key_file`: files that exist, the
+/// client pair complete, on a store that speaks TLS.
+fn tls_files(
+    src: &Source,
+    s: &raw::RawStore,
+    base: &Path,
+    url: Option<&StoreUrl>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<TlsFiles> {
+    let mut file = |v: &Option<Spanned<String>>, what: &str| -> Option<PathBuf> {
+        let v = v.as_ref()?;
+        let path = base.join(v.get_ref());
+        if let Err(e) = std::fs::metadata(&path) {
+            errors.push(src.at(v, format!("cannot read {what} {}: {e}", path.display())));
+        }
+        Some(path)
+    };
+    let ca = file(&s.tls_ca_file, "store.tls_ca_file");
+    let cert = file(&s.tls_cert_file, "store.tls_cert_file");
+    let key = file(&s.tls_key_file, "store.tls_key_file");
+    let client = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            let at = s.tls_cert_file.as_ref().or(s.tls_key_file.as_ref());
+            errors.push(src.error_at(
+                at.map(Spanned::span),
+                "store.tls_cert_file and store.tls_key_file go together",
+            ));
+            None
+        }
+    };
+    if ca.is_none() && client.is_none() {
+        return None;
+    }
+    let first = s
+        .tls_ca_file
+        .as_ref()
+        .or(s.tls_cert_file.as_ref())
+        .or(s.tls_key_file.as_ref());
+    match url.map(StoreUrl::kind) {
+        Some(StoreKind::Sqlite { .. }) => errors.push(src.error_at(
+            first.map(Spanned::span),
+            "TLS settings given for a sqlite:// store, which has no network connection",
+        )),
+        Some(StoreKind::Redis) if url.is_some_and(|u| !u.expose().starts_with("rediss://")) => {
+            errors.push(src.error_at(
+                first.map(Spanned::span),
+                "TLS settings need a rediss:// URL",
+            ))
+        }
+        _ => {}
+    }
+    Some(TlsFiles { ca, client })
 }
 
 /// This host's name, used as the node name by default.

@@ -38,6 +38,9 @@ pub struct RawStore {
     pub key_prefix: Option<Spanned<String>>,
     pub op_timeout: Option<Spanned<String>>,
     pub history_limit: Option<Spanned<i64>>,
+    pub tls_ca_file: Option<Spanned<String>>,
+    pub tls_cert_file: Option<Spanned<String>>,
+    pub tls_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -88,4 +91,6 @@ pub struct RawJob {
     pub overlap: Option<super::Overlap>,
     pub env: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
     pub working_dir: Option<Spanned<String>>,
+    pub user: Option<Spanned<String>>,
+    pub group: Option<Spanned<String>>,
 }

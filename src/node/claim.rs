@@ -18,17 +18,23 @@ use tokio_util::sync::CancellationToken;
 
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
+use crate::metrics::ClaimLabel;
 use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Won};
 
 /// Longest single sleep towards an occurrence: a wall-clock step is noticed
 /// within this time.
-const MAX_SLEEP: Duration = Duration::from_secs(15);
+pub(super) const MAX_SLEEP: Duration = Duration::from_secs(15);
 /// Sleep past a reported lease end, so the store sees it expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
 
 /// Sleeps until the wall clock reaches `target`; false if `stop` came first.
-async fn sleep_until_wall(target: DateTime<Utc>, stop: &CancellationToken) -> bool {
+async fn sleep_until_wall(
+    target: DateTime<Utc>,
+    stop: &CancellationToken,
+    beat: &(dyn Fn() + Sync),
+) -> bool {
     loop {
+        beat();
         let Ok(left) = (target - Utc::now()).to_std() else {
             return true;
         };
@@ -67,7 +73,13 @@ impl Node {
                 tracing::warn!(job = %job.name, "the schedule has no further occurrence");
                 return;
             };
-            if !sleep_until_wall(occurrence, &schedule_stop).await {
+            let beat = || {
+                state.heartbeat.store(
+                    self.epoch.elapsed().as_millis() as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+            };
+            if !sleep_until_wall(occurrence, &schedule_stop, &beat).await {
                 return;
             }
             // Woken late (a paused process, a suspended VM): claim only the
@@ -138,11 +150,12 @@ impl Node {
                     };
                     // Not cancelled by shutdown: a claim the store granted must
                     // not be dropped unrun. It ends within op_timeout.
-                    let call = self.store.claim(std::slice::from_ref(&request));
-                    match tokio::time::timeout(self.op_timeout, call).await {
-                        Ok(r) => r,
-                        Err(_) => Err(StoreError::Timeout(self.op_timeout)),
-                    }
+                    self.call(
+                        "claim",
+                        self.op_timeout,
+                        self.store.claim(std::slice::from_ref(&request)),
+                    )
+                    .await
                 }
                 Err(e) => Err(e),
             };
@@ -163,7 +176,13 @@ impl Node {
                     if e.is_unreachable() {
                         unanswered.get_or_insert(sent);
                     }
-                    self.health.failed(&e);
+                    self.metrics
+                        .claims
+                        .get_or_create(&ClaimLabel {
+                            job: job.name.to_string(),
+                            result: "error".into(),
+                        })
+                        .inc();
                     let retry_at = (Instant::now() + backoff).min(give_up_at);
                     if !self.sleep_within(retry_at, give_up_at, &stop).await {
                         return;
@@ -172,8 +191,19 @@ impl Node {
                     continue;
                 }
             };
-            self.health.ok();
             backoff = Duration::from_millis(100);
+            let result = match &outcome {
+                ClaimOutcome::Won(w) if w.catch_up => "caught_up",
+                ClaimOutcome::Won(_) => "won",
+                ClaimOutcome::Lost(_) => "lost",
+            };
+            self.metrics
+                .claims
+                .get_or_create(&ClaimLabel {
+                    job: job.name.to_string(),
+                    result: result.into(),
+                })
+                .inc();
             match outcome {
                 ClaimOutcome::Won(won) => {
                     state.saw_fence(won.fence);

@@ -34,7 +34,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Job, JobName, NodeName};
 use crate::guard::Guard;
+use crate::metrics::{Metrics, OpLabel};
 use crate::store::{Owner, Store, StoreError};
+use crate::systemd::Notifier;
 use health::StoreHealth;
 
 /// When the last successful claim or renewal of a lease was sent, and how long
@@ -82,6 +84,9 @@ pub(crate) struct JobState {
     fence_floor: AtomicU64,
     lease: Mutex<Option<LeaseClock>>,
     running: AtomicBool,
+    /// When the job's loop last woke (ms since the node's epoch): proof for
+    /// the systemd watchdog that the loop is not stuck.
+    heartbeat: AtomicU64,
     /// Held from a claim until its run has started, so a step-down never
     /// sees a job as idle while a claim of it is in flight.
     claim_gate: tokio::sync::Mutex<()>,
@@ -97,6 +102,7 @@ impl JobState {
             fence_floor: AtomicU64::new(0),
             lease: Mutex::new(None),
             running: AtomicBool::new(false),
+            heartbeat: AtomicU64::new(0),
             claim_gate: tokio::sync::Mutex::new(()),
             release_after_run: AtomicBool::new(false),
             standing: Mutex::new(Standing::Unknown),
@@ -185,6 +191,12 @@ pub struct Node {
     runs: TaskTracker,
     jobs: Mutex<BTreeMap<JobName, JobEntry>>,
     step_down_until: Mutex<Option<Instant>>,
+    metrics: Arc<Metrics>,
+    notifier: Notifier,
+    /// Zero point of job loop heartbeats.
+    epoch: Instant,
+    /// Ping the store when it has been quiet for half a margin (`/healthz`).
+    keep_health_fresh: bool,
 }
 
 impl Node {
@@ -217,7 +229,54 @@ impl Node {
             runs: TaskTracker::new(),
             jobs: Mutex::new(BTreeMap::new()),
             step_down_until: Mutex::new(None),
+            metrics: Arc::new(Metrics::new()),
+            notifier: Notifier::from_env(),
+            epoch: Instant::now(),
+            keep_health_fresh: config.metrics_listen.is_some(),
         })
+    }
+
+    /// The node's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Whether the store answered within the last lease margin (`/healthz`).
+    pub fn healthy(&self) -> bool {
+        self.health
+            .last_ok()
+            .is_some_and(|t| t.elapsed() <= self.margin)
+    }
+
+    /// One store call: bounded by `budget`, timed, counted, and reported to
+    /// the health tracker.
+    async fn call<T>(
+        &self,
+        op: &str,
+        budget: Duration,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(budget, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(budget)),
+        };
+        self.metrics
+            .store_call
+            .get_or_create(&OpLabel { op: op.to_string() })
+            .observe(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => {
+                self.health.ok();
+                self.metrics.store_up.set(1);
+            }
+            Err(e) => {
+                self.health.failed(e);
+                self.metrics.store_errors.inc();
+                self.metrics.store_up.set(0);
+            }
+        }
+        result
     }
 
     /// This incarnation's owner string.
@@ -237,6 +296,9 @@ impl Node {
         let node = self.clone();
         self.handlers
             .spawn(async move { node.prepare_until_ready().await });
+        let node = self.clone();
+        self.handlers
+            .spawn(async move { node.supervise_service().await });
         self.apply_jobs(jobs);
         shutdown.cancelled().await;
         self.shut_down().await;
@@ -274,16 +336,9 @@ impl Node {
         }
         // Migrations may wait for another node's migration lock.
         let budget = self.op_timeout.max(Duration::from_secs(30));
-        let result = match tokio::time::timeout(budget, self.store.prepare()).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(budget)),
-        };
-        match &result {
-            Ok(()) => {
-                self.prepared.store(true, Ordering::SeqCst);
-                self.health.ok();
-            }
-            Err(e) => self.health.failed(e),
+        let result = self.call("prepare", budget, self.store.prepare()).await;
+        if result.is_ok() && !self.prepared.swap(true, Ordering::SeqCst) {
+            self.notifier.ready(&self.status_line());
         }
         result
     }
@@ -396,14 +451,15 @@ impl Node {
             return 0;
         }
         for attempt in 0..3 {
-            match tokio::time::timeout(self.op_timeout, self.store.release(jobs, &self.owner)).await
+            if let Ok(n) = self
+                .call(
+                    "release",
+                    self.op_timeout,
+                    self.store.release(jobs, &self.owner),
+                )
+                .await
             {
-                Ok(Ok(n)) => {
-                    self.health.ok();
-                    return n;
-                }
-                Ok(Err(e)) => self.health.failed(&e),
-                Err(_) => self.health.failed(&StoreError::Timeout(self.op_timeout)),
+                return n;
             }
             if attempt < 2 {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -427,6 +483,7 @@ impl Node {
 
     async fn shut_down(self: &Arc<Self>) {
         tracing::info!("shutting down: claiming nothing more");
+        self.notifier.stopping();
         self.claims.cancel();
         self.handlers.close();
         self.handlers.wait().await;
@@ -448,6 +505,81 @@ impl Node {
         }
         let released = self.release(&self.job_names()).await;
         tracing::info!(released, "leases released; stopped");
+    }
+
+    /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.
+    fn status_line(&self) -> String {
+        let states = self.states();
+        let now = Instant::now();
+        let held = states
+            .iter()
+            .filter(|s| s.lease_clock().is_some_and(|c| c.expiry() > now))
+            .count();
+        let store = if self.health.is_up() { "up" } else { "down" };
+        format!(
+            "{} jobs, holding {held} leases, store {store}",
+            states.len()
+        )
+    }
+
+    /// The service's own tick: systemd watchdog pings (only while every job
+    /// loop is alive), `STATUS=` lines and gauges, and a store ping when the
+    /// store has been quiet for half a margin and `/healthz` is served.
+    async fn supervise_service(self: Arc<Self>) {
+        let mut tick = self
+            .notifier
+            .watchdog()
+            .map_or(Duration::from_secs(5), |w| {
+                (w / 3).min(Duration::from_secs(5))
+            });
+        if self.keep_health_fresh {
+            tick = tick.min(self.margin / 2);
+        }
+        let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stuck_reported = false;
+        loop {
+            tokio::select! {
+                () = self.claims.cancelled() => return,
+                _ = interval.tick() => {}
+            }
+            let now_ms = self.epoch.elapsed().as_millis() as u64;
+            let stale_after = (2 * claim::MAX_SLEEP).as_millis() as u64 + 5_000;
+            let stuck: Vec<JobName> = self
+                .states()
+                .iter()
+                .filter(|s| {
+                    now_ms.saturating_sub(s.heartbeat.load(Ordering::Relaxed)) > stale_after
+                })
+                .map(|s| s.job().name.clone())
+                .collect();
+            if stuck.is_empty() {
+                self.notifier.ping();
+                stuck_reported = false;
+            } else if !stuck_reported {
+                tracing::error!(jobs = ?stuck, "job loop stuck: withholding the systemd watchdog ping");
+                stuck_reported = true;
+            }
+            if self.keep_health_fresh
+                && self
+                    .health
+                    .last_ok()
+                    .is_none_or(|t| t.elapsed() >= self.margin / 2)
+            {
+                let _ = self.call("ping", self.op_timeout, self.store.ping()).await;
+            }
+            let line = self.status_line();
+            self.notifier.status(&line);
+            let now = Instant::now();
+            let states = self.states();
+            self.metrics.jobs.set(states.len() as i64);
+            self.metrics.leases_held.set(
+                states
+                    .iter()
+                    .filter(|s| s.lease_clock().is_some_and(|c| c.expiry() > now))
+                    .count() as i64,
+            );
+        }
     }
 
     /// Stops running jobs at once (a second SIGTERM during shutdown).

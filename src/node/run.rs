@@ -18,7 +18,8 @@ use tokio::time::Instant;
 
 use super::{JobState, Node};
 use crate::exec::{self, Finished, RunSpec, StopReason};
-use crate::store::{Outcome, RunRecord, StoreError};
+use crate::metrics::Metrics;
+use crate::store::{Outcome, RunRecord};
 
 /// A won occurrence, to run.
 #[derive(Debug, Clone, Copy)]
@@ -84,6 +85,11 @@ impl Node {
             occurrence: ticket.occurrence,
             node: &self.name,
         };
+        let lateness = (Utc::now() - ticket.occurrence).num_milliseconds().max(0) as f64 / 1000.0;
+        self.metrics
+            .start_lateness
+            .get_or_create(&Metrics::job(job.name.as_str()))
+            .observe(lateness);
         let finished = exec::run(spec, self.guard.as_ref(), stop).await;
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.
@@ -121,28 +127,23 @@ impl Node {
             }
             let sent = Instant::now();
             let budget = self.op_timeout.min(deadline - sent);
-            let answer = match tokio::time::timeout(
-                budget,
-                self.store.renew(&job.name, &self.owner, clock.lease),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(budget)),
-            };
+            let answer = self
+                .call(
+                    "renew",
+                    budget,
+                    self.store.renew(&job.name, &self.owner, clock.lease),
+                )
+                .await;
             match answer {
                 Ok(true) => {
-                    self.health.ok();
                     state.lease_granted(sent, clock.lease);
                 }
                 Ok(false) => {
-                    self.health.ok();
                     tracing::warn!(job = %job.name, "lease renewal refused: the lease is no longer this node's");
                     state.lease_ended();
                     return Duration::ZERO;
                 }
-                Err(e) => {
-                    self.health.failed(&e);
+                Err(_) => {
                     let retry = (Instant::now() + Duration::from_millis(200)).min(deadline);
                     tokio::time::sleep_until(retry).await;
                 }
@@ -169,24 +170,43 @@ impl Node {
                 .num_milliseconds()
                 .max(0) as u64,
         };
+        let labels = crate::metrics::RunLabel {
+            job: job.name.to_string(),
+            outcome: record.outcome.to_string(),
+        };
+        self.metrics.runs.get_or_create(&labels).inc();
+        let took = (record.finished_at - record.started_at)
+            .num_milliseconds()
+            .max(0) as f64
+            / 1000.0;
+        self.metrics
+            .run_duration
+            .get_or_create(&Metrics::job(job.name.as_str()))
+            .observe(took);
+        if record.outcome == Outcome::LeaseLost {
+            self.metrics
+                .leases_lost
+                .get_or_create(&Metrics::job(job.name.as_str()))
+                .inc();
+        }
         let mut last_error = None;
         for attempt in 0..3 {
-            match tokio::time::timeout(
-                self.op_timeout,
-                self.store.record_run(&record, self.history_limit),
-            )
-            .await
+            match self
+                .call(
+                    "record",
+                    self.op_timeout,
+                    self.store.record_run(&record, self.history_limit),
+                )
+                .await
             {
-                Ok(Ok(())) => return,
-                Ok(Err(e)) => last_error = Some(e),
-                Err(_) => last_error = Some(StoreError::Timeout(self.op_timeout)),
+                Ok(()) => return,
+                Err(e) => last_error = Some(e),
             }
             if attempt < 2 {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
         if let Some(e) = last_error {
-            self.health.failed(&e);
             tracing::warn!(job = %job.name, fence = ticket.fence, outcome = %record.outcome, "run not recorded in history: {e}");
         }
     }

@@ -242,6 +242,9 @@ pub trait Store: Send + Sync + 'static {
     /// Fence and last occurrence stay. Returns how many leases ended.
     async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError>;
 
+    /// A cheap round trip, to tell whether the store answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+
     /// Every job lock the store knows, sorted by job.
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError>;
 

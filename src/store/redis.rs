@@ -50,10 +50,35 @@ impl RedisStore {
     /// Builds the client; the first connection is made on first use.
     pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
         let url = config.url.clone();
-        let client = Client::open(url.expose()).map_err(|e| StoreError::Backend {
+        let failed = |reason: String| StoreError::Backend {
             store: url.redacted().into(),
-            reason: url.scrub(&e.to_string()),
-        })?;
+            reason: url.scrub(&reason),
+        };
+        let client = match &config.tls {
+            None => Client::open(url.expose()).map_err(|e| failed(e.to_string()))?,
+            Some(tls) => {
+                let read = |p: &std::path::Path| {
+                    std::fs::read(p)
+                        .map_err(|e| failed(format!("cannot read {}: {e}", p.display())))
+                };
+                let root_cert = tls.ca.as_deref().map(read).transpose()?;
+                let client_tls = match &tls.client {
+                    Some((cert, key)) => Some(redis::ClientTlsConfig {
+                        client_cert: read(cert)?,
+                        client_key: read(key)?,
+                    }),
+                    None => None,
+                };
+                Client::build_with_tls(
+                    url.expose(),
+                    redis::TlsCertificates {
+                        client_tls,
+                        root_cert,
+                    },
+                )
+                .map_err(|e| failed(e.to_string()))?
+            }
+        };
         Ok(RedisStore {
             client,
             manager: OnceCell::new(),
@@ -353,6 +378,15 @@ impl Store for RedisStore {
             })
             .await?;
         Ok(done.iter().filter(|&&d| d == 1).count())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {

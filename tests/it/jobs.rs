@@ -137,14 +137,14 @@ fn timeout_sends_sigterm_then_sigkill() {
     let jobs = r#"
 [[job]]
 name = "stubborn"
-schedule = "*/30 * * * * *"
+schedule = "* * * * * *"
 command = "trap '' TERM; echo started >> '{out}.stubborn'; sleep 20; echo survived >> '{out}.stubborn'"
 timeout = "1s"
 kill_grace = "1s"
 
 [[job]]
 name = "polite"
-schedule = "*/30 * * * * *"
+schedule = "* * * * * *"
 command = "trap 'echo terminated >> {out}.polite; exit 0' TERM; sleep 20 & wait"
 timeout = "1s"
 "#;

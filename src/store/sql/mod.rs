@@ -31,7 +31,7 @@ use super::{
     ClaimOutcome, ClaimRequest, Decision, LockRow, LockStatus, Outcome, Owner, RunRecord, Store,
     StoreError, decide, duration_ms, from_ms, to_ms,
 };
-use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl};
+use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
 /// What differs between SQL databases.
 pub struct Dialect {
@@ -124,6 +124,21 @@ impl Queries {
     }
 }
 
+/// `url` with TLS query parameters added: `(name, value)` pairs.
+pub(crate) fn with_params(url: &str, params: &[(&str, String)]) -> String {
+    let mut out = url.to_string();
+    for (i, (name, value)) in params.iter().enumerate() {
+        let sep = if i == 0 && !url.contains('?') {
+            '?'
+        } else {
+            '&'
+        };
+        let value: String = url::form_urlencoded::byte_serialize(value.as_bytes()).collect();
+        out.push_str(&format!("{sep}{name}={value}"));
+    }
+    out
+}
+
 /// `?` → `$1, $2, ...` (none of our statements has a `?` inside a literal).
 fn number_params(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 8);
@@ -149,8 +164,8 @@ impl SqlStore {
         let (dialect, connect_url, setup): (&'static Dialect, String, Vec<String>) =
             match url.kind() {
                 StoreKind::Sqlite { path } => sqlite_parts(path)?,
-                StoreKind::Mysql => mysql_parts(&url, op_ms)?,
-                StoreKind::Postgres => postgres_parts(&url, op_ms)?,
+                StoreKind::Mysql => mysql_parts(&url, op_ms, config.tls.as_ref())?,
+                StoreKind::Postgres => postgres_parts(&url, op_ms, config.tls.as_ref())?,
                 StoreKind::Redis => {
                     return Err(StoreError::Backend {
                         store: url.redacted().into(),
@@ -492,6 +507,14 @@ impl Store for SqlStore {
         Ok(released)
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
         let rows = sqlx::query(self.queries.status.clone())
             .fetch_all(&self.pool)
@@ -596,13 +619,15 @@ fn sqlite_parts(
 fn mysql_parts(
     url: &StoreUrl,
     op_ms: i64,
+    tls: Option<&TlsFiles>,
 ) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
-    Ok(mysql::parts(url, op_ms))
+    Ok(mysql::parts(url, op_ms, tls))
 }
 #[cfg(not(feature = "mysql"))]
 fn mysql_parts(
     _: &StoreUrl,
     _: i64,
+    _: Option<&TlsFiles>,
 ) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
     Err(StoreError::NotBuiltIn(
         "mysql:// support is not built into this binary (build with feature `mysql`)".into(),
@@ -612,13 +637,15 @@ fn mysql_parts(
 fn postgres_parts(
     url: &StoreUrl,
     op_ms: i64,
+    tls: Option<&TlsFiles>,
 ) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
-    Ok(postgres::parts(url, op_ms))
+    Ok(postgres::parts(url, op_ms, tls))
 }
 #[cfg(not(feature = "postgres"))]
 fn postgres_parts(
     _: &StoreUrl,
     _: i64,
+    _: Option<&TlsFiles>,
 ) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
     Err(StoreError::NotBuiltIn(
         "postgres:// support is not built into this binary (build with feature `postgres`)".into(),

@@ -5,7 +5,7 @@
 //! not depend on the session's time zone.
 
 use super::Dialect;
-use crate::config::StoreUrl;
+use crate::config::{StoreUrl, TlsFiles};
 
 pub static DIALECT: Dialect = Dialect {
     name: "mysql",
@@ -17,7 +17,11 @@ pub static DIALECT: Dialect = Dialect {
     migrations: &[(1, include_str!("../../../migrations/mysql/0001_init.sql"))],
 };
 
-pub(super) fn parts(url: &StoreUrl, op_ms: i64) -> (&'static Dialect, String, Vec<String>) {
+pub(super) fn parts(
+    url: &StoreUrl,
+    op_ms: i64,
+    tls: Option<&TlsFiles>,
+) -> (&'static Dialect, String, Vec<String>) {
     let lock_wait_s = (op_ms + 999) / 1000;
     let setup = vec![
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
@@ -26,5 +30,21 @@ pub(super) fn parts(url: &StoreUrl, op_ms: i64) -> (&'static Dialect, String, Ve
             lock_wait_s.max(1)
         ),
     ];
-    (&DIALECT, url.expose().to_string(), setup)
+    let mut params = Vec::new();
+    if let Some(tls) = tls {
+        let mode = if tls.ca.is_some() {
+            "VERIFY_IDENTITY"
+        } else {
+            "REQUIRED"
+        };
+        params.push(("ssl-mode", mode.to_string()));
+        if let Some(ca) = &tls.ca {
+            params.push(("ssl-ca", ca.display().to_string()));
+        }
+        if let Some((cert, key)) = &tls.client {
+            params.push(("ssl-cert", cert.display().to_string()));
+            params.push(("ssl-key", key.display().to_string()));
+        }
+    }
+    (&DIALECT, super::with_params(url.expose(), &params), setup)
 }

@@ -3,7 +3,7 @@
 //! `clock_timestamp()` (the real time, not the transaction's start).
 
 use super::Dialect;
-use crate::config::StoreUrl;
+use crate::config::{StoreUrl, TlsFiles};
 
 pub static DIALECT: Dialect = Dialect {
     name: "postgres",
@@ -18,7 +18,27 @@ pub static DIALECT: Dialect = Dialect {
     )],
 };
 
-pub(super) fn parts(url: &StoreUrl, op_ms: i64) -> (&'static Dialect, String, Vec<String>) {
+pub(super) fn parts(
+    url: &StoreUrl,
+    op_ms: i64,
+    tls: Option<&TlsFiles>,
+) -> (&'static Dialect, String, Vec<String>) {
     let setup = vec![format!("SET lock_timeout = {}", op_ms.max(1))];
-    (&DIALECT, url.expose().to_string(), setup)
+    let mut params = Vec::new();
+    if let Some(tls) = tls {
+        let mode = if tls.ca.is_some() {
+            "verify-full"
+        } else {
+            "require"
+        };
+        params.push(("sslmode", mode.to_string()));
+        if let Some(ca) = &tls.ca {
+            params.push(("sslrootcert", ca.display().to_string()));
+        }
+        if let Some((cert, key)) = &tls.client {
+            params.push(("sslcert", cert.display().to_string()));
+            params.push(("sslkey", key.display().to_string()));
+        }
+    }
+    (&DIALECT, super::with_params(url.expose(), &params), setup)
 }
