@@ -63,6 +63,17 @@ impl Cluster {
         jobs: Option<&str>,
         extra: &str,
     ) -> Cluster {
+        Cluster::build(backend, url, jobs, extra, "")
+    }
+
+    /// The general form: `store_extra` goes into each node's `[store]` table.
+    pub fn build(
+        backend: Backend,
+        url: Option<&str>,
+        jobs: Option<&str>,
+        extra: &str,
+        store_extra: &str,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out.log");
         std::fs::write(&out, "").unwrap();
@@ -82,7 +93,7 @@ impl Cluster {
         for n in 1..=5 {
             let name = format!("n{n}");
             let config = format!(
-                "node = \"{name}\"\npid_file = \"{name}.pid\"\n{grace}{extra}\n[store]\nurl = \"{url}\"\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\nhistory_limit = 100000\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
+                "node = \"{name}\"\npid_file = \"{name}.pid\"\n{grace}{extra}\n[store]\nurl = \"{url}\"\n{store_extra}\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\nhistory_limit = 100000\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
             );
             std::fs::write(dir.path().join(format!("{name}.toml")), config).unwrap();
         }

@@ -109,13 +109,9 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
                 Heal::Restart => c.start(&node),
                 Heal::Thaw(tree) => c.thaw(&tree),
             }
-            let end = now()
-                + if matches!(disturbances.last(), Some(d) if d.kind == "stop") {
-                    0.1
-                } else {
-                    0.5
-                };
+            let mut end = now();
             if let Some(d) = disturbances.iter_mut().rev().find(|d| d.node == node) {
+                end += if d.kind == "stop" { 0.1 } else { 0.5 };
                 d.to = end;
             }
             busy_until.insert(node, end);
@@ -272,23 +268,35 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
     };
     runs.sort_by(|a, b| a.start.total_cmp(&b.start));
     for (i, a) in runs.iter().enumerate() {
-        let killed_at = disturbances
+        // A run with no end line was cut short by its node's next
+        // disturbance: SIGKILL (the guard kills the job at once) or SIGSTOP
+        // (the watchdog kills the stale job at the thaw).
+        let cut = disturbances
             .iter()
-            .filter(|d| d.node == a.node && d.kind == "kill" && d.from >= a.start)
-            .map(|d| d.from)
+            .filter(|d| d.node == a.node && d.from >= a.start - 0.01)
+            .filter_map(|d| match d.kind {
+                "kill" => Some(d.from),
+                "stop" => Some(d.to),
+                _ => None,
+            })
             .fold(f64::INFINITY, f64::min);
-        let end = a.end.unwrap_or_else(|| {
-            if killed_at.is_finite() {
-                killed_at
-            } else {
-                a.start
-            }
-        });
+        let end = a.end.unwrap_or(if cut.is_finite() { cut } else { a.start });
         for b in runs[i + 1..].iter().take_while(|b| b.start < end) {
             if b.node != a.node && disturbed(&a.node, "stop", a.start, b.start) {
                 counts.stale_fenced += 1;
             } else {
                 counts.overlapping += 1;
+                let around: Vec<&Disturbance> = disturbances
+                    .iter()
+                    .filter(|d| {
+                        (d.node == a.node || d.node == b.node)
+                            && d.from > a.start - 3.0
+                            && d.from < b.start + 1.0
+                    })
+                    .collect();
+                eprintln!(
+                    "overlap: {a:?} (end used {end:.3}) with {b:?}; disturbances: {around:?}"
+                );
             }
         }
     }

@@ -17,4 +17,5 @@ mod drills;
 mod e2e;
 mod jobs;
 mod outage;
+mod service;
 mod support;

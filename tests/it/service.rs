@@ -1,0 +1,464 @@
+//! Running it like a service (issue 4): sd_notify, metrics and health, TLS
+//! to Redis, secrets kept out of every output, per-job identity.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::cluster::Cluster;
+use crate::support::{Backend, RedisServer, binary, free_port};
+
+/// Datagrams received on a notify socket until `limit` or `until` says stop.
+fn collect(sock: &UnixDatagram, limit: Duration, until: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline && !until(&got) {
+        if let Ok(n) = sock.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    got
+}
+
+#[test]
+fn sd_notify_ready_only_once_the_store_answers_then_watchdog_and_stopping() {
+    let mut redis = RedisServer::new(false);
+    let mut c = Cluster::with_url(Backend::Redis, Some(&redis.url()), None, "");
+    let path = c.dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    c.start_with_env(
+        "n1",
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "900000"),
+        ],
+    );
+
+    let before = collect(&sock, Duration::from_secs(3), |_| false);
+    assert!(
+        !before.iter().any(|m| m.contains("READY=1")),
+        "no READY=1 while the store is down: {before:?}"
+    );
+    assert!(
+        before.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 3,
+        "watchdog pings: {before:?}"
+    );
+    assert!(
+        before
+            .iter()
+            .any(|m| m.contains("STATUS=") && m.contains("store down")),
+        "{before:?}"
+    );
+
+    redis.start();
+    let after = collect(&sock, Duration::from_secs(10), |got| {
+        got.iter().any(|m| m.contains("READY=1"))
+    });
+    assert!(
+        after.iter().any(|m| m.contains("READY=1")),
+        "READY=1 once the store answered: {after:?}\n{}",
+        c.report()
+    );
+    let running = collect(&sock, Duration::from_secs(3), |_| false);
+    assert!(
+        running.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 3,
+        "{running:?}"
+    );
+    assert!(
+        running
+            .iter()
+            .any(|m| m.contains("STATUS=1 jobs, holding 1 leases, store up")),
+        "{running:?}"
+    );
+
+    c.signal("n1", Signal::SIGTERM);
+    let stopping = collect(&sock, Duration::from_secs(10), |got| {
+        got.iter().any(|m| m.contains("STOPPING=1"))
+    });
+    assert!(
+        stopping.iter().any(|m| m.contains("STOPPING=1")),
+        "{stopping:?}"
+    );
+    assert!(
+        c.wait_exit("n1", Duration::from_secs(10))
+            .is_some_and(|s| s.success())
+    );
+    // Jobs never see the notify socket.
+    assert!(!c.log("n1").contains("NOTIFY_SOCKET"));
+}
+
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    let code = body
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, body)
+}
+
+/// The value of the first sample line starting with `series`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn metrics_and_healthz() {
+    let mut redis = RedisServer::new(false);
+    redis.start();
+    let port = free_port();
+    let mut c = Cluster::with_url(
+        Backend::Redis,
+        Some(&redis.url()),
+        None,
+        &format!("[metrics]\nlisten = \"127.0.0.1:{port}\""),
+    );
+    c.start("n1");
+    c.wait_for("three runs", Duration::from_secs(15), |l| l.len() >= 3);
+    let (code, text) = http_get(port, "/metrics");
+    assert_eq!(code, 200, "{text}");
+    let claims =
+        sample(&text, "cronlease_claims_total{job=\"tick\",result=\"won\"}").unwrap_or(0.0);
+    let runs = sample(&text, "cronlease_runs_total{job=\"tick\",outcome=\"ok\"}").unwrap_or(0.0);
+    let late_n = sample(
+        &text,
+        "cronlease_start_lateness_seconds_count{job=\"tick\"}",
+    )
+    .unwrap_or(0.0);
+    let late_sum =
+        sample(&text, "cronlease_start_lateness_seconds_sum{job=\"tick\"}").unwrap_or(f64::NAN);
+    let calls = sample(&text, "cronlease_store_call_seconds_count{op=\"claim\"}").unwrap_or(0.0);
+    assert!(
+        claims >= 3.0 && runs >= 2.0 && late_n >= 3.0 && calls >= 3.0,
+        "{text}"
+    );
+    assert!(
+        late_sum / late_n < 0.2,
+        "plausible lateness: mean {:.3}s\n{text}",
+        late_sum / late_n
+    );
+    assert!(
+        text.contains("cronlease_run_duration_seconds_bucket{"),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "cronlease_store_up"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "cronlease_leases_held"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, "cronlease_store_errors_total"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(http_get(port, "/healthz").0, 200);
+    assert_eq!(http_get(port, "/nope").0, 404);
+
+    redis.stop();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while http_get(port, "/healthz").0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "/healthz still 200 with the store gone\n{}",
+            c.report()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, text) = http_get(port, "/metrics");
+    assert!(
+        sample(&text, "cronlease_store_errors_total").unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+    assert_eq!(sample(&text, "cronlease_store_up"), Some(0.0), "{text}");
+    redis.start();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while http_get(port, "/healthz").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "/healthz did not recover\n{}",
+            c.report()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.stop_all();
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl must be installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn redis_over_tls_trusts_only_its_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    let d = certs.path();
+    for ca in ["ca", "other"] {
+        openssl(
+            d,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=cronlease test {ca}"),
+            ],
+        );
+    }
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    std::fs::write(
+        d.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    let port = free_port();
+    let mut server = Command::new("redis-server")
+        .current_dir(d)
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            "server.pem",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.pem",
+            "--tls-auth-clients",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server with TLS");
+    std::thread::sleep(Duration::from_millis(500));
+    let url = format!("rediss://127.0.0.1:{port}/");
+    let store_extra = format!("tls_ca_file = \"{}\"", d.join("ca.pem").display());
+    let mut c = Cluster::build(Backend::Redis, Some(&url), None, "", &store_extra);
+    let n2 = std::fs::read_to_string(c.config("n2"))
+        .unwrap()
+        .replace("ca.pem", "other.pem");
+    std::fs::write(c.config("n2"), n2).unwrap();
+    c.start("n1");
+    c.start("n2");
+    c.wait_for("runs through TLS", Duration::from_secs(15), |l| {
+        l.len() >= 3
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let running = c.is_running("n2");
+    c.stop_all();
+    let _ = server.kill();
+    let _ = server.wait();
+    let report = c.report();
+    assert!(
+        c.lines().iter().all(|l| l.node == "n1"),
+        "only the node trusting the right CA claims\n{report}"
+    );
+    assert!(running, "an untrusted server is not fatal");
+    let n2_log = c.log("n2");
+    assert!(
+        n2_log.contains("store unavailable")
+            || n2_log.contains("store") && n2_log.contains("failed"),
+        "{n2_log}"
+    );
+    assert!(
+        n2_log.to_lowercase().contains("certificate") || n2_log.contains("UnknownIssuer"),
+        "the reason is named\n{n2_log}"
+    );
+}
+
+#[test]
+fn passwords_never_appear_in_any_output() {
+    const SECRET: &str = "Sup3rS3cretPw";
+    let cases = [
+        format!("redis://:{SECRET}@127.0.0.1:1/"),
+        format!("mysql://root:{SECRET}@127.0.0.1:3306/test"),
+        format!("postgres://cronlease_nobody:{SECRET}@127.0.0.1:1/test"),
+    ];
+    for url in cases {
+        let jobs = "[[job]]\nname = \"env\"\nschedule = \"* * * * * *\"\ncommand = \"env\"\n";
+        let mut c = Cluster::build(Backend::Sqlite, Some(&url), Some(jobs), "", "");
+        std::thread::sleep(Duration::from_millis(10));
+        c.start("n1");
+        c.start_with_env("n2", &[("CRONLEASE_STORE_URL", url.as_str())]);
+        std::thread::sleep(Duration::from_secs(3));
+        c.stop_all();
+        let mut outputs = vec![c.log("n1"), c.log("n2")];
+        for args in [
+            &["status"][..],
+            &["status", "--json"],
+            &["history"],
+            &["migrate"],
+            &["check"],
+            &["step-down"],
+        ] {
+            let out = Command::new(binary())
+                .args(args)
+                .arg("-c")
+                .arg(c.config("n1"))
+                .output()
+                .unwrap();
+            outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+            outputs.push(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        let all = outputs.join("\n");
+        assert!(
+            !all.contains(SECRET),
+            "the password leaked for {}:\n{all}",
+            url.replace(SECRET, "<secret>")
+        );
+        assert!(all.contains("***"), "the redacted URL is shown: {all}");
+        assert!(
+            all.contains("store unavailable")
+                || all.contains("unreachable")
+                || all.contains("failed"),
+            "{all}"
+        );
+    }
+}
+
+#[test]
+fn a_config_holding_a_password_readable_by_others_is_flagged() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::build(
+        Backend::Sqlite,
+        Some("redis://:pw@127.0.0.1:6379/"),
+        None,
+        "",
+        "",
+    );
+    let config = c.config("n1");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(binary())
+        .args(["check", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("holds the store password and is readable by other users (mode 0644)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("pw@"), "{stderr}");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let out = Command::new(binary())
+        .args(["check", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("readable by other users"));
+}
+
+#[test]
+fn a_job_runs_as_its_user_without_root_groups() {
+    let jobs = "[[job]]\nname = \"who\"\nschedule = \"* * * * * *\"\nuser = \"nobody\"\ncommand = \"echo who: $(id -u) $(id -G) $HOME $USER\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !c.log("n1").contains("who: ") {
+        assert!(Instant::now() < deadline, "{}", c.report());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.stop_all();
+    let log = c.log("n1");
+    let line = log.lines().find(|l| l.contains("who: ")).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let want = format!(
+        "who: {} {} {} nobody",
+        nobody.uid,
+        nobody.gid,
+        nobody.dir.display()
+    );
+    assert!(
+        line.contains(&want),
+        "{line} (want {want}: no supplementary groups from root)"
+    );
+}
+
+#[test]
+fn user_needs_a_root_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = dir.path().join("cronlease.toml");
+    std::fs::write(&config, "node = \"n\"\n[store]\nurl = \"sqlite:///tmp/x.db\"\n[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nuser = \"nobody\"\ncommand = \"true\"\n").unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(binary())
+        .args(["check", "-c"])
+        .arg(&config)
+        .output()
+        .expect("setpriv (util-linux)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("cronlease.toml:7:8: user/group needs the daemon to run as root"),
+        "{stderr}"
+    );
+}
