@@ -462,3 +462,50 @@ fn user_needs_a_root_daemon() {
         "{stderr}"
     );
 }
+
+#[test]
+fn json_logs_and_one_event_per_claim_outcome_change() {
+    let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = \"echo hello $CRONLEASE_FENCE\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    for n in ["n1", "n2"] {
+        let cfg = std::fs::read_to_string(c.config(n))
+            .unwrap()
+            .replace("[log]\n", "[log]\nformat = \"json\"\n");
+        std::fs::write(c.config(n), cfg).unwrap();
+        c.start(n);
+    }
+    std::thread::sleep(Duration::from_secs(6));
+    c.stop_all();
+    let mut holder_events = 0;
+    let mut follower_events = 0;
+    for n in ["n1", "n2"] {
+        for line in c.log(n).lines() {
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            assert!(
+                v["timestamp"].is_string() && v["level"].is_string(),
+                "{line}"
+            );
+            match v["message"].as_str().unwrap_or("") {
+                m if m.starts_with("hello ") => {
+                    assert_eq!(v["job"], "tick", "{line}");
+                    assert_eq!(
+                        v["fence"].to_string(),
+                        m.trim_start_matches("hello "),
+                        "output tagged with its fence: {line}"
+                    );
+                }
+                "this node now holds the lease" => holder_events += 1,
+                "lease held by another node" => follower_events += 1,
+                _ => {}
+            }
+        }
+    }
+    // Six seconds of claims each second, but the standing changed once per node.
+    assert_eq!(
+        (holder_events, follower_events),
+        (1, 1),
+        "one event per claim outcome change\n{}",
+        c.report()
+    );
+}
