@@ -29,6 +29,17 @@ impl Line {
     }
 }
 
+/// A run as its job wrote it, in `OCCURRENCE FENCE NODE PHASE UNIX_TIME`
+/// lines (`start`, then `end` unless it was cut short).
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub occurrence: DateTime<Utc>,
+    pub fence: u64,
+    pub node: String,
+    pub start: f64,
+    pub end: Option<f64>,
+}
+
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     #[allow(dead_code)]
@@ -208,6 +219,39 @@ impl Cluster {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// The runs of a job writing phase lines, by fence, in start order.
+    pub fn runs(&self) -> Vec<Run> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let mut by_fence: BTreeMap<u64, Run> = BTreeMap::new();
+        for l in text.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let [occ, fence, node, phase, t] = f[..] else {
+                continue;
+            };
+            let (Ok(occ), Ok(fence), Ok(t)) = (
+                DateTime::parse_from_rfc3339(occ),
+                fence.parse::<u64>(),
+                t.parse::<f64>(),
+            ) else {
+                continue;
+            };
+            let run = by_fence.entry(fence).or_insert(Run {
+                occurrence: occ.with_timezone(&Utc),
+                fence,
+                node: node.into(),
+                start: t,
+                end: None,
+            });
+            match phase {
+                "start" => run.start = t,
+                _ => run.end = Some(t),
+            }
+        }
+        let mut v: Vec<Run> = by_fence.into_values().collect();
+        v.sort_by(|a, b| a.start.total_cmp(&b.start));
+        v
+    }
+
     /// Everything the jobs wrote, in file order.
     pub fn lines(&self) -> Vec<Line> {
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
@@ -233,19 +277,15 @@ impl Cluster {
         limit: Duration,
         pred: impl Fn(&[Line]) -> bool,
     ) -> Vec<Line> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let lines = self.lines();
-            if pred(&lines) {
-                return lines;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}\n{}",
-                self.report()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::support::wait_until(
+            what,
+            limit,
+            || self.report(),
+            || {
+                let lines = self.lines();
+                pred(&lines).then_some(lines)
+            },
+        )
     }
 
     /// A node's log so far.

@@ -65,13 +65,9 @@ pub struct Counts {
     pub lost_between_claim_and_start: usize,
 }
 
-#[derive(Debug, Clone)]
-struct Run {
-    occurrence: f64,
-    fence: u64,
-    node: String,
-    start: f64,
-    end: Option<f64>,
+/// Seconds since the Unix epoch.
+fn secs(t: DateTime<Utc>) -> f64 {
+    t.timestamp_millis() as f64 / 1000.0
 }
 
 pub fn run(backend: Backend, seconds: u64) -> Counts {
@@ -211,43 +207,30 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     counts
 }
 
+/// Occurrences (unix seconds) the store's history records as `lease_lost`:
+/// claimed, then given up because the holder could not prove its lease.
+fn lost_leases(c: &Cluster) -> std::collections::BTreeSet<i64> {
+    let out = Command::new(binary())
+        .args(["history", "--json", "--limit", "1000000", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    runs.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["outcome"] == "lease_lost")
+        .filter_map(|r| DateTime::parse_from_rfc3339(r["occurrence"].as_str()?).ok())
+        .map(|t| t.timestamp())
+        .collect()
+}
+
 fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, counts: &mut Counts) {
-    let text = std::fs::read_to_string(&c.out).unwrap_or_default();
-    let mut by_fence: BTreeMap<u64, Run> = BTreeMap::new();
-    for l in text.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let [occ, fence, node, phase, t] = f[..] else {
-            continue;
-        };
-        let (Ok(occ), Ok(fence), Ok(t)) = (
-            DateTime::parse_from_rfc3339(occ),
-            fence.parse::<u64>(),
-            t.parse::<f64>(),
-        ) else {
-            continue;
-        };
-        let occ = occ.timestamp_millis() as f64 / 1000.0;
-        let run = by_fence.entry(fence).or_insert(Run {
-            occurrence: occ,
-            fence,
-            node: node.into(),
-            start: t,
-            end: None,
-        });
-        if phase == "start" {
-            run.start = t;
-        } else {
-            run.end = Some(t);
-        }
-    }
-    let mut runs: Vec<Run> = by_fence.into_values().collect();
+    let lease_lost = lost_leases(c);
+    let mut runs = c.runs();
 
     // Each occurrence once; fences increasing in occurrence order.
-    runs.sort_by(|a, b| {
-        a.occurrence
-            .total_cmp(&b.occurrence)
-            .then(a.fence.cmp(&b.fence))
-    });
+    runs.sort_by(|a, b| a.occurrence.cmp(&b.occurrence).then(a.fence.cmp(&b.fence)));
     counts.occurrences = runs.len();
     for w in runs.windows(2) {
         if w[0].occurrence == w[1].occurrence {
@@ -303,7 +286,8 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
 
     // Missed: an instant with no run although some node was up throughout its
     // claim window (the instant to the takeover and catch-up one margin on).
-    let ran: std::collections::BTreeSet<i64> = runs.iter().map(|r| r.occurrence as i64).collect();
+    let ran: std::collections::BTreeSet<i64> =
+        runs.iter().map(|r| secs(r.occurrence) as i64).collect();
     let up = |node: &str, from: f64, to: f64| {
         !disturbances
             .iter()
@@ -320,13 +304,17 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
             // A holder frozen or killed between its claim and the start of the
             // run loses that occurrence by design (it never runs on a lease it
             // cannot prove): at most once beats at least once.
-            // The claim is made at the instant, or at the takeover one margin later.
-            let in_window = disturbances.iter().any(|d| {
-                (d.kind == "stop" || d.kind == "kill")
+            // A frozen holder records the occurrence as lease_lost (it never
+            // runs a job on a lease it cannot prove); a killed one records
+            // nothing, so a kill right after the claim (at the instant, or at
+            // the takeover one margin later) stands for it.
+            let killed_after_claim = disturbances.iter().any(|d| {
+                d.kind == "kill"
                     && [instant, instant + MARGIN]
                         .iter()
-                        .any(|at| d.from >= at - 0.05 && d.from <= at + 0.15)
+                        .any(|at| d.from >= at - 0.05 && d.from <= at + 0.3)
             });
+            let in_window = lease_lost.contains(&t) || killed_after_claim;
             if in_window {
                 counts.lost_between_claim_and_start += 1;
             } else {

@@ -4,14 +4,13 @@
 //! Jobs here write `OCCURRENCE FENCE NODE PHASE UNIX_TIME` lines; a run is the
 //! lines of one fence.
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 
-use crate::cluster::{Cluster, at_fraction_of_second};
+use crate::cluster::{Cluster, Run, at_fraction_of_second};
 use crate::support::{Backend, MariaDbServer, RedisServer, binary};
 
 /// A job that writes `start`, sleeps `secs`, writes `end`.
@@ -28,50 +27,12 @@ fn timed_job(schedule: &str, secs: f64) -> String {
     )
 }
 
-#[derive(Debug, Clone)]
-struct Run {
-    occurrence: DateTime<Utc>,
-    fence: u64,
-    node: String,
-    start: f64,
-    end: Option<f64>,
-}
-
 fn now_f64() -> f64 {
     Utc::now().timestamp_micros() as f64 / 1e6
 }
 
-/// Runs by fence, in start order.
 fn runs(c: &Cluster) -> Vec<Run> {
-    let text = std::fs::read_to_string(&c.out).unwrap_or_default();
-    let mut by_fence: BTreeMap<u64, Run> = BTreeMap::new();
-    for l in text.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let [occ, fence, node, phase, t] = f[..] else {
-            continue;
-        };
-        let (Ok(occ), Ok(fence), Ok(t)) = (
-            DateTime::parse_from_rfc3339(occ),
-            fence.parse::<u64>(),
-            t.parse::<f64>(),
-        ) else {
-            continue;
-        };
-        let run = by_fence.entry(fence).or_insert(Run {
-            occurrence: occ.with_timezone(&Utc),
-            fence,
-            node: node.into(),
-            start: t,
-            end: None,
-        });
-        match phase {
-            "start" => run.start = t,
-            _ => run.end = Some(t),
-        }
-    }
-    let mut v: Vec<Run> = by_fence.into_values().collect();
-    v.sort_by(|a, b| a.start.total_cmp(&b.start));
-    v
+    c.runs()
 }
 
 fn history(c: &Cluster, node: &str) -> Vec<serde_json::Value> {
@@ -86,19 +47,15 @@ fn history(c: &Cluster, node: &str) -> Vec<serde_json::Value> {
 }
 
 fn wait_runs(c: &Cluster, what: &str, limit: Duration, pred: impl Fn(&[Run]) -> bool) -> Vec<Run> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let r = runs(c);
-        if pred(&r) {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            c.report()
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    crate::support::wait_until(
+        what,
+        limit,
+        || c.report(),
+        || {
+            let r = runs(c);
+            pred(&r).then_some(r)
+        },
+    )
 }
 
 /// No two runs overlap in time; fences increase with start order.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::cluster::Cluster;
-use crate::support::{Backend, binary};
+use crate::support::{Backend, binary, wait_until};
 
 /// The job's history, or nothing while the daemon has not set the store up yet.
 fn history(c: &Cluster, job: &str) -> Vec<serde_json::Value> {
@@ -35,19 +35,15 @@ fn wait_history(
     job: &str,
     pred: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let h = history(c, job);
-        if pred(&h) {
-            return h;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "history of {job} never matched: {h:#?}\n{}",
-            c.report()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until(
+        &format!("history of {job}"),
+        Duration::from_secs(20),
+        || c.report(),
+        || {
+            let h = history(c, job);
+            pred(&h).then_some(h)
+        },
+    )
 }
 
 #[test]
@@ -220,11 +216,13 @@ fn a_job_never_outlives_a_daemon_killed_by_sigkill() {
     );
     let mut c = Cluster::new(Backend::Sqlite, Some(&jobs), "");
     c.start("n1");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::path::Path::new(&format!("{}.tree", c.out.display())).exists() {
-        assert!(Instant::now() < deadline, "{}", c.report());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let tree_file = format!("{}.tree", c.out.display());
+    wait_until(
+        "the job to start",
+        Duration::from_secs(15),
+        || c.report(),
+        || std::path::Path::new(&tree_file).exists().then_some(()),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let pgids = job_groups(&marker);
     assert!(!pgids.is_empty(), "the job is running");
@@ -291,14 +289,17 @@ fn sigterm_lets_a_run_finish_within_the_grace() {
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "shutdown_grace = \"10s\"");
     c.start("n1");
     let file = format!("{}.finish", c.out.display());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&file)
-        .unwrap_or_default()
-        .contains("start")
-    {
-        assert!(Instant::now() < deadline, "{}", c.report());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        "the run to start",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            std::fs::read_to_string(&file)
+                .unwrap_or_default()
+                .contains("start")
+                .then_some(())
+        },
+    );
     c.signal("n1", Signal::SIGTERM);
     let status = c.wait_exit("n1", Duration::from_secs(10)).expect("exits");
     assert_eq!(status.code(), Some(0));
@@ -318,14 +319,17 @@ fn sigterm_kills_runs_still_going_after_the_grace() {
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "shutdown_grace = \"1s\"");
     c.start("n1");
     let file = format!("{}.long", c.out.display());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&file)
-        .unwrap_or_default()
-        .contains("start")
-    {
-        assert!(Instant::now() < deadline, "{}", c.report());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        "the run to start",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            std::fs::read_to_string(&file)
+                .unwrap_or_default()
+                .contains("start")
+                .then_some(())
+        },
+    );
     let asked = Instant::now();
     c.signal("n1", Signal::SIGTERM);
     let status = c.wait_exit("n1", Duration::from_secs(10)).expect("exits");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::cluster::Cluster;
-use crate::support::{Backend, RedisServer, binary, free_port};
+use crate::support::{Backend, RedisServer, binary, free_port, wait_until};
 
 /// Datagrams received on a notify socket until `limit` or `until` says stop.
 fn collect(sock: &UnixDatagram, limit: Duration, until: impl Fn(&[String]) -> bool) -> Vec<String> {
@@ -165,15 +165,12 @@ fn metrics_and_healthz() {
     assert_eq!(http_get(port, "/nope").0, 404);
 
     redis.stop();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while http_get(port, "/healthz").0 != 503 {
-        assert!(
-            Instant::now() < deadline,
-            "/healthz still 200 with the store gone\n{}",
-            c.report()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        "/healthz to turn 503 with the store gone",
+        Duration::from_secs(5),
+        || c.report(),
+        || (http_get(port, "/healthz").0 == 503).then_some(()),
+    );
     let (_, text) = http_get(port, "/metrics");
     assert!(
         sample(&text, "cronlease_store_errors_total").unwrap_or(0.0) >= 1.0,
@@ -181,15 +178,12 @@ fn metrics_and_healthz() {
     );
     assert_eq!(sample(&text, "cronlease_store_up"), Some(0.0), "{text}");
     redis.start();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while http_get(port, "/healthz").0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "/healthz did not recover\n{}",
-            c.report()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        "/healthz to recover",
+        Duration::from_secs(5),
+        || c.report(),
+        || (http_get(port, "/healthz").0 == 200).then_some(()),
+    );
     c.stop_all();
 }
 
@@ -419,11 +413,12 @@ fn a_job_runs_as_its_user_without_root_groups() {
     let jobs = "[[job]]\nname = \"who\"\nschedule = \"* * * * * *\"\nuser = \"nobody\"\ncommand = \"echo who: $(id -u) $(id -G) $HOME $USER\"\n";
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
     c.start("n1");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !c.log("n1").contains("who: ") {
-        assert!(Instant::now() < deadline, "{}", c.report());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        "the job's output",
+        Duration::from_secs(15),
+        || c.report(),
+        || c.log("n1").contains("who: ").then_some(()),
+    );
     c.stop_all();
     let log = c.log("n1");
     let line = log.lines().find(|l| l.contains("who: ")).unwrap();

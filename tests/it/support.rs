@@ -184,6 +184,28 @@ impl Harness {
     }
 }
 
+/// Polls `probe` every 20 ms until it gives a value; after `limit`, fails
+/// the test naming `what`, with `context()` (a cluster's report, say).
+pub fn wait_until<T>(
+    what: &str,
+    limit: Duration,
+    context: impl Fn() -> String,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The cronlease binary built for these tests.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cronlease"))
