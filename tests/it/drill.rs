@@ -46,6 +46,8 @@ struct Disturbance {
     kind: &'static str,
     from: f64,
     to: f64,
+    /// When the node was restarted or thawed (SIGCONT sent just after).
+    healed: f64,
 }
 
 enum Heal {
@@ -101,6 +103,7 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
             .partition(|(at, _, _)| *at <= t);
         pending = rest;
         for (_, node, heal) in due {
+            let healed = now();
             match heal {
                 Heal::Restart => c.start(&node),
                 Heal::Thaw(tree) => c.thaw(&tree),
@@ -109,6 +112,7 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
             if let Some(d) = disturbances.iter_mut().rev().find(|d| d.node == node) {
                 end += if d.kind == "stop" { 0.1 } else { 0.5 };
                 d.to = end;
+                d.healed = healed;
             }
             busy_until.insert(node, end);
         }
@@ -176,10 +180,16 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
             kind,
             from,
             to,
+            healed: f64::INFINITY,
         });
     }
     let judged_until = now() - 2.0;
     for (_, node, heal) in std::mem::take(&mut pending) {
+        let healed = now();
+        if let Some(d) = disturbances.iter_mut().rev().find(|d| d.node == node) {
+            d.healed = healed;
+            d.to = healed + 0.5;
+        }
         match heal {
             Heal::Restart => c.start(&node),
             Heal::Thaw(tree) => c.thaw(&tree),
@@ -259,7 +269,7 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
             .filter(|d| d.node == a.node && d.from >= a.start - 0.01)
             .filter_map(|d| match d.kind {
                 "kill" => Some(d.from),
-                "stop" => Some(d.to),
+                "stop" => Some(d.healed),
                 _ => None,
             })
             .fold(f64::INFINITY, f64::min);
