@@ -349,7 +349,7 @@ impl Node {
         let Ok(mut current) = self.jobs.lock() else {
             return;
         };
-        let mut wanted: BTreeMap<JobName, Job> =
+        let wanted: BTreeMap<JobName, Job> =
             jobs.into_iter().map(|j| (j.name.clone(), j)).collect();
         let removed: Vec<JobName> = current
             .keys()
@@ -364,7 +364,7 @@ impl Node {
                 self.release_when_idle(entry.state);
             }
         }
-        for (name, job) in std::mem::take(&mut wanted) {
+        for (name, job) in wanted {
             match current.get_mut(&name) {
                 Some(entry) if entry.state.job().same_definition(&job) => {}
                 Some(entry) => {
