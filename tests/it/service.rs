@@ -187,83 +187,11 @@ fn metrics_and_healthz() {
     c.stop_all();
 }
 
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl must be installed");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn redis_over_tls_trusts_only_its_ca() {
     let certs = tempfile::tempdir().unwrap();
     let d = certs.path();
-    for ca in ["ca", "other"] {
-        openssl(
-            d,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN=cronlease test {ca}"),
-            ],
-        );
-    }
-    openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(
-        d.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    openssl(
-        d,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
+    crate::support::make_certs(d);
     let port = free_port();
     let mut server = Command::new("redis-server")
         .current_dir(d)
@@ -503,4 +431,53 @@ fn json_logs_and_one_event_per_claim_outcome_change() {
         "one event per claim outcome change\n{}",
         c.report()
     );
+}
+
+/// Runs two nodes on `url` with `store_extra` (TLS settings); n2 is given the
+/// unrelated CA. Only n1 claims, n2 stays up and names the certificate.
+fn only_the_trusting_node_claims(backend: Backend, url: &str, store_extra: &str) {
+    let mut c = Cluster::build(backend, Some(url), None, "", store_extra);
+    let n2 = std::fs::read_to_string(c.config("n2"))
+        .unwrap()
+        .replace("ca.pem", "other.pem");
+    std::fs::write(c.config("n2"), n2).unwrap();
+    c.start("n1");
+    c.start("n2");
+    c.wait_for("runs through TLS", Duration::from_secs(20), |l| {
+        l.len() >= 3
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let running = c.is_running("n2");
+    c.stop_all();
+    let report = c.report();
+    assert!(
+        c.lines().iter().all(|l| l.node == "n1"),
+        "only the node trusting the right CA claims\n{report}"
+    );
+    assert!(running, "an untrusted server is not fatal");
+    let n2_log = c.log("n2").to_lowercase();
+    assert!(
+        n2_log.contains("certificate")
+            || n2_log.contains("unknownissuer")
+            || n2_log.contains("tls"),
+        "the reason is named\n{report}"
+    );
+}
+
+#[test]
+fn mariadb_over_tls_trusts_only_its_ca() {
+    Backend::Mysql.require();
+    let certs = tempfile::tempdir().unwrap();
+    let d = certs.path();
+    crate::support::make_certs(d);
+    let mut server = crate::support::MariaDbServer::new();
+    server.extra_args = vec![
+        format!("--ssl-ca={}", d.join("ca.pem").display()),
+        format!("--ssl-cert={}", d.join("server.pem").display()),
+        format!("--ssl-key={}", d.join("server.key").display()),
+        "--require-secure-transport=ON".to_string(),
+    ];
+    server.start();
+    let store_extra = format!("tls_ca_file = \"{}\"", d.join("ca.pem").display());
+    only_the_trusting_node_claims(Backend::Mysql, &server.url(), &store_extra);
 }

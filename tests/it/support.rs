@@ -299,6 +299,8 @@ pub struct MariaDbServer {
     pub port: u16,
     dir: tempfile::TempDir,
     child: Option<std::process::Child>,
+    /// Extra server options (TLS files, say).
+    pub extra_args: Vec<String>,
 }
 
 impl MariaDbServer {
@@ -324,6 +326,7 @@ impl MariaDbServer {
             port: free_port(),
             dir,
             child: None,
+            extra_args: Vec::new(),
         }
     }
 
@@ -347,6 +350,7 @@ impl MariaDbServer {
                 "--innodb-buffer-pool-size=16M",
                 "--skip-log-bin",
             ])
+            .args(&self.extra_args)
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(d.join("server.log")).unwrap())
             .spawn()
@@ -354,13 +358,8 @@ impl MariaDbServer {
         self.child = Some(child);
         for _ in 0..200 {
             let ok = std::process::Command::new("mariadb")
-                .args([
-                    "-h127.0.0.1",
-                    &format!("-P{}", self.port),
-                    "-uroot",
-                    "-e",
-                    "CREATE DATABASE IF NOT EXISTS test",
-                ])
+                .arg(format!("--socket={}", d.join("sock").display()))
+                .args(["-uroot", "-e", "CREATE DATABASE IF NOT EXISTS test"])
                 .output()
                 .is_ok_and(|o| o.status.success());
             if ok {
@@ -384,4 +383,72 @@ impl Drop for MariaDbServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A test CA (`ca.pem`), a server certificate it signs for 127.0.0.1
+/// (`server.pem`, `server.key`), and an unrelated CA (`other.pem`), in `dir`.
+pub fn make_certs(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl must be installed");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for ca in ["ca", "other"] {
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{ca}.key"),
+            "-out",
+            &format!("{ca}.pem"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=cronlease test {ca}"),
+        ]);
+    }
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
 }
