@@ -347,7 +347,9 @@ pub enum Misfire {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Overlap {
-    /// Claim the occurrence (keeping the lease) but do not start a second run.
+    /// Claim the occurrence (keeping the lease) but do not start a second
+    /// run: it waits for the previous run up to the next occurrence, and is
+    /// skipped if that run is still going then.
     #[default]
     Skip,
 }

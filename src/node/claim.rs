@@ -224,6 +224,20 @@ impl Node {
                         }
                         continue;
                     }
+                    if state.running.load(std::sync::atomic::Ordering::SeqCst) {
+                        // The previous run is still going. One that started late
+                        // (a takeover, a node resumed from a pause) and ends
+                        // within the interval delays this occurrence instead
+                        // of making it skip; one still going when the next
+                        // occurrence is due overlaps it, and it is skipped.
+                        drop(gate);
+                        while state.running.load(std::sync::atomic::Ordering::SeqCst)
+                            && Instant::now() < give_up_at
+                            && !stop.is_cancelled()
+                        {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
                     self.start_run(&state, ticket);
                     return;
                 }

@@ -170,6 +170,18 @@ struct JobEntry {
     handlers_stop: CancellationToken,
 }
 
+/// Job loops whose last heartbeat (ms since the node's epoch) is older than
+/// two maximal sleeps plus slack: the systemd watchdog ping is withheld for
+/// them, so systemd restarts a daemon whose claiming has stopped.
+fn stuck_loops(beats: &[(JobName, u64)], now_ms: u64) -> Vec<JobName> {
+    let stale_after = (2 * claim::MAX_SLEEP).as_millis() as u64 + 5_000;
+    beats
+        .iter()
+        .filter(|(_, beat)| now_ms.saturating_sub(*beat) > stale_after)
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
 /// A running cronlease node.
 pub struct Node {
     owner: Owner,
@@ -544,15 +556,12 @@ impl Node {
                 _ = interval.tick() => {}
             }
             let now_ms = self.epoch.elapsed().as_millis() as u64;
-            let stale_after = (2 * claim::MAX_SLEEP).as_millis() as u64 + 5_000;
-            let stuck: Vec<JobName> = self
+            let beats: Vec<(JobName, u64)> = self
                 .states()
                 .iter()
-                .filter(|s| {
-                    now_ms.saturating_sub(s.heartbeat.load(Ordering::Relaxed)) > stale_after
-                })
-                .map(|s| s.job().name.clone())
+                .map(|s| (s.job().name.clone(), s.heartbeat.load(Ordering::Relaxed)))
                 .collect();
+            let stuck = stuck_loops(&beats, now_ms);
             if stuck.is_empty() {
                 self.notifier.ping();
                 stuck_reported = false;
@@ -585,5 +594,42 @@ impl Node {
     /// Stops running jobs at once (a second SIGTERM during shutdown).
     pub fn kill_running_jobs(&self) {
         self.kill_runs.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_silent_job_loop_withholds_the_watchdog_ping() {
+        let (a, b) = (JobName::parse("a").unwrap(), JobName::parse("b").unwrap());
+        // Loops wake at least every MAX_SLEEP (15 s): fresh beats are fine.
+        assert!(stuck_loops(&[(a.clone(), 100_000), (b.clone(), 120_000)], 130_000).is_empty());
+        // A loop silent for more than 35 s is stuck.
+        assert_eq!(
+            stuck_loops(&[(a.clone(), 100_000), (b.clone(), 120_000)], 136_000),
+            vec![a.clone()]
+        );
+        assert_eq!(
+            stuck_loops(&[(a.clone(), 0), (b.clone(), 0)], 200_000),
+            vec![a, b]
+        );
+    }
+
+    #[test]
+    fn local_lease_deadline_is_the_contracts() {
+        let sent = Instant::now();
+        let clock = LeaseClock {
+            sent,
+            lease: Duration::from_secs(2),
+        };
+        // sent + lease - margin/2 - 0.1% of the lease
+        assert_eq!(
+            clock.deadline(Duration::from_secs(1)),
+            sent + Duration::from_millis(1498)
+        );
+        assert_eq!(clock.expiry(), sent + Duration::from_millis(1998));
     }
 }

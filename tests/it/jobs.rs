@@ -86,6 +86,47 @@ command = ["/nonexistent/program"]
     let env_runs = wait_history(&c, "env", |h| !h.is_empty());
     c.stop_all();
 
+    // status: per job the holder (released at shutdown), fence, last
+    // occurrence, and the last run's outcome and node.
+    let out = Command::new(binary())
+        .args(["status", "--json", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fails_status = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == "fails")
+        .unwrap();
+    assert_eq!(
+        fails_status["holder"],
+        serde_json::Value::Null,
+        "released on shutdown: {fails_status}"
+    );
+    assert!(
+        fails_status["fence"].as_u64().unwrap() >= 1 && fails_status["last_occurrence"].is_string(),
+        "{fails_status}"
+    );
+    assert_eq!(
+        fails_status["last_run"]["outcome"], "failed",
+        "{fails_status}"
+    );
+    assert_eq!(fails_status["last_run"]["exit_code"], 3, "{fails_status}");
+    assert_eq!(fails_status["last_run"]["node"], "n1", "{fails_status}");
+    let table = Command::new(binary())
+        .args(["status", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("fails ") && l.contains("failed (3) on n1")),
+        "{table}"
+    );
     let fence = env_runs[0]["fence"].as_u64().unwrap();
     let env = std::fs::read_to_string(format!("{}.env.{fence}", c.out.display())).unwrap();
     let occurrence = env_runs[0]["occurrence"]

@@ -481,3 +481,28 @@ fn mariadb_over_tls_trusts_only_its_ca() {
     let store_extra = format!("tls_ca_file = \"{}\"", d.join("ca.pem").display());
     only_the_trusting_node_claims(Backend::Mysql, &server.url(), &store_extra);
 }
+
+#[test]
+fn postgres_over_tls_trusts_only_its_ca() {
+    Backend::Postgres.require();
+    let certs = tempfile::tempdir().unwrap();
+    let d = certs.path();
+    crate::support::make_certs(d);
+    let mut server = crate::support::PgServer::new();
+    let cert = server.install(&d.join("server.pem"), "server.pem");
+    let key = server.install(&d.join("server.key"), "server.key");
+    let hba = server.install(&{
+        let p = d.join("hba.conf");
+        std::fs::write(&p, "local all all trust\nhostnossl all all 0.0.0.0/0 reject\nhostssl all all 127.0.0.1/32 trust\n").unwrap();
+        p
+    }, "hba.conf");
+    server.settings = vec![
+        "ssl=on".into(),
+        format!("ssl_cert_file={}", cert.display()),
+        format!("ssl_key_file={}", key.display()),
+        format!("hba_file={}", hba.display()),
+    ];
+    server.start();
+    let store_extra = format!("tls_ca_file = \"{}\"", d.join("ca.pem").display());
+    only_the_trusting_node_claims(Backend::Postgres, &server.url(), &store_extra);
+}

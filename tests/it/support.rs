@@ -452,3 +452,111 @@ pub fn make_certs(dir: &std::path::Path) {
         "ext.cnf",
     ]);
 }
+
+/// A PostgreSQL server of the test's own, run as the `postgres` user (it
+/// refuses root) from a data directory the test initialises.
+pub struct PgServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+    bin: std::path::PathBuf,
+    /// `-c name=value` server settings.
+    pub settings: Vec<String>,
+}
+
+impl PgServer {
+    pub fn new() -> PgServer {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries under /usr/lib/postgresql")
+            .flatten()
+            .map(|e| e.path().join("bin"))
+            .find(|p| p.join("postgres").exists())
+            .expect("a postgres binary");
+        let dir = tempfile::tempdir().unwrap();
+        let pg = nix::unistd::User::from_name("postgres")
+            .unwrap()
+            .expect("a postgres user");
+        std::os::unix::fs::chown(dir.path(), Some(pg.uid.as_raw()), Some(pg.gid.as_raw())).unwrap();
+        let out = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(bin.join("initdb"))
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(dir.path().join("data"))
+            .output()
+            .expect("runuser and initdb");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PgServer {
+            port: free_port(),
+            dir,
+            child: None,
+            bin,
+            settings: Vec::new(),
+        }
+    }
+
+    /// Copies a file into the server's directory, owned by postgres, mode 0600.
+    pub fn install(&self, from: &std::path::Path, name: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let to = self.dir.path().join(name);
+        std::fs::copy(from, &to).unwrap();
+        let pg = nix::unistd::User::from_name("postgres").unwrap().unwrap();
+        std::os::unix::fs::chown(&to, Some(pg.uid.as_raw()), Some(pg.gid.as_raw())).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)).unwrap();
+        to
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn start(&mut self) {
+        let mut cmd = std::process::Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"])
+            .arg(self.bin.join("postgres"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ])
+            .arg("-k")
+            .arg(self.dir.path());
+        for s in &self.settings {
+            cmd.args(["-c", s]);
+        }
+        self.child = Some(
+            cmd.stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let addr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        for _ in 0..200 {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                std::thread::sleep(Duration::from_millis(200));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("postgres on port {} did not start", self.port);
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // runuser forwards SIGTERM to postgres (a fast shutdown).
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = c.wait();
+        }
+    }
+}
