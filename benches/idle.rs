@@ -1,7 +1,8 @@
 //! Idle footprint: memory and CPU of one daemon holding `--jobs` jobs that do
 //! not fire while it is measured (yearly schedules), on the embedded SQLite
-//! store. Prints RSS of the daemon and its guard and CPU seconds per hour,
-//! measured over `--seconds` after a warm-up.
+//! store. Prints RSS and PSS (shared pages split among the processes that
+//! map them: the guard is the daemon's own binary) of the daemon and its
+//! guard, and CPU seconds per hour, measured over `--seconds` after a warm-up.
 //!
 //! cargo bench --bench idle -- [--jobs 100] [--seconds 120] [--stores sqlite]
 
@@ -43,6 +44,17 @@ fn usage(pid: i32) -> (u64, u64) {
     (ticks, rss)
 }
 
+/// Proportional set size in KiB (`/proc/PID/smaps_rollup`), 0 if unreadable.
+fn pss(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Pss:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn main() {
     let jobs: usize = common::arg("--jobs", "100").parse().expect("--jobs N");
     let seconds: u64 = common::arg("--seconds", "120")
@@ -64,8 +76,10 @@ fn main() {
     .trim()
     .parse()
     .unwrap();
-    println!("| store | jobs | daemon RSS | guard RSS | CPU (daemon + guard) | measured over |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| store | jobs | daemon RSS | daemon PSS | guard RSS | guard PSS | CPU (daemon + guard) | measured over |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for backend in stores {
         let job_file: String = (0..jobs)
             .map(|i| {
@@ -84,11 +98,15 @@ fn main() {
         let after: u64 = tree.iter().map(|p| usage(*p).0).sum();
         let cpu_per_hour = (after - before) as f64 / hz * 3600.0 / seconds as f64;
         let (rss_d, rss_g) = (usage(daemon).1, usage(guard).1);
+        let (pss_d, pss_g) = (pss(daemon), pss(guard));
         c.stop_all();
+        let mib = |kib: u64| kib as f64 / 1024.0;
         println!(
-            "| {backend:?} | {jobs} | {:.1} MiB | {:.1} MiB | {cpu_per_hour:.2} s/hour | {seconds} s |",
-            rss_d as f64 / 1024.0,
-            rss_g as f64 / 1024.0
+            "| {backend:?} | {jobs} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB | {cpu_per_hour:.2} s/hour | {seconds} s |",
+            mib(rss_d),
+            mib(pss_d),
+            mib(rss_g),
+            mib(pss_g)
         );
     }
 }
