@@ -61,6 +61,14 @@ impl LeaseClock {
             .unwrap_or(self.sent)
     }
 
+    /// When the watchdog renews: once a third of the time up to the local
+    /// deadline is left. Counting from the deadline rather than the raw lease
+    /// matters for short leases: a 2 s lease with a 1 s margin renewed at 2/3
+    /// of the lease would leave the renewal only 165 ms before the deadline.
+    fn renew_at(&self, margin: Duration) -> Instant {
+        self.sent + self.deadline(margin).saturating_duration_since(self.sent) * 2 / 3
+    }
+
     /// The earliest moment the store may see the lease as expired.
     fn expiry(&self) -> Instant {
         (self.sent + self.lease)
@@ -631,5 +639,25 @@ mod tests {
             sent + Duration::from_millis(1498)
         );
         assert_eq!(clock.expiry(), sent + Duration::from_millis(1998));
+    }
+
+    #[test]
+    fn renewal_leaves_a_third_of_the_provable_time() {
+        let sent = Instant::now();
+        let margin = Duration::from_secs(1);
+        for lease_ms in [1_500, 2_000, 5_000, 61_000, 3_601_000] {
+            let clock = LeaseClock {
+                sent,
+                lease: Duration::from_millis(lease_ms),
+            };
+            let deadline = clock.deadline(margin);
+            let window = deadline - sent;
+            let left = deadline - clock.renew_at(margin);
+            assert!(
+                left >= window / 3,
+                "lease {lease_ms} ms: {left:?} of {window:?} left"
+            );
+            assert!(clock.renew_at(margin) > sent);
+        }
     }
 }

@@ -115,7 +115,7 @@ impl Node {
                 return Duration::ZERO;
             };
             let deadline = clock.deadline(self.margin);
-            let renew_at = clock.sent + clock.lease * 2 / 3;
+            let renew_at = clock.renew_at(self.margin);
             let now = Instant::now();
             if now >= deadline {
                 tracing::warn!(job = %job.name, "lease deadline reached without a renewal");
