@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
+use crate::config::JobName;
 use crate::metrics::ClaimLabel;
 use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Won};
 
@@ -176,13 +177,7 @@ impl Node {
                     if e.is_unreachable() {
                         unanswered.get_or_insert(sent);
                     }
-                    self.metrics
-                        .claims
-                        .get_or_create(&ClaimLabel {
-                            job: job.name.to_string(),
-                            result: "error".into(),
-                        })
-                        .inc();
+                    self.count_claim(&job.name, "error");
                     let retry_at = (Instant::now() + backoff).min(give_up_at);
                     if !self.sleep_within(retry_at, give_up_at, &stop).await {
                         return;
@@ -197,13 +192,7 @@ impl Node {
                 ClaimOutcome::Won(_) => "won",
                 ClaimOutcome::Lost(_) => "lost",
             };
-            self.metrics
-                .claims
-                .get_or_create(&ClaimLabel {
-                    job: job.name.to_string(),
-                    result: result.into(),
-                })
-                .inc();
+            self.count_claim(&job.name, result);
             match outcome {
                 ClaimOutcome::Won(won) => {
                     state.saw_fence(won.fence);
@@ -284,6 +273,17 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Counts one claim attempt in `cronlease_claims_total{job,result}`.
+    fn count_claim(&self, job: &JobName, result: &str) {
+        self.metrics
+            .claims
+            .get_or_create(&ClaimLabel {
+                job: job.to_string(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     fn ticket(&self, won: &Won) -> RunTicket {

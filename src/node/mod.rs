@@ -358,7 +358,8 @@ impl Node {
         let budget = self.op_timeout.max(Duration::from_secs(30));
         let result = self.call("prepare", budget, self.store.prepare()).await;
         if result.is_ok() && !self.prepared.swap(true, Ordering::SeqCst) {
-            self.notifier.ready(&self.status_line());
+            self.notifier
+                .ready(&self.status_line(self.job_and_lease_counts()));
         }
         result
     }
@@ -527,19 +528,22 @@ impl Node {
         tracing::info!(released, "leases released; stopped");
     }
 
-    /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.
-    fn status_line(&self) -> String {
+    /// How many jobs are configured and how many of their leases this node
+    /// holds now.
+    fn job_and_lease_counts(&self) -> (usize, usize) {
         let states = self.states();
         let now = Instant::now();
         let held = states
             .iter()
             .filter(|s| s.lease_clock().is_some_and(|c| c.expiry() > now))
             .count();
+        (states.len(), held)
+    }
+
+    /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.
+    fn status_line(&self, (jobs, held): (usize, usize)) -> String {
         let store = if self.health.is_up() { "up" } else { "down" };
-        format!(
-            "{} jobs, holding {held} leases, store {store}",
-            states.len()
-        )
+        format!("{jobs} jobs, holding {held} leases, store {store}")
     }
 
     /// The service's own tick: systemd watchdog pings (only while every job
@@ -585,17 +589,10 @@ impl Node {
             {
                 let _ = self.call("ping", self.op_timeout, self.store.ping()).await;
             }
-            let line = self.status_line();
-            self.notifier.status(&line);
-            let now = Instant::now();
-            let states = self.states();
-            self.metrics.jobs.set(states.len() as i64);
-            self.metrics.leases_held.set(
-                states
-                    .iter()
-                    .filter(|s| s.lease_clock().is_some_and(|c| c.expiry() > now))
-                    .count() as i64,
-            );
+            let (jobs, held) = self.job_and_lease_counts();
+            self.notifier.status(&self.status_line((jobs, held)));
+            self.metrics.jobs.set(jobs as i64);
+            self.metrics.leases_held.set(held as i64);
         }
     }
 

@@ -85,11 +85,10 @@ impl Node {
             occurrence: ticket.occurrence,
             node: &self.name,
         };
-        let lateness = (Utc::now() - ticket.occurrence).num_milliseconds().max(0) as f64 / 1000.0;
         self.metrics
             .start_lateness
             .get_or_create(&Metrics::job(job.name.as_str()))
-            .observe(lateness);
+            .observe(lateness.max(0) as f64 / 1000.0);
         let finished = exec::run(spec, self.guard.as_ref(), stop).await;
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.

@@ -125,6 +125,7 @@ impl Queries {
 }
 
 /// `url` with TLS query parameters added: `(name, value)` pairs.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) fn with_params(url: &str, params: &[(&str, String)]) -> String {
     let mut out = url.to_string();
     for (i, (name, value)) in params.iter().enumerate() {
@@ -137,6 +138,43 @@ pub(crate) fn with_params(url: &str, params: &[(&str, String)]) -> String {
         out.push_str(&format!("{sep}{name}={value}"));
     }
     out
+}
+
+/// A driver's URL parameters for TLS: the mode parameter with its values
+/// for "verify against the CA" and "encrypt only", and the file parameters.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) struct TlsParamNames {
+    pub mode: &'static str,
+    pub verify: &'static str,
+    pub require: &'static str,
+    pub ca: &'static str,
+    pub cert: &'static str,
+    pub key: &'static str,
+}
+
+/// The URL parameters that turn `tls` on, named for one driver.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) fn tls_params(
+    tls: Option<&TlsFiles>,
+    names: &TlsParamNames,
+) -> Vec<(&'static str, String)> {
+    let Some(tls) = tls else {
+        return Vec::new();
+    };
+    let mode = if tls.ca.is_some() {
+        names.verify
+    } else {
+        names.require
+    };
+    let mut params = vec![(names.mode, mode.to_string())];
+    if let Some(ca) = &tls.ca {
+        params.push((names.ca, ca.display().to_string()));
+    }
+    if let Some((cert, key)) = &tls.client {
+        params.push((names.cert, cert.display().to_string()));
+        params.push((names.key, key.display().to_string()));
+    }
+    params
 }
 
 /// `?` → `$1, $2, ...` (none of our statements has a `?` inside a literal).

@@ -17,6 +17,16 @@ pub static DIALECT: Dialect = Dialect {
     migrations: &[(1, include_str!("../../../migrations/mysql/0001_init.sql"))],
 };
 
+/// TLS as the driver's URL parameters.
+const TLS_PARAMS: super::TlsParamNames = super::TlsParamNames {
+    mode: "ssl-mode",
+    verify: "VERIFY_IDENTITY",
+    require: "REQUIRED",
+    ca: "ssl-ca",
+    cert: "ssl-cert",
+    key: "ssl-key",
+};
+
 pub(super) fn parts(
     url: &StoreUrl,
     op_ms: i64,
@@ -30,21 +40,6 @@ pub(super) fn parts(
             lock_wait_s.max(1)
         ),
     ];
-    let mut params = Vec::new();
-    if let Some(tls) = tls {
-        let mode = if tls.ca.is_some() {
-            "VERIFY_IDENTITY"
-        } else {
-            "REQUIRED"
-        };
-        params.push(("ssl-mode", mode.to_string()));
-        if let Some(ca) = &tls.ca {
-            params.push(("ssl-ca", ca.display().to_string()));
-        }
-        if let Some((cert, key)) = &tls.client {
-            params.push(("ssl-cert", cert.display().to_string()));
-            params.push(("ssl-key", key.display().to_string()));
-        }
-    }
+    let params = super::tls_params(tls, &TLS_PARAMS);
     (&DIALECT, super::with_params(url.expose(), &params), setup)
 }

@@ -18,27 +18,22 @@ pub static DIALECT: Dialect = Dialect {
     )],
 };
 
+/// TLS as the driver's URL parameters.
+const TLS_PARAMS: super::TlsParamNames = super::TlsParamNames {
+    mode: "sslmode",
+    verify: "verify-full",
+    require: "require",
+    ca: "sslrootcert",
+    cert: "sslcert",
+    key: "sslkey",
+};
+
 pub(super) fn parts(
     url: &StoreUrl,
     op_ms: i64,
     tls: Option<&TlsFiles>,
 ) -> (&'static Dialect, String, Vec<String>) {
     let setup = vec![format!("SET lock_timeout = {}", op_ms.max(1))];
-    let mut params = Vec::new();
-    if let Some(tls) = tls {
-        let mode = if tls.ca.is_some() {
-            "verify-full"
-        } else {
-            "require"
-        };
-        params.push(("sslmode", mode.to_string()));
-        if let Some(ca) = &tls.ca {
-            params.push(("sslrootcert", ca.display().to_string()));
-        }
-        if let Some((cert, key)) = &tls.client {
-            params.push(("sslcert", cert.display().to_string()));
-            params.push(("sslkey", key.display().to_string()));
-        }
-    }
+    let params = super::tls_params(tls, &TLS_PARAMS);
     (&DIALECT, super::with_params(url.expose(), &params), setup)
 }
