@@ -19,40 +19,34 @@ mod support;
 
 use std::time::Duration;
 
-/// (utime + stime in ticks, RSS in KiB) of a process.
-fn usage(pid: i32) -> (u64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = fields
-        .get(11)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    (ticks, rss)
+/// CPU time of a process: utime + stime, in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    let fields = support::proc_stat(pid);
+    [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum()
 }
 
-/// Proportional set size in KiB (`/proc/PID/smaps_rollup`), 0 if unreadable.
-fn pss(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+/// The `key:` line of a `/proc` file that lists sizes in KiB; 0 if unreadable.
+fn kib(file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(file)
         .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("Pss:"))
+        .find(|l| l.starts_with(key))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// Resident set size in KiB.
+fn rss(pid: i32) -> u64 {
+    kib(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+/// Proportional set size in KiB: shared pages split among their mappers.
+fn pss(pid: i32) -> u64 {
+    kib(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
 }
 
 fn main() {
@@ -93,11 +87,11 @@ fn main() {
         std::thread::sleep(Duration::from_secs(5));
         let tree = c.tree("n1");
         let (daemon, guard) = (tree[0], tree.get(1).copied().unwrap_or(tree[0]));
-        let before: u64 = tree.iter().map(|p| usage(*p).0).sum();
+        let before: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
         std::thread::sleep(Duration::from_secs(seconds));
-        let after: u64 = tree.iter().map(|p| usage(*p).0).sum();
+        let after: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
         let cpu_per_hour = (after - before) as f64 / hz * 3600.0 / seconds as f64;
-        let (rss_d, rss_g) = (usage(daemon).1, usage(guard).1);
+        let (rss_d, rss_g) = (rss(daemon), rss(guard));
         let (pss_d, pss_g) = (pss(daemon), pss(guard));
         c.stop_all();
         let mib = |kib: u64| kib as f64 / 1024.0;

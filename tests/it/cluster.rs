@@ -170,23 +170,10 @@ impl Cluster {
     /// The node's daemon and every process below it (guard, jobs and theirs).
     pub fn tree(&self, node: &str) -> Vec<i32> {
         let root = self.pid(node);
-        let mut parent_of = Vec::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-                continue;
-            };
-            if let Some(ppid) = rest
-                .split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<i32>().ok())
-            {
-                parent_of.push((pid, ppid));
-            }
-        }
+        let parent_of: Vec<(i32, i32)> = crate::support::all_pids()
+            .into_iter()
+            .filter_map(|pid| Some((pid, crate::support::proc_stat(pid).get(1)?.parse().ok()?)))
+            .collect();
         let mut tree = vec![root];
         let mut i = 0;
         while i < tree.len() {

@@ -154,9 +154,9 @@ fn kill9_mid_run(backend: Backend) {
 }
 
 fn is_zombie(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit_once(')')
-        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    crate::support::proc_stat(pid)
+        .first()
+        .is_some_and(|s| s == "Z")
 }
 
 /// A sink that accepts a write only if its fence is at least the highest it
@@ -421,8 +421,8 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
     let mut c = Cluster::new(Backend::Sqlite, Some(&timed_job("*/10 * * * * *", 9.0)), "");
     c.start("n1");
     let run = wait_runs(&c, "a run", Duration::from_secs(15), |r| !r.is_empty())[0].clone();
-    // Lease 11 s from the claim; renewal at 7.3 s. At 8.5 s, without a renewal
-    // 2.5 s would be left.
+    // Lease 11 s from the claim; renewal at 7.0 s (two thirds of the 10.5 s up
+    // to the local deadline). At 8.5 s, without a renewal 2.5 s would be left.
     let at = run.occurrence.timestamp_millis() as f64 / 1000.0 + 8.5;
     std::thread::sleep(Duration::from_secs_f64((at - now_f64()).max(0.0)));
     let out = Command::new(binary())

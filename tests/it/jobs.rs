@@ -287,10 +287,7 @@ fn a_job_never_outlives_a_daemon_killed_by_sigkill() {
 /// Process groups of processes whose command line names `marker`.
 fn job_groups(marker: &str) -> Vec<i32> {
     let mut groups = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
+    for pid in crate::support::all_pids() {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if String::from_utf8_lossy(&cmdline).contains(marker) {
             if let Ok(pgid) = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))) {
@@ -303,25 +300,28 @@ fn job_groups(marker: &str) -> Vec<i32> {
 
 /// Live (not zombie) processes in any of `groups`.
 fn processes_in(groups: &[i32]) -> usize {
-    let mut n = 0;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // pid (comm) state ppid pgrp ...
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.len() > 2
-            && fields[0] != "Z"
-            && fields[2].parse::<i32>().is_ok_and(|g| groups.contains(&g))
-        {
-            n += 1;
-        }
-    }
-    n
+    crate::support::all_pids()
+        .into_iter()
+        .map(crate::support::proc_stat)
+        .filter(|f| {
+            f.len() > 2 && f[0] != "Z" && f[2].parse::<i32>().is_ok_and(|g| groups.contains(&g))
+        })
+        .count()
+}
+
+/// Waits until the job wrote `start` to `file`.
+fn wait_for_start(c: &Cluster, file: &str) {
+    wait_until(
+        "the run to start",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            std::fs::read_to_string(file)
+                .unwrap_or_default()
+                .contains("start")
+                .then_some(())
+        },
+    );
 }
 
 #[test]
@@ -330,17 +330,7 @@ fn sigterm_lets_a_run_finish_within_the_grace() {
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "shutdown_grace = \"10s\"");
     c.start("n1");
     let file = format!("{}.finish", c.out.display());
-    wait_until(
-        "the run to start",
-        Duration::from_secs(15),
-        || c.report(),
-        || {
-            std::fs::read_to_string(&file)
-                .unwrap_or_default()
-                .contains("start")
-                .then_some(())
-        },
-    );
+    wait_for_start(&c, &file);
     c.signal("n1", Signal::SIGTERM);
     let status = c.wait_exit("n1", Duration::from_secs(10)).expect("exits");
     assert_eq!(status.code(), Some(0));
@@ -360,17 +350,7 @@ fn sigterm_kills_runs_still_going_after_the_grace() {
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "shutdown_grace = \"1s\"");
     c.start("n1");
     let file = format!("{}.long", c.out.display());
-    wait_until(
-        "the run to start",
-        Duration::from_secs(15),
-        || c.report(),
-        || {
-            std::fs::read_to_string(&file)
-                .unwrap_or_default()
-                .contains("start")
-                .then_some(())
-        },
-    );
+    wait_for_start(&c, &file);
     let asked = Instant::now();
     c.signal("n1", Signal::SIGTERM);
     let status = c.wait_exit("n1", Duration::from_secs(10)).expect("exits");

@@ -207,6 +207,26 @@ pub fn wait_until<T>(
 }
 
 /// The cronlease binary built for these tests.
+/// Every process id listed in `/proc`.
+pub fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The fields of `/proc/PID/stat` after the command name: state, ppid,
+/// pgrp, ..., utime at index 11, stime at 12. Empty when the process is gone.
+pub fn proc_stat(pid: i32) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cronlease"))
 }
