@@ -120,6 +120,17 @@ impl Cluster {
         self.dir.path().join(format!("{node}.toml"))
     }
 
+    /// `cronlease ARGS --json -c <node's config>`, its stdout parsed.
+    pub fn cli_json(&self, node: &str, args: &[&str]) -> serde_json::Result<serde_json::Value> {
+        let out = Command::new(binary())
+            .args(args)
+            .args(["--json", "-c"])
+            .arg(self.config(node))
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout)
+    }
+
     /// Starts (or restarts) a node; its output is appended to `{node}.log`.
     pub fn start(&mut self, node: &str) {
         self.start_with_env(node, &[]);

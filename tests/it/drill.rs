@@ -220,12 +220,9 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
 /// Occurrences (unix seconds) the store's history records as `lease_lost`:
 /// claimed, then given up because the holder could not prove its lease.
 fn lost_leases(c: &Cluster) -> std::collections::BTreeSet<i64> {
-    let out = Command::new(binary())
-        .args(["history", "--json", "--limit", "1000000", "-c"])
-        .arg(c.config("n1"))
-        .output()
-        .unwrap();
-    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let runs = c
+        .cli_json("n1", &["history", "--limit", "1000000"])
+        .unwrap_or_default();
     runs.as_array()
         .into_iter()
         .flatten()

@@ -36,12 +36,7 @@ fn runs(c: &Cluster) -> Vec<Run> {
 }
 
 fn history(c: &Cluster, node: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(binary())
-        .args(["history", "--json", "--limit", "1000", "-c"])
-        .arg(c.config(node))
-        .output()
-        .unwrap();
-    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+    c.cli_json(node, &["history", "--limit", "1000"])
         .map(|v| v.as_array().cloned().unwrap_or_default())
         .unwrap_or_default()
 }
@@ -425,12 +420,7 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
     // to the local deadline). At 8.5 s, without a renewal 2.5 s would be left.
     let at = run.occurrence.timestamp_millis() as f64 / 1000.0 + 8.5;
     std::thread::sleep(Duration::from_secs_f64((at - now_f64()).max(0.0)));
-    let out = Command::new(binary())
-        .args(["status", "--json", "-c"])
-        .arg(c.config("n1"))
-        .output()
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = c.cli_json("n1", &["status"]).unwrap();
     let left = status[0]["lease_remaining_ms"].as_u64().unwrap();
     assert!(
         left > 8_000,

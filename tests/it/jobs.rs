@@ -88,12 +88,7 @@ command = ["/nonexistent/program"]
 
     // status: per job the holder (released at shutdown), fence, last
     // occurrence, and the last run's outcome and node.
-    let out = Command::new(binary())
-        .args(["status", "--json", "-c"])
-        .arg(c.config("n1"))
-        .output()
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = c.cli_json("n1", &["status"]).unwrap();
     let fails_status = status
         .as_array()
         .unwrap()
