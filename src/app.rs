@@ -161,7 +161,7 @@ async fn run(path: PathBuf) -> ExitCode {
         match metrics::bind(addr).await {
             Ok(listener) => {
                 let n = node.clone();
-                let healthy: Arc<dyn Fn() -> bool + Send + Sync> = Arc::new(move || n.healthy());
+                let healthy: metrics::HealthCheck = Arc::new(move || n.health_problem());
                 tokio::spawn(metrics::serve(
                     listener,
                     node.metrics().clone(),

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -73,6 +74,8 @@ pub struct Metrics {
     pub leases_held: Gauge,
     pub jobs: Gauge,
     pub store_up: Gauge,
+    /// store − local clock, seconds, from the last claim reply.
+    pub clock_offset: Gauge<f64, AtomicU64>,
     registry: Registry,
 }
 
@@ -95,6 +98,7 @@ impl Metrics {
             leases_held: Gauge::default(),
             jobs: Gauge::default(),
             store_up: Gauge::default(),
+            clock_offset: Gauge::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::default();
@@ -148,6 +152,11 @@ impl Metrics {
             "1 when the last store call answered",
             m.store_up.clone(),
         );
+        registry.register(
+            "cronlease_clock_offset_seconds",
+            "The store's clock minus this node's, from the last claim reply",
+            m.clock_offset.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -165,11 +174,14 @@ impl Metrics {
     }
 }
 
+/// Answers `/healthz`: `None` when healthy, else the reason.
+pub type HealthCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// Serves `/metrics` and `/healthz` until `stop`; `healthy` answers `/healthz`.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    healthy: Arc<dyn Fn() -> bool + Send + Sync>,
+    healthy: HealthCheck,
     stop: CancellationToken,
 ) {
     loop {
@@ -204,7 +216,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 async fn respond(
     mut conn: TcpStream,
     metrics: &Metrics,
-    healthy: &(dyn Fn() -> bool + Send + Sync),
+    healthy: &(dyn Fn() -> Option<String> + Send + Sync),
 ) -> std::io::Result<()> {
     let mut request = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
@@ -225,14 +237,14 @@ async fn respond(
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.encode(),
         ),
-        ("GET", "/healthz") if healthy() => {
-            ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string())
-        }
-        ("GET", "/healthz") => (
-            "503 Service Unavailable",
-            "text/plain; charset=utf-8",
-            "store not answering\n".to_string(),
-        ),
+        ("GET", "/healthz") => match healthy() {
+            None => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string()),
+            Some(reason) => (
+                "503 Service Unavailable",
+                "text/plain; charset=utf-8",
+                format!("{reason}\n"),
+            ),
+        },
         ("GET", _) => (
             "404 Not Found",
             "text/plain; charset=utf-8",

@@ -421,6 +421,9 @@ pub struct Config {
     pub node: NodeName,
     pub store: StoreConfig,
     pub lease_margin: Duration,
+    /// `cluster.max_clock_offset`: beyond it a node claims nothing, and the
+    /// store refuses occurrences later than its now plus this.
+    pub max_clock_offset: Duration,
     pub shutdown_grace: Duration,
     /// Where `run` writes its pid, for `cronlease step-down`.
     pub pid_file: PathBuf,
@@ -512,13 +515,39 @@ fn parse_toml<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// The longest duration any setting takes: a year. Longer ones are typos
+/// (or `u64::MAX` seconds), and every deadline computed from a bounded value
+/// stays far from overflowing.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 fn duration(
     src: &Source,
     v: &Spanned<String>,
     what: &str,
     errors: &mut Vec<ConfigError>,
 ) -> Option<Duration> {
+    bounded_duration(src, v, what, MAX_DURATION, errors)
+}
+
+fn bounded_duration(
+    src: &Source,
+    v: &Spanned<String>,
+    what: &str,
+    max: Duration,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Duration> {
     match humantime::parse_duration(v.get_ref()) {
+        Ok(d) if d > max => {
+            errors.push(src.at(
+                v,
+                format!(
+                    "{what} {:?} is too long: at most {}",
+                    v.get_ref(),
+                    humantime::format_duration(max)
+                ),
+            ));
+            None
+        }
         Ok(d) if d > Duration::ZERO => Some(d),
         Ok(_) => {
             errors.push(src.at(v, format!("{what} must be longer than zero")));
@@ -532,6 +561,19 @@ fn duration(
             None
         }
     }
+}
+
+fn bounded_duration_or(
+    src: &Source,
+    v: &Option<Spanned<String>>,
+    what: &str,
+    default: Duration,
+    max: Duration,
+    errors: &mut Vec<ConfigError>,
+) -> Duration {
+    v.as_ref()
+        .and_then(|v| bounded_duration(src, v, what, max, errors))
+        .unwrap_or(default)
 }
 
 fn duration_or(
@@ -596,6 +638,14 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         &raw.lease.margin,
         "lease.margin",
         Duration::from_secs(1),
+        &mut errors,
+    );
+    let max_clock_offset = bounded_duration_or(
+        &src,
+        &raw.cluster.max_clock_offset,
+        "cluster.max_clock_offset",
+        Duration::from_millis(500),
+        Duration::from_secs(60),
         &mut errors,
     );
     let shutdown_grace = duration_or(
@@ -692,6 +742,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             node,
             store,
             lease_margin,
+            max_clock_offset,
             shutdown_grace,
             pid_file: raw.pid_file.as_ref().map_or_else(
                 || PathBuf::from(DEFAULT_PID_FILE),

@@ -21,6 +21,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub lease: RawLease,
     #[serde(default)]
+    pub cluster: RawCluster,
+    #[serde(default)]
     pub jobs: RawJobs,
     pub metrics: Option<RawMetrics>,
     #[serde(default)]
@@ -47,6 +49,12 @@ pub struct RawStore {
 #[serde(deny_unknown_fields)]
 pub struct RawLease {
     pub margin: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    pub max_clock_offset: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

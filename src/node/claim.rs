@@ -25,6 +25,9 @@ use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Won};
 /// Longest single sleep towards an occurrence: a wall-clock step is noticed
 /// within this time.
 pub(super) const MAX_SLEEP: Duration = Duration::from_secs(15);
+/// How often a node whose clock is out of bounds looks at it again while an
+/// occurrence is pending.
+const CLOCK_RECHECK: Duration = Duration::from_millis(250);
 /// Sleep past a reported lease end, so the store sees it expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
 
@@ -133,7 +136,17 @@ impl Node {
                 }
                 continue;
             }
+            if self.clock.skewed() && !self.recheck_clock().await {
+                // Out of bounds: claim nothing, look again shortly.
+                drop(gate);
+                let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
+                if !self.sleep_within(retry_at, give_up_at, &stop).await {
+                    return;
+                }
+                continue;
+            }
             let sent = Instant::now();
+            let sent_wall = Utc::now();
             let prepared = tokio::select! {
                 () = stop.cancelled() => return,
                 r = self.ensure_prepared() => r,
@@ -148,6 +161,7 @@ impl Node {
                         owner: self.owner.clone(),
                         lease,
                         fence_floor: state.fence_floor.load(std::sync::atomic::Ordering::SeqCst),
+                        max_offset: self.max_clock_offset,
                     };
                     // Not cancelled by shutdown: a claim the store granted must
                     // not be dropped unrun. It ends within op_timeout.
@@ -160,11 +174,16 @@ impl Node {
                 }
                 Err(e) => Err(e),
             };
-            let answer = result.and_then(|mut v| {
-                v.pop().ok_or_else(|| StoreError::Backend {
-                    store: self.store.describe().into(),
-                    reason: "empty claim reply".into(),
-                })
+            let answer = result.and_then(|claimed| {
+                self.observe_clock(claimed.store_now, sent_wall, Utc::now());
+                claimed
+                    .outcomes
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| StoreError::Backend {
+                        store: self.store.describe().into(),
+                        reason: "empty claim reply".into(),
+                    })
             });
             let outcome = match answer {
                 Ok(outcome) => outcome,
@@ -190,6 +209,7 @@ impl Node {
             let result = match &outcome {
                 ClaimOutcome::Won(w) if w.catch_up => "caught_up",
                 ClaimOutcome::Won(_) => "won",
+                ClaimOutcome::Lost(l) if l.too_early => "too_early",
                 ClaimOutcome::Lost(_) => "lost",
             };
             self.count_claim(&job.name, result);
@@ -229,6 +249,18 @@ impl Node {
                     }
                     self.start_run(&state, ticket);
                     return;
+                }
+                ClaimOutcome::Lost(lost) if lost.too_early => {
+                    // The store's clock has not reached this occurrence: ours
+                    // runs ahead. The offset reading above holds claims back
+                    // while it is out of bounds; try again shortly.
+                    drop(gate);
+                    state.saw_fence(lost.fence);
+                    tracing::debug!(job = %job.name, %occurrence, "refused by the store: occurrence not due yet by its clock");
+                    let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
+                    if !self.sleep_within(retry_at, give_up_at, &stop).await {
+                        return;
+                    }
                 }
                 ClaimOutcome::Lost(lost) => {
                     drop(gate);

@@ -20,6 +20,7 @@
 //! the handlers and then for the runs.
 
 mod claim;
+pub mod clock;
 pub mod health;
 mod run;
 
@@ -37,6 +38,7 @@ use crate::guard::Guard;
 use crate::metrics::{Metrics, OpLabel};
 use crate::store::{Owner, Store, StoreError};
 use crate::systemd::Notifier;
+use clock::ClockWatch;
 use health::StoreHealth;
 
 /// When the last successful claim or renewal of a lease was sent, and how long
@@ -196,6 +198,8 @@ pub struct Node {
     name: NodeName,
     store: Arc<dyn Store>,
     margin: Duration,
+    max_clock_offset: Duration,
+    clock: ClockWatch,
     op_timeout: Duration,
     shutdown_grace: Duration,
     history_limit: u32,
@@ -237,6 +241,8 @@ impl Node {
             health: StoreHealth::new(store.describe()),
             store,
             margin: config.lease_margin,
+            max_clock_offset: config.max_clock_offset,
+            clock: ClockWatch::new(config.max_clock_offset),
             op_timeout: config.store.op_timeout,
             shutdown_grace: config.shutdown_grace,
             history_limit: config.store.history_limit,
@@ -261,11 +267,52 @@ impl Node {
         &self.metrics
     }
 
-    /// Whether the store answered within the last lease margin (`/healthz`).
+    /// Whether the store answered within the last lease margin and this
+    /// node's clock is within bounds (`/healthz`).
     pub fn healthy(&self) -> bool {
-        self.health
+        self.health_problem().is_none()
+    }
+
+    /// Why this node is not healthy, if it is not.
+    pub fn health_problem(&self) -> Option<String> {
+        if let Some(clock) = self.clock.problem() {
+            return Some(clock);
+        }
+        let answered = self
+            .health
             .last_ok()
-            .is_some_and(|t| t.elapsed() <= self.margin)
+            .is_some_and(|t| t.elapsed() <= self.margin);
+        (!answered).then(|| "store not answering".to_string())
+    }
+
+    /// This node's clock against the store's.
+    pub fn clock(&self) -> &ClockWatch {
+        &self.clock
+    }
+
+    /// Records a reading of the store's clock taken between `sent` and
+    /// `received` (local wall clock).
+    fn observe_clock(
+        &self,
+        store_now: chrono::DateTime<chrono::Utc>,
+        sent: chrono::DateTime<chrono::Utc>,
+        received: chrono::DateTime<chrono::Utc>,
+    ) {
+        let offset = self.clock.observe(store_now, sent, received);
+        self.metrics.clock_offset.set(offset as f64 / 1000.0);
+    }
+
+    /// Reads the store's clock once more (claims are held back while the
+    /// last reading was out of bounds); true when the clock is fine now.
+    async fn recheck_clock(&self) -> bool {
+        let sent = chrono::Utc::now();
+        if let Ok(now) = self
+            .call("clock", self.op_timeout, self.store.clock())
+            .await
+        {
+            self.observe_clock(now, sent, chrono::Utc::now());
+        }
+        !self.clock.skewed()
     }
 
     /// One store call: bounded by `budget`, timed, counted, and reported to
@@ -581,7 +628,10 @@ impl Node {
                 tracing::error!(jobs = ?stuck, "job loop stuck: withholding the systemd watchdog ping");
                 stuck_reported = true;
             }
-            if self.keep_health_fresh
+            if self.clock.skewed() {
+                // Claims are held back: notice here when the clock is fine again.
+                self.recheck_clock().await;
+            } else if self.keep_health_fresh
                 && self
                     .health
                     .last_ok()

@@ -83,6 +83,10 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// The highest fence this node has seen for the job.
     pub fence_floor: u64,
+    /// `cluster.max_clock_offset`: an occurrence later than the store's now
+    /// plus this is refused, so a node whose clock runs ahead never runs a
+    /// job early.
+    pub max_offset: Duration,
 }
 
 /// A won claim.
@@ -98,7 +102,7 @@ pub struct Won {
 }
 
 /// A refused claim, with what the store knows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Lost {
     /// The owner of the live lease, if any.
     pub holder: Option<String>,
@@ -108,6 +112,9 @@ pub struct Lost {
     pub last_occurrence: Option<DateTime<Utc>>,
     /// The job's current fence.
     pub fence: u64,
+    /// Refused because the occurrence is later than the store's now plus
+    /// the allowed clock offset: the claimer's clock runs ahead.
+    pub too_early: bool,
 }
 
 /// The answer to a [`ClaimRequest`].
@@ -115,6 +122,15 @@ pub struct Lost {
 pub enum ClaimOutcome {
     Won(Won),
     Lost(Lost),
+}
+
+/// The answers to a batch of claims, with the store's clock when it decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The store's clock while it decided (for the node's clock offset).
+    pub store_now: DateTime<Utc>,
+    /// One answer per request, in request order.
+    pub outcomes: Vec<ClaimOutcome>,
 }
 
 /// A job's lock as the store has it, for `status`.
@@ -227,7 +243,10 @@ pub trait Store: Send + Sync + 'static {
     /// answering in request order. Requests for distinct jobs due at the same
     /// instant go to the store together (one round trip on Redis, one
     /// transaction on SQL).
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError>;
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError>;
+
+    /// The store's clock, the one leases are counted on.
+    async fn clock(&self) -> Result<DateTime<Utc>, StoreError>;
 
     /// Extends `owner`'s live lease on `job` to `lease` from now (store clock).
     /// `false` when the lease is not `owner`'s or has already expired.
@@ -345,7 +364,8 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     let held_by_other = live && row.owner.as_deref() != Some(req.owner.as_str());
     let occurrence = to_ms(req.occurrence);
     let already_claimed = row.last_occurrence.is_some_and(|last| last >= occurrence);
-    if held_by_other || already_claimed {
+    let too_early = occurrence > row.now.saturating_add(duration_ms(req.max_offset));
+    if held_by_other || already_claimed || too_early {
         return Decision::Refuse(Lost {
             holder: if live { row.owner.clone() } else { None },
             remaining: if live {
@@ -355,6 +375,7 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
             },
             last_occurrence: row.last_occurrence.map(from_ms),
             fence: row.fence.max(0) as u64,
+            too_early: too_early && !held_by_other && !already_claimed,
         });
     }
     let missed = match (req.misfire, req.previous, row.last_occurrence) {
@@ -391,6 +412,7 @@ mod tests {
             owner: Owner::from_raw(owner),
             lease: Duration::from_millis(1500),
             fence_floor: floor,
+            max_offset: Duration::from_millis(500),
         }
     }
 
@@ -400,7 +422,7 @@ mod tests {
             fence,
             expires_at,
             last_occurrence: last,
-            now: 10_000,
+            now: 19_900,
         }
     }
 
@@ -414,7 +436,7 @@ mod tests {
             d,
             Decision::Claim {
                 fence: 1,
-                expires_at: 11_500,
+                expires_at: 21_400,
                 last_occurrence: 20_000,
                 won: Won {
                     catch_up: false,
@@ -427,7 +449,7 @@ mod tests {
     #[test]
     fn live_lease_of_another_is_refused_with_remaining() {
         let d = decide(
-            &row(Some("b"), 7, 10_400, Some(19_000)),
+            &row(Some("b"), 7, 20_300, Some(19_000)),
             &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0),
         );
         assert_eq!(
@@ -436,7 +458,8 @@ mod tests {
                 holder: Some("b".into()),
                 remaining: Duration::from_millis(400),
                 last_occurrence: Some(from_ms(19_000)),
-                fence: 7
+                fence: 7,
+                too_early: false,
             })
         );
     }
@@ -444,7 +467,7 @@ mod tests {
     #[test]
     fn own_live_lease_is_renewed_by_claim() {
         let d = decide(
-            &row(Some("a"), 7, 10_400, Some(19_000)),
+            &row(Some("a"), 7, 20_300, Some(19_000)),
             &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0),
         );
         assert!(matches!(d, Decision::Claim { fence: 8, .. }));
@@ -453,7 +476,7 @@ mod tests {
     #[test]
     fn claimed_occurrence_is_refused_even_when_expired() {
         let d = decide(
-            &row(Some("b"), 7, 9_000, Some(20_000)),
+            &row(Some("b"), 7, 19_000, Some(20_000)),
             &req("a", 20_000, None, Misfire::RunOnce, 0),
         );
         assert!(matches!(
@@ -469,7 +492,7 @@ mod tests {
     #[test]
     fn missed_occurrence_is_caught_up_with_run_once_only() {
         let d = decide(
-            &row(Some("b"), 7, 9_000, Some(17_000)),
+            &row(Some("b"), 7, 19_000, Some(17_000)),
             &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0),
         );
         assert!(matches!(
@@ -482,7 +505,7 @@ mod tests {
             }
         ));
         let d = decide(
-            &row(Some("b"), 7, 9_000, Some(17_000)),
+            &row(Some("b"), 7, 19_000, Some(17_000)),
             &req("a", 20_000, Some(19_000), Misfire::Skip, 0),
         );
         assert!(matches!(
@@ -513,5 +536,29 @@ mod tests {
         let o = Owner::new(&NodeName::parse("web-1").unwrap());
         assert_eq!(Owner::node_of(o.as_str()), "web-1");
         assert_ne!(o, Owner::new(&NodeName::parse("web-1").unwrap()));
+    }
+
+    #[test]
+    fn an_occurrence_beyond_the_clock_bound_is_refused() {
+        // now 19_900, bound 500: 20_400 is the latest claimable instant.
+        let d = decide(
+            &row(None, 3, 0, Some(19_000)),
+            &req("a", 20_400, Some(19_000), Misfire::RunOnce, 0),
+        );
+        assert!(matches!(d, Decision::Claim { fence: 4, .. }));
+        let d = decide(
+            &row(None, 3, 0, Some(19_000)),
+            &req("a", 20_401, Some(19_000), Misfire::RunOnce, 0),
+        );
+        assert_eq!(
+            d,
+            Decision::Refuse(Lost {
+                holder: None,
+                remaining: Duration::ZERO,
+                last_occurrence: Some(from_ms(19_000)),
+                fence: 3,
+                too_early: true,
+            })
+        );
     }
 }

@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 use tokio::sync::OnceCell;
 
 use super::{
-    ClaimOutcome, ClaimRequest, LockStatus, Lost, Outcome, Owner, RunRecord, Store, StoreError,
-    Won, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, LockStatus, Lost, Outcome, Owner, RunRecord, Store,
+    StoreError, Won, duration_ms, from_ms, to_ms,
 };
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl};
 
@@ -43,8 +44,9 @@ pub struct RedisStore {
     warned_persistence: AtomicBool,
 }
 
-/// `{won, fence, occurrence, catch_up, holder/previous owner, remaining, last}`.
-type ClaimReply = (i64, i64, i64, i64, Option<String>, i64, i64);
+/// `{won, fence, occurrence, catch_up, holder/previous owner, remaining, last,
+/// now, too_early}`.
+type ClaimReply = (i64, i64, i64, i64, Option<String>, i64, i64, i64, i64);
 
 impl RedisStore {
     /// Builds the client; the first connection is made on first use.
@@ -271,7 +273,7 @@ fn run_from_fields(f: &HashMap<String, String>) -> Option<RunRecord> {
 }
 
 fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {
-    let (won, fence, occurrence, catch_up, who, remaining, last) = r;
+    let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early) = r;
     let fence = fence.max(0) as u64;
     if won == 1 {
         ClaimOutcome::Won(Won {
@@ -290,6 +292,7 @@ fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {
             holder: who,
             last_occurrence: (last >= 0).then(|| from_ms(last)),
             fence,
+            too_early: too_early == 1,
         })
     }
 }
@@ -309,9 +312,12 @@ impl Store for RedisStore {
         Ok(())
     }
 
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
         if requests.is_empty() {
-            return Ok(Vec::new());
+            return self.clock().await.map(|store_now| Claimed {
+                store_now,
+                outcomes: Vec::new(),
+            });
         }
         let replies: Vec<ClaimReply> = self
             .eval_pipeline(|| {
@@ -331,12 +337,28 @@ impl Store for RedisStore {
                         .arg(match r.misfire {
                             Misfire::RunOnce => "run_once",
                             Misfire::Skip => "skip",
-                        });
+                        })
+                        .arg(duration_ms(r.max_offset));
                 }
                 pipe
             })
             .await?;
-        Ok(replies.into_iter().map(outcome_from_reply).collect())
+        let store_now = from_ms(replies.first().map_or(0, |r| r.7));
+        Ok(Claimed {
+            store_now,
+            outcomes: replies.into_iter().map(outcome_from_reply).collect(),
+        })
+    }
+
+    async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
+        let mut conn = self.conn().await?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(from_ms(
+            secs.saturating_mul(1000).saturating_add(micros / 1000),
+        ))
     }
 
     async fn renew(

@@ -33,11 +33,12 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         owner: Owner::from_raw(owner),
         lease: Duration::from_millis(lease_ms),
         fence_floor: 0,
+        max_offset: Duration::from_millis(500),
     }
 }
 
 async fn claim(store: &Arc<dyn Store>, r: ClaimRequest) -> ClaimOutcome {
-    store.claim(&[r]).await.unwrap().pop().unwrap()
+    store.claim(&[r]).await.unwrap().outcomes.pop().unwrap()
 }
 
 fn won(o: ClaimOutcome) -> Won {
@@ -281,7 +282,7 @@ pub async fn batch_claims_answer_in_order(h: &Harness) {
         req("bx", "a#1", 10, 5_000),
         req("by", "a#1", 10, 5_000),
     ];
-    let out = a.claim(&batch).await.unwrap();
+    let out = a.claim(&batch).await.unwrap().outcomes;
     assert_eq!(out.len(), 3);
     assert!(matches!(&out[0], ClaimOutcome::Won(w) if w.fence == 1));
     assert!(matches!(&out[1], ClaimOutcome::Lost(l) if l.holder.as_deref() == Some("b#1")));
@@ -407,6 +408,38 @@ pub async fn shedlock_fuzz_unprotected_counter(h: &Harness) {
     assert_eq!(counter.load(Ordering::SeqCst), 800);
 }
 
+/// CONTRACT's clock rule: an occurrence later than the store's now plus the
+/// allowed offset is refused and changes nothing; the reply carries the
+/// store's clock.
+pub async fn occurrence_beyond_the_store_clock_is_refused(h: &Harness) {
+    let a = h.store().await;
+    let now = from_ms(Utc::now().timestamp_millis());
+    let near = |t: DateTime<Utc>| (t - Utc::now()).num_milliseconds().abs() < 1_000;
+    assert!(near(a.clock().await.unwrap()), "store clock far from ours");
+    let at = |t: DateTime<Utc>, owner: &str| ClaimRequest {
+        occurrence: t,
+        previous: Some(t - TimeDelta::seconds(1)),
+        ..req("early", owner, 0, 5_000)
+    };
+    let claimed = a
+        .claim(&[at(now + TimeDelta::seconds(5), "a#1")])
+        .await
+        .unwrap();
+    assert!(near(claimed.store_now), "{claimed:?}");
+    let l = lost(claimed.outcomes.into_iter().next().unwrap());
+    assert!(l.too_early, "{l:?}");
+    assert_eq!((l.fence, l.last_occurrence, l.holder), (0, None, None));
+    // Nothing was written: a correct node claims the present at once.
+    let w = won(claim(&a, at(now - TimeDelta::seconds(1), "b#1")).await);
+    assert_eq!((w.fence, w.occurrence), (1, now - TimeDelta::seconds(1)));
+    // Even the holder of the lease cannot claim ahead of the store's clock.
+    let l = lost(claim(&a, at(now + TimeDelta::seconds(30), "b#1")).await);
+    assert!(l.too_early && l.fence == 1, "{l:?}");
+    // Within the bound is fine (the store's clock may lag ours a little).
+    let w = won(claim(&a, at(Utc::now() + TimeDelta::milliseconds(200), "b#1")).await);
+    assert_eq!(w.fence, 2);
+}
+
 macro_rules! conformance {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -426,7 +459,8 @@ macro_rules! conformance {
                 shedlock_timeout_then_reacquire,
                 shedlock_lock_right_after_unlock,
                 shedlock_extend_and_not_extend_expired,
-                shedlock_fuzz_unprotected_counter
+                shedlock_fuzz_unprotected_counter,
+                occurrence_beyond_the_store_clock_is_refused
             );
         }
     };

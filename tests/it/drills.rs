@@ -447,8 +447,9 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
             owner: cronlease::store::Owner::from_raw("thief#1"),
             lease: Duration::from_secs(60),
             fence_floor: 0,
+            max_offset: Duration::from_secs(3600),
         };
-        let won = store.claim(&[thief]).await.unwrap();
+        let won = store.claim(&[thief]).await.unwrap().outcomes;
         assert!(
             matches!(won[0], cronlease::store::ClaimOutcome::Won(_)),
             "{won:?}"

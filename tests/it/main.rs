@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
+mod clock;
 mod cluster;
 mod config_errors;
 mod conformance;

@@ -93,7 +93,7 @@ fn sd_notify_ready_only_once_the_store_answers_then_watchdog_and_stopping() {
     assert!(!c.log("n1").contains("NOTIFY_SOCKET"));
 }
 
-fn http_get(port: u16, path: &str) -> (u16, String) {
+pub(crate) fn http_get(port: u16, path: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();

@@ -1,9 +1,13 @@
--- cronlease claim (CONTRACT §4), one atomic step on the Redis server's clock.
+-- cronlease claim (see docs/protocol.md), one atomic step on the Redis server's clock.
 -- KEYS[1] lease key: the owner, with a TTL (PX) equal to the lease
 -- KEYS[2] state hash, never expires: fence, last_occurrence, owner, modified_at
 -- ARGV[1] owner  ARGV[2] occurrence (ms)  ARGV[3] previous occurrence (ms) or ""
 -- ARGV[4] lease (ms)  ARGV[5] fence floor  ARGV[6] "run_once" or "skip"
--- Reply: {won, fence, occurrence, catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1}
+-- ARGV[7] max clock offset (ms): an occurrence later than now + this is refused
+-- Reply: {won, fence, occurrence, catch_up, holder_or_previous_owner, remaining_ms,
+--         last_occurrence_or_-1, now_ms, too_early}
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holder = redis.call('GET', KEYS[1])
 local remaining = 0
 if holder then
@@ -16,7 +20,10 @@ local last = tonumber(state[2])
 local occurrence = tonumber(ARGV[2])
 
 if (holder and holder ~= ARGV[1]) or (last and last >= occurrence) then
-  return {0, fence, 0, 0, holder or false, remaining, last or -1}
+  return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0}
+end
+if occurrence > now_ms + (tonumber(ARGV[7]) or 0) then
+  return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 1}
 end
 
 local claimed = ARGV[2]
@@ -28,10 +35,9 @@ end
 local floor = tonumber(ARGV[5]) or 0
 if floor > fence then fence = floor end
 fence = fence + 1
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local now = string.format('%d', now_ms)
 local previous_owner = state[3]
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
 redis.call('HSET', KEYS[2], 'fence', string.format('%d', fence), 'last_occurrence', claimed,
   'owner', ARGV[1], 'modified_at', now)
-return {1, fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1}
+return {1, fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0}

@@ -24,12 +24,13 @@ pub mod sqlite;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
 use super::{
-    ClaimOutcome, ClaimRequest, Decision, LockRow, LockStatus, Outcome, Owner, RunRecord, Store,
-    StoreError, decide, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, Decision, LockRow, LockStatus, Outcome, Owner, RunRecord,
+    Store, StoreError, decide, duration_ms, from_ms, to_ms,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
@@ -60,9 +61,15 @@ pub struct SqlStore {
     prefix: String,
     queries: Queries,
     op_timeout: Duration,
+    /// SQLite's clock (the file system's); `None`: the database's own.
+    file_clock: Option<FileClock>,
 }
 
+/// Reads a clock kept outside the database, in ms since the Unix epoch.
+type FileClock = Box<dyn Fn() -> std::io::Result<i64> + Send + Sync>;
+
 struct Queries {
+    clock: SqlStr,
     select_lock: SqlStr,
     seed_row: SqlStr,
     write_claim: SqlStr,
@@ -90,6 +97,7 @@ impl Queries {
             AssertSqlSafe(sql).into_sql_str()
         };
         Queries {
+            clock: q(format!("SELECT {now}")),
             select_lock: q(format!(
                 "SELECT owner, fence, expires_at, last_occurrence, {now} AS now_ms FROM {p}lock_info WHERE lock_name = ?{}",
                 d.lock_row
@@ -211,6 +219,10 @@ impl SqlStore {
                     });
                 }
             };
+        let file_clock = match url.kind() {
+            StoreKind::Sqlite { path } => sqlite_clock(path),
+            _ => None,
+        };
         let setup: std::sync::Arc<[String]> = setup.into();
         let pool = AnyPoolOptions::new()
             .max_connections(if dialect.name == "sqlite" { 2 } else { 4 })
@@ -241,6 +253,7 @@ impl SqlStore {
             connect_url,
             dialect,
             op_timeout: config.op_timeout,
+            file_clock,
         })
     }
 
@@ -267,12 +280,37 @@ impl SqlStore {
         }
     }
 
+    /// The store's clock for a statement about to run: `Some` for SQLite
+    /// (the file-system clock), `None` where the database reads its own.
+    fn file_clock_now(&self) -> Result<Option<i64>, sqlx::Error> {
+        self.file_clock
+            .as_ref()
+            .map(|c| c().map_err(sqlx::Error::Io))
+            .transpose()
+    }
+
+    /// `q` ready to run: with SQLite's `{now}` replaced by the file-system
+    /// clock (read now, or `now` when given).
+    fn stmt(&self, q: &SqlStr, now: Option<i64>) -> Result<SqlStr, sqlx::Error> {
+        let now = match now {
+            Some(now) => Some(now),
+            None => self.file_clock_now()?,
+        };
+        Ok(match now {
+            Some(now) if self.file_clock.is_some() => {
+                AssertSqlSafe(q.as_str().replace("{now}", &now.to_string())).into_sql_str()
+            }
+            _ => q.clone(),
+        })
+    }
+
     async fn read_lock(
         &self,
         conn: &mut AnyConnection,
         job: &str,
+        now: Option<i64>,
     ) -> Result<Option<LockRow>, sqlx::Error> {
-        let row = sqlx::query(self.queries.select_lock.clone())
+        let row = sqlx::query(self.stmt(&self.queries.select_lock, now)?)
             .bind(job.to_string())
             .fetch_optional(&mut *conn)
             .await?;
@@ -318,18 +356,16 @@ impl SqlStore {
     /// One claim transaction; a job without a row yet gets it inserted
     /// outside the transaction first (concurrent inserts of one new key inside
     /// transactions deadlock on MySQL), then the transaction starts over.
-    async fn claim_rows(
-        &self,
-        requests: &[ClaimRequest],
-    ) -> Result<Vec<ClaimOutcome>, sqlx::Error> {
+    async fn claim_rows(&self, requests: &[ClaimRequest]) -> Result<Claimed, sqlx::Error> {
         loop {
             match self.retrying(|| self.claim_in_tx(requests)).await? {
-                Ok(outcomes) => return Ok(outcomes),
+                Ok(claimed) => return Ok(claimed),
                 Err(missing) => {
-                    self.retrying(|| {
-                        sqlx::query(self.queries.seed_row.clone())
+                    self.retrying(|| async {
+                        sqlx::query(self.stmt(&self.queries.seed_row, None)?)
                             .bind(missing.clone())
                             .execute(&self.pool)
+                            .await
                     })
                     .await?;
                 }
@@ -338,22 +374,73 @@ impl SqlStore {
     }
 
     /// Claims in one transaction, or names a job whose row does not exist.
+    ///
+    /// The connection goes back to the pool only in a known state: after a
+    /// failed commit or rollback (a full disk, a dropped link) it may still
+    /// be inside a transaction, and handing it out again would fail every
+    /// later claim ("non-zero transaction depth"), so it is closed instead.
     async fn claim_in_tx(
         &self,
         requests: &[ClaimRequest],
-    ) -> Result<Result<Vec<ClaimOutcome>, String>, sqlx::Error> {
+    ) -> Result<Result<Claimed, String>, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let (result, clean) = self.claim_on(&mut conn, requests).await;
+        if !clean {
+            conn.close_on_drop();
+        }
+        result
+    }
+
+    /// [`Self::claim_in_tx`] on one connection; also says whether the
+    /// connection is known to be outside any transaction.
+    async fn claim_on(
+        &self,
+        conn: &mut AnyConnection,
+        requests: &[ClaimRequest],
+    ) -> (Result<Result<Claimed, String>, sqlx::Error>, bool) {
+        let mut tx = match conn.begin_with(self.dialect.begin).await {
+            Ok(tx) => tx,
+            // A busy database refuses BEGIN before anything started.
+            Err(e) => {
+                let clean = is_transient(&e);
+                return (Err(e), clean);
+            }
+        };
+        let decided = self.decide_in_tx(&mut tx, requests).await;
+        let ended = match &decided {
+            Ok(Ok(_)) => tx.commit().await,
+            _ => tx.rollback().await,
+        };
+        let clean = ended.is_ok()
+            && !conn.is_in_transaction()
+            && decided.as_ref().err().is_none_or(is_transient);
+        match (decided, ended) {
+            (Err(e), _) | (Ok(_), Err(e)) => (Err(e), clean),
+            (Ok(decided), Ok(())) => (Ok(decided), clean),
+        }
+    }
+
+    /// The body of a claim transaction: lock, decide and write each row.
+    async fn decide_in_tx(
+        &self,
+        tx: &mut AnyConnection,
+        requests: &[ClaimRequest],
+    ) -> Result<Result<Claimed, String>, sqlx::Error> {
+        // Read after BEGIN: the write lock is held, so this instant is later
+        // than every decision committed before ours.
+        let file_now = self.file_clock_now()?;
         // Rows are locked in name order so two batches can never deadlock.
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
-        let mut tx = self.pool.begin_with(self.dialect.begin).await?;
+        let mut store_now = file_now;
         for i in order {
             let req = &requests[i];
             let job = req.job.as_str();
-            let Some(row) = self.read_lock(&mut tx, job).await? else {
-                tx.rollback().await?;
+            let Some(row) = self.read_lock(tx, job, file_now).await? else {
                 return Ok(Err(job.to_string()));
             };
+            store_now.get_or_insert(row.now);
             answers[i] = Some(match decide(&row, req) {
                 Decision::Claim {
                     fence,
@@ -375,8 +462,10 @@ impl SqlStore {
                 Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
             });
         }
-        tx.commit().await?;
-        Ok(Ok(answers.into_iter().flatten().collect()))
+        Ok(Ok(Claimed {
+            store_now: from_ms(store_now.unwrap_or_default()),
+            outcomes: answers.into_iter().flatten().collect(),
+        }))
     }
 
     /// Applies pending migrations on a connection of its own, under the
@@ -430,9 +519,12 @@ impl SqlStore {
                     .execute(&mut conn)
                     .await?;
             }
+            let now = match self.file_clock_now()? {
+                Some(now) => now.to_string(),
+                None => self.dialect.now_ms.to_string(),
+            };
             let record = format!(
-                "INSERT INTO {p}cronlease_schema (version, applied_at) VALUES ({version}, {})",
-                self.dialect.now_ms
+                "INSERT INTO {p}cronlease_schema (version, applied_at) VALUES ({version}, {now})"
             );
             sqlx::raw_sql(AssertSqlSafe(record))
                 .execute(&mut conn)
@@ -500,11 +592,25 @@ impl Store for SqlStore {
         self.migrate().await.map_err(|e| self.err(e))
     }
 
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
         if requests.is_empty() {
-            return Ok(Vec::new());
+            return self.clock().await.map(|store_now| Claimed {
+                store_now,
+                outcomes: Vec::new(),
+            });
         }
         self.claim_rows(requests).await.map_err(|e| self.err(e))
+    }
+
+    async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
+        if let Some(now) = self.file_clock_now().map_err(|e| self.err(e))? {
+            return Ok(from_ms(now));
+        }
+        let now: i64 = sqlx::query_scalar(self.queries.clock.clone())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(from_ms(now))
     }
 
     async fn renew(
@@ -516,12 +622,13 @@ impl Store for SqlStore {
         // rows_affected counts matched rows under CLIENT_FOUND_ROWS, which is
         // what is wanted: the WHERE clause is the owner check.
         let done = self
-            .retrying(|| {
-                sqlx::query(self.queries.renew.clone())
+            .retrying(|| async {
+                sqlx::query(self.stmt(&self.queries.renew, None)?)
                     .bind(duration_ms(lease))
                     .bind(job.as_str().to_string())
                     .bind(owner.as_str().to_string())
                     .execute(&self.pool)
+                    .await
             })
             .await
             .map_err(|e| self.err(e))?;
@@ -532,11 +639,12 @@ impl Store for SqlStore {
         let mut released = 0;
         for job in jobs {
             let done = self
-                .retrying(|| {
-                    sqlx::query(self.queries.release.clone())
+                .retrying(|| async {
+                    sqlx::query(self.stmt(&self.queries.release, None)?)
                         .bind(job.as_str().to_string())
                         .bind(owner.as_str().to_string())
                         .execute(&self.pool)
+                        .await
                 })
                 .await
                 .map_err(|e| self.err(e))?;
@@ -554,10 +662,13 @@ impl Store for SqlStore {
     }
 
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
-        let rows = sqlx::query(self.queries.status.clone())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+        let rows = sqlx::query(
+            self.stmt(&self.queries.status, None)
+                .map_err(|e| self.err(e))?,
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
         rows.iter()
             .map(|r| -> Result<LockStatus, sqlx::Error> {
                 let owner: Option<String> = r.try_get(1)?;
@@ -639,6 +750,15 @@ impl Store for SqlStore {
     }
 }
 
+#[cfg(feature = "sqlite")]
+fn sqlite_clock(path: &std::path::Path) -> Option<FileClock> {
+    let clock = sqlite::FileClock::beside(path);
+    Some(Box::new(move || clock.now_ms()))
+}
+#[cfg(not(feature = "sqlite"))]
+fn sqlite_clock(_: &std::path::Path) -> Option<FileClock> {
+    None
+}
 #[cfg(feature = "sqlite")]
 fn sqlite_parts(
     path: &std::path::Path,

@@ -4,15 +4,29 @@
 //! up front (`BEGIN IMMEDIATE`), so concurrent claimers never fail a lock
 //! upgrade halfway; a busy database is retried by `SqlStore` with short
 //! jittered pauses rather than SQLite's coarse busy handler.
+//!
+//! The store's clock is the file system's, not the calling process's: SQLite
+//! has no server, and `julianday('now')` would read each node's own clock, so
+//! a node whose clock runs ahead would judge its own claims by it. Before
+//! each decision the store writes one byte to `<db>-clock` beside the
+//! database and reads back the modification time the kernel stamped on it:
+//! one clock for every process on the host, whatever a process believes the
+//! time is (the same idea as ZooKeeper's `mtime` of a write). Queries carry
+//! `{now}`, replaced by that instant when they run.
 
-use std::path::Path;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 use super::Dialect;
 use crate::store::StoreError;
 
 pub static DIALECT: Dialect = Dialect {
     name: "sqlite",
-    now_ms: "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    // Filled in from the file-system clock when a statement runs.
+    now_ms: "{now}",
     begin: "BEGIN IMMEDIATE",
     lock_row: "",
     seed_row: "INSERT OR IGNORE INTO {p}lock_info (lock_name, owner, fence, expires_at, last_occurrence, modified_at) VALUES (?, NULL, 0, 0, NULL, {now})",
@@ -45,4 +59,57 @@ pub(super) fn parts(path: &Path) -> Result<(&'static Dialect, String, Vec<String
         "PRAGMA synchronous = FULL".into(),
     ];
     Ok((&DIALECT, url, setup))
+}
+
+/// The host's clock as the kernel stamps it on a write to `<db>-clock`.
+pub struct FileClock {
+    path: PathBuf,
+    file: Mutex<Option<File>>,
+}
+
+impl FileClock {
+    /// The clock for the database at `db` (nothing is opened yet).
+    pub fn beside(db: &Path) -> Self {
+        let mut name = db.as_os_str().to_owned();
+        name.push("-clock");
+        FileClock {
+            path: PathBuf::from(name),
+            file: Mutex::new(None),
+        }
+    }
+
+    /// Milliseconds since the Unix epoch by the file system's clock.
+    pub fn now_ms(&self) -> std::io::Result<i64> {
+        let mut slot = self
+            .file
+            .lock()
+            .map_err(|_| std::io::Error::other("clock file lock poisoned"))?;
+        if slot.is_none() {
+            *slot = Some(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&self.path)?,
+            );
+        }
+        let Some(file) = slot.as_ref() else {
+            return Err(std::io::Error::other("clock file not open"));
+        };
+        let stamped = file.write_at(b"c", 0).and_then(|_| file.metadata());
+        let modified = match stamped {
+            Ok(meta) => meta.modified()?,
+            Err(e) => {
+                // Reopen next time: the file may have been removed or replaced.
+                *slot = None;
+                return Err(e);
+            }
+        };
+        let ms = modified
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_err(|_| std::io::Error::other("file-system clock before 1970"))?
+            .as_millis();
+        i64::try_from(ms).map_err(|_| std::io::Error::other("file-system clock out of range"))
+    }
 }

@@ -1,0 +1,132 @@
+//! Clock skew, made with libfaketime (Debian package `faketime`): a node whose
+//! clock runs ahead must never run a job early, and a node that ran far ahead
+//! for a moment must leave nothing behind that makes correct nodes miss.
+
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::cluster::{Cluster, Line, check_exactly_once};
+use crate::support::{Backend, free_port};
+
+const FAKETIME_LIBS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/faketime/libfaketimeMT.so.1",
+];
+
+/// The environment that makes a process's clock run `offset` ahead
+/// (e.g. "+5s"); fails the test, saying what to install, without faketime.
+fn faked(offset: &str) -> Vec<(&'static str, String)> {
+    let lib = FAKETIME_LIBS
+        .iter()
+        .find(|l| Path::new(l).exists())
+        .unwrap_or_else(|| {
+            panic!("libfaketime is not installed; these tests need it: apt-get install faketime")
+        });
+    vec![
+        ("LD_PRELOAD", lib.to_string()),
+        ("FAKETIME", offset.to_string()),
+        ("FAKETIME_DONT_RESET", "1".to_string()),
+    ]
+}
+
+/// Each second, the job writes what it is and when it started by the real
+/// clock (libfaketime removed from its environment).
+const REAL_TIME_TICK: &str = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/sh\", \"-c\", \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(env -u LD_PRELOAD -u FAKETIME date +%s.%N)\\\" >> '{out}'\"]\n";
+
+fn start_faked(c: &mut Cluster, node: &str, offset: &str) {
+    let env = faked(offset);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    c.start_with_env(node, &env);
+}
+
+/// A node 5 s ahead holds back: it runs nothing, says so once, fails
+/// `/healthz` with the reason; the correct node runs every occurrence on time.
+fn five_seconds_ahead_never_runs_early(backend: Backend) {
+    let mut c = Cluster::new(backend, Some(REAL_TIME_TICK), "");
+    let port = free_port();
+    let n1 = c.config("n1");
+    let mut cfg = std::fs::read_to_string(&n1).unwrap();
+    cfg.push_str(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    std::fs::write(&n1, cfg).unwrap();
+    start_faked(&mut c, "n1", "+5s");
+    std::thread::sleep(Duration::from_secs(3));
+    c.start("n2");
+    let lines = c.wait_for(
+        "four runs on the correct node",
+        Duration::from_secs(20),
+        |l| l.iter().filter(|l| l.node == "n2").count() >= 4,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, body) = crate::service::http_get(port, "/healthz");
+    let report = c.report();
+    assert_eq!(code, 503, "{body}\n{report}");
+    assert!(body.contains("clock offset"), "{body}");
+    let lines = {
+        let mut all = c.lines();
+        all.retain(|l| lines.first().is_none_or(|f| l.occurrence >= f.occurrence));
+        all
+    };
+    let early: Vec<&Line> = lines.iter().filter(|l| l.lateness() < 0.0).collect();
+    assert!(
+        early.is_empty(),
+        "runs started before their instant: {early:?}\n{report}"
+    );
+    assert!(
+        lines.iter().all(|l| l.node == "n2"),
+        "the node whose clock runs ahead ran a job\n{report}"
+    );
+    check_exactly_once(&lines, &report);
+    let log = c.log("n1");
+    assert_eq!(
+        log.matches("more than cluster.max_clock_offset").count(),
+        1,
+        "one error for the whole episode\n{report}"
+    );
+    c.stop_all();
+}
+
+/// A node 30 s ahead, alive for 3 s, then killed: a correct node started
+/// after it misses nothing.
+fn thirty_seconds_ahead_for_three_seconds_leaves_no_trace(backend: Backend) {
+    let mut c = Cluster::new(backend, Some(REAL_TIME_TICK), "");
+    start_faked(&mut c, "n1", "+30s");
+    std::thread::sleep(Duration::from_secs(3));
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5));
+    let started = chrono::Utc::now();
+    c.start("n2");
+    let lines = c.wait_for(
+        "six runs on the correct node",
+        Duration::from_secs(15),
+        |l| l.iter().filter(|l| l.node == "n2").count() >= 6,
+    );
+    let report = c.report();
+    assert!(
+        lines.iter().all(|l| l.node == "n2"),
+        "the node whose clock ran ahead ran a job\n{report}"
+    );
+    let sorted = check_exactly_once(&lines, &report);
+    let first = &sorted[0];
+    assert!(
+        (first.occurrence - started).num_milliseconds() < 2_500,
+        "the correct node's first run came late: {first:?} after a start at {started}\n{report}"
+    );
+    c.stop_all();
+}
+
+macro_rules! per_store {
+    ($($scenario:ident),*) => {
+        mod sqlite { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sqlite) } )* }
+        mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
+        mod postgres { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Postgres) } )* }
+        mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
+    };
+}
+
+per_store!(
+    five_seconds_ahead_never_runs_early,
+    thirty_seconds_ahead_for_three_seconds_leaves_no_trace
+);
