@@ -1,5 +1,5 @@
 //! The commands behind `main`: each loads the configuration, does its work and
-//! maps the result to an exit code (CONTRACT §2): 0 ok, 2 usage (clap),
+//! maps the result to an exit code (docs/cli.md): 0 ok, 2 usage (clap),
 //! 69 store unreachable, 78 invalid configuration, 1 anything else.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! Command-line definitions (clap). CONTRACT §2 is the interface.
+//! Command-line definitions (clap). docs/cli.md describes the interface.
 
 use std::path::PathBuf;
 

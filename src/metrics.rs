@@ -1,4 +1,4 @@
-//! Metrics (CONTRACT §7) and the HTTP endpoint that serves them.
+//! Metrics (docs/operations.md) and the HTTP endpoint that serves them.
 //!
 //! `[metrics] listen` serves `/metrics` (Prometheus scrapes it; OpenMetrics
 //! text, via the prometheus-client crate) and `/healthz` (200 when the store

@@ -1,5 +1,5 @@
 //! Claiming: the per-job loop that waits for each occurrence, and the
-//! per-occurrence handler that claims it (CONTRACT §4).
+//! per-occurrence handler that claims it (docs/protocol.md).
 //!
 //! A handler claims its occurrence once at the scheduled instant. If another
 //! owner holds a live lease and has not claimed this occurrence, it waits for

@@ -56,7 +56,7 @@ impl LeaseClock {
         self.lease / 1000
     }
 
-    /// CONTRACT §4's local deadline: sent + lease − margin/2 − allowance.
+    /// the local deadline of docs/protocol.md: sent + lease − margin/2 − allowance.
     fn deadline(&self, margin: Duration) -> Instant {
         (self.sent + self.lease)
             .checked_sub(margin / 2 + self.allowance())

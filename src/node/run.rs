@@ -2,7 +2,7 @@
 //! keeps the lease while the job runs, and the history record.
 //!
 //! The watchdog renews whenever less than a third of the lease is left. It
-//! keeps CONTRACT §4's local deadline (monotonic time the last successful claim
+//! keeps the local deadline of docs/protocol.md (monotonic time the last successful claim
 //! or renewal was *sent* + lease − margin/2 − 0.1% of the lease); at that
 //! deadline without a renewal, or when a renewal is refused, the run is
 //! killed and recorded `lease_lost`. SIGKILL comes no later than the moment

@@ -1,6 +1,6 @@
 //! The shared lock store: one small trait, a backend per URL scheme.
 //!
-//! Every backend gives the same answer to the same question (CONTRACT §4):
+//! Every backend gives the same answer to the same question (docs/protocol.md):
 //! [`Store::claim`] is one atomic step evaluated on the **store's clock**. It
 //! succeeds iff the job's lease is free, expired or already ours, and the
 //! occurrence is later than the last one claimed. It then bumps the fencing
@@ -147,7 +147,7 @@ pub struct LockStatus {
     pub last_owner: Option<String>,
 }
 
-/// How a run ended (CONTRACT §5).
+/// How a run ended (docs/protocol.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -239,7 +239,7 @@ pub trait Store: Send + Sync + 'static {
     /// and checks persistence. Idempotent and safe to run from several nodes.
     async fn prepare(&self) -> Result<(), StoreError>;
 
-    /// Claims every request in one atomic step per request (CONTRACT §4),
+    /// Claims every request in one atomic step per request (docs/protocol.md),
     /// answering in request order. Requests for distinct jobs due at the same
     /// instant go to the store together (one round trip on Redis, one
     /// transaction on SQL).
@@ -331,7 +331,7 @@ pub fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The claim rule of CONTRACT §4 as a pure function, for stores that read the
+/// The claim rule of docs/protocol.md as a pure function, for stores that read the
 /// lock row and decide in a transaction (SQL). Redis runs the same rule in Lua
 /// (`redis/claim.lua`); the conformance suite holds both to it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -182,7 +182,7 @@ impl RedisStore {
             if !self.warned_persistence.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     store = %self.url,
-                    "Redis {problem}: a restart or failover can lose acknowledged claims, and an occurrence may then run twice; use `appendonly yes` with `appendfsync always` (CONTRACT §4)"
+                    "Redis {problem}: a restart or failover can lose acknowledged claims, and an occurrence may then run twice; use `appendonly yes` with `appendfsync always` (docs/protocol.md)"
                 );
             }
         }

@@ -1,4 +1,4 @@
-//! The command line's contract (CONTRACT §2): exit codes and output.
+//! The command line's contract (docs/cli.md): exit codes and output.
 
 use std::process::Command;
 

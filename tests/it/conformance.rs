@@ -1,4 +1,4 @@
-//! The store conformance suite: CONTRACT §4's claim semantics, held against
+//! The store conformance suite: the claim semantics of docs/protocol.md, held against
 //! every backend by the same cases, plus ShedLock's provider-suite cases in
 //! our semantics. `conformance!(backend)` instantiates the suite.
 
@@ -408,7 +408,7 @@ pub async fn shedlock_fuzz_unprotected_counter(h: &Harness) {
     assert_eq!(counter.load(Ordering::SeqCst), 800);
 }
 
-/// CONTRACT's clock rule: an occurrence later than the store's now plus the
+/// The clock rule of docs/protocol.md: an occurrence later than the store's now plus the
 /// allowed offset is refused and changes nothing; the reply carries the
 /// store's clock.
 pub async fn occurrence_beyond_the_store_clock_is_refused(h: &Harness) {

@@ -1,4 +1,4 @@
-//! Running a job (CONTRACT §5), through a real daemon on SQLite: argv and
+//! Running a job (docs/protocol.md), through a real daemon on SQLite: argv and
 //! shell commands, the environment, timeout, overlap, outcomes in history,
 //! output in the log, and no job outliving its daemon.
 

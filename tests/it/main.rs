@@ -13,6 +13,7 @@ mod clock;
 mod cluster;
 mod config_errors;
 mod conformance;
+mod disk;
 mod drill;
 mod drills;
 mod e2e;

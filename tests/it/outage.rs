@@ -101,7 +101,7 @@ fn redis_that_loses_its_data() {
         assert_ne!(w[0].occurrence, w[1].occurrence, "ran twice\n{report}");
     }
     // The store forgot its fences; each node's fence floor still keeps its
-    // own fences increasing (CONTRACT §4: across nodes that needs a store
+    // own fences increasing (docs/protocol.md: across nodes that needs a store
     // that keeps what it acknowledged, and cronlease says so, once).
     for node in ["n1", "n2"] {
         let fences: Vec<u64> = lines

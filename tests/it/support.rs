@@ -250,7 +250,7 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// Prepares a server on a free port, not yet started. A persistent one
-    /// keeps an AOF with `appendfsync always` (what CONTRACT §4 asks) across
+    /// keeps an AOF with `appendfsync always` (what docs/protocol.md asks) across
     /// restarts; the other forgets everything.
     pub fn new(persistent: bool) -> RedisServer {
         RedisServer {
