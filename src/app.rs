@@ -1,6 +1,6 @@
 //! The commands behind `main`: each loads the configuration, does its work and
 //! maps the result to an exit code (docs/cli.md): 0 ok, 2 usage (clap),
-//! 69 store unreachable, 78 invalid configuration, 1 anything else.
+//! 64 no such job, 69 store unreachable, 78 invalid configuration, 1 anything else.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -21,6 +21,8 @@ use crate::node::Node;
 use crate::store::{self, LockStatus, Owner, RunRecord, StoreError};
 use crate::{guard, metrics, telemetry};
 
+/// Exit code: no such job (sysexits EX_USAGE).
+pub const EXIT_NO_SUCH_JOB: u8 = 64;
 /// Exit code: store unreachable (sysexits EX_UNAVAILABLE).
 pub const EXIT_UNAVAILABLE: u8 = 69;
 /// Exit code: invalid configuration (sysexits EX_CONFIG).
@@ -392,6 +394,11 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
         Ok(l) => l,
         Err(e) => return store_failure(&e),
     };
+    let sent = Utc::now();
+    let clock_offset = match within(&config, store.clock()).await {
+        Ok(store_now) => crate::node::clock::offset_ms(store_now, sent, Utc::now()),
+        Err(e) => return store_failure(&e),
+    };
     let mut by_job: BTreeMap<String, Option<LockStatus>> = config
         .jobs
         .iter()
@@ -473,6 +480,16 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
         ],
         &table,
     );
+    let bound = config.max_clock_offset.as_millis();
+    let verdict = if u128::from(clock_offset.unsigned_abs()) > bound {
+        "OUT OF BOUNDS: a daemon on this host claims nothing; fix time sync"
+    } else {
+        "ok"
+    };
+    let _ = writeln!(
+        out,
+        "\nclock offset of this host: {clock_offset:+} ms (store - local; cluster.max_clock_offset {bound} ms): {verdict}"
+    );
     ExitCode::SUCCESS
 }
 
@@ -497,6 +514,16 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
         Ok(r) => r,
         Err(e) => return store_failure(&e),
     };
+    if let Some(job) = &job {
+        // A job removed from the configuration still has its history.
+        if runs.is_empty() && !config.jobs.iter().any(|j| &j.name == job) {
+            eprintln!(
+                "cronlease: no such job {job:?}: not in {} and no history in the store (`cronlease check` lists the jobs)",
+                path.display()
+            );
+            return ExitCode::from(EXIT_NO_SUCH_JOB);
+        }
+    }
     let mut out = std::io::stdout().lock();
     if json {
         let _ = writeln!(

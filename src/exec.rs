@@ -122,8 +122,8 @@ pub async fn run(
         Err(e) => {
             tracing::error!(job = %job.name, fence, "cannot start the command: {e}");
             return Finished {
-                outcome: Outcome::Failed,
-                exit_code: Some(127),
+                outcome: Outcome::NotStarted,
+                exit_code: None,
                 started_at,
                 finished_at: Utc::now(),
             };

@@ -94,7 +94,7 @@ impl Node {
         // recording the run takes.
         state.running.store(false, Ordering::SeqCst);
         let took = (finished.finished_at - finished.started_at).num_milliseconds();
-        match finished.outcome {
+        match &finished.outcome {
             Outcome::Ok => {
                 tracing::info!(job = %job.name, fence = ticket.fence, duration_ms = took, "run finished: ok")
             }

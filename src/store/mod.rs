@@ -148,42 +148,64 @@ pub struct LockStatus {
 }
 
 /// How a run ended (docs/protocol.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Ok,
     Failed,
     Timeout,
     LeaseLost,
     Killed,
+    /// The command could not be spawned (no such file, no permission).
+    NotStarted,
+    /// Claimed, but the previous run was still going (`overlap = "skip"`).
+    Skipped,
+    /// A history row this version does not understand (a newer version's
+    /// outcome, a hand edit, a malformed entry): shown, never an error.
+    Unknown(String),
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    /// The stored form.
+    pub fn as_str(&self) -> &str {
         match self {
             Outcome::Ok => "ok",
             Outcome::Failed => "failed",
             Outcome::Timeout => "timeout",
             Outcome::LeaseLost => "lease_lost",
             Outcome::Killed => "killed",
+            Outcome::NotStarted => "not_started",
+            Outcome::Skipped => "skipped",
+            Outcome::Unknown(raw) => raw,
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
+    /// The stored form read back; anything else is [`Outcome::Unknown`].
+    pub fn parse(s: &str) -> Self {
+        match s {
             "ok" => Outcome::Ok,
             "failed" => Outcome::Failed,
             "timeout" => Outcome::Timeout,
             "lease_lost" => Outcome::LeaseLost,
             "killed" => Outcome::Killed,
-            _ => return None,
-        })
+            "not_started" => Outcome::NotStarted,
+            "skipped" => Outcome::Skipped,
+            other => Outcome::Unknown(other.chars().take(64).collect()),
+        }
     }
 }
 
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match self {
+            Outcome::Unknown(raw) => write!(f, "unknown({raw})"),
+            known => f.write_str(known.as_str()),
+        }
+    }
+}
+
+impl Serialize for Outcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 

@@ -232,15 +232,13 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.err(e))?;
-        entries
+        let job = self.job_of(key, "runs").unwrap_or_default();
+        Ok(entries
             .into_iter()
             .map(|(id, fields)| {
-                run_from_fields(&fields).ok_or_else(|| StoreError::Backend {
-                    store: self.url.redacted().into(),
-                    reason: format!("malformed history entry {id} in {key}"),
-                })
+                run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
             })
-            .collect()
+            .collect())
     }
 }
 
@@ -265,11 +263,37 @@ fn run_from_fields(f: &HashMap<String, String>) -> Option<RunRecord> {
         occurrence: from_ms(int("occurrence")?),
         started_at: from_ms(int("started_at")?),
         finished_at: from_ms(int("finished_at")?),
-        outcome: Outcome::parse(f.get("outcome")?)?,
+        outcome: Outcome::parse(f.get("outcome")?),
         exit_code: f.get("exit_code").and_then(|c| c.parse().ok()),
         takeover: int("takeover")? != 0,
         delay_ms: int("delay_ms")?.max(0) as u64,
     })
+}
+
+/// A history entry this version cannot read (a hand edit, a newer
+/// version's fields): shown as `unknown(malformed entry ID)` rather than
+/// failing the whole listing. Its time is the stream id's.
+fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord {
+    let at = from_ms(
+        id.split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_default(),
+    );
+    let text = |k: &str| f.get(k).cloned().unwrap_or_default();
+    RunRecord {
+        job: job.to_string(),
+        fence: f.get("fence").and_then(|v| v.parse().ok()).unwrap_or(0),
+        owner: text("owner"),
+        node: text("node"),
+        occurrence: at,
+        started_at: at,
+        finished_at: at,
+        outcome: Outcome::Unknown(format!("malformed entry {id}")),
+        exit_code: None,
+        takeover: false,
+        delay_ms: 0,
+    }
 }
 
 fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {

@@ -136,6 +136,23 @@ fn migrate_then_status_on_each_store() {
             stdout.starts_with("JOB") && stdout.contains("tick"),
             "{stdout}"
         );
+        assert!(
+            stdout.contains("clock offset of this host"),
+            "status shows this host's clock against the store's: {stdout}"
+        );
+        let out = cronlease(&["history", "nosuchjob"], &config);
+        assert_eq!(out.status.code(), Some(64), "{backend:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("no such job") && err.lines().count() == 1,
+            "{err}"
+        );
+        let out = cronlease(&["history", "tick"], &config);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "a configured job with no runs yet"
+        );
         let out = cronlease(&["status", "--json"], &config);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v[0]["job"], "tick");

@@ -315,7 +315,7 @@ pub async fn history_is_bounded_and_newest_first(h: &Harness) {
     let runs = a.history(Some(&job("h")), 10).await.unwrap();
     assert_eq!(runs.iter().map(|r| r.fence).collect::<Vec<_>>(), [5, 4, 3]);
     assert_eq!(
-        (runs[1].outcome, runs[1].exit_code),
+        (runs[1].outcome.clone(), runs[1].exit_code),
         (Outcome::Failed, Some(3))
     );
     assert_eq!(runs[0].occurrence, occ(5));
@@ -440,6 +440,64 @@ pub async fn occurrence_beyond_the_store_clock_is_refused(h: &Harness) {
     assert_eq!(w.fence, 2);
 }
 
+/// A history row this version does not understand (a newer version's
+/// outcome, a hand edit, a malformed entry) is shown as `unknown(...)`, and
+/// the other rows and jobs are listed as usual.
+pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
+    let a = h.store().await;
+    let t = occ(1);
+    let ok = RunRecord {
+        job: "u".into(),
+        fence: 1,
+        owner: "a#1".into(),
+        node: "a".into(),
+        occurrence: t,
+        started_at: t,
+        finished_at: t,
+        outcome: Outcome::Ok,
+        exit_code: Some(0),
+        takeover: false,
+        delay_ms: 0,
+    };
+    a.record_run(&ok, 100).await.unwrap();
+    a.record_run(
+        &RunRecord {
+            job: "v".into(),
+            ..ok.clone()
+        },
+        100,
+    )
+    .await
+    .unwrap();
+    h.write_foreign_runs("u").await;
+    let runs = a.history(Some(&job("u")), 10).await.unwrap();
+    let shown: Vec<String> = runs.iter().map(|r| r.outcome.to_string()).collect();
+    assert!(shown.contains(&"ok".to_string()), "{shown:?}");
+    assert!(
+        shown.contains(&"unknown(exploded)".to_string()),
+        "{shown:?}"
+    );
+    if h.backend == Backend::Redis {
+        assert!(
+            shown
+                .iter()
+                .any(|s| s.starts_with("unknown(malformed entry")),
+            "{shown:?}"
+        );
+    }
+    let all = a.history(None, 100).await.unwrap();
+    assert!(all.iter().any(|r| r.job == "v"), "{all:?}");
+    assert_eq!(
+        serde_json::to_value(&runs)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        runs.len()
+    );
+    a.status().await.unwrap();
+}
+
 macro_rules! conformance {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -460,7 +518,8 @@ macro_rules! conformance {
                 shedlock_lock_right_after_unlock,
                 shedlock_extend_and_not_extend_expired,
                 shedlock_fuzz_unprotected_counter,
-                occurrence_beyond_the_store_clock_is_refused
+                occurrence_beyond_the_store_clock_is_refused,
+                history_shows_rows_it_does_not_understand
             );
         }
     };

@@ -81,7 +81,7 @@ command = ["/nonexistent/program"]
             missing[0]["outcome"].as_str(),
             missing[0]["exit_code"].as_i64()
         ),
-        (Some("failed"), Some(127))
+        (Some("not_started"), None)
     );
     let env_runs = wait_history(&c, "env", |h| !h.is_empty());
     c.stop_all();

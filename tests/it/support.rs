@@ -133,6 +133,67 @@ impl Harness {
         store::connect(&self.config).await.unwrap()
     }
 
+    /// Writes history rows this version cannot understand, bypassing
+    /// cronlease: an outcome from a newer version (fence 90) and, on Redis,
+    /// an entry missing its fields (fence 91), as a hand edit would.
+    pub async fn write_foreign_runs(&self, job: &str) {
+        match self.backend {
+            Backend::Redis => {
+                let client = redis::Client::open(self.config.url.expose()).unwrap();
+                let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                let key = format!("{}{{{job}}}:runs", self.config.key_prefix);
+                let _: String = redis::cmd("XADD")
+                    .arg(&key)
+                    .arg("*")
+                    .arg(&[
+                        ("job", job),
+                        ("fence", "90"),
+                        ("owner", "future#1"),
+                        ("node", "future"),
+                        ("occurrence", "1790000000000"),
+                        ("started_at", "1790000000000"),
+                        ("finished_at", "1790000000000"),
+                        ("outcome", "exploded"),
+                        ("takeover", "0"),
+                        ("delay_ms", "0"),
+                    ])
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                let _: String = redis::cmd("XADD")
+                    .arg(&key)
+                    .arg("*")
+                    .arg(&[("fence", "91"), ("garbage", "yes")])
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+            }
+            _ => {
+                let sql = format!(
+                    "INSERT INTO {}job_runs (job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms) VALUES ('{job}', 90, 'future#1', 'future', 1790000000000, 1790000000000, 1790000000000, 'exploded', NULL, 0, 0)",
+                    self.config.table_prefix
+                );
+                self.raw_sql(&sql).await;
+            }
+        }
+    }
+
+    /// Runs one SQL statement on the harness's database, bypassing cronlease.
+    pub async fn raw_sql(&self, sql: &str) {
+        sqlx::any::install_default_drivers();
+        let url = match self.config.url.kind() {
+            cronlease::config::StoreKind::Sqlite { path } => format!("sqlite://{}", path.display()),
+            _ => self.config.url.expose().to_string(),
+        };
+        let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
+            .await
+            .unwrap();
+        sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+
     /// Sets the job's lease to expire `ms` from now on the **store's** clock
     /// (negative: already expired), bypassing cronlease.
     pub async fn set_expiry_in(&self, job: &str, ms: i64) {

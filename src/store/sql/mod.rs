@@ -578,8 +578,7 @@ fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
         occurrence: from_ms(r.try_get(4)?),
         started_at: from_ms(r.try_get(5)?),
         finished_at: from_ms(r.try_get(6)?),
-        outcome: Outcome::parse(&outcome)
-            .ok_or_else(|| sqlx::Error::Protocol(format!("unknown outcome {outcome:?}")))?,
+        outcome: Outcome::parse(&outcome),
         exit_code: r.try_get::<Option<i64>, _>(8)?.map(|c| c as i32),
         takeover: r.try_get::<i64, _>(9)? != 0,
         delay_ms: r.try_get::<i64, _>(10)?.max(0) as u64,
