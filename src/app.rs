@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, Commands};
 use crate::config::{self, Config, JobName, Overrides};
 use crate::node::Node;
+use crate::pidfile::{self, PidFile};
 use crate::store::{self, LockStatus, Owner, RunRecord, StoreError};
 use crate::{guard, metrics, telemetry};
 
@@ -178,7 +179,15 @@ async fn run(path: PathBuf) -> ExitCode {
             }
         }
     }
-    let pid_file = PidFile::create(&config.pid_file);
+    let pid_file = match PidFile::create(&config.pid_file) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(
+                "pid file: {e}; `cronlease step-down` will not find this daemon (SIGUSR1 still works)"
+            );
+            None
+        }
+    };
     let signal_task = tokio::spawn(handle_signals(
         signals,
         node.clone(),
@@ -272,65 +281,18 @@ fn warn_restart_only_changes(old: &Config, new: &Config) {
     }
 }
 
-/// The daemon's pid file, removed when dropped.
-struct PidFile(Option<PathBuf>);
-
-impl PidFile {
-    fn create(path: &Path) -> PidFile {
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        match std::fs::write(path, format!("{}\n", std::process::id())) {
-            Ok(()) => PidFile(Some(path.to_path_buf())),
-            Err(e) => {
-                tracing::warn!(pid_file = %path.display(), "cannot write the pid file ({e}); `cronlease step-down` will not find this daemon (SIGUSR1 still works)");
-                PidFile(None)
-            }
-        }
-    }
-}
-
-impl Drop for PidFile {
-    fn drop(&mut self) {
-        if let Some(p) = &self.0 {
-            // Only our own pid: a newer daemon may have taken the file over.
-            if std::fs::read_to_string(p).is_ok_and(|s| s.trim() == std::process::id().to_string())
-            {
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-}
-
 fn step_down(path: &Path) -> ExitCode {
     let config = match load_config(path) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let pid_file = &config.pid_file;
-    let pid = match std::fs::read_to_string(pid_file).map(|s| s.trim().parse::<i32>()) {
-        Ok(Ok(pid)) if pid > 1 => pid,
-        Ok(_) => {
-            eprintln!("cronlease: {} does not hold a pid", pid_file.display());
-            return ExitCode::FAILURE;
-        }
+    let pid = match pidfile::daemon_pid(&config.pid_file, path) {
+        Ok(pid) => pid,
         Err(e) => {
-            eprintln!(
-                "cronlease: cannot read {} ({e}): is the daemon running with this config?",
-                pid_file.display()
-            );
+            eprintln!("cronlease: {e}");
             return ExitCode::FAILURE;
         }
     };
-    // A stale pid file after a crash may name an unrelated process now.
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    if !String::from_utf8_lossy(&cmdline).contains("cronlease") {
-        eprintln!(
-            "cronlease: process {pid} from {} is not a cronlease daemon (stale pid file?)",
-            pid_file.display()
-        );
-        return ExitCode::FAILURE;
-    }
     match nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGUSR1,

@@ -16,6 +16,7 @@
 //!   the daemon dies.
 //! - [`app`]: the commands (`run`, `check`, `status`, `history`, `migrate`,
 //!   `step-down`) behind the thin `main`; [`cli`]: their clap definitions.
+//! - [`pidfile`]: the locked pid file and finding the daemon it names.
 //! - [`telemetry`] sets up logging; [`metrics`] serves `/metrics` and
 //!   `/healthz`; [`systemd`] speaks sd_notify.
 
@@ -26,6 +27,7 @@ pub mod exec;
 pub mod guard;
 pub mod metrics;
 pub mod node;
+pub mod pidfile;
 pub mod schedule;
 pub mod store;
 pub mod systemd;

@@ -19,5 +19,6 @@ mod drills;
 mod e2e;
 mod jobs;
 mod outage;
+mod pidfile;
 mod service;
 mod support;

@@ -1,0 +1,151 @@
+//! The pid file: `step-down` signals only this config's `cronlease run`, a
+//! second daemon never takes over or deletes the first one's file, and the
+//! file is never written through a symlink.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::cluster::Cluster;
+use crate::support::{Backend, binary, wait_until};
+
+fn step_down(c: &Cluster, node: &str) -> std::process::Output {
+    Command::new(binary())
+        .args(["step-down", "-c"])
+        .arg(c.config(node))
+        .env_remove("CRONLEASE_CONFIG")
+        .output()
+        .unwrap()
+}
+
+fn alive(child: &mut std::process::Child) -> bool {
+    matches!(child.try_wait(), Ok(None))
+}
+
+#[test]
+fn step_down_never_signals_a_process_that_is_not_this_configs_daemon() {
+    let c = Cluster::new(Backend::Sqlite, None, "");
+    let pid_file = c.dir.path().join("n1.pid");
+    let log = c.dir.path().join("cronlease.log");
+    std::fs::write(&log, "").unwrap();
+    // A stale file naming an operator's `tail -f cronlease.log`.
+    let mut tail = Command::new("tail")
+        .arg("-f")
+        .arg(&log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::fs::write(&pid_file, format!("{}\n", tail.id())).unwrap();
+    let out = step_down(&c, "n1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("stale") && err.lines().count() == 1, "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(&mut tail), "step-down signalled the operator's tail");
+
+    // A locked file whose process is not `cronlease run` with this config.
+    let mut locker = Command::new("flock")
+        .arg(&pid_file)
+        .args(["tail", "-f"])
+        .arg(&log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&pid_file, format!("{}\n", locker.id())).unwrap();
+    let out = step_down(&c, "n1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is not `cronlease run`") && err.lines().count() == 1,
+        "{err}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(&mut locker), "step-down signalled flock");
+    // flock's own child (tail) goes with its process group.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(locker.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    for p in [&mut tail, &mut locker] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+}
+
+#[test]
+fn a_second_daemon_leaves_the_first_ones_pid_file_alone() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    let pid_file = c.dir.path().join("n1.pid");
+    c.start("n1");
+    let first = c.pid("n1").to_string();
+    let read = || {
+        std::fs::read_to_string(&pid_file)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    wait_until(
+        "the pid file",
+        Duration::from_secs(10),
+        || c.report(),
+        || (read() == first).then_some(()),
+    );
+    let second = Command::new(binary())
+        .args(["run", "-c"])
+        .arg(c.config("n1"))
+        .env_remove("CRONLEASE_STORE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(read(), first, "the second daemon overwrote the pid file");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = second.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("held by another running daemon"), "{err}");
+    assert_eq!(
+        read(),
+        first,
+        "the second daemon deleted the first one's pid file"
+    );
+    let out = step_down(&c, "n1");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.stop_all();
+    assert!(
+        !pid_file.exists(),
+        "the daemon removes its pid file on exit"
+    );
+}
+
+#[test]
+fn the_pid_file_is_never_written_through_a_symlink() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    let victim = c.dir.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, c.dir.path().join("n1.pid")).unwrap();
+    c.start("n1");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        c.is_running("n1"),
+        "a bad pid file is not fatal\n{}",
+        c.report()
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    c.stop_all();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(c.log("n1").contains("pid file"), "{}", c.report());
+}
