@@ -31,6 +31,9 @@ impl Guard {
         let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
         let mut child = Command::new(exe)
             .arg("__guard")
+            // The guard needs nothing from the daemon's environment, least of
+            // all its secrets.
+            .env_remove("CRONLEASE_STORE_URL")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -266,19 +266,45 @@ fn percent_decode(s: &str) -> String {
         .unwrap_or_else(|| s.to_string())
 }
 
-/// `scheme://user:secret@host` → `scheme://user:***@host`; anything that does
-/// not parse is returned with everything between `//` and `@` hidden.
+/// `scheme://user:secret@host` → `scheme://user:***@host`. A URL that does
+/// not read as one with a host (a typo such as `mysql:/user:pw@host` or
+/// `mysql:user:pw@host`) has everything that could be a credential hidden:
+/// all before the last `@`, or a non-numeric "port" where no `@` stands.
 pub fn redact_url(raw: &str) -> String {
     if let Ok(mut u) = url::Url::parse(raw) {
         if u.password().is_some() {
             let _ = u.set_password(Some("***"));
             return u.to_string();
         }
-        return raw.to_string();
+        if u.host_str().is_some_and(|h| !h.is_empty()) {
+            return raw.to_string();
+        }
     }
-    match (raw.find("//"), raw.rfind('@')) {
-        (Some(start), Some(at)) if at > start => {
-            format!("{}//***{}", &raw[..start], &raw[at..])
+    redact_unparsed(raw)
+}
+
+fn redact_unparsed(raw: &str) -> String {
+    let scheme_end = raw.find(':').filter(|&i| {
+        i > 0
+            && raw[..i]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-'))
+    });
+    let (head, rest) = match scheme_end {
+        Some(i) => {
+            let after = &raw[i + 1..];
+            let slashes = after.len() - after.trim_start_matches('/').len();
+            raw.split_at(i + 1 + slashes)
+        }
+        None => ("", raw),
+    };
+    if let Some(at) = rest.rfind('@') {
+        return format!("{head}***{}", &rest[at..]);
+    }
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].split_once(':') {
+        Some((host, port)) if !port.chars().all(|c| c.is_ascii_digit()) => {
+            format!("{head}{host}:***{}", &rest[authority_end..])
         }
         _ => raw.to_string(),
     }
@@ -1149,7 +1175,23 @@ mod tests {
         );
         assert_eq!(u.scrub("auth failed for hunter2"), "auth failed for ***");
         assert_eq!(redact_url("redis://:p%40ss@h:1/"), "redis://:***@h:1/");
-        assert_eq!(redact_url("weird//user:pw@host"), "weird//***@host");
+        assert_eq!(redact_url("weird//user:pw@host"), "***@host");
+        // Typos that make the password part of a path.
+        assert_eq!(redact_url("mysql:/root:pw@db/x"), "mysql:/***@db/x");
+        assert_eq!(redact_url("mysql:root:pw@db/x"), "mysql:***@db/x");
+        assert_eq!(redact_url("mysql://root:pw"), "mysql://root:***");
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+        for typo in [
+            "mysql:/root:pw@db/x",
+            "mysql:root:pw@db",
+            "postgres:/u:pw@h/d",
+        ] {
+            let e = StoreUrl::parse(typo, Path::new("/")).unwrap_err();
+            assert!(!e.contains("pw"), "{e}");
+        }
         let r = StoreUrl::parse("redis://:s3cret@localhost/", Path::new("/")).unwrap();
         assert_eq!(r.scrub("s3cret"), "***");
     }

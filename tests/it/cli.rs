@@ -159,3 +159,77 @@ fn migrate_then_status_on_each_store() {
         assert_eq!(v[0]["fence"], 0);
     }
 }
+
+/// A store URL with a typo (`scheme:/`, `scheme:`) never has its password
+/// echoed, by any command, from the file or from the environment.
+#[test]
+fn malformed_store_urls_are_redacted_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "mysql:/root:s3cretpw@127.0.0.1:3306/test",
+        "mysql:root:s3cretpw@127.0.0.1:3306/test",
+        "postgres:/u:s3cretpw@127.0.0.1/test",
+        "redis::s3cretpw@127.0.0.1:6379/",
+        "mysql://root:s3cretpw",
+    ] {
+        let config = write_config(dir.path(), url);
+        for cmd in ["run", "check", "status", "migrate", "history", "step-down"] {
+            let out = cronlease(&[cmd], &config);
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(78), "{cmd} {url}: {all}");
+            assert!(!all.contains("s3cretpw"), "{cmd} {url}: {all}");
+            assert_eq!(all.lines().count(), 1, "{cmd} {url}: one line: {all}");
+        }
+        let out = Command::new(binary())
+            .args(["check", "-c"])
+            .arg(dir.path().join("nonexistent.toml"))
+            .env("CRONLEASE_STORE_URL", url)
+            .output()
+            .unwrap();
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cretpw"));
+        let ok = write_config(dir.path(), "sqlite://x.db");
+        let out = Command::new(binary())
+            .args(["check", "-c"])
+            .arg(&ok)
+            .env("CRONLEASE_STORE_URL", url)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{err}");
+        assert!(!err.contains("s3cretpw"), "{err}");
+    }
+}
+
+/// The guard process does not carry the store URL in its environment.
+#[test]
+fn the_guard_has_no_store_url_in_its_environment() {
+    let mut c = crate::cluster::Cluster::new(Backend::Sqlite, None, "");
+    let url = format!("sqlite://{}", c.dir.path().join("locks.db").display());
+    c.start_with_env("n1", &[("CRONLEASE_STORE_URL", url.as_str())]);
+    let guard = crate::support::wait_until(
+        "the guard process",
+        std::time::Duration::from_secs(10),
+        || c.report(),
+        || {
+            c.tree("n1").into_iter().find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("__guard"))
+            })
+        },
+    );
+    let environ = std::fs::read(format!("/proc/{guard}/environ")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains("CRONLEASE_STORE_URL"),
+        "the guard inherited the store URL"
+    );
+    let daemon = std::fs::read(format!("/proc/{}/environ", c.pid("n1"))).unwrap();
+    assert!(
+        String::from_utf8_lossy(&daemon).contains("CRONLEASE_STORE_URL"),
+        "test premise"
+    );
+    c.stop_all();
+}
