@@ -146,6 +146,9 @@ pub struct StoreUrl {
 impl StoreUrl {
     /// Parses a URL; `base` resolves relative SQLite paths.
     pub fn parse(raw: &str, base: &Path) -> Result<Self, String> {
+        if raw.contains('\0') {
+            return Err("invalid store URL: it contains a NUL byte".into());
+        }
         let redacted_input = redact_url(raw);
         let scheme = raw.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
         let scheme = scheme.ok_or_else(|| {
@@ -541,6 +544,21 @@ fn parse_toml<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// Checks that a string setting holds no NUL byte (no path, argument or
+/// name can carry one: every run would fail).
+fn refuse_nul(
+    src: &Source,
+    v: &Spanned<String>,
+    what: &str,
+    errors: &mut Vec<ConfigError>,
+) -> bool {
+    if v.get_ref().contains('\0') {
+        errors.push(src.at(v, format!("{what} contains a NUL byte")));
+        return false;
+    }
+    true
+}
+
 /// The longest duration any setting takes: a year. Longer ones are typos
 /// (or `u64::MAX` seconds), and every deadline computed from a bounded value
 /// stays far from overflowing.
@@ -657,6 +675,20 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         },
     };
 
+    for (v, what) in [
+        (&raw.pid_file, "pid_file"),
+        (&raw.jobs.dir, "jobs.dir"),
+        (&raw.store.url, "store.url"),
+        (&raw.store.password_file, "store.password_file"),
+        (&raw.store.key_prefix, "store.key_prefix"),
+        (&raw.store.tls_ca_file, "store.tls_ca_file"),
+        (&raw.store.tls_cert_file, "store.tls_cert_file"),
+        (&raw.store.tls_key_file, "store.tls_key_file"),
+    ] {
+        if let Some(v) = v {
+            refuse_nul(&src, v, what, &mut errors);
+        }
+    }
     let mut warnings = Vec::new();
     let store = load_store(&src, &raw, &base, overrides, &mut errors, &mut warnings);
     let lease_margin = duration_or(
@@ -725,11 +757,33 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
     };
     match std::fs::read_dir(&dir) {
         Ok(entries) => {
-            let mut files: Vec<PathBuf> = entries
+            let mut files: Vec<PathBuf> = Vec::new();
+            for path in entries
                 .filter_map(Result::ok)
                 .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
-                .collect();
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            {
+                // A *.toml that cannot be read as a file is a mistake to
+                // report, never a job file to skip silently.
+                match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_file() => files.push(path),
+                    Ok(_) => errors.push(ConfigError {
+                        origin: path.display().to_string(),
+                        position: None,
+                        message: "not a regular file (jobs.dir takes *.toml files)".into(),
+                    }),
+                    Err(e) => errors.push(ConfigError {
+                        origin: path.display().to_string(),
+                        position: None,
+                        message: match std::fs::symlink_metadata(&path) {
+                            Ok(m) if m.file_type().is_symlink() => {
+                                format!("dangling or looping symlink: {e}")
+                            }
+                            _ => format!("cannot read: {e}"),
+                        },
+                    }),
+                }
+            }
             files.sort();
             for file in files {
                 let Some(jsrc) = read_source(&file, &mut errors) else {
@@ -938,6 +992,18 @@ fn validate_job(
         }
     };
     let command = match rj.command.get_ref() {
+        toml::Value::String(s) if s.contains('\0') => {
+            errors.push(src.at(&rj.command, "command contains a NUL byte"));
+            None
+        }
+        toml::Value::Array(items)
+            if items
+                .iter()
+                .any(|v| v.as_str().is_some_and(|a| a.contains('\0'))) =>
+        {
+            errors.push(src.at(&rj.command, "a command argument contains a NUL byte"));
+            None
+        }
         toml::Value::String(s) if !s.trim().is_empty() => Some(Command::Shell(s.clone())),
         toml::Value::String(_) => {
             errors.push(src.at(
@@ -1010,6 +1076,18 @@ fn validate_job(
         } else {
             env.insert(key.clone(), v.get_ref().clone());
         }
+    }
+    for (v, what) in [
+        (&rj.working_dir, "working_dir"),
+        (&rj.user, "user"),
+        (&rj.group, "group"),
+    ] {
+        if let Some(v) = v {
+            refuse_nul(src, v, what, errors);
+        }
+    }
+    if errors.len() > before {
+        return None;
     }
     let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
     let identity = identity(src, rj, errors);

@@ -214,6 +214,86 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         "invalid metrics.listen",
     ),
     (
+        "NUL in a shell command",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\\u0000\"\n",
+        "a.toml",
+        4,
+        "command contains a NUL byte",
+    ),
+    (
+        "NUL in an argv element",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = [\"/bin/echo\", \"a\\u0000b\"]\n",
+        "a.toml",
+        4,
+        "argument contains a NUL byte",
+    ),
+    (
+        "NUL in an env value",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\"\nenv = { X = \"a\\u0000\" }\n",
+        "a.toml",
+        5,
+        "cannot contain NUL",
+    ),
+    (
+        "NUL in working_dir",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\"\nworking_dir = \"/tmp\\u0000\"\n",
+        "a.toml",
+        5,
+        "working_dir contains a NUL byte",
+    ),
+    (
+        "NUL in pid_file",
+        "pid_file = \"/run/x\\u0000.pid\"\n[store]\nurl = \"sqlite://x.db\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        1,
+        "pid_file contains a NUL byte",
+    ),
+    (
+        "NUL in the SQLite path",
+        "[store]\nurl = \"sqlite://x\\u0000.db\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        2,
+        "store.url contains a NUL byte",
+    ),
+    (
+        "absurd lease margin",
+        "[store]\nurl = \"sqlite://x.db\"\n[lease]\nmargin = \"18446744073709551615s\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        4,
+        "lease.margin",
+    ),
+    (
+        "absurd op_timeout",
+        "[store]\nurl = \"sqlite://x.db\"\nop_timeout = \"100000000h\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        3,
+        "store.op_timeout",
+    ),
+    (
+        "absurd job timeout",
+        GOOD_MAIN,
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\"\ntimeout = \"500y\"\n",
+        "a.toml",
+        5,
+        "timeout",
+    ),
+    (
+        "clock offset beyond a minute",
+        "[store]\nurl = \"sqlite://x.db\"\n[cluster]\nmax_clock_offset = \"2m\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        4,
+        "cluster.max_clock_offset",
+    ),
+    (
         "missing password file",
         "[store]\nurl = \"mysql://app@db/x\"\npassword_file = \"nope.pass\"\n",
         GOOD_JOB,
@@ -339,4 +419,31 @@ fn store_url_from_the_environment_is_checked_and_redacted() {
         stdout.contains("store redis://:***@127.0.0.1:6379/") && !stdout.contains("hunter2"),
         "{stdout}"
     );
+}
+
+/// A `*.toml` symlink in jobs.d that leads nowhere (or in a circle) is an
+/// error naming the file, never a job file skipped in silence.
+#[test]
+fn dangling_and_looping_job_symlinks_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("jobs.d")).unwrap();
+    let jobs = dir.path().join("jobs.d");
+    std::os::unix::fs::symlink(jobs.join("gone.toml.orig"), jobs.join("dangling.toml")).unwrap();
+    std::os::unix::fs::symlink(jobs.join("loop-b.toml"), jobs.join("loop-a.toml")).unwrap();
+    std::os::unix::fs::symlink(jobs.join("loop-a.toml"), jobs.join("loop-b.toml")).unwrap();
+    let errors = load(dir.path(), GOOD_MAIN, &[("ok.toml", GOOD_JOB)]).unwrap_err();
+    for name in ["dangling.toml", "loop-a.toml", "loop-b.toml"] {
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.origin.ends_with(name) && e.message.contains("symlink")),
+            "{name}: {errors:#?}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_cronlease"))
+        .args(["check", "-c"])
+        .arg(dir.path().join("cronlease.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
 }
