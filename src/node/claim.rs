@@ -234,18 +234,13 @@ impl Node {
                         continue;
                     }
                     if state.running.load(std::sync::atomic::Ordering::SeqCst) {
-                        // The previous run is still going. One that started late
-                        // (a takeover, a node resumed from a pause) and ends
-                        // within the interval delays this occurrence instead
-                        // of making it skip; one still going when the next
-                        // occurrence is due overlaps it, and it is skipped.
+                        // overlap = "skip": the previous run is still going at
+                        // this instant. Skip this occurrence now (keeping the
+                        // lease this claim renewed) rather than start it late
+                        // and push every later run back.
                         drop(gate);
-                        while state.running.load(std::sync::atomic::Ordering::SeqCst)
-                            && Instant::now() < give_up_at
-                            && !stop.is_cancelled()
-                        {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
+                        self.skip_occurrence(&state, ticket).await;
+                        return;
                     }
                     self.start_run(&state, ticket);
                     return;

@@ -30,6 +30,21 @@ pub(super) struct RunTicket {
 }
 
 impl Node {
+    /// Records a won occurrence skipped because the previous run of the job
+    /// is still going (`overlap = "skip"`).
+    pub(super) async fn skip_occurrence(&self, state: &JobState, ticket: RunTicket) {
+        let job = state.job();
+        tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
+        let now = Utc::now();
+        let finished = Finished {
+            outcome: Outcome::Skipped,
+            exit_code: None,
+            started_at: now,
+            finished_at: now,
+        };
+        self.record(state, ticket, finished).await;
+    }
+
     /// Starts a run unless one of the job is still going (`overlap = "skip"`).
     pub(super) fn start_run(
         self: &Arc<Self>,
@@ -178,10 +193,12 @@ impl Node {
             .num_milliseconds()
             .max(0) as f64
             / 1000.0;
-        self.metrics
-            .run_duration
-            .get_or_create(&Metrics::job(job.name.as_str()))
-            .observe(took);
+        if record.outcome != Outcome::Skipped {
+            self.metrics
+                .run_duration
+                .get_or_create(&Metrics::job(job.name.as_str()))
+                .observe(took);
+        }
         if record.outcome == Outcome::LeaseLost {
             self.metrics
                 .leases_lost

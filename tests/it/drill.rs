@@ -61,6 +61,8 @@ pub struct Counts {
     pub occurrences: usize,
     pub ran_twice: usize,
     pub overlapping: usize,
+    /// Claimed and skipped because the previous run still went.
+    pub skipped_overlap: usize,
     pub stale_fenced: usize,
     pub fence_out_of_order: usize,
     pub missed_while_up: usize,
@@ -200,7 +202,7 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     let report = c.report();
     judge(&c, &disturbances, begin, judged_until, &mut counts);
     eprintln!(
-        "drill {backend:?} {seconds}s seed {seed}: events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}",
+        "drill {backend:?} {seconds}s seed {seed}: events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}",
         counts.events,
         counts.occurrences,
         counts.ran_twice,
@@ -208,7 +210,8 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
         counts.stale_fenced,
         counts.fence_out_of_order,
         counts.missed_while_up,
-        counts.lost_between_claim_and_start
+        counts.lost_between_claim_and_start,
+        counts.skipped_overlap
     );
     assert_eq!(counts.ran_twice, 0, "seed {seed}\n{report}");
     assert_eq!(counts.overlapping, 0, "seed {seed}\n{report}");
@@ -217,23 +220,25 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     counts
 }
 
-/// Occurrences (unix seconds) the store's history records as `lease_lost`:
-/// claimed, then given up because the holder could not prove its lease.
-fn lost_leases(c: &Cluster) -> std::collections::BTreeSet<i64> {
+/// Occurrences (unix seconds) the store's history records with `outcome`:
+/// `lease_lost` (claimed, then given up because the holder could not prove
+/// its lease) or `skipped` (claimed while the previous run still went).
+fn recorded_as(c: &Cluster, outcome: &str) -> std::collections::BTreeSet<i64> {
     let runs = c
         .cli_json("n1", &["history", "--limit", "1000000"])
         .unwrap_or_default();
     runs.as_array()
         .into_iter()
         .flatten()
-        .filter(|r| r["outcome"] == "lease_lost")
+        .filter(|r| r["outcome"] == outcome)
         .filter_map(|r| DateTime::parse_from_rfc3339(r["occurrence"].as_str()?).ok())
         .map(|t| t.timestamp())
         .collect()
 }
 
 fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, counts: &mut Counts) {
-    let lease_lost = lost_leases(c);
+    let lease_lost = recorded_as(c, "lease_lost");
+    let skipped = recorded_as(c, "skipped");
     let mut runs = c.runs();
 
     // Each occurrence once; fences increasing in occurrence order.
@@ -322,7 +327,11 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                         .any(|at| d.from >= at - 0.05 && d.from <= at + 0.3)
             });
             let in_window = lease_lost.contains(&t) || killed_after_claim;
-            if in_window {
+            if skipped.contains(&t) {
+                // overlap = "skip": a late run (a thawed holder) was still
+                // going at this instant; claimed and skipped, as configured.
+                counts.skipped_overlap += 1;
+            } else if in_window {
                 counts.lost_between_claim_and_start += 1;
             } else {
                 counts.missed_while_up += 1;

@@ -244,6 +244,47 @@ command = "echo start $(date +%s.%N) >> '{out}.slow'; sleep 2.5; echo end $(date
     );
 }
 
+/// overlap = "skip" skips the occurrence due while a run is still going (and
+/// records it `skipped`), and never delays the ones after it: a 3 s job every
+/// 2 s runs at 0, 4, 8, ... each on time, not at 0, 3, 6, ... late.
+#[test]
+fn overlap_skip_skips_and_never_delays() {
+    let jobs = r#"
+[[job]]
+name = "slow"
+schedule = "*/2 * * * * *"
+command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N)\" >> '{out}'; sleep 3"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let lines = c.wait_for("four runs", Duration::from_secs(25), |l| l.len() >= 4);
+    let history = wait_history(&c, "slow", |h| {
+        h.iter().filter(|r| r["outcome"] == "skipped").count() >= 2
+    });
+    c.stop_all();
+    let report = c.report();
+    for l in &lines {
+        assert!(
+            l.lateness() < 0.5,
+            "a run started late instead of on its instant: {l:?}\n{report}"
+        );
+    }
+    let skipped: Vec<&str> = history
+        .iter()
+        .filter(|r| r["outcome"] == "skipped")
+        .filter_map(|r| r["occurrence"].as_str())
+        .collect();
+    for occurrence in &skipped {
+        assert!(
+            !lines.iter().any(|l| l
+                .occurrence
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                == *occurrence),
+            "{occurrence} both ran and was skipped\n{report}"
+        );
+    }
+}
+
 #[test]
 fn a_job_never_outlives_a_daemon_killed_by_sigkill() {
     let marker = format!("cronlease-orphan-{}", std::process::id());
