@@ -282,7 +282,10 @@ impl Node {
             .health
             .last_ok()
             .is_some_and(|t| t.elapsed() <= self.margin);
-        (!answered).then(|| "store not answering".to_string())
+        if !answered {
+            return Some("store not answering".to_string());
+        }
+        (!self.health.is_up()).then(|| "store calls failing".to_string())
     }
 
     /// This node's clock against the store's.
@@ -334,11 +337,11 @@ impl Node {
             .observe(started.elapsed().as_secs_f64());
         match &result {
             Ok(_) => {
-                self.health.ok();
+                self.health.ok(op);
                 self.metrics.store_up.set(1);
             }
             Err(e) => {
-                self.health.failed(e);
+                self.health.failed(op, e);
                 self.metrics.store_errors.inc();
                 self.metrics.store_up.set(0);
             }

@@ -120,3 +120,34 @@ fn redis_that_loses_its_data() {
         );
     }
 }
+
+/// The lock table dropped under a running daemon (a restore gone wrong, a
+/// hand edit): it migrates again and carries on, logging one WARN when the
+/// problem starts and one INFO, with how long it lasted, when it ends.
+#[test]
+fn a_dropped_lock_table_heals_with_one_warning() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    c.start("n1");
+    c.wait_for("runs", Duration::from_secs(15), |l| l.len() >= 2);
+    let config = cronlease::config::load(&c.config("n1"), &Default::default()).unwrap();
+    let prefix = config.store.table_prefix.clone();
+    let h = crate::support::Harness::for_config(config.store);
+    let before = c.lines().len();
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(h.raw_sql(&format!("DROP TABLE {prefix}lock_info")));
+    c.wait_for(
+        "runs after the table was dropped",
+        Duration::from_secs(15),
+        |l| l.len() >= before + 4,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    c.stop_all();
+    let log = c.log("n1");
+    assert_eq!(log.matches("store unavailable").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("store reachable again after").count(),
+        1,
+        "{log}"
+    );
+}

@@ -509,8 +509,22 @@ impl SqlStore {
         )))
         .fetch_all(&mut conn)
         .await?;
+        // Tables dropped behind our back (a restore, a hand edit) while the
+        // schema table still lists their version: apply the scripts again
+        // (they create only what is missing) instead of failing every call.
+        let mut tables_present = true;
+        for table in ["lock_info", "job_runs"] {
+            let probe = format!("SELECT 1 FROM {p}{table} WHERE 1 = 0");
+            if sqlx::raw_sql(AssertSqlSafe(probe))
+                .execute(&mut conn)
+                .await
+                .is_err()
+            {
+                tables_present = false;
+            }
+        }
         for (version, script) in self.dialect.migrations {
-            if applied.contains(version) {
+            if applied.contains(version) && tables_present {
                 continue;
             }
             let script = script.replace("{prefix}", p);
@@ -518,6 +532,9 @@ impl SqlStore {
                 sqlx::raw_sql(AssertSqlSafe(stmt))
                     .execute(&mut conn)
                     .await?;
+            }
+            if applied.contains(version) {
+                continue;
             }
             let now = match self.file_clock_now()? {
                 Some(now) => now.to_string(),
