@@ -338,6 +338,14 @@ fn connect_redis(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     )))
 }
 
+/// The error for a job whose fence reached its maximum (2^63 − 1).
+pub fn fence_exhausted(job: &str) -> String {
+    format!(
+        "the fence of job {job} is at its maximum ({}): it cannot be claimed without repeating or wrapping; rename the job (a new lock) after checking what consumes its fences",
+        i64::MAX
+    )
+}
+
 /// Milliseconds since the Unix epoch: how every store keeps instants.
 pub fn to_ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
@@ -378,6 +386,8 @@ pub enum Decision {
     },
     /// Leave the row alone, answer `Lost`.
     Refuse(Lost),
+    /// The fence is at its maximum: leave the row alone and fail the claim.
+    FenceExhausted,
 }
 
 /// Applies the claim rule to one lock row.
@@ -404,8 +414,11 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         (Misfire::RunOnce, Some(prev), Some(last)) if last < to_ms(prev) => Some(prev),
         _ => None,
     };
-    let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX - 1);
-    let fence = row.fence.max(floor).saturating_add(1);
+    let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
+    let Some(fence) = row.fence.max(floor).checked_add(1) else {
+        // Never wrap, never repeat: the job cannot be claimed any more.
+        return Decision::FenceExhausted;
+    };
     let claimed = missed.unwrap_or(req.occurrence);
     Decision::Claim {
         fence,
@@ -558,6 +571,31 @@ mod tests {
         let o = Owner::new(&NodeName::parse("web-1").unwrap());
         assert_eq!(Owner::node_of(o.as_str()), "web-1");
         assert_ne!(o, Owner::new(&NodeName::parse("web-1").unwrap()));
+    }
+
+    #[test]
+    fn the_fence_never_wraps_or_repeats() {
+        let d = decide(
+            &row(None, i64::MAX - 1, 0, None),
+            &req("a", 19_000, None, Misfire::RunOnce, 0),
+        );
+        assert!(matches!(
+            d,
+            Decision::Claim {
+                fence: i64::MAX,
+                ..
+            }
+        ));
+        let d = decide(
+            &row(None, i64::MAX, 0, None),
+            &req("a", 19_000, None, Misfire::RunOnce, 0),
+        );
+        assert_eq!(d, Decision::FenceExhausted);
+        let d = decide(
+            &row(None, 5, 0, None),
+            &req("a", 19_000, None, Misfire::RunOnce, u64::MAX),
+        );
+        assert_eq!(d, Decision::FenceExhausted);
     }
 
     #[test]

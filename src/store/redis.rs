@@ -46,7 +46,8 @@ pub struct RedisStore {
 
 /// `{won, fence, occurrence, catch_up, holder/previous owner, remaining, last,
 /// now, too_early}`.
-type ClaimReply = (i64, i64, i64, i64, Option<String>, i64, i64, i64, i64);
+/// The fence comes as a decimal string: Lua numbers are doubles.
+type ClaimReply = (i64, String, i64, i64, Option<String>, i64, i64, i64, i64);
 
 impl RedisStore {
     /// Builds the client; the first connection is made on first use.
@@ -298,7 +299,7 @@ fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord 
 
 fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {
     let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early) = r;
-    let fence = fence.max(0) as u64;
+    let fence = fence.parse::<u64>().unwrap_or(0);
     if won == 1 {
         ClaimOutcome::Won(Won {
             fence,
@@ -367,6 +368,12 @@ impl Store for RedisStore {
                 pipe
             })
             .await?;
+        if let Some((i, _)) = replies.iter().enumerate().find(|(_, r)| r.0 == -1) {
+            return Err(StoreError::Backend {
+                store: self.url.redacted().into(),
+                reason: super::fence_exhausted(requests[i].job.as_str()),
+            });
+        }
         let store_now = from_ms(replies.first().map_or(0, |r| r.7));
         Ok(Claimed {
             store_now,

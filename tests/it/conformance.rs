@@ -498,6 +498,45 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
     a.status().await.unwrap();
 }
 
+/// Fences stay exact up to the top of their range (Redis keeps them as
+/// integers, not Lua doubles) and a claim that would wrap or repeat the
+/// fence fails, changing nothing.
+pub async fn fences_stay_exact_and_never_wrap(h: &Harness) {
+    let a = h.store().await;
+    assert_eq!(won(claim(&a, req("f", "a#1", 1, 60_000)).await).fence, 1);
+    h.set_fence("f", "9007199254740992").await; // 2^53
+    assert_eq!(
+        won(claim(&a, req("f", "a#1", 2, 60_000)).await).fence,
+        9_007_199_254_740_993
+    );
+    assert_eq!(
+        won(claim(&a, req("f", "a#1", 3, 60_000)).await).fence,
+        9_007_199_254_740_994
+    );
+    h.set_fence("f", "9223372036854775806").await;
+    assert_eq!(
+        won(claim(&a, req("f", "a#1", 4, 60_000)).await).fence,
+        i64::MAX as u64
+    );
+    let e = a.claim(&[req("f", "a#1", 5, 60_000)]).await.unwrap_err();
+    assert!(e.to_string().contains("maximum"), "{e}");
+    let status = a.status().await.unwrap();
+    let f = status.iter().find(|s| s.job == "f").unwrap();
+    assert_eq!(
+        (f.fence, f.last_occurrence),
+        (i64::MAX as u64, Some(occ(4)))
+    );
+    // A floor beyond the range is refused the same way.
+    let e = a
+        .claim(&[ClaimRequest {
+            fence_floor: u64::MAX,
+            ..req("g", "a#1", 1, 60_000)
+        }])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("maximum"), "{e}");
+}
+
 macro_rules! conformance {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -519,7 +558,8 @@ macro_rules! conformance {
                 shedlock_extend_and_not_extend_expired,
                 shedlock_fuzz_unprotected_counter,
                 occurrence_beyond_the_store_clock_is_refused,
-                history_shows_rows_it_does_not_understand
+                history_shows_rows_it_does_not_understand,
+                fences_stay_exact_and_never_wrap
             );
         }
     };

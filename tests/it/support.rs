@@ -178,6 +178,31 @@ impl Harness {
         }
     }
 
+    /// Sets a job's stored fence, bypassing cronlease (its lock must exist).
+    pub async fn set_fence(&self, job: &str, fence: &str) {
+        match self.backend {
+            Backend::Redis => {
+                let client = redis::Client::open(self.config.url.expose()).unwrap();
+                let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                let key = format!("{}{{{job}}}:state", self.config.key_prefix);
+                let _: i64 = redis::cmd("HSET")
+                    .arg(&key)
+                    .arg("fence")
+                    .arg(fence)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+            }
+            _ => {
+                let sql = format!(
+                    "UPDATE {}lock_info SET fence = {fence} WHERE lock_name = '{job}'",
+                    self.config.table_prefix
+                );
+                self.raw_sql(&sql).await;
+            }
+        }
+    }
+
     /// Runs one SQL statement on the harness's database, bypassing cronlease.
     pub async fn raw_sql(&self, sql: &str) {
         sqlx::any::install_default_drivers();

@@ -460,6 +460,9 @@ impl SqlStore {
                     ClaimOutcome::Won(won)
                 }
                 Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
+                Decision::FenceExhausted => {
+                    return Err(sqlx::Error::Protocol(super::fence_exhausted(job)));
+                }
             });
         }
         Ok(Ok(Claimed {
@@ -514,14 +517,23 @@ impl SqlStore {
         // (they create only what is missing) instead of failing every call.
         let mut tables_present = true;
         for table in ["lock_info", "job_runs"] {
-            let probe = format!("SELECT 1 FROM {p}{table} WHERE 1 = 0");
-            if sqlx::raw_sql(AssertSqlSafe(probe))
-                .execute(&mut conn)
-                .await
-                .is_err()
-            {
-                tables_present = false;
-            }
+            let present = if self.dialect.name == "postgres" {
+                // A failed statement would abort the migration's transaction.
+                let probe = format!(
+                    "SELECT COUNT(*) FROM (SELECT to_regclass('{p}{table}') AS t) x WHERE t IS NOT NULL"
+                );
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(probe))
+                    .fetch_one(&mut conn)
+                    .await?
+                    > 0
+            } else {
+                let probe = format!("SELECT 1 FROM {p}{table} WHERE 1 = 0");
+                sqlx::raw_sql(AssertSqlSafe(probe))
+                    .execute(&mut conn)
+                    .await
+                    .is_ok()
+            };
+            tables_present &= present;
         }
         for (version, script) in self.dialect.migrations {
             if applied.contains(version) && tables_present {
