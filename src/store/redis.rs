@@ -47,7 +47,18 @@ pub struct RedisStore {
 /// `{won, fence, occurrence, catch_up, holder/previous owner, remaining, last,
 /// now, too_early}`.
 /// The fence comes as a decimal string: Lua numbers are doubles.
-type ClaimReply = (i64, String, i64, i64, Option<String>, i64, i64, i64, i64);
+type ClaimReply = (
+    i64,
+    String,
+    i64,
+    i64,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+);
 
 impl RedisStore {
     /// Builds the client; the first connection is made on first use.
@@ -298,7 +309,7 @@ fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord 
 }
 
 fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {
-    let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early) = r;
+    let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early, _repaired) = r;
     let fence = fence.parse::<u64>().unwrap_or(0);
     if won == 1 {
         ClaimOutcome::Won(Won {
@@ -373,6 +384,17 @@ impl Store for RedisStore {
                 store: self.url.redacted().into(),
                 reason: super::fence_exhausted(requests[i].job.as_str()),
             });
+        }
+        for (r, req) in replies.iter().zip(requests) {
+            if r.9 == 1 {
+                tracing::warn!(
+                    store = %self.url,
+                    job = %req.job,
+                    holder = r.4.as_deref().unwrap_or(""),
+                    "the job's lease key had no expiry (set by hand, or PERSIST): gave it one lease ({} ms) so it cannot block the job forever",
+                    duration_ms(req.lease)
+                );
+            }
         }
         let store_now = from_ms(replies.first().map_or(0, |r| r.7));
         Ok(Claimed {

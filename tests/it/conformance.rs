@@ -578,3 +578,36 @@ conformance!(sqlite, Backend::Sqlite);
 conformance!(mysql, Backend::Mysql);
 conformance!(postgres, Backend::Postgres);
 conformance!(redis, Backend::Redis);
+
+/// Redis only: a lease key with no expiry (a hand `SET`, `PERSIST`) is
+/// repaired by the next claim: it gets one lease from then, so the job is
+/// not blocked forever, yet a live holder is not overrun at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lease_without_expiry_is_repaired() {
+    let h = Harness::new(Backend::Redis).await;
+    let a = h.store().await;
+    let client = ::redis::Client::open(h.config.url.expose()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("{}{{r}}:lease", h.config.key_prefix);
+    let _: () = ::redis::cmd("SET")
+        .arg(&key)
+        .arg("ghost#1")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let l = lost(claim(&a, req("r", "a#1", 1, 400)).await);
+    assert_eq!(l.holder.as_deref(), Some("ghost#1"));
+    assert!(
+        l.remaining > Duration::ZERO && l.remaining <= Duration::from_millis(400),
+        "{l:?}"
+    );
+    let ttl: i64 = ::redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 400, "repaired with one lease: {ttl}");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let w = won(claim(&a, req("r", "a#1", 1, 400)).await);
+    assert_eq!(w.fence, 1);
+}
