@@ -71,7 +71,12 @@ fn load_config(path: &Path) -> Result<Config, ExitCode> {
 }
 
 fn store_failure(e: &StoreError) -> ExitCode {
-    eprintln!("cronlease: {e}");
+    // One line, whatever a driver put in its message.
+    let message = e.to_string();
+    eprintln!(
+        "cronlease: {}",
+        message.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
     match e {
         StoreError::NotBuiltIn(_) => ExitCode::from(EXIT_CONFIG),
         e if e.is_unreachable() => ExitCode::from(EXIT_UNAVAILABLE),

@@ -112,8 +112,18 @@ impl RedisStore {
 
     fn err(&self, e: redis::RedisError) -> StoreError {
         let store = self.url.redacted().to_string();
-        let reason = self.url.scrub(&e.to_string());
-        if e.is_io_error()
+        let reason = one_line(&self.url.scrub(&e.to_string()));
+        if matches!(
+            e.kind(),
+            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+        ) {
+            // Something answers on the port, but not in Redis's protocol
+            // (a database, a web server): the store is not reachable there.
+            StoreError::Unavailable {
+                store,
+                reason: format!("the server does not answer in the Redis protocol ({reason})"),
+            }
+        } else if e.is_io_error()
             || e.is_connection_refusal()
             || e.is_timeout()
             || e.is_connection_dropped()
@@ -252,6 +262,11 @@ impl RedisStore {
             })
             .collect())
     }
+}
+
+/// A driver's message on one line.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn glob_escape(s: &str) -> String {

@@ -233,3 +233,36 @@ fn the_guard_has_no_store_url_in_its_environment() {
     );
     c.stop_all();
 }
+
+/// Something that is not Redis on the Redis URL's port (here MariaDB's, and
+/// a plain TCP listener that answers HTTP) is an unreachable store: one
+/// line, exit 69.
+#[test]
+fn a_non_redis_server_on_the_redis_port_is_unreachable() {
+    Backend::Mysql.require();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 512];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n<html>\n</html>\n",
+            );
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "redis://127.0.0.1:3306/".to_string(),
+        format!("redis://127.0.0.1:{port}/"),
+    ] {
+        let config = write_config(dir.path(), &url);
+        for cmd in ["status", "migrate"] {
+            let out = cronlease(&[cmd], &config);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {err}");
+            assert_eq!(err.lines().count(), 1, "{cmd} {url}: one line: {err}");
+        }
+    }
+}
