@@ -146,6 +146,7 @@ async fn run(path: PathBuf) -> ExitCode {
         Err(code) => return code,
     };
     telemetry::init(&config.log);
+    telemetry::exit_on_panic();
     if config.jobs.is_empty() {
         tracing::warn!(config = %path.display(), "no jobs defined: this node will only hold the store connection");
     }

@@ -17,6 +17,10 @@ pub fn init(log: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A closed log pipe must cost log lines, never the process: the
+        // subscriber's own report of a failed write would go to the same
+        // broken stderr with `eprintln!`, which panics.
+        .log_internal_errors(false)
         // Colour only for a person at a terminal; never into journald or files.
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_target(false);
@@ -28,6 +32,31 @@ pub fn init(log: &LogConfig) {
             .with_current_span(false)
             .try_init(),
     };
+}
+
+/// Makes a panic anywhere in the daemon end the process with a clear exit
+/// (70, EX_SOFTWARE), not leave it half alive with a dead task (a signal
+/// handler, a job loop). The guard process then kills the jobs, and systemd
+/// restarts the unit. The report goes to the log, which never panics itself.
+pub fn exit_on_panic() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(%location, "internal error, exiting: {message}");
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("cronlease: internal error at {location}: {message}; exiting\n").as_bytes(),
+        );
+        std::process::exit(70);
+    }));
 }
 
 /// Logging for commands that run before (or without) a config.

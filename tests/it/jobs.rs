@@ -400,3 +400,48 @@ fn sigterm_kills_runs_still_going_after_the_grace() {
     let runs = history(&c, "long");
     assert_eq!(runs[0]["outcome"], "killed", "{runs:#?}");
 }
+
+/// With its log pipe closed (a log reader that died, `run 2>&1 | head -c1`),
+/// the daemon still stops on SIGTERM and SIGINT, and its jobs with it.
+#[test]
+fn a_closed_log_pipe_never_stops_signal_handling() {
+    for sig in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGINT,
+    ] {
+        let jobs = "[[job]]\nname = \"chatty\"\nschedule = \"* * * * * *\"\ncommand = \"echo line one; echo line two >&2; sleep 0.5\"\n";
+        let c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+        let mut child = std::process::Command::new(crate::support::binary())
+            .args(["run", "-c"])
+            .arg(c.config("n1"))
+            .env_remove("CRONLEASE_STORE_URL")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away: every later log write fails with EPIPE.
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        std::thread::sleep(Duration::from_secs(3));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "{sig:?} with a closed log pipe: the daemon did not stop cleanly"
+        );
+    }
+}
