@@ -20,7 +20,7 @@ use crate::config::{self, Config, JobName, Overrides};
 use crate::node::Node;
 use crate::pidfile::{self, PidFile};
 use crate::store::{self, LockStatus, Owner, RunRecord, StoreError};
-use crate::{guard, metrics, telemetry};
+use crate::{exec, guard, metrics, telemetry};
 
 /// Exit code: no such job (sysexits EX_USAGE).
 pub const EXIT_NO_SUCH_JOB: u8 = 64;
@@ -33,6 +33,12 @@ pub const EXIT_CONFIG: u8 = 78;
 pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
         Commands::Guard => guard::serve(),
+        Commands::RunAs {
+            uid,
+            gid,
+            user,
+            command,
+        } => exec::run_as(uid, gid, &user, &command),
         Commands::Check { config, next } => check(&config.config, next),
         Commands::Run(c) => with_runtime(|| run(c.config)),
         Commands::Status { config, json } => with_runtime(|| status(config.config, json)),

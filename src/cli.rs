@@ -63,4 +63,16 @@ pub enum Commands {
     /// Internal: the process that kills jobs if their daemon dies
     #[command(name = "__guard", hide = true)]
     Guard,
+    /// Internal: become a job's user (with its supplementary groups), then
+    /// execute the job's command
+    #[command(name = "__run-as", hide = true)]
+    RunAs {
+        uid: u32,
+        gid: u32,
+        /// The user's name, for its supplementary groups ("" for none)
+        user: String,
+        /// The program and its arguments
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
 }

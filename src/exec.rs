@@ -66,15 +66,28 @@ pub struct RunSpec<'a> {
 }
 
 fn build_command(spec: &RunSpec<'_>) -> tokio::process::Command {
-    let mut cmd = match &spec.job.command {
-        Command::Argv(argv) => {
-            let mut c = tokio::process::Command::new(&argv[0]);
-            c.args(&argv[1..]);
+    let argv: Vec<&str> = match &spec.job.command {
+        Command::Argv(argv) => argv.iter().map(String::as_str).collect(),
+        Command::Shell(script) => vec!["/bin/sh", "-c", script],
+    };
+    let mut cmd = match &spec.job.identity {
+        // std's Command can set uid and gid but not the user's supplementary
+        // groups; this binary's `__run-as` does (initgroups) and then
+        // executes the command in place, same pid and process group.
+        Some(id) => {
+            let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+            let mut c = tokio::process::Command::new(exe);
+            c.arg("__run-as")
+                .arg(id.uid.to_string())
+                .arg(id.gid.to_string())
+                .arg(id.user.as_ref().map_or("", |(name, _)| name.as_str()))
+                .arg("--")
+                .args(&argv);
             c
         }
-        Command::Shell(script) => {
-            let mut c = tokio::process::Command::new("/bin/sh");
-            c.arg("-c").arg(script);
+        None => {
+            let mut c = tokio::process::Command::new(argv[0]);
+            c.args(&argv[1..]);
             c
         }
     };
@@ -82,7 +95,6 @@ fn build_command(spec: &RunSpec<'_>) -> tokio::process::Command {
         cmd.env_remove(key);
     }
     if let Some(id) = &spec.job.identity {
-        cmd.uid(id.uid).gid(id.gid);
         if let Some((name, home)) = &id.user {
             cmd.env("USER", name).env("LOGNAME", name).env("HOME", home);
         }
@@ -104,6 +116,54 @@ fn build_command(spec: &RunSpec<'_>) -> tokio::process::Command {
         cmd.current_dir(dir);
     }
     cmd
+}
+
+/// `cronlease __run-as UID GID USER -- PROGRAM ARGS...`: takes the user's
+/// supplementary groups (`initgroups`, or only GID when USER is empty), then
+/// GID and UID, and executes PROGRAM in place. Exits 127 when any step fails,
+/// as a shell does for a command it cannot run.
+pub fn run_as(
+    uid: u32,
+    gid: u32,
+    user: &str,
+    command: &[std::ffi::OsString],
+) -> std::process::ExitCode {
+    use nix::unistd::{Gid, Uid};
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        eprintln!("cronlease: cannot run the job as uid {uid} gid {gid}: {what}: {e}");
+        std::process::ExitCode::from(127)
+    };
+    let gid_ = Gid::from_raw(gid);
+    let groups = if user.is_empty() {
+        nix::unistd::setgroups(&[gid_])
+    } else {
+        match CString::new(user) {
+            Ok(name) => nix::unistd::initgroups(&name, gid_),
+            Err(e) => return fail("user name", &e),
+        }
+    };
+    if let Err(e) = groups {
+        return fail("setting the supplementary groups", &e);
+    }
+    if let Err(e) = nix::unistd::setgid(gid_) {
+        return fail("setgid", &e);
+    }
+    if let Err(e) = nix::unistd::setuid(Uid::from_raw(uid)) {
+        return fail("setuid", &e);
+    }
+    let argv: Result<Vec<CString>, _> =
+        command.iter().map(|a| CString::new(a.as_bytes())).collect();
+    let argv = match argv {
+        Ok(argv) if !argv.is_empty() => argv,
+        Ok(_) => return fail("command", &"empty"),
+        Err(e) => return fail("command", &e),
+    };
+    match nix::unistd::execvp(&argv[0], &argv) {
+        Ok(never) => match never {},
+        Err(e) => fail(&format!("executing {:?}", argv[0]), &e),
+    }
 }
 
 /// Runs the job to its end. `stop` resolving ends the run early (the reason

@@ -346,6 +346,75 @@ fn a_job_runs_as_its_user_without_root_groups() {
     );
 }
 
+/// A job's `user` brings the user's supplementary groups (initgroups), as
+/// login and cron do. Creates a group and a user in it (needs root).
+#[test]
+fn a_job_runs_with_its_users_supplementary_groups() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: creating a user and group needs root");
+        return;
+    }
+    let (user, group) = ("cronlease-it-user", "cronlease-it-extra");
+    let run = |cmd: &[&str]| {
+        std::process::Command::new(cmd[0])
+            .args(&cmd[1..])
+            .output()
+            .unwrap()
+    };
+    if nix::unistd::Group::from_name(group).unwrap().is_none() {
+        let out = run(&["groupadd", "--system", group]);
+        assert!(
+            out.status.success(),
+            "groupadd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if nix::unistd::User::from_name(user).unwrap().is_none() {
+        let out = run(&[
+            "useradd",
+            "--system",
+            "--no-create-home",
+            "--groups",
+            group,
+            user,
+        ]);
+        assert!(
+            out.status.success(),
+            "useradd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        run(&["usermod", "--append", "--groups", group, user]);
+    }
+    let extra = nix::unistd::Group::from_name(group).unwrap().unwrap().gid;
+    let jobs = format!(
+        "[[job]]\nname = \"groups\"\nschedule = \"* * * * * *\"\nuser = \"{user}\"\ncommand = \"echo groups: $(id -G) end\"\n"
+    );
+    let mut c = Cluster::new(Backend::Sqlite, Some(&jobs), "");
+    c.start("n1");
+    wait_until(
+        "the job's output",
+        Duration::from_secs(15),
+        || c.report(),
+        || c.log("n1").contains("groups: ").then_some(()),
+    );
+    c.stop_all();
+    let log = c.log("n1");
+    let line = log.lines().find(|l| l.contains("groups: ")).unwrap();
+    let groups: Vec<&str> = line
+        .split("groups: ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .take_while(|g| *g != "end")
+        .collect();
+    assert!(
+        groups.contains(&extra.to_string().as_str()),
+        "{line}: the supplementary group {group} ({extra}) is missing"
+    );
+    assert!(!groups.contains(&"0"), "{line}: root's group leaked in");
+}
+
 #[test]
 fn user_needs_a_root_daemon() {
     use std::os::unix::fs::PermissionsExt;
