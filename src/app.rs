@@ -220,6 +220,8 @@ async fn handle_signals(
     path: PathBuf,
     mut current: Config,
 ) {
+    // Restart-only settings are compared with what the daemon started with.
+    let startup = current.clone();
     while let Some(signal) = signals.next().await {
         match signal {
             SIGTERM | SIGINT if shutdown.is_cancelled() => {
@@ -241,9 +243,7 @@ async fn handle_signals(
                 }
                 match config::load(&path, &Overrides::from_env()) {
                     Ok(new) => {
-                        warn_restart_only_changes(&current, &new);
-                        tracing::info!(jobs = new.jobs.len(), "SIGHUP: job files reloaded");
-                        node.apply_jobs(new.jobs.clone());
+                        apply_reload(&node, &startup, &current, &new);
                         current = new;
                     }
                     Err(errors) => {
@@ -267,29 +267,32 @@ async fn handle_signals(
     }
 }
 
-/// Settings outside the job set take effect only on restart; say so.
-fn warn_restart_only_changes(old: &Config, new: &Config) {
-    let mut changed = Vec::new();
-    if old.node != new.node {
-        changed.push("node");
-    }
-    if old.store.url != new.store.url
-        || old.store.table_prefix != new.store.table_prefix
-        || old.store.key_prefix != new.store.key_prefix
-    {
-        changed.push("store");
-    }
-    if old.lease_margin != new.lease_margin {
-        changed.push("lease.margin");
-    }
-    if old.metrics_listen != new.metrics_listen {
-        changed.push("metrics");
-    }
-    if !changed.is_empty() {
+/// Applies a reloaded configuration: its jobs and the settings that can
+/// change live; names, in one WARN, each changed setting that needs a restart.
+fn apply_reload(node: &Arc<Node>, startup: &Config, current: &Config, new: &Config) {
+    let live = current.changes(new).live;
+    let restart = startup.changes(new).restart;
+    if !restart.is_empty() {
         tracing::warn!(
-            "SIGHUP reloads jobs only; restart to apply changes to: {}",
-            changed.join(", ")
+            "SIGHUP: these settings changed but take effect only after a restart: {}",
+            restart.join(", ")
         );
+    }
+    tracing::info!(
+        jobs = new.jobs.len(),
+        "SIGHUP: configuration reloaded{}",
+        if live.is_empty() {
+            String::new()
+        } else {
+            format!("; applied now: {}", live.join(", "))
+        }
+    );
+    node.apply_settings(new);
+    node.apply_jobs(new.jobs.clone());
+    if live.contains(&"log.level") {
+        if let Err(e) = telemetry::set_level(&new.log.level) {
+            tracing::warn!("SIGHUP: log.level not changed: {e}");
+        }
     }
 }
 

@@ -3,10 +3,16 @@
 //! only on a terminal.
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
+
+/// Changes the level filter of the installed subscriber (SIGHUP).
+type LevelReload = Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
+
+static RELOAD: OnceLock<LevelReload> = OnceLock::new();
 
 /// Installs the global subscriber; a second call is a no-op.
 pub fn init(log: &LogConfig) {
@@ -24,14 +30,43 @@ pub fn init(log: &LogConfig) {
         // Colour only for a person at a terminal; never into journald or files.
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_target(false);
-    let _ = match log.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
-    };
+    match log.format {
+        LogFormat::Text => {
+            let builder = builder.with_filter_reloading();
+            let handle = builder.reload_handle();
+            if builder.try_init().is_ok() {
+                let _ = RELOAD.set(Box::new(move |f| {
+                    handle.reload(f).map_err(|e| e.to_string())
+                }));
+            }
+        }
+        LogFormat::Json => {
+            let builder = builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            if builder.try_init().is_ok() {
+                let _ = RELOAD.set(Box::new(move |f| {
+                    handle.reload(f).map_err(|e| e.to_string())
+                }));
+            }
+        }
+    }
+}
+
+/// Applies a new `log.level` to the running daemon (`RUST_LOG`, when set,
+/// still wins).
+pub fn set_level(level: &str) -> Result<(), String> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        return Err("RUST_LOG is set and takes precedence over log.level".into());
+    }
+    let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+    match RELOAD.get() {
+        Some(reload) => reload(filter),
+        None => Err("logging is not set up".into()),
+    }
 }
 
 /// Makes a panic anywhere in the daemon end the process with a clear exit

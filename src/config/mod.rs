@@ -466,6 +466,99 @@ pub struct Config {
     pub warnings: Vec<String>,
 }
 
+/// What a reloaded configuration changes, besides its jobs: settings the
+/// running daemon applies at once, and settings that need a restart.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changes {
+    pub live: Vec<&'static str>,
+    pub restart: Vec<&'static str>,
+}
+
+impl Config {
+    /// Compares every setting of `self` (the running configuration) with
+    /// `new`. Both are taken apart in full, so a setting added later does not
+    /// compile until it is classified here as live or restart-only.
+    pub fn changes(&self, new: &Config) -> Changes {
+        let Config {
+            path: _,
+            node,
+            store,
+            lease_margin,
+            max_clock_offset,
+            shutdown_grace,
+            pid_file,
+            metrics_listen,
+            log,
+            // Jobs are applied by the node; where they came from is not a setting.
+            jobs: _,
+            job_files: _,
+            warnings: _,
+        } = new;
+        let StoreConfig {
+            url,
+            table_prefix,
+            key_prefix,
+            op_timeout,
+            history_limit,
+            tls,
+        } = store;
+        let LogConfig { format, level } = log;
+        let mut c = Changes::default();
+        let mut note = |changed: bool, name: &'static str, live: bool| {
+            if changed {
+                if live {
+                    c.live.push(name);
+                } else {
+                    c.restart.push(name);
+                }
+            }
+        };
+        note(*node != self.node, "node", false);
+        note(*url != self.store.url, "store.url (or its password)", false);
+        note(
+            *table_prefix != self.store.table_prefix,
+            "store.table_prefix",
+            false,
+        );
+        note(
+            *key_prefix != self.store.key_prefix,
+            "store.key_prefix",
+            false,
+        );
+        note(
+            *op_timeout != self.store.op_timeout,
+            "store.op_timeout",
+            false,
+        );
+        note(*tls != self.store.tls, "store TLS files", false);
+        note(
+            *history_limit != self.store.history_limit,
+            "store.history_limit",
+            true,
+        );
+        note(*lease_margin != self.lease_margin, "lease.margin", false);
+        note(
+            *max_clock_offset != self.max_clock_offset,
+            "cluster.max_clock_offset",
+            true,
+        );
+        note(
+            *shutdown_grace != self.shutdown_grace,
+            "shutdown_grace",
+            true,
+        );
+        note(*pid_file != self.pid_file, "pid_file", false);
+        note(
+            *metrics_listen != self.metrics_listen,
+            "metrics.listen",
+            false,
+        );
+        note(*format != self.log.format, "log.format", false);
+        note(*level != self.log.level, "log.level", true);
+        c
+    }
+}
+
 /// Values from the environment that override the files.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {

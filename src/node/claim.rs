@@ -161,7 +161,7 @@ impl Node {
                         owner: self.owner.clone(),
                         lease,
                         fence_floor: state.fence_floor.load(std::sync::atomic::Ordering::SeqCst),
-                        max_offset: self.max_clock_offset,
+                        max_offset: self.clock.bound(),
                     };
                     // Not cancelled by shutdown: a claim the store granted must
                     // not be dropped unrun. It ends within op_timeout.

@@ -9,13 +9,15 @@
 //! its own as well, so even a node that has not noticed cannot run a job early.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 /// The latest offset reading and whether it is out of bounds.
 pub struct ClockWatch {
-    bound: Duration,
+    /// `cluster.max_clock_offset` in ms (a reload may change it).
+    bound_ms: AtomicU64,
     state: Mutex<Reading>,
 }
 
@@ -37,7 +39,7 @@ pub fn offset_ms(store_now: DateTime<Utc>, sent: DateTime<Utc>, received: DateTi
 impl ClockWatch {
     pub fn new(bound: Duration) -> Self {
         ClockWatch {
-            bound,
+            bound_ms: AtomicU64::new(bound.as_millis() as u64),
             state: Mutex::new(Reading::default()),
         }
     }
@@ -50,7 +52,7 @@ impl ClockWatch {
         received: DateTime<Utc>,
     ) -> i64 {
         let offset = offset_ms(store_now, sent, received);
-        let bound = i64::try_from(self.bound.as_millis()).unwrap_or(i64::MAX);
+        let bound = i64::try_from(self.bound().as_millis()).unwrap_or(i64::MAX);
         let skewed = offset.unsigned_abs() > bound.unsigned_abs();
         let Ok(mut r) = self.state.lock() else {
             return offset;
@@ -77,6 +79,17 @@ impl ClockWatch {
         offset
     }
 
+    /// `cluster.max_clock_offset`.
+    pub fn bound(&self) -> Duration {
+        Duration::from_millis(self.bound_ms.load(Ordering::SeqCst))
+    }
+
+    /// A reload changed `cluster.max_clock_offset`.
+    pub fn set_bound(&self, bound: Duration) {
+        self.bound_ms
+            .store(bound.as_millis() as u64, Ordering::SeqCst);
+    }
+
     /// The last reading was out of bounds.
     pub fn skewed(&self) -> bool {
         self.state.lock().is_ok_and(|r| r.skewed)
@@ -94,7 +107,7 @@ impl ClockWatch {
         r.skewed.then(|| {
             format!(
                 "clock offset {offset} ms (store - local) exceeds cluster.max_clock_offset {} ms: claiming nothing",
-                self.bound.as_millis()
+                self.bound().as_millis()
             )
         })
     }

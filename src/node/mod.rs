@@ -198,11 +198,11 @@ pub struct Node {
     name: NodeName,
     store: Arc<dyn Store>,
     margin: Duration,
-    max_clock_offset: Duration,
     clock: ClockWatch,
     op_timeout: Duration,
-    shutdown_grace: Duration,
-    history_limit: u32,
+    /// Settings a SIGHUP changes live (see [`Node::apply_settings`]).
+    shutdown_grace_ms: AtomicU64,
+    history_limit: std::sync::atomic::AtomicU32,
     health: StoreHealth,
     guard: Option<Guard>,
     prepared: AtomicBool,
@@ -241,11 +241,10 @@ impl Node {
             health: StoreHealth::new(store.describe()),
             store,
             margin: config.lease_margin,
-            max_clock_offset: config.max_clock_offset,
             clock: ClockWatch::new(config.max_clock_offset),
             op_timeout: config.store.op_timeout,
-            shutdown_grace: config.shutdown_grace,
-            history_limit: config.store.history_limit,
+            shutdown_grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
+            history_limit: std::sync::atomic::AtomicU32::new(config.store.history_limit),
             guard,
             prepared: AtomicBool::new(false),
             prepare_lock: tokio::sync::Mutex::new(()),
@@ -286,6 +285,25 @@ impl Node {
             return Some("store not answering".to_string());
         }
         (!self.health.is_up()).then(|| "store calls failing".to_string())
+    }
+
+    /// Applies the settings of a reloaded configuration that take effect
+    /// without a restart: `shutdown_grace`, `store.history_limit` and
+    /// `cluster.max_clock_offset` (jobs go through [`Node::apply_jobs`]).
+    pub fn apply_settings(&self, config: &Config) {
+        self.shutdown_grace_ms
+            .store(config.shutdown_grace.as_millis() as u64, Ordering::SeqCst);
+        self.history_limit
+            .store(config.store.history_limit, Ordering::SeqCst);
+        self.clock.set_bound(config.max_clock_offset);
+    }
+
+    fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms.load(Ordering::SeqCst))
+    }
+
+    fn history_limit(&self) -> u32 {
+        self.history_limit.load(Ordering::SeqCst)
     }
 
     /// This node's clock against the store's.
@@ -564,9 +582,9 @@ impl Node {
             tracing::info!(
                 running,
                 "waiting up to {:?} for running jobs",
-                self.shutdown_grace
+                self.shutdown_grace()
             );
-            if tokio::time::timeout(self.shutdown_grace, self.runs.wait())
+            if tokio::time::timeout(self.shutdown_grace(), self.runs.wait())
                 .await
                 .is_err()
             {

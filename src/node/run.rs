@@ -211,7 +211,7 @@ impl Node {
                 .call(
                     "record",
                     self.op_timeout,
-                    self.store.record_run(&record, self.history_limit),
+                    self.store.record_run(&record, self.history_limit()),
                 )
                 .await
             {

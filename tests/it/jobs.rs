@@ -445,3 +445,62 @@ fn a_closed_log_pipe_never_stops_signal_handling() {
         );
     }
 }
+
+/// SIGHUP applies what can change live (log level, history limit, clock
+/// bound) and names, in one WARN, each changed setting that needs a restart.
+#[test]
+fn sighup_applies_live_settings_and_names_the_rest() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    c.start("n1");
+    c.wait_for("runs", Duration::from_secs(15), |l| l.len() >= 2);
+    let config = c.config("n1");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let changed = text
+        .replace("op_timeout = \"1s\"", "op_timeout = \"3s\"")
+        .replace("history_limit = 100000", "history_limit = 3")
+        .replace("level = \"info\"", "level = \"warn\"")
+        .replace("node = \"n1\"", "node = \"n1-renamed\"");
+    assert_ne!(changed, text);
+    std::fs::write(
+        &config,
+        format!("{changed}[cluster]\nmax_clock_offset = \"400ms\"\n"),
+    )
+    .unwrap();
+    c.signal("n1", nix::sys::signal::Signal::SIGHUP);
+    std::thread::sleep(Duration::from_secs(1));
+    let marker = c.log("n1").len();
+    let before = c.lines().len();
+    c.wait_for("runs after the reload", Duration::from_secs(15), |l| {
+        l.len() >= before + 4
+    });
+    let runs = history(&c, "tick");
+    c.stop_all();
+    let log = c.log("n1");
+    let warn: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("take effect only after a restart"))
+        .collect();
+    assert_eq!(warn.len(), 1, "{log}");
+    assert!(
+        warn[0].contains("node") && warn[0].contains("store.op_timeout"),
+        "{}",
+        warn[0]
+    );
+    assert!(
+        !warn[0].contains("log.level") && !warn[0].contains("history_limit"),
+        "{}",
+        warn[0]
+    );
+    assert!(
+        log.contains("applied now: store.history_limit, cluster.max_clock_offset, log.level"),
+        "{log}"
+    );
+    // log.level = "warn" took effect: no more INFO lines about runs.
+    assert!(
+        !log[marker..].contains("run starting"),
+        "{}",
+        &log[marker..]
+    );
+    // history_limit = 3 took effect: older runs were pruned.
+    assert!(runs.len() <= 3, "{} runs kept", runs.len());
+}
