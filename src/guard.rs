@@ -6,10 +6,12 @@
 //! closes the pipe; the guard reads end-of-file and SIGKILLs every group still
 //! listed, then exits. This covers a job's whole process tree (its process
 //! group), which a parent-death signal on the direct child would not, and
-//! needs no `unsafe` `pre_exec` hook. Under systemd the unit's control group
-//! is the second line of defence.
+//! needs no `unsafe` `pre_exec` hook. Processes that left the job's group or
+//! session are found by walking parent links from the group's members (see
+//! [`serve`]). Under systemd the unit's control group is the second line of
+//! defence.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
@@ -94,6 +96,12 @@ impl Drop for Guard {
 /// then kills what is left. Signals that would stop a daemon (INT from a
 /// terminal, TERM from `pkill`) are ignored: the guard must outlive the daemon
 /// by a moment, and ends exactly when the daemon's end closes the pipe.
+///
+/// "What is left" is each listed group and every process below its members,
+/// also those that left the group or the session (`setsid cmd &`): they
+/// still hang below the job's process by their parent links. While jobs run,
+/// the guard also notes their descendants every second, so a process whose
+/// parent has already exited (reparented away from the tree) is still known.
 pub fn serve() -> std::process::ExitCode {
     let ignored = Arc::new(AtomicBool::new(false));
     for sig in [
@@ -105,23 +113,161 @@ pub fn serve() -> std::process::ExitCode {
     ] {
         let _ = signal_hook::flag::register(sig, ignored.clone());
     }
+    let (lines, incoming) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+        // Dropping the sender tells the main loop the daemon is gone.
+    });
     let mut groups = BTreeSet::new();
-    let stdin = std::io::stdin();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        let (op, pgid) = line.split_at(line.len().min(1));
-        match (op, pgid.trim().parse::<i32>()) {
-            ("+", Ok(pgid)) if pgid > 1 => {
-                groups.insert(pgid);
+    let mut known: BTreeMap<i32, u64> = BTreeMap::new();
+    loop {
+        match incoming.recv_timeout(std::time::Duration::from_secs(1)) {
+            Ok(line) => {
+                let (op, pgid) = line.split_at(line.len().min(1));
+                match (op, pgid.trim().parse::<i32>()) {
+                    ("+", Ok(pgid)) if pgid > 1 => {
+                        groups.insert(pgid);
+                    }
+                    ("-", Ok(pgid)) => {
+                        groups.remove(&pgid);
+                    }
+                    _ => {}
+                }
             }
-            ("-", Ok(pgid)) => {
-                groups.remove(&pgid);
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if groups.is_empty() {
+            known.clear();
+        } else {
+            let table = process_table();
+            known.retain(|pid, start| table.get(pid).is_some_and(|p| p.start == *start));
+            for pid in tree_of(&groups, &table) {
+                if let Some(p) = table.get(&pid) {
+                    known.insert(pid, p.start);
+                }
             }
-            _ => {}
         }
     }
-    for pgid in groups {
-        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-    }
+    kill_trees(&groups, &known);
     std::process::ExitCode::SUCCESS
+}
+
+/// One process as `/proc/PID/stat` tells it.
+#[derive(Debug, Clone, Copy)]
+struct ProcInfo {
+    ppid: i32,
+    pgrp: i32,
+    /// Start time (clock ticks since boot): tells a reused pid apart.
+    start: u64,
+}
+
+fn process_table() -> BTreeMap<i32, ProcInfo> {
+    let mut table = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return table;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the command name, which may itself hold spaces.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(ppid), Some(pgrp), Some(start)) = (
+            f.get(1).and_then(|v| v.parse().ok()),
+            f.get(2).and_then(|v| v.parse().ok()),
+            f.get(19).and_then(|v| v.parse().ok()),
+        ) else {
+            continue;
+        };
+        if f.first() == Some(&"Z") {
+            continue;
+        }
+        table.insert(pid, ProcInfo { ppid, pgrp, start });
+    }
+    table
+}
+
+/// Members of `groups` and every process below them, the guard excluded.
+fn tree_of(groups: &BTreeSet<i32>, table: &BTreeMap<i32, ProcInfo>) -> BTreeSet<i32> {
+    let me = std::process::id() as i32;
+    let mut tree: BTreeSet<i32> = table
+        .iter()
+        .filter(|(pid, p)| groups.contains(&p.pgrp) && **pid != me)
+        .map(|(pid, _)| *pid)
+        .collect();
+    loop {
+        let below: Vec<i32> = table
+            .iter()
+            .filter(|(pid, p)| tree.contains(&p.ppid) && !tree.contains(pid) && **pid != me)
+            .map(|(pid, _)| *pid)
+            .collect();
+        if below.is_empty() {
+            return tree;
+        }
+        tree.extend(below);
+    }
+}
+
+/// Stops every process of the job trees (so none can fork away while the
+/// trees are walked), then kills them all.
+fn kill_trees(groups: &BTreeSet<i32>, known: &BTreeMap<i32, u64>) {
+    let signal = |pid: i32, sig: Signal| {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+    };
+    let mut doomed: BTreeSet<i32> = BTreeSet::new();
+    for _ in 0..20 {
+        let table = process_table();
+        let mut tree = tree_of(groups, &table);
+        // Noted earlier, still the same process (not a reused pid).
+        tree.extend(
+            known
+                .iter()
+                .filter(|(pid, start)| table.get(pid).is_some_and(|p| p.start == **start))
+                .map(|(pid, _)| *pid),
+        );
+        // ...and anything those have forked since.
+        loop {
+            let below: Vec<i32> = table
+                .iter()
+                .filter(|(pid, p)| tree.contains(&p.ppid) && !tree.contains(pid))
+                .map(|(pid, _)| *pid)
+                .filter(|pid| *pid != std::process::id() as i32)
+                .collect();
+            if below.is_empty() {
+                break;
+            }
+            tree.extend(below);
+        }
+        let new: Vec<i32> = tree.difference(&doomed).copied().collect();
+        if new.is_empty() {
+            break;
+        }
+        for pid in &new {
+            signal(*pid, Signal::SIGSTOP);
+        }
+        doomed.extend(new);
+    }
+    for pgid in groups {
+        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+    }
+    for pid in doomed {
+        signal(pid, Signal::SIGKILL);
+    }
 }

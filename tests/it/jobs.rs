@@ -320,6 +320,44 @@ fn a_job_never_outlives_a_daemon_killed_by_sigkill() {
     }
 }
 
+/// A job's process that left its process group and session (`setsid`) dies
+/// with the job when the daemon is SIGKILLed, outside systemd too.
+#[test]
+fn a_setsid_grandchild_never_outlives_a_daemon_killed_by_sigkill() {
+    let jobs = "[[job]]\nname = \"escape\"\nschedule = \"* * * * * *\"\ncommand = \"setsid sh -c 'echo $$ > {out}.gc; exec sleep 300' & sleep 300\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let gc_file = format!("{}.gc", c.out.display());
+    let pid: i32 = wait_until(
+        "the escaping grandchild",
+        Duration::from_secs(15),
+        || c.report(),
+        || std::fs::read_to_string(&gc_file).ok()?.trim().parse().ok(),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let alive = |pid: i32| {
+        let f = crate::support::proc_stat(pid);
+        !f.is_empty() && f[0] != "Z"
+    };
+    assert!(alive(pid), "the grandchild runs");
+    let own_session = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(pid))).unwrap();
+    assert_eq!(
+        own_session.as_raw(),
+        pid,
+        "test premise: it left the job's session"
+    );
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5)).unwrap();
+    let gone = Instant::now() + Duration::from_secs(2);
+    while alive(pid) {
+        if Instant::now() > gone {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            panic!("the setsid grandchild outlived the daemon's SIGKILL by 2 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Process groups of processes whose command line names `marker`.
 fn job_groups(marker: &str) -> Vec<i32> {
     let mut groups = Vec::new();
