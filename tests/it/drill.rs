@@ -326,7 +326,21 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                         .iter()
                         .any(|at| d.from >= at - 0.05 && d.from <= at + 0.3)
             });
-            let in_window = lease_lost.contains(&t) || killed_after_claim;
+            // A holder that claimed the instant before as a catch-up (run in
+            // this instant's window, on the lease of this one) and was then
+            // frozen or killed mid-run: peers wait out that lease, so this
+            // instant goes with it, like a claim lost before its start.
+            let frozen_catch_up = runs.iter().any(|r| {
+                secs(r.occurrence) as i64 == t - 1
+                    && r.start >= instant
+                    && disturbances.iter().any(|d| {
+                        d.node == r.node
+                            && matches!(d.kind, "stop" | "kill")
+                            && d.from >= r.start - 0.05
+                            && d.from <= r.end.unwrap_or(f64::INFINITY)
+                    })
+            });
+            let in_window = lease_lost.contains(&t) || killed_after_claim || frozen_catch_up;
             if skipped.contains(&t) {
                 // overlap = "skip": a late run (a thawed holder) was still
                 // going at this instant; claimed and skipped, as configured.

@@ -151,3 +151,41 @@ fn a_dropped_lock_table_heals_with_one_warning() {
         "{log}"
     );
 }
+
+/// The SQLite file deleted under running nodes (a clean-up script, tmpfiles)
+/// while a new node starts on a fresh file: the running nodes notice at
+/// their next claim, say so, and move to the file now at the path, so no
+/// occurrence runs twice (before, they kept claiming in the unlinked copy).
+#[test]
+fn a_deleted_sqlite_file_is_noticed_and_nothing_runs_twice() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    c.start("n1");
+    c.start("n2");
+    c.wait_for("runs", Duration::from_secs(15), |l| l.len() >= 3);
+    let db = c.dir.path().join("locks.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    c.start("n3");
+    let before = c.lines().len();
+    c.wait_for("runs after the deletion", Duration::from_secs(20), |l| {
+        l.len() >= before + 6
+    });
+    c.stop_all();
+    let report = c.report();
+    let mut lines = c.lines();
+    lines.sort_by_key(|l| l.occurrence);
+    for w in lines.windows(2) {
+        assert_ne!(
+            w[0].occurrence, w[1].occurrence,
+            "occurrence ran twice: {:?} {:?}\n{report}",
+            w[0], w[1]
+        );
+    }
+    assert!(
+        ["n1", "n2"]
+            .iter()
+            .any(|n| c.log(n).contains("was deleted or replaced under this node")),
+        "{report}"
+    );
+}

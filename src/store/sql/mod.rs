@@ -54,7 +54,11 @@ pub struct Dialect {
 
 /// The SQL implementation of [`Store`].
 pub struct SqlStore {
-    pool: AnyPool,
+    /// Replaced when a SQLite file was deleted or replaced under us.
+    pool: std::sync::RwLock<AnyPool>,
+    make_pool: Box<dyn Fn() -> Result<AnyPool, sqlx::Error> + Send + Sync>,
+    /// SQLite: the database file and the identity it had when opened.
+    sqlite_file: Option<SqliteFile>,
     url: StoreUrl,
     connect_url: String,
     dialect: &'static Dialect,
@@ -63,6 +67,12 @@ pub struct SqlStore {
     op_timeout: Duration,
     /// SQLite's clock (the file system's); `None`: the database's own.
     file_clock: Option<FileClock>,
+}
+
+/// A SQLite database file and its (device, inode) when this store opened it.
+struct SqliteFile {
+    path: std::path::PathBuf,
+    identity: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 /// Reads a clock kept outside the database, in ms since the Unix epoch.
@@ -224,29 +234,43 @@ impl SqlStore {
             _ => None,
         };
         let setup: std::sync::Arc<[String]> = setup.into();
-        let pool = AnyPoolOptions::new()
-            .max_connections(if dialect.name == "sqlite" { 2 } else { 4 })
-            .min_connections(0)
-            .acquire_timeout(config.op_timeout)
-            .idle_timeout(Some(Duration::from_secs(300)))
-            .after_connect(move |conn, _meta| {
-                let setup = setup.clone();
-                Box::pin(async move {
-                    for stmt in setup.iter() {
-                        sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
-                            .execute(&mut *conn)
-                            .await?;
-                    }
-                    Ok(())
+        let op_timeout = config.op_timeout;
+        let pool_url = connect_url.clone();
+        let make_pool = move || -> Result<AnyPool, sqlx::Error> {
+            let setup = setup.clone();
+            AnyPoolOptions::new()
+                .max_connections(if dialect.name == "sqlite" { 2 } else { 4 })
+                .min_connections(0)
+                .acquire_timeout(op_timeout)
+                .idle_timeout(Some(Duration::from_secs(300)))
+                .after_connect(move |conn, _meta| {
+                    let setup = setup.clone();
+                    Box::pin(async move {
+                        for stmt in setup.iter() {
+                            sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                        Ok(())
+                    })
                 })
-            })
-            .connect_lazy(&connect_url)
-            .map_err(|e| StoreError::Backend {
-                store: url.redacted().into(),
-                reason: url.scrub(&e.to_string()),
-            })?;
+                .connect_lazy(&pool_url)
+        };
+        let pool = make_pool().map_err(|e| StoreError::Backend {
+            store: url.redacted().into(),
+            reason: url.scrub(&e.to_string()),
+        })?;
+        let sqlite_file = match url.kind() {
+            StoreKind::Sqlite { path } => Some(SqliteFile {
+                path: path.clone(),
+                identity: std::sync::Mutex::new(None),
+            }),
+            _ => None,
+        };
         Ok(SqlStore {
-            pool,
+            pool: std::sync::RwLock::new(pool),
+            make_pool: Box::new(make_pool),
+            sqlite_file,
             queries: Queries::new(dialect, &config.table_prefix),
             prefix: config.table_prefix.clone(),
             url,
@@ -277,6 +301,64 @@ impl SqlStore {
                 }
             }
             _ => StoreError::Backend { store, reason },
+        }
+    }
+
+    /// The connection pool in use.
+    fn pool(&self) -> AnyPool {
+        match self.pool.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// SQLite: checks, inside a claim transaction, that the database file
+    /// at the configured path is still the one this store's connections
+    /// have open. A file deleted or replaced under a running node (a clean-up
+    /// script, tmpfiles) would otherwise leave this node claiming in an
+    /// unlinked copy while others claim in a new file: both would run every
+    /// occurrence. Then the claim fails, and the pool is reopened on the
+    /// file now at the path.
+    fn check_sqlite_file(&self) -> Result<(), sqlx::Error> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(file) = &self.sqlite_file else {
+            return Ok(());
+        };
+        let now = std::fs::metadata(&file.path)
+            .map(|m| (m.dev(), m.ino()))
+            .ok();
+        let Ok(mut known) = file.identity.lock() else {
+            return Ok(());
+        };
+        match (*known, now) {
+            (None, Some(id)) => {
+                *known = Some(id);
+                Ok(())
+            }
+            (Some(was), Some(is)) if was == is => Ok(()),
+            (_, None) | (Some(_), Some(_)) => {
+                *known = None;
+                drop(known);
+                self.reopen();
+                Err(sqlx::Error::Protocol(format!(
+                    "the SQLite database {} was deleted or replaced under this node: claiming nothing from the old file; reopening the one at that path (SQLite is for processes on one host sharing one file that stays in place)",
+                    file.path.display()
+                )))
+            }
+        }
+    }
+
+    /// After a deleted or replaced SQLite file: fresh connections, to the
+    /// file now at the path.
+    fn reopen(&self) {
+        match (self.make_pool)() {
+            Ok(fresh) => {
+                if let Ok(mut pool) = self.pool.write() {
+                    let old = std::mem::replace(&mut *pool, fresh);
+                    tokio::spawn(async move { old.close().await });
+                }
+            }
+            Err(e) => tracing::error!(store = %self.url, "cannot reopen the database: {e}"),
         }
     }
 
@@ -364,7 +446,7 @@ impl SqlStore {
                     self.retrying(|| async {
                         sqlx::query(self.stmt(&self.queries.seed_row, None)?)
                             .bind(missing.clone())
-                            .execute(&self.pool)
+                            .execute(&self.pool())
                             .await
                     })
                     .await?;
@@ -383,7 +465,7 @@ impl SqlStore {
         &self,
         requests: &[ClaimRequest],
     ) -> Result<Result<Claimed, String>, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.pool().acquire().await?;
         let (result, clean) = self.claim_on(&mut conn, requests).await;
         if !clean {
             conn.close_on_drop();
@@ -429,6 +511,7 @@ impl SqlStore {
         // Read after BEGIN: the write lock is held, so this instant is later
         // than every decision committed before ours.
         let file_now = self.file_clock_now()?;
+        self.check_sqlite_file()?;
         // Rows are locked in name order so two batches can never deadlock.
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
@@ -635,7 +718,7 @@ impl Store for SqlStore {
             return Ok(from_ms(now));
         }
         let now: i64 = sqlx::query_scalar(self.queries.clock.clone())
-            .fetch_one(&self.pool)
+            .fetch_one(&self.pool())
             .await
             .map_err(|e| self.err(e))?;
         Ok(from_ms(now))
@@ -655,7 +738,7 @@ impl Store for SqlStore {
                     .bind(duration_ms(lease))
                     .bind(job.as_str().to_string())
                     .bind(owner.as_str().to_string())
-                    .execute(&self.pool)
+                    .execute(&self.pool())
                     .await
             })
             .await
@@ -671,7 +754,7 @@ impl Store for SqlStore {
                     sqlx::query(self.stmt(&self.queries.release, None)?)
                         .bind(job.as_str().to_string())
                         .bind(owner.as_str().to_string())
-                        .execute(&self.pool)
+                        .execute(&self.pool())
                         .await
                 })
                 .await
@@ -683,7 +766,7 @@ impl Store for SqlStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1")
-            .execute(&self.pool)
+            .execute(&self.pool())
             .await
             .map_err(|e| self.err(e))?;
         Ok(())
@@ -694,7 +777,7 @@ impl Store for SqlStore {
             self.stmt(&self.queries.status, None)
                 .map_err(|e| self.err(e))?,
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.pool())
         .await
         .map_err(|e| self.err(e))?;
         rows.iter()
@@ -731,18 +814,18 @@ impl Store for SqlStore {
                     .bind(run.exit_code.map(i64::from))
                     .bind(i64::from(run.takeover))
                     .bind(run.delay_ms as i64)
-                    .execute(&self.pool)
+                    .execute(&self.pool())
                     .await?;
                 let cutoff: Option<i64> = sqlx::query_scalar(self.queries.prune_cutoff.clone())
                     .bind(run.job.clone())
                     .bind(i64::from(keep))
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&self.pool())
                     .await?;
                 if let Some(cutoff) = cutoff {
                     sqlx::query(self.queries.prune.clone())
                         .bind(run.job.clone())
                         .bind(cutoff)
-                        .execute(&self.pool)
+                        .execute(&self.pool())
                         .await?;
                 }
                 Ok(())
@@ -764,7 +847,7 @@ impl Store for SqlStore {
         };
         let rows = query
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.pool())
             .await
             .map_err(|e| self.err(e))?;
         rows.iter()
