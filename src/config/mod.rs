@@ -624,17 +624,51 @@ fn read_source(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Source> {
     }
 }
 
+/// Parses a whole file into `T`, reporting every mistake it can find rather
+/// than the first: all syntax errors (the parser recovers), then, if the
+/// file as a whole does not fit `T`, each top-level key on its own and each
+/// `[[job]]` table on its own, so an unknown key in `[store]`, a bad type in
+/// `[lease]` and a broken job are all listed in one pass.
 fn parse_toml<T: serde::de::DeserializeOwned>(
     src: &Source,
     errors: &mut Vec<ConfigError>,
 ) -> Option<T> {
-    match toml::from_str::<T>(&src.text) {
-        Ok(v) => Some(v),
-        Err(e) => {
+    use serde::de::IntoDeserializer;
+    use toml::de::{DeTable, DeValue};
+    let (table, syntax) = DeTable::parse_recoverable(&src.text);
+    if !syntax.is_empty() {
+        for e in syntax {
             errors.push(src.error_at(e.span(), e.message()));
-            None
+        }
+        return None;
+    }
+    let whole = T::deserialize(table.clone().into_deserializer());
+    let first = match whole {
+        Ok(v) => return Some(v),
+        Err(e) => e,
+    };
+    let before = errors.len();
+    let span = table.span();
+    for (key, value) in table.get_ref().iter() {
+        if let (DeValue::Array(jobs), "job") = (value.get_ref(), key.get_ref().as_ref()) {
+            for job in jobs {
+                if let Err(e) = raw::RawJob::deserialize(job.clone().into_deserializer()) {
+                    errors.push(src.error_at(e.span(), e.message()));
+                }
+            }
+            continue;
+        }
+        let mut one = DeTable::new();
+        one.insert(key.clone(), value.clone());
+        let one = toml::Spanned::new(span.clone(), one);
+        if let Err(e) = T::deserialize(one.into_deserializer()) {
+            errors.push(src.error_at(e.span(), e.message()));
         }
     }
+    if errors.len() == before {
+        errors.push(src.error_at(first.span(), first.message()));
+    }
+    None
 }
 
 /// Checks that a string setting holds no NUL byte (no path, argument or

@@ -447,3 +447,30 @@ fn dangling_and_looping_job_symlinks_are_errors() {
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
 }
+
+/// Structural mistakes in different places of the main file are all
+/// reported in one pass, each at its own line.
+#[test]
+fn every_structural_error_of_the_main_file_is_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = "node = \"n1\"\nnodes = 3\n[store]\nurl = \"sqlite://x.db\"\npasword = \"x\"\n[lease]\nmargin = 5\n[[job]]\nname = \"a\"\ncommand = \"true\"\n[[job]]\nname = \"b\"\nschedule = \"* * * * *\"\ncommand = \"true\"\ncomand = \"x\"\n";
+    let errors = load(dir.path(), main, &[]).unwrap_err();
+    let at = |line: usize, fragment: &str| {
+        errors
+            .iter()
+            .any(|e| e.position.is_some_and(|(l, _)| l == line) && e.message.contains(fragment))
+    };
+    assert!(at(2, "unknown field `nodes`"), "{errors:#?}");
+    assert!(at(5, "unknown field `pasword`"), "{errors:#?}");
+    assert!(at(7, "invalid type"), "{errors:#?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.message.contains("missing field `schedule`")),
+        "{errors:#?}"
+    );
+    assert!(at(15, "unknown field `comand`"), "{errors:#?}");
+    // And syntax errors: every one the parser can recover from.
+    let errors = load(dir.path(), "a = \nb = = 1\n[store]\nurl = \"x\n", &[]).unwrap_err();
+    assert!(errors.len() >= 2, "{errors:#?}");
+}
