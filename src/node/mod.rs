@@ -635,6 +635,10 @@ impl Node {
                 () = self.claims.cancelled() => return,
                 _ = interval.tick() => {}
             }
+            #[cfg(feature = "failpoints")]
+            if std::env::var_os("CRONLEASE_FAILPOINT_PANIC_IN_TASK").is_some() {
+                panic!("failpoint: a task of the daemon panics");
+            }
             let now_ms = self.epoch.elapsed().as_millis() as u64;
             let beats: Vec<(JobName, u64)> = self
                 .states()

@@ -64,6 +64,30 @@ fn five_seconds_ahead_never_runs_early(backend: Backend) {
     let report = c.report();
     assert_eq!(code, 503, "{body}\n{report}");
     assert!(body.contains("clock offset"), "{body}");
+    // The offset is exported: store - local, about -5 s.
+    let (_, metrics) = crate::service::http_get(port, "/metrics");
+    let offset = metrics
+        .lines()
+        .find(|l| l.starts_with("cronlease_clock_offset_seconds"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        offset.is_some_and(|o| (-6.0..-4.0).contains(&o)),
+        "cronlease_clock_offset_seconds {offset:?}"
+    );
+    // `status` on that host says its clock is out of bounds.
+    let env = faked("+5s");
+    let out = std::process::Command::new(crate::support::binary())
+        .args(["status", "-c"])
+        .arg(c.config("n1"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("clock offset of this host") && text.contains("OUT OF BOUNDS"),
+        "{text}"
+    );
     let lines = {
         let mut all = c.lines();
         all.retain(|l| lines.first().is_none_or(|f| l.occurrence >= f.occurrence));

@@ -549,3 +549,15 @@ fn sighup_applies_live_settings_and_names_the_rest() {
     // history_limit = 3 took effect: older runs were pruned.
     assert!(runs.len() <= 3, "{} runs kept", runs.len());
 }
+
+/// A task of the daemon that dies (a panic) takes the daemon down with a
+/// clear exit (70, reason logged), never leaves it half alive; its jobs go
+/// with it. Uses the test-only failpoint of the `failpoints` feature.
+#[test]
+fn a_dying_task_takes_the_daemon_down_with_a_clear_exit() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    c.start_with_env("n1", &[("CRONLEASE_FAILPOINT_PANIC_IN_TASK", "1")]);
+    let status = c.wait_exit("n1", Duration::from_secs(15));
+    assert_eq!(status.and_then(|s| s.code()), Some(70), "{}", c.report());
+    assert!(c.log("n1").contains("internal error"), "{}", c.report());
+}
