@@ -75,8 +75,9 @@ fn build_command(spec: &RunSpec<'_>) -> tokio::process::Command {
         // groups; this binary's `__run-as` does (initgroups) and then
         // executes the command in place, same pid and process group.
         Some(id) => {
-            let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
-            let mut c = tokio::process::Command::new(exe);
+            // Not current_exe(): after a package upgrade that path names the
+            // new binary, or nothing ("(deleted)"); /proc/self/exe is this one.
+            let mut c = tokio::process::Command::new("/proc/self/exe");
             c.arg("__run-as")
                 .arg(id.uid.to_string())
                 .arg(id.gid.to_string())

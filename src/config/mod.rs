@@ -195,7 +195,8 @@ impl StoreUrl {
         let secret = parsed
             .password()
             .filter(|p| !p.is_empty())
-            .map(percent_decode);
+            .map(percent_decode)
+            .or_else(|| query_password(&parsed));
         // sqlx wants mysql://; mariadb:// is accepted as a friendlier alias.
         let url = if scheme == "mariadb" {
             format!("mysql{}", &raw["mariadb".len()..])
@@ -243,9 +244,19 @@ impl StoreUrl {
 
     /// Removes the password from `text` (a driver's error message, say).
     pub fn scrub(&self, text: &str) -> String {
+        let text = redact_urls_in(text);
         match &self.secret {
-            Some(secret) if !secret.is_empty() => text.replace(secret.as_str(), "***"),
-            _ => text.to_string(),
+            Some(secret) if !secret.is_empty() => {
+                let encoded: String =
+                    url::form_urlencoded::byte_serialize(secret.as_bytes()).collect();
+                let text = text.replace(secret.as_str(), "***");
+                if encoded.len() > 2 {
+                    text.replace(&encoded, "***")
+                } else {
+                    text
+                }
+            }
+            _ => text,
         }
     }
 }
@@ -262,11 +273,50 @@ impl fmt::Display for StoreUrl {
     }
 }
 
+/// `%XX` decoding as in a URL's userinfo (a `+` stays a `+`).
 fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// The password a URL carries in its query (`?password=...`, which the
+/// PostgreSQL driver accepts), if any.
+fn query_password(u: &url::Url) -> Option<String> {
+    u.query_pairs()
+        .find(|(k, _)| k.eq_ignore_ascii_case("password"))
         .map(|(_, v)| v.into_owned())
-        .unwrap_or_else(|| s.to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// Replaces every URL-looking word of `text` (it holds `://`) with its
+/// redacted form: error messages that quote a value (serde's "invalid type:
+/// string ...") must not quote a password.
+pub fn redact_urls_in(text: &str) -> String {
+    if !text.contains("://") {
+        return text.to_string();
+    }
+    let delimiter = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`' | ',' | '(' | ')');
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if word.contains("://") {
+            out.push_str(&redact_url(word));
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if delimiter(c) {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
 }
 
 /// `scheme://user:secret@host` → `scheme://user:***@host`. A URL that does
@@ -275,12 +325,36 @@ fn percent_decode(s: &str) -> String {
 /// all before the last `@`, or a non-numeric "port" where no `@` stands.
 pub fn redact_url(raw: &str) -> String {
     if let Ok(mut u) = url::Url::parse(raw) {
+        let in_query = query_password(&u).is_some();
+        if in_query {
+            let pairs: Vec<(String, String)> = u
+                .query_pairs()
+                .map(|(k, v)| {
+                    let v = if k.eq_ignore_ascii_case("password") {
+                        "***".to_string()
+                    } else {
+                        v.into_owned()
+                    };
+                    (k.into_owned(), v)
+                })
+                .collect();
+            u.query_pairs_mut().clear().extend_pairs(pairs);
+        }
         if u.password().is_some() {
             let _ = u.set_password(Some("***"));
             return u.to_string();
         }
-        if u.host_str().is_some_and(|h| !h.is_empty()) {
-            return raw.to_string();
+        // An `@` past the host means the URL did not read the way it was
+        // meant (an unencoded `/` in a password): hide it all.
+        let misread = u.path().contains('@')
+            || u.query().is_some_and(|q| q.contains('@'))
+            || u.fragment().is_some_and(|f| f.contains('@'));
+        if u.host_str().is_some_and(|h| !h.is_empty()) && !misread {
+            return if in_query {
+                u.to_string()
+            } else {
+                raw.to_string()
+            };
         }
     }
     redact_unparsed(raw)
@@ -587,7 +661,8 @@ impl Source {
         ConfigError {
             origin: self.origin.clone(),
             position: span.map(|s| line_col(&self.text, s.start)),
-            message: one_line(&message.into()),
+            // A message may quote a value: never a password in a URL.
+            message: redact_urls_in(&one_line(&message.into())),
         }
     }
     fn at<T>(&self, v: &Spanned<T>, message: impl Into<String>) -> ConfigError {

@@ -145,12 +145,14 @@ impl Node {
                 }
                 continue;
             }
-            let sent = Instant::now();
-            let sent_wall = Utc::now();
             let prepared = tokio::select! {
                 () = stop.cancelled() => return,
                 r = self.ensure_prepared() => r,
             };
+            // Taken after any migration wait: the claim's own round trip
+            // times the lease and the clock reading.
+            let sent = Instant::now();
+            let sent_wall = Utc::now();
             let result = match prepared {
                 Ok(()) => {
                     let request = ClaimRequest {

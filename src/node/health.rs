@@ -58,6 +58,12 @@ impl StoreHealth {
         let Ok(mut s) = self.inner.lock() else { return };
         s.last_ok = Some(Instant::now());
         s.failing.remove(op);
+        if matches!(op, "claim" | "record") {
+            // The store takes writes again: whatever it refused before (a
+            // renewal during a full disk, a release) is over too, even if
+            // that operation does not come round again soon.
+            s.failing.clear();
+        }
         // The store answers: failures for want of an answer are over.
         s.failing.retain(|_, unreachable| !*unreachable);
         if !s.failing.is_empty() {
@@ -128,6 +134,12 @@ mod tests {
             "SELECT 1 answering does not heal a refused claim"
         );
         h.ok("claim");
+        assert!(h.is_up());
+        // A refused renewal ends with the next write that succeeds.
+        h.failed("renew", &refused());
+        h.ok("ping");
+        assert!(!h.is_up());
+        h.ok("record");
         assert!(h.is_up());
     }
 

@@ -84,6 +84,8 @@ fn status_and_migrate_exit_69_when_the_store_is_unreachable() {
         "redis://:s3cretpw@127.0.0.1:1/",
         "mysql://root:s3cretpw@127.0.0.1:1/test",
         "postgres://u:s3cretpw@127.0.0.1:1/test",
+        "postgres://u@127.0.0.1:1/test?password=s3cretpw",
+        "mysql://root:83/s3cretpw@127.0.0.1:1/test",
     ] {
         let config = write_config(dir.path(), url);
         for cmd in ["status", "migrate", "history"] {

@@ -474,3 +474,14 @@ fn every_structural_error_of_the_main_file_is_listed() {
     let errors = load(dir.path(), "a = \nb = = 1\n[store]\nurl = \"x\n", &[]).unwrap_err();
     assert!(errors.len() >= 2, "{errors:#?}");
 }
+
+/// A value quoted in an error message never shows a password: a store URL
+/// written where a table belongs.
+#[test]
+fn quoted_values_in_errors_are_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = load(dir.path(), "store = \"mysql://root:s3cretpw@db/x\"\n", &[]).unwrap_err();
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert!(!shown.is_empty());
+    assert!(shown.iter().all(|e| !e.contains("s3cretpw")), "{shown:#?}");
+}

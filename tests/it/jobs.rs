@@ -271,8 +271,10 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date 
     c.stop_all();
     let report = c.report();
     for l in &lines {
+        // Delaying would start a run a whole second late (3 s job, 2 s
+        // schedule); allow for a loaded machine below that.
         assert!(
-            l.lateness() < 0.5,
+            l.lateness() < 0.8,
             "a run started late instead of on its instant: {l:?}\n{report}"
         );
     }
@@ -512,7 +514,18 @@ fn sighup_applies_live_settings_and_names_the_rest() {
     )
     .unwrap();
     c.signal("n1", nix::sys::signal::Signal::SIGHUP);
-    std::thread::sleep(Duration::from_secs(1));
+    wait_until(
+        "the reload",
+        Duration::from_secs(10),
+        || c.report(),
+        || {
+            c.log("n1")
+                .contains("SIGHUP: configuration reloaded")
+                .then_some(())
+        },
+    );
+    // A run that started just before the level changed may still log.
+    std::thread::sleep(Duration::from_millis(300));
     let marker = c.log("n1").len();
     let before = c.lines().len();
     c.wait_for("runs after the reload", Duration::from_secs(15), |l| {

@@ -63,6 +63,7 @@ pub(super) fn parts(path: &Path) -> Result<(&'static Dialect, String, Vec<String
 
 /// The host's clock as the kernel stamps it on a write to `<db>-clock`.
 pub struct FileClock {
+    db: PathBuf,
     path: PathBuf,
     file: Mutex<Option<File>>,
 }
@@ -73,6 +74,7 @@ impl FileClock {
         let mut name = db.as_os_str().to_owned();
         name.push("-clock");
         FileClock {
+            db: db.to_path_buf(),
             path: PathBuf::from(name),
             file: Mutex::new(None),
         }
@@ -85,14 +87,24 @@ impl FileClock {
             .lock()
             .map_err(|_| std::io::Error::other("clock file lock poisoned"))?;
         if slot.is_none() {
-            *slot = Some(
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&self.path)?,
-            );
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.path)?;
+            // Created by root (`sudo cronlease status`)? Give it to the
+            // database's owner, as SQLite does with its -wal and -shm files,
+            // or the daemon's own user could not write it.
+            if nix::unistd::geteuid().is_root() {
+                use std::os::unix::fs::MetadataExt;
+                if let (Ok(db), Ok(own)) = (std::fs::metadata(&self.db), file.metadata()) {
+                    if (db.uid(), db.gid()) != (own.uid(), own.gid()) {
+                        let _ = std::os::unix::fs::fchown(&file, Some(db.uid()), Some(db.gid()));
+                    }
+                }
+            }
+            *slot = Some(file);
         }
         let Some(file) = slot.as_ref() else {
             return Err(std::io::Error::other("clock file not open"));
