@@ -125,7 +125,10 @@ pub fn serve() -> std::process::ExitCode {
         // Dropping the sender tells the main loop the daemon is gone.
     });
     let mut groups = BTreeSet::new();
-    let mut known: BTreeMap<i32, u64> = BTreeMap::new();
+    // Per running job (process group): the processes noted below it, with
+    // their start times. Forgotten with the job, so a daemon a finished job
+    // left behind on purpose (`ssh -fN`, `tmux new -d`) is never killed later.
+    let mut known: BTreeMap<i32, BTreeMap<i32, u64>> = BTreeMap::new();
     loop {
         match incoming.recv_timeout(std::time::Duration::from_secs(1)) {
             Ok(line) => {
@@ -136,6 +139,7 @@ pub fn serve() -> std::process::ExitCode {
                     }
                     ("-", Ok(pgid)) => {
                         groups.remove(&pgid);
+                        known.remove(&pgid);
                     }
                     _ => {}
                 }
@@ -143,18 +147,20 @@ pub fn serve() -> std::process::ExitCode {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if groups.is_empty() {
-            known.clear();
-        } else {
+        if !groups.is_empty() {
             let table = process_table();
-            known.retain(|pid, start| table.get(pid).is_some_and(|p| p.start == *start));
-            for pid in tree_of(&groups, &table) {
-                if let Some(p) = table.get(&pid) {
-                    known.insert(pid, p.start);
+            for pgid in &groups {
+                let noted = known.entry(*pgid).or_default();
+                noted.retain(|pid, start| table.get(pid).is_some_and(|p| p.start == *start));
+                for pid in tree_of(&BTreeSet::from([*pgid]), &table) {
+                    if let Some(p) = table.get(&pid) {
+                        noted.insert(pid, p.start);
+                    }
                 }
             }
         }
     }
+    let known: BTreeMap<i32, u64> = known.into_values().flatten().collect();
     kill_trees(&groups, &known);
     std::process::ExitCode::SUCCESS
 }

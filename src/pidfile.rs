@@ -79,16 +79,25 @@ impl PidFile {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = std::fs::create_dir_all(dir);
         }
-        let file = open(path, true)?;
-        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => lock,
-            Err((mut file, _)) => {
-                let mut pid = String::new();
-                let _ = file.read_to_string(&mut pid);
-                return Err(PidFileError::Taken {
-                    path: path.to_path_buf(),
-                    pid: pid.trim().chars().take(20).collect(),
-                });
+        // A lock is on an inode, not a name: a file unlinked (or replaced)
+        // between our open and our lock is not the pid file any more.
+        let mut attempt = 0;
+        let mut lock = loop {
+            let file = open(path, true)?;
+            let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => lock,
+                Err((mut file, _)) => {
+                    let mut pid = String::new();
+                    let _ = file.read_to_string(&mut pid);
+                    return Err(PidFileError::Taken {
+                        path: path.to_path_buf(),
+                        pid: pid.trim().chars().take(20).collect(),
+                    });
+                }
+            };
+            attempt += 1;
+            if is_at(&lock, path) || attempt >= 3 {
+                break lock;
             }
         };
         let write = |f: &mut File| -> std::io::Result<()> {
@@ -110,9 +119,21 @@ impl PidFile {
 
 impl Drop for PidFile {
     fn drop(&mut self) {
-        // Still locked by us: nobody else can have taken the file over.
-        let _ = self.lock.set_len(0);
-        let _ = std::fs::remove_file(&self.path);
+        // Only the file we hold: if ours was deleted and another daemon
+        // made a new one at the path, that one stays.
+        if is_at(&self.lock, &self.path) {
+            let _ = self.lock.set_len(0);
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Whether `file` is the file now at `path` (same device and inode).
+fn is_at(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 

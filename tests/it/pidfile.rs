@@ -149,3 +149,57 @@ fn the_pid_file_is_never_written_through_a_symlink() {
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
     assert!(c.log("n1").contains("pid file"), "{}", c.report());
 }
+
+/// A pid file deleted under a running daemon and made anew by a second one
+/// belongs to the second: the first, stopping, leaves it in place.
+#[test]
+fn a_daemon_never_removes_a_pid_file_it_does_not_hold() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    let pid_file = c.dir.path().join("n1.pid");
+    c.start("n1");
+    let first = c.pid("n1").to_string();
+    let read = || {
+        std::fs::read_to_string(&pid_file)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    wait_until(
+        "the pid file",
+        Duration::from_secs(10),
+        || c.report(),
+        || (read() == first).then_some(()),
+    );
+    std::fs::remove_file(&pid_file).unwrap();
+    let mut second = Command::new(binary())
+        .args(["run", "-c"])
+        .arg(c.config("n1"))
+        .env_remove("CRONLEASE_STORE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let second_pid = second.id().to_string();
+    wait_until(
+        "the second daemon's pid file",
+        Duration::from_secs(10),
+        || c.report(),
+        || (read() == second_pid).then_some(()),
+    );
+    c.stop_all();
+    assert_eq!(
+        read(),
+        second_pid,
+        "the first daemon removed the second one's pid file"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = second.wait();
+    assert!(
+        !pid_file.exists(),
+        "the second daemon removes its own pid file"
+    );
+}
