@@ -57,6 +57,20 @@ pub struct Finished {
     pub finished_at: DateTime<Utc>,
 }
 
+impl Finished {
+    /// An occurrence that ended without a process (skipped, or not started
+    /// because its lease could not be proven), at this instant.
+    pub fn without_process(outcome: Outcome) -> Finished {
+        let now = Utc::now();
+        Finished {
+            outcome,
+            exit_code: None,
+            started_at: now,
+            finished_at: now,
+        }
+    }
+}
+
 /// One run to start.
 pub struct RunSpec<'a> {
     pub job: &'a Job,

@@ -35,14 +35,8 @@ impl Node {
     pub(super) async fn skip_occurrence(&self, state: &JobState, ticket: RunTicket) {
         let job = state.job();
         tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
-        let now = Utc::now();
-        let finished = Finished {
-            outcome: Outcome::Skipped,
-            exit_code: None,
-            started_at: now,
-            finished_at: now,
-        };
-        self.record(state, ticket, finished).await;
+        self.record(state, ticket, Finished::without_process(Outcome::Skipped))
+            .await;
     }
 
     /// Starts a run unless one of the job is still going (`overlap = "skip"`).
@@ -75,15 +69,9 @@ impl Node {
         if !provable {
             // Paused between claim and start: the lease may be gone already.
             tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "lease deadline passed before the run could start: not starting it");
-            let now = Utc::now();
-            let finished = Finished {
-                outcome: Outcome::LeaseLost,
-                exit_code: None,
-                started_at: now,
-                finished_at: now,
-            };
             state.running.store(false, Ordering::SeqCst);
-            self.record(state, ticket, finished).await;
+            self.record(state, ticket, Finished::without_process(Outcome::LeaseLost))
+                .await;
             return;
         }
         let stop = async {

@@ -18,6 +18,26 @@ fn step_down(c: &Cluster, node: &str) -> std::process::Output {
         .unwrap()
 }
 
+/// `cronlease run` with `node`'s config, outside the cluster's bookkeeping.
+fn spawn_second(c: &Cluster, node: &str, stderr: Stdio) -> std::process::Child {
+    Command::new(binary())
+        .args(["run", "-c"])
+        .arg(c.config(node))
+        .env_remove("CRONLEASE_STORE_URL")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
+/// The pid written in `file`, or "" when there is none.
+fn pid_in(file: &std::path::Path) -> String {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
 fn alive(child: &mut std::process::Child) -> bool {
     matches!(child.try_wait(), Ok(None))
 }
@@ -82,26 +102,14 @@ fn a_second_daemon_leaves_the_first_ones_pid_file_alone() {
     let pid_file = c.dir.path().join("n1.pid");
     c.start("n1");
     let first = c.pid("n1").to_string();
-    let read = || {
-        std::fs::read_to_string(&pid_file)
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    };
+    let read = || pid_in(&pid_file);
     wait_until(
         "the pid file",
         Duration::from_secs(10),
         || c.report(),
         || (read() == first).then_some(()),
     );
-    let second = Command::new(binary())
-        .args(["run", "-c"])
-        .arg(c.config("n1"))
-        .env_remove("CRONLEASE_STORE_URL")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let second = spawn_second(&c, "n1", Stdio::piped());
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(read(), first, "the second daemon overwrote the pid file");
     nix::sys::signal::kill(
@@ -158,12 +166,7 @@ fn a_daemon_never_removes_a_pid_file_it_does_not_hold() {
     let pid_file = c.dir.path().join("n1.pid");
     c.start("n1");
     let first = c.pid("n1").to_string();
-    let read = || {
-        std::fs::read_to_string(&pid_file)
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    };
+    let read = || pid_in(&pid_file);
     wait_until(
         "the pid file",
         Duration::from_secs(10),
@@ -171,14 +174,7 @@ fn a_daemon_never_removes_a_pid_file_it_does_not_hold() {
         || (read() == first).then_some(()),
     );
     std::fs::remove_file(&pid_file).unwrap();
-    let mut second = Command::new(binary())
-        .args(["run", "-c"])
-        .arg(c.config("n1"))
-        .env_remove("CRONLEASE_STORE_URL")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut second = spawn_second(&c, "n1", Stdio::null());
     let second_pid = second.id().to_string();
     wait_until(
         "the second daemon's pid file",
