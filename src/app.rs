@@ -78,11 +78,7 @@ fn load_config(path: &Path) -> Result<Config, ExitCode> {
 
 fn store_failure(e: &StoreError) -> ExitCode {
     // One line, whatever a driver put in its message.
-    let message = e.to_string();
-    eprintln!(
-        "cronlease: {}",
-        message.split_whitespace().collect::<Vec<_>>().join(" ")
-    );
+    eprintln!("cronlease: {}", config::one_line(&e.to_string()));
     match e {
         StoreError::NotBuiltIn(_) => ExitCode::from(EXIT_CONFIG),
         e if e.is_unreachable() => ExitCode::from(EXIT_UNAVAILABLE),
@@ -458,7 +454,7 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
         &table,
     );
     let bound = config.max_clock_offset.as_millis();
-    let verdict = if u128::from(clock_offset.unsigned_abs()) > bound {
+    let verdict = if crate::node::clock::beyond_bound(clock_offset, config.max_clock_offset) {
         "OUT OF BOUNDS: a daemon on this host claims nothing; fix time sync"
     } else {
         "ok"

@@ -212,12 +212,18 @@ fn process_table() -> BTreeMap<i32, ProcInfo> {
 
 /// Members of `groups` and every process below them, the guard excluded.
 fn tree_of(groups: &BTreeSet<i32>, table: &BTreeMap<i32, ProcInfo>) -> BTreeSet<i32> {
-    let me = std::process::id() as i32;
-    let mut tree: BTreeSet<i32> = table
+    let members = table
         .iter()
-        .filter(|(pid, p)| groups.contains(&p.pgrp) && **pid != me)
+        .filter(|(_, p)| groups.contains(&p.pgrp))
         .map(|(pid, _)| *pid)
         .collect();
+    with_descendants(members, table)
+}
+
+/// `roots` and every process below them by parent links, the guard excluded.
+fn with_descendants(mut tree: BTreeSet<i32>, table: &BTreeMap<i32, ProcInfo>) -> BTreeSet<i32> {
+    let me = std::process::id() as i32;
+    tree.remove(&me);
     loop {
         let below: Vec<i32> = table
             .iter()
@@ -240,27 +246,16 @@ fn kill_trees(groups: &BTreeSet<i32>, known: &BTreeMap<i32, u64>) {
     let mut doomed: BTreeSet<i32> = BTreeSet::new();
     for _ in 0..20 {
         let table = process_table();
-        let mut tree = tree_of(groups, &table);
-        // Noted earlier, still the same process (not a reused pid).
-        tree.extend(
+        let mut roots = tree_of(groups, &table);
+        // Noted earlier, still the same process (not a reused pid), and
+        // anything those have forked since.
+        roots.extend(
             known
                 .iter()
                 .filter(|(pid, start)| table.get(pid).is_some_and(|p| p.start == **start))
                 .map(|(pid, _)| *pid),
         );
-        // ...and anything those have forked since.
-        loop {
-            let below: Vec<i32> = table
-                .iter()
-                .filter(|(pid, p)| tree.contains(&p.ppid) && !tree.contains(pid))
-                .map(|(pid, _)| *pid)
-                .filter(|pid| *pid != std::process::id() as i32)
-                .collect();
-            if below.is_empty() {
-                break;
-            }
-            tree.extend(below);
-        }
+        let tree = with_descendants(roots, &table);
         let new: Vec<i32> = tree.difference(&doomed).copied().collect();
         if new.is_empty() {
             break;

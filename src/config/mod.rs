@@ -678,7 +678,8 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
-fn one_line(s: &str) -> String {
+/// `s` on one line: every run of white space (newlines too) becomes one space.
+pub fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

@@ -36,6 +36,11 @@ pub fn offset_ms(store_now: DateTime<Utc>, sent: DateTime<Utc>, received: DateTi
     store_now.timestamp_millis().saturating_sub(local)
 }
 
+/// The bound rule: an offset (ms, either sign) beyond `bound`.
+pub fn beyond_bound(offset_ms: i64, bound: Duration) -> bool {
+    u128::from(offset_ms.unsigned_abs()) > bound.as_millis()
+}
+
 impl ClockWatch {
     pub fn new(bound: Duration) -> Self {
         ClockWatch {
@@ -52,8 +57,8 @@ impl ClockWatch {
         received: DateTime<Utc>,
     ) -> i64 {
         let offset = offset_ms(store_now, sent, received);
-        let bound = i64::try_from(self.bound().as_millis()).unwrap_or(i64::MAX);
-        let skewed = offset.unsigned_abs() > bound.unsigned_abs();
+        let skewed = beyond_bound(offset, self.bound());
+        let bound = self.bound().as_millis();
         let Ok(mut r) = self.state.lock() else {
             return offset;
         };
@@ -95,11 +100,6 @@ impl ClockWatch {
         self.state.lock().is_ok_and(|r| r.skewed)
     }
 
-    /// The last offset (store − local) in milliseconds, if any was taken.
-    pub fn offset_ms(&self) -> Option<i64> {
-        self.state.lock().ok().and_then(|r| r.offset_ms)
-    }
-
     /// Why `/healthz` fails, when the clock is the reason.
     pub fn problem(&self) -> Option<String> {
         let r = *self.state.lock().ok()?;
@@ -137,8 +137,10 @@ mod tests {
         w.observe(from_ms(10_000), from_ms(15_000), from_ms(15_000));
         assert!(w.skewed());
         assert!(w.problem().unwrap().contains("-5000 ms"));
-        w.observe(from_ms(20_000), from_ms(20_100), from_ms(20_100));
+        assert_eq!(
+            w.observe(from_ms(20_000), from_ms(20_100), from_ms(20_100)),
+            -100
+        );
         assert!(!w.skewed());
-        assert_eq!(w.offset_ms(), Some(-100));
     }
 }

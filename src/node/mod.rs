@@ -266,13 +266,9 @@ impl Node {
         &self.metrics
     }
 
-    /// Whether the store answered within the last lease margin and this
-    /// node's clock is within bounds (`/healthz`).
-    pub fn healthy(&self) -> bool {
-        self.health_problem().is_none()
-    }
-
-    /// Why this node is not healthy, if it is not.
+    /// Why this node is not healthy (`/healthz`), if it is not: its clock is
+    /// out of bounds, the store has not answered within a lease margin, or
+    /// store calls are failing.
     pub fn health_problem(&self) -> Option<String> {
         if let Some(clock) = self.clock.problem() {
             return Some(clock);
@@ -304,11 +300,6 @@ impl Node {
 
     fn history_limit(&self) -> u32 {
         self.history_limit.load(Ordering::SeqCst)
-    }
-
-    /// This node's clock against the store's.
-    pub fn clock(&self) -> &ClockWatch {
-        &self.clock
     }
 
     /// Records a reading of the store's clock taken between `sent` and

@@ -102,7 +102,7 @@ pub struct Won {
 }
 
 /// A refused claim, with what the store knows.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lost {
     /// The owner of the live lease, if any.
     pub holder: Option<String>,

@@ -25,7 +25,7 @@ use super::{
     ClaimOutcome, ClaimRequest, Claimed, LockStatus, Lost, Outcome, Owner, RunRecord, Store,
     StoreError, Won, duration_ms, from_ms, to_ms,
 };
-use crate::config::{JobName, Misfire, StoreConfig, StoreUrl};
+use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, one_line};
 
 static CLAIM: &str = include_str!("redis/claim.lua");
 static RENEW: &str = include_str!("redis/renew.lua");
@@ -262,11 +262,6 @@ impl RedisStore {
             })
             .collect())
     }
-}
-
-/// A driver's message on one line.
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn glob_escape(s: &str) -> String {

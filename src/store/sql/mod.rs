@@ -379,10 +379,10 @@ impl SqlStore {
             None => self.file_clock_now()?,
         };
         Ok(match now {
-            Some(now) if self.file_clock.is_some() => {
+            Some(now) => {
                 AssertSqlSafe(q.as_str().replace("{now}", &now.to_string())).into_sql_str()
             }
-            _ => q.clone(),
+            None => q.clone(),
         })
     }
 
