@@ -68,6 +68,9 @@ pub struct Metrics {
     pub runs: Family<RunLabel, Counter>,
     pub run_duration: Histograms<JobLabel>,
     pub start_lateness: Histograms<JobLabel>,
+    /// From an occurrence's instant to the claim's answer: what the engine
+    /// costs, apart from spawning.
+    pub claim_decision: Histogram,
     pub leases_lost: Family<JobLabel, Counter>,
     pub store_errors: Counter,
     pub store_call: Histograms<OpLabel>,
@@ -92,6 +95,7 @@ impl Metrics {
             runs: Family::default(),
             run_duration: Family::new_with_constructor(duration_buckets),
             start_lateness: Family::new_with_constructor(lateness_buckets),
+            claim_decision: lateness_buckets(),
             leases_lost: Family::default(),
             store_errors: Counter::default(),
             store_call: Family::new_with_constructor(store_call_buckets),
@@ -121,6 +125,11 @@ impl Metrics {
             "cronlease_start_lateness_seconds",
             "Run start after the scheduled instant",
             m.start_lateness.clone(),
+        );
+        registry.register(
+            "cronlease_claim_decision_seconds",
+            "From the scheduled instant to the claim's answer",
+            m.claim_decision.clone(),
         );
         registry.register(
             "cronlease_leases_lost",

@@ -399,6 +399,9 @@ pub struct StoreConfig {
     pub op_timeout: Duration,
     /// Runs kept in history per job.
     pub history_limit: u32,
+    /// Connections per node: the SQL pool's size (SQLite: at most 2, one
+    /// file has one writer), Redis connections.
+    pub max_connections: u32,
     /// TLS trust and client identity (`rediss://`, MySQL, PostgreSQL).
     pub tls: Option<TlsFiles>,
 }
@@ -421,6 +424,7 @@ impl StoreConfig {
             key_prefix: "cronlease:".into(),
             op_timeout: Duration::from_secs(2),
             history_limit: 100,
+            max_connections: 8,
             tls: None,
         }
     }
@@ -574,6 +578,7 @@ impl Config {
             key_prefix,
             op_timeout,
             history_limit,
+            max_connections,
             tls,
         } = store;
         let LogConfig { format, level } = log;
@@ -605,6 +610,11 @@ impl Config {
             false,
         );
         note(*tls != self.store.tls, "store TLS files", false);
+        note(
+            *max_connections != self.store.max_connections,
+            "store.max_connections",
+            false,
+        );
         note(
             *history_limit != self.store.history_limit,
             "store.history_limit",
@@ -1143,6 +1153,14 @@ fn load_store(
         }
         None => 100,
     };
+    let max_connections = match &s.max_connections {
+        Some(m) if (1..=1_000).contains(m.get_ref()) => *m.get_ref() as u32,
+        Some(m) => {
+            errors.push(src.at(m, "store.max_connections must be between 1 and 1000"));
+            8
+        }
+        None => 8,
+    };
     let tls = tls_files(src, s, base, url.as_ref(), errors);
     Some(StoreConfig {
         tls,
@@ -1151,6 +1169,7 @@ fn load_store(
         key_prefix,
         op_timeout,
         history_limit,
+        max_connections,
     })
 }
 

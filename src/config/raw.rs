@@ -40,6 +40,7 @@ pub struct RawStore {
     pub key_prefix: Option<Spanned<String>>,
     pub op_timeout: Option<Spanned<String>>,
     pub history_limit: Option<Spanned<i64>>,
+    pub max_connections: Option<Spanned<i64>>,
     pub tls_ca_file: Option<Spanned<String>>,
     pub tls_cert_file: Option<Spanned<String>>,
     pub tls_key_file: Option<Spanned<String>>,

@@ -1,21 +1,32 @@
-//! Claiming: the per-job loop that waits for each occurrence, and the
-//! per-occurrence handler that claims it (docs/protocol.md).
+//! Claiming: the node's one scheduler timer, the batch of claims it sends at
+//! each instant, and the per-occurrence handler that acts on each answer
+//! (docs/protocol.md).
 //!
-//! A handler claims its occurrence once at the scheduled instant. If another
-//! owner holds a live lease and has not claimed this occurrence, it waits for
-//! the remaining lease the store reported (counted from when the reply came,
-//! on the monotonic clock) and claims again: that is the takeover of a dead
-//! holder within one margin. It gives up when some node has claimed the
-//! occurrence or the next one is due. Store errors are retried with backoff
-//! within the same window.
+//! One instant, from timer to runs:
+//! 1. [`Node::scheduler`] sleeps until the earliest next occurrence of any
+//!    job (on tokio's clock, in steps of at most [`MAX_SLEEP`] so a wall-clock
+//!    step is noticed), then takes every job due then ([`Node::take_due`]).
+//! 2. [`Node::claim_instant`] builds one claim per due job and queues them as
+//!    one group on the claim batcher ([`super::batch`]): one store call for
+//!    the instant. It holds each job's claim gate until its handler is done.
+//! 3. One [`Node::handle_occurrence`] task per occurrence receives its answer:
+//!    won, it starts the run ([`super::run`]); lost to a live lease of
+//!    another owner who has not claimed this occurrence, it waits for the
+//!    remaining lease the store reported and claims again (takeover within
+//!    one margin), through the same batcher, so takeovers of many jobs at
+//!    once are one call too. Store errors are retried with backoff until
+//!    some node claims the occurrence or the next one is due.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::batch::{self, Pending};
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
 use crate::config::JobName;
@@ -31,25 +42,10 @@ const CLOCK_RECHECK: Duration = Duration::from_millis(250);
 /// Sleep past a reported lease end, so the store sees it expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
 
-/// Sleeps until the wall clock reaches `target`; false if `stop` came first.
-async fn sleep_until_wall(
-    target: DateTime<Utc>,
-    stop: &CancellationToken,
-    beat: &(dyn Fn() + Sync),
-) -> bool {
-    loop {
-        beat();
-        let Ok(left) = (target - Utc::now()).to_std() else {
-            return true;
-        };
-        if left.is_zero() {
-            return true;
-        }
-        tokio::select! {
-            () = stop.cancelled() => return false,
-            () = tokio::time::sleep(left.min(MAX_SLEEP)) => {}
-        }
-    }
+/// Time from an occurrence to the next (a minute when there is none).
+fn gap(occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
+    next.and_then(|n| (n - occurrence).to_std().ok())
+        .unwrap_or(Duration::from_secs(60))
 }
 
 /// The monotonic instant at which the wall clock will show `t`.
@@ -61,166 +57,271 @@ fn instant_of(t: DateTime<Utc>) -> Instant {
     }
 }
 
+/// An occurrence due now, taken from the schedule.
+pub(super) struct Due {
+    state: Arc<JobState>,
+    stop: CancellationToken,
+    occurrence: DateTime<Utc>,
+    previous: Option<DateTime<Utc>>,
+    next: Option<DateTime<Utc>>,
+}
+
+/// A claim the scheduler already queued for a handler, with the job's gate.
+struct Queued {
+    gate: OwnedMutexGuard<()>,
+    answer: Pending<ClaimOutcome>,
+    sent: Instant,
+}
+
 impl Node {
-    /// Waits for each occurrence of the job and hands it to its own task.
-    pub(super) async fn job_loop(
-        self: Arc<Self>,
-        state: Arc<JobState>,
-        schedule_stop: CancellationToken,
-        handlers_stop: CancellationToken,
-    ) {
-        let job = state.job();
-        let schedule = &job.schedule;
-        let mut after = Utc::now();
+    /// The node's one timer: wakes at each instant some job is due and
+    /// claims all of them together.
+    pub(super) async fn scheduler(self: Arc<Self>) {
         loop {
-            let Some(mut occurrence) = schedule.next_after(after) else {
-                tracing::warn!(job = %job.name, "the schedule has no further occurrence");
-                return;
+            self.scheduler_beat
+                .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+            let wake = match self.next_instant() {
+                Some(at) => instant_of(at).min(Instant::now() + MAX_SLEEP),
+                None => Instant::now() + MAX_SLEEP,
             };
-            let beat = || {
-                state.heartbeat.store(
-                    self.epoch.elapsed().as_millis() as u64,
-                    std::sync::atomic::Ordering::Relaxed,
-                )
-            };
-            if !sleep_until_wall(occurrence, &schedule_stop, &beat).await {
-                return;
+            tokio::select! {
+                () = self.claims.cancelled() => return,
+                () = self.jobs_changed.notified() => continue,
+                () = tokio::time::sleep_until(wake) => {}
             }
-            // Woken late (a paused process, a suspended VM): claim only the
-            // latest due occurrence; the store's misfire rule covers the rest,
-            // and a stale occurrence is never started.
-            let now = Utc::now();
+            let due = self.take_due(Utc::now());
+            if !due.is_empty() {
+                self.claim_instant(due);
+            }
+        }
+    }
+
+    /// The earliest next occurrence of any job.
+    fn next_instant(&self) -> Option<DateTime<Utc>> {
+        let jobs = self.jobs.lock().ok()?;
+        jobs.values().filter_map(|e| e.next).min()
+    }
+
+    /// Takes every occurrence due at `now` off the schedule. A job woken
+    /// late (a paused process, a suspended VM) claims only its latest due
+    /// occurrence; the store's misfire rule covers the rest, and a stale
+    /// occurrence is never started.
+    fn take_due(&self, now: DateTime<Utc>) -> Vec<Due> {
+        let Ok(mut jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        let mut due = Vec::new();
+        for (name, entry) in jobs.iter_mut() {
+            let Some(mut occurrence) = entry.next.filter(|n| *n <= now) else {
+                continue;
+            };
+            let job = entry.state.job();
+            let schedule = &job.schedule;
             while let Some(next) = schedule.next_after(occurrence).filter(|n| *n <= now) {
                 occurrence = next;
             }
-            after = occurrence;
             let next = schedule.next_after(occurrence);
-            let previous = schedule.previous_before(occurrence);
+            if next.is_none() {
+                tracing::warn!(job = %name, "the schedule has no further occurrence");
+            }
+            entry.next = next;
+            due.push(Due {
+                state: entry.state.clone(),
+                stop: entry.handlers_stop.clone(),
+                occurrence,
+                previous: schedule.previous_before(occurrence),
+                next,
+            });
+        }
+        due
+    }
+
+    /// Sends the claims of one instant as one batch and starts a handler
+    /// per occurrence with its answer to come. Jobs that cannot be claimed
+    /// right now (claiming paused, clock out of bounds, store not prepared,
+    /// a claim of the job still in flight) go to their handler without a
+    /// queued claim: it waits and claims on its own.
+    pub(super) fn claim_instant(self: &Arc<Self>, due: Vec<Due>) {
+        let ready = self.paused_until().is_none()
+            && !self.clock.skewed()
+            && self.prepared.load(Ordering::SeqCst);
+        let sent = Instant::now();
+        let mut requests = Vec::new();
+        let mut gates = Vec::new();
+        let mut queued_for = Vec::new();
+        for (i, d) in due.iter().enumerate() {
+            if !ready {
+                break;
+            }
+            let Ok(gate) = d.state.claim_gate.clone().try_lock_owned() else {
+                continue;
+            };
+            requests.push(self.request(&d.state, d.occurrence, d.previous, d.next, false));
+            gates.push(gate);
+            queued_for.push(i);
+        }
+        let mut queued: Vec<Option<Queued>> = due.iter().map(|_| None).collect();
+        let answers = self.claim_queue.submit(requests);
+        for ((i, gate), answer) in queued_for.into_iter().zip(gates).zip(answers) {
+            queued[i] = Some(Queued { gate, answer, sent });
+        }
+        for (d, queued) in due.into_iter().zip(queued) {
             let node = self.clone();
-            let state = state.clone();
-            let stop = handlers_stop.clone();
             self.handlers.spawn(async move {
-                node.handle_occurrence(state, occurrence, previous, next, stop)
-                    .await;
+                node.handle_occurrence(d, queued).await;
             });
         }
     }
 
-    /// Claims one occurrence until it is claimed by someone or the next is due.
-    async fn handle_occurrence(
-        self: Arc<Self>,
-        state: Arc<JobState>,
+    /// The claim of `occurrence` as this node sends it now.
+    fn request(
+        &self,
+        state: &JobState,
         occurrence: DateTime<Utc>,
         previous: Option<DateTime<Utc>>,
         next: Option<DateTime<Utc>>,
-        stop: CancellationToken,
-    ) {
+        after_unanswered: bool,
+    ) -> ClaimRequest {
         let job = state.job();
-        let gap = next
-            .and_then(|n| (n - occurrence).to_std().ok())
-            .unwrap_or(Duration::from_secs(60));
-        let lease = gap + self.margin;
-        let give_up_at = instant_of(occurrence) + gap;
+        ClaimRequest {
+            job: job.name.clone(),
+            occurrence,
+            previous,
+            misfire: job.misfire,
+            owner: self.owner.clone(),
+            lease: self.lease_for(occurrence, next),
+            fence_floor: state.fence_floor.load(Ordering::SeqCst),
+            max_offset: self.clock.bound(),
+            after_unanswered,
+        }
+    }
+
+    /// lease = time to the next occurrence + margin.
+    fn lease_for(&self, occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
+        gap(occurrence, next) + self.margin
+    }
+
+    /// Claims one occurrence until it is claimed by someone or the next is
+    /// due, starting from the claim the scheduler queued, if it did.
+    async fn handle_occurrence(self: Arc<Self>, due: Due, mut queued: Option<Queued>) {
+        let Due {
+            state,
+            stop,
+            occurrence,
+            previous,
+            next,
+        } = due;
+        let job = state.job();
+        let give_up_at = instant_of(occurrence) + gap(occurrence, next);
         let mut backoff = Duration::from_millis(100);
         // Earliest send of a claim whose answer never came: it may have won.
         let mut unanswered: Option<Instant> = None;
+        let mut reported_failure = false;
         loop {
-            if stop.is_cancelled() || Instant::now() >= give_up_at {
-                return;
-            }
-            let gate = state.claim_gate.lock().await;
-            if let Some(until) = self.paused_until() {
-                drop(gate);
-                if !self.sleep_within(until, give_up_at, &stop).await {
-                    return;
-                }
-                continue;
-            }
-            if self.clock.skewed() && !self.recheck_clock().await {
-                // Out of bounds: claim nothing, look again shortly.
-                drop(gate);
-                let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
-                if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                    return;
-                }
-                continue;
-            }
-            let prepared = tokio::select! {
-                () = stop.cancelled() => return,
-                r = self.ensure_prepared() => r,
-            };
-            // Taken after any migration wait: the claim's own round trip
-            // times the lease and the clock reading.
-            let sent = Instant::now();
-            let sent_wall = Utc::now();
-            let result = match prepared {
-                Ok(()) => {
-                    let request = ClaimRequest {
-                        job: job.name.clone(),
-                        occurrence,
-                        previous,
-                        misfire: job.misfire,
-                        owner: self.owner.clone(),
-                        lease,
-                        fence_floor: state.fence_floor.load(std::sync::atomic::Ordering::SeqCst),
-                        max_offset: self.clock.bound(),
+            // A claim already queued is always awaited: a claim the store
+            // granted must not be dropped unrun. It ends within op_timeout.
+            let (gate, answer, sent) = match queued.take() {
+                Some(q) => (q.gate, q.answer, q.sent),
+                None => {
+                    if stop.is_cancelled() || Instant::now() >= give_up_at {
+                        return;
+                    }
+                    let gate = state.claim_gate.clone().lock_owned().await;
+                    if let Some(until) = self.paused_until() {
+                        drop(gate);
+                        if !self.sleep_within(until, give_up_at, &stop).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    if self.clock.skewed() && !self.recheck_clock().await {
+                        // Out of bounds: claim nothing, look again shortly.
+                        drop(gate);
+                        let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
+                        if !self.sleep_within(retry_at, give_up_at, &stop).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    let prepared = tokio::select! {
+                        () = stop.cancelled() => return,
+                        r = self.ensure_prepared() => r,
                     };
-                    // Not cancelled by shutdown: a claim the store granted must
-                    // not be dropped unrun. It ends within op_timeout.
-                    self.call(
-                        "claim",
-                        self.op_timeout,
-                        self.store.claim(std::slice::from_ref(&request)),
-                    )
-                    .await
+                    // Taken after any migration wait: the claim's own round
+                    // trip times the lease.
+                    let sent = Instant::now();
+                    let request =
+                        self.request(&state, occurrence, previous, next, unanswered.is_some());
+                    let answer = match prepared {
+                        Ok(()) => self.claim_queue.submit(vec![request]).pop(),
+                        Err(_) => None,
+                    };
+                    match answer {
+                        Some(answer) => (gate, answer, sent),
+                        None => {
+                            drop(gate);
+                            self.count_claim(&job.name, "error");
+                            if !self.retry_after(&mut backoff, give_up_at, &stop).await {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
                 }
-                Err(e) => Err(e),
             };
-            let answer = result.and_then(|claimed| {
-                self.observe_clock(claimed.store_now, sent_wall, Utc::now());
-                claimed
-                    .outcomes
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| StoreError::Backend {
-                        store: self.store.describe().into(),
-                        reason: "empty claim reply".into(),
-                    })
-            });
-            let outcome = match answer {
+            let outcome = match batch::answer(answer).await {
+                Ok(ClaimOutcome::Failed(reason)) => {
+                    drop(gate);
+                    // This job's row only: the rest of the batch was decided.
+                    if !reported_failure {
+                        tracing::error!(job = %job.name, %occurrence, "claim failed: {reason}");
+                        reported_failure = true;
+                    }
+                    self.count_claim(&job.name, "error");
+                    if !self.retry_after(&mut backoff, give_up_at, &stop).await {
+                        return;
+                    }
+                    continue;
+                }
                 Ok(outcome) => outcome,
                 Err(e) => {
                     drop(gate);
                     if matches!(e, StoreError::NotMigrated { .. }) {
-                        self.prepared
-                            .store(false, std::sync::atomic::Ordering::SeqCst);
+                        self.prepared.store(false, Ordering::SeqCst);
                     }
                     if e.is_unreachable() {
                         unanswered.get_or_insert(sent);
                     }
                     self.count_claim(&job.name, "error");
-                    let retry_at = (Instant::now() + backoff).min(give_up_at);
-                    if !self.sleep_within(retry_at, give_up_at, &stop).await {
+                    if !self.retry_after(&mut backoff, give_up_at, &stop).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             };
             backoff = Duration::from_millis(100);
+            self.metrics
+                .claim_decision
+                .observe((Utc::now() - occurrence).num_milliseconds().max(0) as f64 / 1000.0);
             let result = match &outcome {
                 ClaimOutcome::Won(w) if w.catch_up => "caught_up",
                 ClaimOutcome::Won(_) => "won",
                 ClaimOutcome::Lost(l) if l.too_early => "too_early",
                 ClaimOutcome::Lost(_) => "lost",
+                ClaimOutcome::Failed(_) => "error",
             };
             self.count_claim(&job.name, result);
             match outcome {
                 ClaimOutcome::Won(won) => {
                     state.saw_fence(won.fence);
-                    state.lease_granted(sent, lease);
+                    // A retried claim that won earlier: its lease counts
+                    // from the first send.
+                    state.lease_granted(
+                        unanswered.unwrap_or(sent).min(sent),
+                        self.lease_for(occurrence, next),
+                    );
                     state.note_standing(Standing::Holder, won.fence);
-                    let ticket = self.ticket(&won);
+                    let ticket = self.ticket(&won, occurrence);
                     if won.catch_up {
                         tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
                         let run = self.start_run(&state, ticket);
@@ -233,9 +334,10 @@ impl Node {
                                 _ = run => {}
                             }
                         }
+                        unanswered = None;
                         continue;
                     }
-                    if state.running.load(std::sync::atomic::Ordering::SeqCst) {
+                    if state.running.load(Ordering::SeqCst) {
                         // overlap = "skip": the previous run is still going at
                         // this instant. Skip this occurrence now (keeping the
                         // lease this claim renewed) rather than start it late
@@ -249,8 +351,8 @@ impl Node {
                 }
                 ClaimOutcome::Lost(lost) if lost.too_early => {
                     // The store's clock has not reached this occurrence: ours
-                    // runs ahead. The offset reading above holds claims back
-                    // while it is out of bounds; try again shortly.
+                    // runs ahead. The offset reading holds claims back while
+                    // it is out of bounds; try again shortly.
                     drop(gate);
                     state.saw_fence(lost.fence);
                     tracing::debug!(job = %job.name, %occurrence, "refused by the store: occurrence not due yet by its clock");
@@ -261,16 +363,18 @@ impl Node {
                 }
                 ClaimOutcome::Lost(lost) => {
                     drop(gate);
-                    state.saw_fence(lost.fence);
                     let claimed = lost.last_occurrence.is_some_and(|last| last >= occurrence);
                     if claimed {
                         let ours = lost.holder.as_deref() == Some(self.owner.as_str());
                         if ours && lost.last_occurrence == Some(occurrence) {
                             if let Some(first_send) = unanswered {
-                                // A claim whose reply was lost did win: run it,
-                                // with the lease counted from that first send.
+                                // A claim whose reply was lost did win (a
+                                // store that answered "claimed" before it
+                                // knew the retry rule): run it, with the
+                                // lease counted from that first send.
                                 tracing::info!(job = %job.name, fence = lost.fence, "an unanswered claim had won: running it");
-                                state.lease_granted(first_send, lease);
+                                state.saw_fence(lost.fence);
+                                state.lease_granted(first_send, self.lease_for(occurrence, next));
                                 state.note_standing(Standing::Holder, lost.fence);
                                 let won = Won {
                                     fence: lost.fence,
@@ -278,14 +382,18 @@ impl Node {
                                     catch_up: false,
                                     previous_owner: None,
                                 };
-                                self.start_run(&state, self.ticket(&won));
+                                self.start_run(&state, self.ticket(&won, occurrence));
+                                return;
                             }
-                        } else {
+                        }
+                        state.saw_fence(lost.fence);
+                        if !ours {
                             state
                                 .note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
                         }
                         return;
                     }
+                    state.saw_fence(lost.fence);
                     state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
                     // Another owner's live lease: wait it out and try again.
                     let retry_at = Instant::now()
@@ -300,8 +408,22 @@ impl Node {
                         return;
                     }
                 }
+                ClaimOutcome::Failed(_) => {}
             }
         }
+    }
+
+    /// Sleeps for the backoff (doubling it, up to 1 s) unless the occurrence
+    /// is over first; true when the caller should try again.
+    async fn retry_after(
+        &self,
+        backoff: &mut Duration,
+        give_up_at: Instant,
+        stop: &CancellationToken,
+    ) -> bool {
+        let retry_at = (Instant::now() + *backoff).min(give_up_at);
+        *backoff = (*backoff * 2).min(Duration::from_secs(1));
+        self.sleep_within(retry_at, give_up_at, stop).await
     }
 
     /// Counts one claim attempt in `cronlease_claims_total{job,result}`.
@@ -315,10 +437,11 @@ impl Node {
             .inc();
     }
 
-    fn ticket(&self, won: &Won) -> RunTicket {
+    fn ticket(&self, won: &Won, claimed_for: DateTime<Utc>) -> RunTicket {
         RunTicket {
             fence: won.fence,
             occurrence: won.occurrence,
+            decision_ms: (Utc::now() - claimed_for).num_milliseconds().max(0) as u64,
             takeover: won
                 .previous_owner
                 .as_deref()

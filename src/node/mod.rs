@@ -1,10 +1,11 @@
 //! The daemon proper: one loop per job, each occurrence claimed on its own,
 //! runs supervised by a lease watchdog, and an orderly shutdown.
 //!
-//! - [`Node::run`] starts a loop per job ([`claim`]) that sleeps on tokio's
-//!   clock until the next occurrence and hands it to its own task, so waiting
-//!   for a takeover, a catch-up or a running job never delays another
-//!   occurrence.
+//! - [`Node::run`] starts one scheduler ([`claim`]) that sleeps on tokio's
+//!   clock until the next instant any job is due, sends the claims of every
+//!   job due then as one batch ([`batch`]), and hands each occurrence to its
+//!   own task, so waiting for a takeover, a catch-up or a running job never
+//!   delays another occurrence.
 //! - A won claim starts a run ([`run`]) guarded by the watchdog: the lease is
 //!   renewed while a third of it is left, and the run is killed at the local
 //!   lease deadline if renewals fail or are refused.
@@ -16,9 +17,11 @@
 //!   and their running runs finish.
 //!
 //! Cancellation is one token tree: `claims` (stop claiming) has a child per
-//! job; `kill_runs` ends running jobs. Two task trackers let shutdown wait for
-//! the handlers and then for the runs.
+//! job; `kill_runs` ends running jobs; `batchers_stop` ends the batchers once
+//! everything else is over. Two task trackers let shutdown wait for the
+//! handlers and then for the runs.
 
+mod batch;
 mod claim;
 pub mod clock;
 pub mod health;
@@ -36,10 +39,16 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Job, JobName, NodeName};
 use crate::guard::Guard;
 use crate::metrics::{Metrics, OpLabel};
-use crate::store::{Owner, Store, StoreError};
+use crate::store::{ClaimOutcome, ClaimRequest, Owner, Renewal, RunRecord, Store, StoreError};
 use crate::systemd::Notifier;
+use batch::Batcher;
+use chrono::{DateTime, Utc};
 use clock::ClockWatch;
 use health::StoreHealth;
+
+/// How long renewals and history writes are gathered before their store
+/// call: those due together (a takeover, runs ending at once) go as one.
+const BATCH_WINDOW: Duration = Duration::from_millis(5);
 
 /// When the last successful claim or renewal of a lease was sent, and how long
 /// a lease it asked for (monotonic clock).
@@ -94,12 +103,9 @@ pub(crate) struct JobState {
     fence_floor: AtomicU64,
     lease: Mutex<Option<LeaseClock>>,
     running: AtomicBool,
-    /// When the job's loop last woke (ms since the node's epoch): proof for
-    /// the systemd watchdog that the loop is not stuck.
-    heartbeat: AtomicU64,
     /// Held from a claim until its run has started, so a step-down never
     /// sees a job as idle while a claim of it is in flight.
-    claim_gate: tokio::sync::Mutex<()>,
+    claim_gate: Arc<tokio::sync::Mutex<()>>,
     /// Step-down came while a run was going: release when it ends.
     release_after_run: AtomicBool,
     standing: Mutex<Standing>,
@@ -112,8 +118,7 @@ impl JobState {
             fence_floor: AtomicU64::new(0),
             lease: Mutex::new(None),
             running: AtomicBool::new(false),
-            heartbeat: AtomicU64::new(0),
-            claim_gate: tokio::sync::Mutex::new(()),
+            claim_gate: Arc::new(tokio::sync::Mutex::new(())),
             release_after_run: AtomicBool::new(false),
             standing: Mutex::new(Standing::Unknown),
         }
@@ -174,22 +179,18 @@ impl JobState {
 
 struct JobEntry {
     state: Arc<JobState>,
-    /// Stops the job's loop (schedule changes, removal).
-    schedule_stop: CancellationToken,
+    /// The next occurrence the scheduler will claim.
+    next: Option<DateTime<Utc>>,
     /// Stops the job's in-flight occurrence handlers (removal).
     handlers_stop: CancellationToken,
 }
 
-/// Job loops whose last heartbeat (ms since the node's epoch) is older than
-/// two maximal sleeps plus slack: the systemd watchdog ping is withheld for
-/// them, so systemd restarts a daemon whose claiming has stopped.
-fn stuck_loops(beats: &[(JobName, u64)], now_ms: u64) -> Vec<JobName> {
+/// The scheduler is stuck when its last heartbeat (ms since the node's
+/// epoch) is older than two maximal sleeps plus slack: the systemd watchdog
+/// ping is withheld, so systemd restarts a daemon whose claiming has stopped.
+fn scheduler_stuck(beat: u64, now_ms: u64) -> bool {
     let stale_after = (2 * claim::MAX_SLEEP).as_millis() as u64 + 5_000;
-    beats
-        .iter()
-        .filter(|(_, beat)| now_ms.saturating_sub(*beat) > stale_after)
-        .map(|(name, _)| name.clone())
-        .collect()
+    now_ms.saturating_sub(beat) > stale_after
 }
 
 /// A running cronlease node.
@@ -217,8 +218,19 @@ pub struct Node {
     step_down_until: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
     notifier: Notifier,
-    /// Zero point of job loop heartbeats.
+    /// Zero point of the scheduler's heartbeat.
     epoch: Instant,
+    /// When the scheduler last woke (ms since `epoch`): proof for the
+    /// systemd watchdog that it is not stuck.
+    scheduler_beat: AtomicU64,
+    /// Wakes the scheduler when the job set changed.
+    jobs_changed: tokio::sync::Notify,
+    /// Claims, renewals and history writes, batched (see [`batch`]).
+    claim_queue: Batcher<ClaimRequest, ClaimOutcome>,
+    renew_queue: Batcher<Renewal, bool>,
+    record_queue: Batcher<RunRecord, ()>,
+    /// Stops the batchers once the node has shut down.
+    batchers_stop: CancellationToken,
     /// Ping the store when it has been quiet for half a margin (`/healthz`).
     keep_health_fresh: bool,
 }
@@ -257,6 +269,12 @@ impl Node {
             metrics: Arc::new(Metrics::new()),
             notifier: Notifier::from_env(),
             epoch: Instant::now(),
+            scheduler_beat: AtomicU64::new(0),
+            jobs_changed: tokio::sync::Notify::new(),
+            claim_queue: Batcher::new(Duration::ZERO),
+            renew_queue: Batcher::new(BATCH_WINDOW),
+            record_queue: Batcher::new(BATCH_WINDOW),
+            batchers_stop: CancellationToken::new(),
             keep_health_fresh: config.metrics_listen.is_some(),
         })
     }
@@ -378,9 +396,68 @@ impl Node {
         let node = self.clone();
         self.handlers
             .spawn(async move { node.supervise_service().await });
+        self.start_batchers();
         self.apply_jobs(jobs);
+        let node = self.clone();
+        self.handlers.spawn(async move { node.scheduler().await });
         shutdown.cancelled().await;
         self.shut_down().await;
+        self.batchers_stop.cancel();
+    }
+
+    /// Starts the tasks that send batched claims, renewals and history
+    /// writes. They end with `batchers_stop`, after the node has shut down
+    /// (runs still write their history during shutdown).
+    fn start_batchers(self: &Arc<Self>) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let n = &node;
+            let serve = n.claim_queue.serve(move |requests| async move {
+                let sent = Utc::now();
+                let claimed = n
+                    .call("claim", n.op_timeout, n.store.claim(&requests))
+                    .await?;
+                n.observe_clock(claimed.store_now, sent, Utc::now());
+                Ok(claimed.outcomes)
+            });
+            tokio::select! {
+                () = node.batchers_stop.cancelled() => {}
+                () = serve => {}
+            }
+        });
+        let node = self.clone();
+        tokio::spawn(async move {
+            let n = &node;
+            let serve = n.renew_queue.serve(move |renewals| async move {
+                n.call(
+                    "renew",
+                    n.op_timeout,
+                    n.store.renew_many(&n.owner, &renewals),
+                )
+                .await
+            });
+            tokio::select! {
+                () = node.batchers_stop.cancelled() => {}
+                () = serve => {}
+            }
+        });
+        let node = self.clone();
+        tokio::spawn(async move {
+            let n = &node;
+            let serve = n.record_queue.serve(move |runs| async move {
+                n.call(
+                    "record",
+                    n.op_timeout,
+                    n.store.record_runs(&runs, n.history_limit()),
+                )
+                .await?;
+                Ok(vec![(); runs.len()])
+            });
+            tokio::select! {
+                () = node.batchers_stop.cancelled() => {}
+                () = serve => {}
+            }
+        });
     }
 
     /// Retries [`Store::prepare`] (migrations, scripts) until it succeeds.
@@ -439,7 +516,6 @@ impl Node {
         for name in removed {
             if let Some(entry) = current.remove(&name) {
                 tracing::info!(job = %name, "job removed: no longer claimed");
-                entry.schedule_stop.cancel();
                 entry.handlers_stop.cancel();
                 self.release_when_idle(entry.state);
             }
@@ -449,33 +525,23 @@ impl Node {
                 Some(entry) if entry.state.job().same_definition(&job) => {}
                 Some(entry) => {
                     tracing::info!(job = %name, "job changed: applying the new definition");
-                    entry.schedule_stop.cancel();
+                    entry.next = job.schedule.next_after(Utc::now());
                     if let Ok(mut j) = entry.state.job.lock() {
                         *j = Arc::new(job);
                     }
-                    entry.schedule_stop = self.claims.child_token();
-                    self.spawn_job_loop(entry);
                 }
                 None => {
                     let entry = JobEntry {
+                        next: job.schedule.next_after(Utc::now()),
                         state: Arc::new(JobState::new(job)),
-                        schedule_stop: self.claims.child_token(),
                         handlers_stop: self.claims.child_token(),
                     };
-                    self.spawn_job_loop(&entry);
                     current.insert(name, entry);
                 }
             }
         }
-    }
-
-    fn spawn_job_loop(self: &Arc<Self>, entry: &JobEntry) {
-        let node = self.clone();
-        let state = entry.state.clone();
-        let schedule_stop = entry.schedule_stop.clone();
-        let handlers_stop = entry.handlers_stop.clone();
-        self.handlers
-            .spawn(async move { node.job_loop(state, schedule_stop, handlers_stop).await });
+        drop(current);
+        self.jobs_changed.notify_one();
     }
 
     /// Names of the jobs currently configured.
@@ -631,17 +697,12 @@ impl Node {
                 panic!("failpoint: a task of the daemon panics");
             }
             let now_ms = self.epoch.elapsed().as_millis() as u64;
-            let beats: Vec<(JobName, u64)> = self
-                .states()
-                .iter()
-                .map(|s| (s.job().name.clone(), s.heartbeat.load(Ordering::Relaxed)))
-                .collect();
-            let stuck = stuck_loops(&beats, now_ms);
-            if stuck.is_empty() {
+            let beat = self.scheduler_beat.load(Ordering::Relaxed);
+            if !scheduler_stuck(beat, now_ms) {
                 self.notifier.ping();
                 stuck_reported = false;
             } else if !stuck_reported {
-                tracing::error!(jobs = ?stuck, "job loop stuck: withholding the systemd watchdog ping");
+                tracing::error!("scheduler stuck: withholding the systemd watchdog ping");
                 stuck_reported = true;
             }
             if self.clock.skewed() {
@@ -674,19 +735,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_silent_job_loop_withholds_the_watchdog_ping() {
-        let (a, b) = (JobName::parse("a").unwrap(), JobName::parse("b").unwrap());
-        // Loops wake at least every MAX_SLEEP (15 s): fresh beats are fine.
-        assert!(stuck_loops(&[(a.clone(), 100_000), (b.clone(), 120_000)], 130_000).is_empty());
-        // A loop silent for more than 35 s is stuck.
-        assert_eq!(
-            stuck_loops(&[(a.clone(), 100_000), (b.clone(), 120_000)], 136_000),
-            vec![a.clone()]
-        );
-        assert_eq!(
-            stuck_loops(&[(a.clone(), 0), (b.clone(), 0)], 200_000),
-            vec![a, b]
-        );
+    fn a_silent_scheduler_withholds_the_watchdog_ping() {
+        // The scheduler wakes at least every MAX_SLEEP (15 s): fresh beats are fine.
+        assert!(!scheduler_stuck(100_000, 130_000));
+        assert!(!scheduler_stuck(100_000, 135_000));
+        // Silent for more than 35 s: stuck.
+        assert!(scheduler_stuck(100_000, 135_001));
+        assert!(scheduler_stuck(0, 200_000));
     }
 
     #[test]

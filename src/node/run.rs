@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::{JobState, Node};
 use crate::exec::{self, Finished, RunSpec, StopReason};
 use crate::metrics::Metrics;
-use crate::store::{Outcome, RunRecord};
+use crate::store::{Outcome, Renewal, RunRecord, StoreError};
 
 /// A won occurrence, to run.
 #[derive(Debug, Clone, Copy)]
@@ -27,6 +27,8 @@ pub(super) struct RunTicket {
     pub fence: u64,
     pub occurrence: DateTime<Utc>,
     pub takeover: bool,
+    /// From the claimed instant to the claim's answer, in milliseconds.
+    pub decision_ms: u64,
 }
 
 impl Node {
@@ -129,13 +131,15 @@ impl Node {
             }
             let sent = Instant::now();
             let budget = self.op_timeout.min(deadline - sent);
-            let answer = self
-                .call(
-                    "renew",
-                    budget,
-                    self.store.renew(&job.name, &self.owner, clock.lease),
-                )
-                .await;
+            // Batched with the renewals due at the same moment.
+            let renewal = Renewal {
+                job: job.name.clone(),
+                lease: clock.lease,
+            };
+            let answer = match tokio::time::timeout(budget, self.renew_queue.call(renewal)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(StoreError::Timeout(budget)),
+            };
             match answer {
                 Ok(true) => {
                     state.lease_granted(sent, clock.lease);
@@ -171,6 +175,7 @@ impl Node {
             delay_ms: (finished.started_at - ticket.occurrence)
                 .num_milliseconds()
                 .max(0) as u64,
+            decision_ms: ticket.decision_ms,
         };
         let labels = crate::metrics::RunLabel {
             job: job.name.to_string(),
@@ -195,14 +200,9 @@ impl Node {
         }
         let mut last_error = None;
         for attempt in 0..3 {
-            match self
-                .call(
-                    "record",
-                    self.op_timeout,
-                    self.store.record_run(&record, self.history_limit()),
-                )
-                .await
-            {
+            // Batched with the runs that end at the same moment; recording
+            // is idempotent, so a retry after a lost answer adds nothing.
+            match self.record_queue.call(record.clone()).await {
                 Ok(()) => return,
                 Err(e) => last_error = Some(e),
             }

@@ -10,11 +10,14 @@
 //! not an error.
 //!
 //! Backends: [`sql`] (SQLite, MySQL/MariaDB, PostgreSQL through sqlx) and
-//! [`redis`] (Lua scripts). Which one runs is decided at run time from the
+//! [`redis`] (Lua scripts); `memory` (feature `memory`) is an in-process one
+//! for tests, held to the same suite. Which one runs is decided at run time from the
 //! URL by [`connect`]; a backend left out of the build answers with a clear
 //! "not built in" error. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
+#[cfg(feature = "memory")]
+pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
@@ -87,6 +90,20 @@ pub struct ClaimRequest {
     /// plus this is refused, so a node whose clock runs ahead never runs a
     /// job early.
     pub max_offset: Duration,
+    /// An earlier claim of this occurrence by this owner got no answer (a
+    /// timeout, a dropped link): it may have won. If the store shows this
+    /// owner holding the job with a fence above `fence_floor` and the
+    /// occurrence (or, with `run_once`, its catch-up) recorded, that win is
+    /// answered again with its own fence instead of being lost.
+    pub after_unanswered: bool,
+}
+
+/// One lease renewal in a batch.
+#[derive(Debug, Clone)]
+pub struct Renewal {
+    pub job: JobName,
+    /// The new lease length, from the store's now.
+    pub lease: Duration,
 }
 
 /// A won claim.
@@ -122,6 +139,9 @@ pub struct Lost {
 pub enum ClaimOutcome {
     Won(Won),
     Lost(Lost),
+    /// This request could not be decided (its fence is exhausted, its row is
+    /// malformed); the other requests of the batch were decided as usual.
+    Failed(String),
 }
 
 /// The answers to a batch of claims, with the store's clock when it decided.
@@ -225,10 +245,13 @@ pub struct RunRecord {
     pub takeover: bool,
     /// Start lateness after the scheduled instant, in milliseconds.
     pub delay_ms: u64,
+    /// From the scheduled instant to the claim's answer, in milliseconds:
+    /// the part of `delay_ms` the claim took (0 in records of older versions).
+    pub decision_ms: u64,
 }
 
 /// A store call that did not give an answer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store {store} unreachable: {reason}")]
     Unavailable { store: String, reason: String },
@@ -270,14 +293,31 @@ pub trait Store: Send + Sync + 'static {
     /// The store's clock, the one leases are counted on.
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError>;
 
-    /// Extends `owner`'s live lease on `job` to `lease` from now (store clock).
-    /// `false` when the lease is not `owner`'s or has already expired.
+    /// Extends each of `owner`'s live leases to its new length from now
+    /// (store clock), in one round trip; per renewal, `false` when the lease
+    /// is not `owner`'s or has already expired.
+    async fn renew_many(
+        &self,
+        owner: &Owner,
+        renewals: &[Renewal],
+    ) -> Result<Vec<bool>, StoreError>;
+
+    /// [`Store::renew_many`] of one lease.
     async fn renew(
         &self,
         job: &JobName,
         owner: &Owner,
         lease: Duration,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<bool, StoreError> {
+        let renewal = Renewal {
+            job: job.clone(),
+            lease,
+        };
+        let done = self
+            .renew_many(owner, std::slice::from_ref(&renewal))
+            .await?;
+        Ok(done.first() == Some(&true))
+    }
 
     /// Ends `owner`'s live leases on `jobs`; another owner's are left alone.
     /// Fence and last occurrence stay. Returns how many leases ended.
@@ -289,8 +329,16 @@ pub trait Store: Send + Sync + 'static {
     /// Every job lock the store knows, sorted by job.
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError>;
 
-    /// Appends a finished run to the job's history, keeping the newest `keep`.
-    async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError>;
+    /// Appends finished runs to their jobs' histories in one round trip,
+    /// keeping per job the runs of the newest `keep` fences. Idempotent: a run
+    /// whose (job, fence) is recorded already is not recorded again, so a
+    /// write retried after a timeout that did commit leaves one record.
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError>;
+
+    /// [`Store::record_runs`] of one run.
+    async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError> {
+        self.record_runs(std::slice::from_ref(run), keep).await
+    }
 
     /// Runs, newest first, of one job or all.
     async fn history(
@@ -390,8 +438,40 @@ pub enum Decision {
     FenceExhausted,
 }
 
+/// The occurrence a retried claim had already won, if the row shows it: the
+/// owner is the claimer, its fence is one the claimer never saw answered, and
+/// the last occurrence is the requested one or (with `run_once`) the missed
+/// one it would have caught up.
+fn unanswered_win(row: &LockRow, req: &ClaimRequest, floor: i64) -> Option<i64> {
+    if !req.after_unanswered
+        || row.owner.as_deref() != Some(req.owner.as_str())
+        || row.fence <= floor
+    {
+        return None;
+    }
+    let last = row.last_occurrence?;
+    let caught_up = req.misfire == Misfire::RunOnce && req.previous.map(to_ms) == Some(last);
+    (last == to_ms(req.occurrence) || caught_up).then_some(last)
+}
+
 /// Applies the claim rule to one lock row.
 pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
+    let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
+    if let Some(last) = unanswered_win(row, req, floor) {
+        // Our own claim whose answer was lost: the same win, same fence; the
+        // lease counts again from now.
+        return Decision::Claim {
+            fence: row.fence,
+            expires_at: row.now.saturating_add(duration_ms(req.lease)),
+            last_occurrence: last,
+            won: Won {
+                fence: row.fence.max(0) as u64,
+                occurrence: from_ms(last),
+                catch_up: last != to_ms(req.occurrence),
+                previous_owner: None,
+            },
+        };
+    }
     let live = row.owner.is_some() && row.expires_at > row.now;
     let held_by_other = live && row.owner.as_deref() != Some(req.owner.as_str());
     let occurrence = to_ms(req.occurrence);
@@ -414,7 +494,6 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         (Misfire::RunOnce, Some(prev), Some(last)) if last < to_ms(prev) => Some(prev),
         _ => None,
     };
-    let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
     let Some(fence) = row.fence.max(floor).checked_add(1) else {
         // Never wrap, never repeat: the job cannot be claimed any more.
         return Decision::FenceExhausted;
@@ -448,6 +527,7 @@ mod tests {
             lease: Duration::from_millis(1500),
             fence_floor: floor,
             max_offset: Duration::from_millis(500),
+            after_unanswered: false,
         }
     }
 
@@ -596,6 +676,73 @@ mod tests {
             &req("a", 19_000, None, Misfire::RunOnce, u64::MAX),
         );
         assert_eq!(d, Decision::FenceExhausted);
+    }
+
+    #[test]
+    fn a_retry_after_a_lost_reply_gets_the_same_win() {
+        // Our catch-up claim of 19_000 committed (fence 8) but its reply was
+        // lost; the node last saw fence 7.
+        let committed = row(Some("a"), 8, 21_000, Some(19_000));
+        let mut retry = req("a", 20_000, Some(19_000), Misfire::RunOnce, 7);
+        retry.after_unanswered = true;
+        assert_eq!(
+            decide(&committed, &retry),
+            Decision::Claim {
+                fence: 8,
+                expires_at: 21_400,
+                last_occurrence: 19_000,
+                won: Won {
+                    fence: 8,
+                    occurrence: from_ms(19_000),
+                    catch_up: true,
+                    previous_owner: None,
+                },
+            }
+        );
+        // Without knowing a reply was lost, the missed run would be skipped.
+        retry.after_unanswered = false;
+        assert!(matches!(
+            decide(&committed, &retry),
+            Decision::Claim {
+                fence: 9,
+                last_occurrence: 20_000,
+                won: Won {
+                    catch_up: false,
+                    ..
+                },
+                ..
+            }
+        ));
+        // The plain occurrence, won and unanswered: same fence again.
+        let committed = row(Some("a"), 8, 21_000, Some(20_000));
+        retry.after_unanswered = true;
+        assert!(matches!(
+            decide(&committed, &retry),
+            Decision::Claim {
+                fence: 8,
+                last_occurrence: 20_000,
+                won: Won {
+                    catch_up: false,
+                    ..
+                },
+                ..
+            }
+        ));
+        // A fence this node saw answered is no lost reply: 19_000 was run.
+        let ran = row(Some("a"), 8, 21_000, Some(19_000));
+        let mut seen = req("a", 20_000, Some(19_000), Misfire::RunOnce, 8);
+        seen.after_unanswered = true;
+        assert!(matches!(
+            decide(&ran, &seen),
+            Decision::Claim {
+                fence: 9,
+                last_occurrence: 20_000,
+                ..
+            }
+        ));
+        // Another owner's row is never taken for ours.
+        let other = row(Some("b"), 8, 21_000, Some(20_000));
+        assert!(matches!(decide(&other, &retry), Decision::Refuse(_)));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! them a hash tag, so one job's keys share a cluster slot. Every claim,
 //! renewal and release is one Lua script (`redis/*.lua`), atomic on the
 //! server, and the server's clock is the only clock (TTL, `PTTL`, `TIME`).
-//! A batch of claims is one pipeline: one round trip.
+//! A batch of claims, renewals, releases or history writes is one script
+//! call: one round trip, however many jobs it names.
 //!
 //! The guarantee holds while Redis keeps what it acknowledged: AOF with
 //! `appendfsync always`. [`Store::prepare`] warns once when the server has no
@@ -22,14 +23,15 @@ use redis::{Client, Script};
 use tokio::sync::OnceCell;
 
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, LockStatus, Lost, Outcome, Owner, RunRecord, Store,
-    StoreError, Won, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, LockStatus, Lost, Outcome, Owner, Renewal, RunRecord,
+    Store, StoreError, Won, duration_ms, from_ms, to_ms,
 };
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, one_line};
 
 static CLAIM: &str = include_str!("redis/claim.lua");
 static RENEW: &str = include_str!("redis/renew.lua");
 static RELEASE: &str = include_str!("redis/release.lua");
+static RECORD: &str = include_str!("redis/record.lua");
 
 /// The Redis implementation of [`Store`].
 pub struct RedisStore {
@@ -41,6 +43,7 @@ pub struct RedisStore {
     claim: Script,
     renew: Script,
     release: Script,
+    record: Script,
     warned_persistence: AtomicBool,
 }
 
@@ -102,7 +105,37 @@ impl RedisStore {
             claim: Script::new(CLAIM),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
+            record: Script::new(RECORD),
             warned_persistence: AtomicBool::new(false),
+        })
+    }
+
+    fn scripts(&self) -> [&Script; 4] {
+        [&self.claim, &self.renew, &self.release, &self.record]
+    }
+
+    /// Runs one script (`EVALSHA`), loading the scripts first if the server
+    /// has forgotten them.
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        let mut replies: Vec<T> = self
+            .eval_pipeline(|| {
+                let mut pipe = redis::pipe();
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(keys.len())
+                    .arg(keys)
+                    .arg(args);
+                pipe
+            })
+            .await?;
+        replies.pop().ok_or_else(|| StoreError::Backend {
+            store: self.url.redacted().into(),
+            reason: "empty reply to a script".into(),
         })
     }
 
@@ -156,7 +189,7 @@ impl RedisStore {
         let mut conn = self.conn().await?;
         match build().query_async::<Vec<T>>(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                for script in [&self.claim, &self.renew, &self.release] {
+                for script in self.scripts() {
                     script
                         .prepare_invoke()
                         .load_async(&mut conn)
@@ -289,6 +322,7 @@ fn run_from_fields(f: &HashMap<String, String>) -> Option<RunRecord> {
         exit_code: f.get("exit_code").and_then(|c| c.parse().ok()),
         takeover: int("takeover")? != 0,
         delay_ms: int("delay_ms")?.max(0) as u64,
+        decision_ms: int("decision_ms").unwrap_or(0).max(0) as u64,
     })
 }
 
@@ -315,13 +349,16 @@ fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord 
         exit_code: None,
         takeover: false,
         delay_ms: 0,
+        decision_ms: 0,
     }
 }
 
-fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {
+fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
     let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early, _repaired) = r;
     let fence = fence.parse::<u64>().unwrap_or(0);
-    if won == 1 {
+    if won == -1 {
+        ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
+    } else if won == 1 {
         ClaimOutcome::Won(Won {
             fence,
             occurrence: from_ms(occurrence),
@@ -347,7 +384,7 @@ fn outcome_from_reply(r: ClaimReply) -> ClaimOutcome {
 impl Store for RedisStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
-        for script in [&self.claim, &self.renew, &self.release] {
+        for script in self.scripts() {
             script
                 .prepare_invoke()
                 .load_async(&mut conn)
@@ -365,34 +402,32 @@ impl Store for RedisStore {
                 outcomes: Vec::new(),
             });
         }
-        let replies: Vec<ClaimReply> = self
-            .eval_pipeline(|| {
-                let mut pipe = redis::pipe();
-                for r in requests {
-                    let job = r.job.as_str();
-                    pipe.cmd("EVALSHA")
-                        .arg(self.claim.get_hash())
-                        .arg(2)
-                        .arg(self.key(job, "lease"))
-                        .arg(self.key(job, "state"))
-                        .arg(r.owner.as_str())
-                        .arg(to_ms(r.occurrence))
-                        .arg(r.previous.map(|p| to_ms(p).to_string()).unwrap_or_default())
-                        .arg(duration_ms(r.lease).max(1))
-                        .arg(r.fence_floor)
-                        .arg(match r.misfire {
-                            Misfire::RunOnce => "run_once",
-                            Misfire::Skip => "skip",
-                        })
-                        .arg(duration_ms(r.max_offset));
+        let mut keys = Vec::with_capacity(2 * requests.len());
+        let mut args = Vec::with_capacity(8 * requests.len());
+        for r in requests {
+            let job = r.job.as_str();
+            keys.push(self.key(job, "lease"));
+            keys.push(self.key(job, "state"));
+            args.extend([
+                r.owner.as_str().to_string(),
+                to_ms(r.occurrence).to_string(),
+                r.previous.map(|p| to_ms(p).to_string()).unwrap_or_default(),
+                duration_ms(r.lease).max(1).to_string(),
+                r.fence_floor.to_string(),
+                match r.misfire {
+                    Misfire::RunOnce => "run_once",
+                    Misfire::Skip => "skip",
                 }
-                pipe
-            })
-            .await?;
-        if let Some((i, _)) = replies.iter().enumerate().find(|(_, r)| r.0 == -1) {
+                .to_string(),
+                duration_ms(r.max_offset).to_string(),
+                if r.after_unanswered { "1" } else { "0" }.to_string(),
+            ]);
+        }
+        let replies: Vec<ClaimReply> = self.eval(&self.claim, &keys, &args).await?;
+        if replies.len() != requests.len() {
             return Err(StoreError::Backend {
                 store: self.url.redacted().into(),
-                reason: super::fence_exhausted(requests[i].job.as_str()),
+                reason: format!("{} answers to {} claims", replies.len(), requests.len()),
             });
         }
         for (r, req) in replies.iter().zip(requests) {
@@ -409,7 +444,11 @@ impl Store for RedisStore {
         let store_now = from_ms(replies.first().map_or(0, |r| r.7));
         Ok(Claimed {
             store_now,
-            outcomes: replies.into_iter().map(outcome_from_reply).collect(),
+            outcomes: replies
+                .into_iter()
+                .zip(requests)
+                .map(|(r, req)| outcome_from_reply(r, req))
+                .collect(),
         })
     }
 
@@ -424,45 +463,39 @@ impl Store for RedisStore {
         ))
     }
 
-    async fn renew(
+    async fn renew_many(
         &self,
-        job: &JobName,
         owner: &Owner,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let done: Vec<i64> = self
-            .eval_pipeline(|| {
-                let mut pipe = redis::pipe();
-                pipe.cmd("EVALSHA")
-                    .arg(self.renew.get_hash())
-                    .arg(1)
-                    .arg(self.key(job.as_str(), "lease"))
-                    .arg(owner.as_str())
-                    .arg(duration_ms(lease).max(1));
-                pipe
-            })
-            .await?;
-        Ok(done.first() == Some(&1))
+        renewals: &[Renewal],
+    ) -> Result<Vec<bool>, StoreError> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = renewals
+            .iter()
+            .map(|r| self.key(r.job.as_str(), "lease"))
+            .collect();
+        let mut args = vec![owner.as_str().to_string()];
+        args.extend(
+            renewals
+                .iter()
+                .map(|r| duration_ms(r.lease).max(1).to_string()),
+        );
+        let done: Vec<i64> = self.eval(&self.renew, &keys, &args).await?;
+        Ok((0..renewals.len())
+            .map(|i| done.get(i) == Some(&1))
+            .collect())
     }
 
     async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
         if jobs.is_empty() {
             return Ok(0);
         }
-        let done: Vec<i64> = self
-            .eval_pipeline(|| {
-                let mut pipe = redis::pipe();
-                for job in jobs {
-                    pipe.cmd("EVALSHA")
-                        .arg(self.release.get_hash())
-                        .arg(1)
-                        .arg(self.key(job.as_str(), "lease"))
-                        .arg(owner.as_str());
-                }
-                pipe
-            })
+        let keys: Vec<String> = jobs.iter().map(|j| self.key(j.as_str(), "lease")).collect();
+        let released: i64 = self
+            .eval(&self.release, &keys, &[owner.as_str().to_string()])
             .await?;
-        Ok(done.iter().filter(|&&d| d == 1).count())
+        Ok(released.max(0) as usize)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -526,39 +559,39 @@ impl Store for RedisStore {
         Ok(out)
     }
 
-    async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.key(&run.job, "runs"))
-            .arg("MAXLEN")
-            .arg(keep)
-            .arg("*")
-            .arg("job")
-            .arg(&run.job)
-            .arg("fence")
-            .arg(run.fence)
-            .arg("owner")
-            .arg(&run.owner)
-            .arg("node")
-            .arg(&run.node)
-            .arg("occurrence")
-            .arg(to_ms(run.occurrence))
-            .arg("started_at")
-            .arg(to_ms(run.started_at))
-            .arg("finished_at")
-            .arg(to_ms(run.finished_at))
-            .arg("outcome")
-            .arg(run.outcome.as_str())
-            .arg("takeover")
-            .arg(i64::from(run.takeover))
-            .arg("delay_ms")
-            .arg(run.delay_ms);
-        if let Some(code) = run.exit_code {
-            cmd.arg("exit_code").arg(code);
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
+        if runs.is_empty() {
+            return Ok(());
         }
-        cmd.query_async::<String>(&mut conn)
-            .await
-            .map_err(|e| self.err(e))?;
+        let mut keys = Vec::with_capacity(2 * runs.len());
+        let mut args = vec![keep.max(1).to_string()];
+        for run in runs {
+            keys.push(self.key(&run.job, "runs"));
+            keys.push(self.key(&run.job, "fences"));
+            let mut fields: Vec<String> = [
+                ("job", run.job.clone()),
+                ("fence", run.fence.to_string()),
+                ("owner", run.owner.clone()),
+                ("node", run.node.clone()),
+                ("occurrence", to_ms(run.occurrence).to_string()),
+                ("started_at", to_ms(run.started_at).to_string()),
+                ("finished_at", to_ms(run.finished_at).to_string()),
+                ("outcome", run.outcome.as_str().to_string()),
+                ("takeover", i64::from(run.takeover).to_string()),
+                ("delay_ms", run.delay_ms.to_string()),
+                ("decision_ms", run.decision_ms.to_string()),
+            ]
+            .into_iter()
+            .flat_map(|(k, v)| [k.to_string(), v])
+            .collect();
+            if let Some(code) = run.exit_code {
+                fields.extend(["exit_code".to_string(), code.to_string()]);
+            }
+            args.push(run.fence.to_string());
+            args.push(fields.len().to_string());
+            args.extend(fields);
+        }
+        let _added: i64 = self.eval(&self.record, &keys, &args).await?;
         Ok(())
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
-    ClaimOutcome, ClaimRequest, Lost, Outcome, Owner, RunRecord, Store, Won, from_ms,
+    ClaimOutcome, ClaimRequest, Lost, Outcome, Owner, Renewal, RunRecord, Store, Won, from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -34,6 +34,7 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         lease: Duration::from_millis(lease_ms),
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
+        after_unanswered: false,
     }
 }
 
@@ -44,14 +45,14 @@ async fn claim(store: &Arc<dyn Store>, r: ClaimRequest) -> ClaimOutcome {
 fn won(o: ClaimOutcome) -> Won {
     match o {
         ClaimOutcome::Won(w) => w,
-        ClaimOutcome::Lost(l) => panic!("expected a won claim, got {l:?}"),
+        other => panic!("expected a won claim, got {other:?}"),
     }
 }
 
 fn lost(o: ClaimOutcome) -> Lost {
     match o {
         ClaimOutcome::Lost(l) => l,
-        ClaimOutcome::Won(w) => panic!("expected a lost claim, got {w:?}"),
+        other => panic!("expected a lost claim, got {other:?}"),
     }
 }
 
@@ -309,6 +310,7 @@ pub async fn history_is_bounded_and_newest_first(h: &Harness) {
             exit_code: Some(if fence == 4 { 3 } else { 0 }),
             takeover: fence == 2,
             delay_ms: 3,
+            decision_ms: 1,
         };
         a.record_run(&run, 3).await.unwrap();
     }
@@ -458,6 +460,7 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
         exit_code: Some(0),
         takeover: false,
         delay_ms: 0,
+        decision_ms: 0,
     };
     a.record_run(&ok, 100).await.unwrap();
     a.record_run(
@@ -518,8 +521,20 @@ pub async fn fences_stay_exact_and_never_wrap(h: &Harness) {
         won(claim(&a, req("f", "a#1", 4, 60_000)).await).fence,
         i64::MAX as u64
     );
-    let e = a.claim(&[req("f", "a#1", 5, 60_000)]).await.unwrap_err();
-    assert!(e.to_string().contains("maximum"), "{e}");
+    // Only that job's request fails: the rest of its batch is decided.
+    let out = a
+        .claim(&[req("f", "a#1", 5, 60_000), req("f2", "a#1", 5, 60_000)])
+        .await
+        .unwrap()
+        .outcomes;
+    assert!(
+        matches!(&out[0], ClaimOutcome::Failed(e) if e.contains("maximum")),
+        "{out:?}"
+    );
+    assert!(
+        matches!(&out[1], ClaimOutcome::Won(w) if w.fence == 1),
+        "{out:?}"
+    );
     let status = a.status().await.unwrap();
     let f = status.iter().find(|s| s.job == "f").unwrap();
     assert_eq!(
@@ -527,14 +542,239 @@ pub async fn fences_stay_exact_and_never_wrap(h: &Harness) {
         (i64::MAX as u64, Some(occ(4)))
     );
     // A floor beyond the range is refused the same way.
-    let e = a
+    let out = a
         .claim(&[ClaimRequest {
             fence_floor: u64::MAX,
             ..req("g", "a#1", 1, 60_000)
         }])
         .await
-        .unwrap_err();
-    assert!(e.to_string().contains("maximum"), "{e}");
+        .unwrap()
+        .outcomes;
+    assert!(
+        matches!(&out[0], ClaimOutcome::Failed(e) if e.contains("maximum")),
+        "{out:?}"
+    );
+}
+
+/// The requests of a batch are decided each on its own: the same answers as
+/// the same requests sent one by one (free, held by another, ours, expired,
+/// stale occurrence, catch-up), whatever their order in the batch.
+pub async fn batch_answers_like_one_by_one(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    // The same situation twice, under job names x_* and y_*.
+    for p in ["x", "y"] {
+        won(claim(&b, req(&format!("{p}_other"), "b#1", 10, 60_000)).await);
+        won(claim(&a, req(&format!("{p}_ours"), "a#1", 10, 60_000)).await);
+        won(claim(&b, req(&format!("{p}_expired"), "b#1", 10, 60_000)).await);
+        won(claim(&b, req(&format!("{p}_stale"), "b#1", 20, 60_000)).await);
+        won(claim(&b, req(&format!("{p}_catchup"), "b#1", 5, 60_000)).await);
+        for k in ["expired", "stale", "catchup"] {
+            h.set_expiry_in(&format!("{p}_{k}"), -1).await;
+        }
+    }
+    let kinds = ["stale", "free", "other", "catchup", "ours", "expired"];
+    let batch: Vec<ClaimRequest> = kinds
+        .iter()
+        .map(|k| req(&format!("x_{k}"), "a#1", 11, 60_000))
+        .collect();
+    let together = a.claim(&batch).await.unwrap().outcomes;
+    let mut alone = Vec::new();
+    for k in kinds {
+        alone.push(claim(&a, req(&format!("y_{k}"), "a#1", 11, 60_000)).await);
+    }
+    // Remaining leases are read at slightly different instants.
+    let norm = |o: &ClaimOutcome| match o {
+        ClaimOutcome::Lost(l) => {
+            assert_eq!(l.remaining.is_zero(), l.holder.is_none(), "{l:?}");
+            ClaimOutcome::Lost(Lost {
+                remaining: Duration::ZERO,
+                ..l.clone()
+            })
+        }
+        other => other.clone(),
+    };
+    let together: Vec<ClaimOutcome> = together.iter().map(norm).collect();
+    let alone: Vec<ClaimOutcome> = alone.iter().map(norm).collect();
+    assert_eq!(together, alone);
+    let summary: Vec<String> = together
+        .iter()
+        .map(|o| match o {
+            ClaimOutcome::Won(w) if w.catch_up => format!(
+                "caught up {} fence {}",
+                (w.occurrence - occ(0)).num_seconds(),
+                w.fence
+            ),
+            ClaimOutcome::Won(w) => format!("won fence {}", w.fence),
+            ClaimOutcome::Lost(l) => format!("lost to {:?}", l.holder),
+            ClaimOutcome::Failed(e) => format!("failed {e}"),
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            "lost to None",
+            "won fence 1",
+            "lost to Some(\"b#1\")",
+            "caught up 10 fence 2",
+            "won fence 2",
+            "won fence 2",
+        ]
+    );
+}
+
+/// One call of 1,000 claims, renewals, history writes and releases works.
+pub async fn a_batch_of_a_thousand(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let names: Vec<String> = (0..1000).map(|i| format!("k{i:04}")).collect();
+    let claims: Vec<ClaimRequest> = names.iter().map(|n| req(n, "a#1", 10, 60_000)).collect();
+    let out = a.claim(&claims).await.unwrap().outcomes;
+    assert_eq!(out.len(), 1000);
+    assert!(
+        out.iter()
+            .all(|o| matches!(o, ClaimOutcome::Won(w) if w.fence == 1))
+    );
+    let theirs: Vec<ClaimRequest> = names.iter().map(|n| req(n, "b#1", 11, 60_000)).collect();
+    let out = b.claim(&theirs).await.unwrap().outcomes;
+    assert!(
+        out.iter()
+            .all(|o| matches!(o, ClaimOutcome::Lost(l) if l.holder.as_deref() == Some("a#1")))
+    );
+    let renewals: Vec<Renewal> = names
+        .iter()
+        .map(|n| Renewal {
+            job: job(n),
+            lease: Duration::from_secs(60),
+        })
+        .collect();
+    let done = a
+        .renew_many(&Owner::from_raw("a#1"), &renewals)
+        .await
+        .unwrap();
+    assert_eq!(done, vec![true; 1000]);
+    let done = b
+        .renew_many(&Owner::from_raw("b#1"), &renewals)
+        .await
+        .unwrap();
+    assert_eq!(done, vec![false; 1000]);
+    let runs: Vec<RunRecord> = names.iter().map(|n| run(n, 1)).collect();
+    a.record_runs(&runs, 100).await.unwrap();
+    assert_eq!(a.history(None, 5000).await.unwrap().len(), 1000);
+    let jobs: Vec<JobName> = names.iter().map(|n| job(n)).collect();
+    assert_eq!(
+        a.release(&jobs, &Owner::from_raw("a#1")).await.unwrap(),
+        1000
+    );
+    assert_eq!(b.claim(&theirs).await.unwrap().outcomes.len(), 1000);
+}
+
+fn run(name: &str, fence: u64) -> RunRecord {
+    let t = occ(fence as i64);
+    RunRecord {
+        job: name.into(),
+        fence,
+        owner: "a#1".into(),
+        node: "a".into(),
+        occurrence: t,
+        started_at: t,
+        finished_at: t,
+        outcome: Outcome::Ok,
+        exit_code: Some(0),
+        takeover: false,
+        delay_ms: 2,
+        decision_ms: 1,
+    }
+}
+
+/// A run is recorded once per (job, fence), however often the write is
+/// sent again (a retry after a timeout that had committed).
+pub async fn history_is_recorded_once_per_fence(h: &Harness) {
+    let a = h.store().await;
+    a.record_run(&run("once", 1), 100).await.unwrap();
+    a.record_run(&run("once", 1), 100).await.unwrap();
+    a.record_runs(&[run("once", 1), run("once", 2), run("once", 2)], 100)
+        .await
+        .unwrap();
+    let runs = a.history(Some(&job("once")), 10).await.unwrap();
+    assert_eq!(runs.iter().map(|r| r.fence).collect::<Vec<_>>(), [2, 1]);
+    assert_eq!(runs[0].decision_ms, 1);
+}
+
+/// A claim retried after its reply was lost gets the same win back (same
+/// fence), so the missed occurrence it had caught up still runs; a peer
+/// saying the same never takes it.
+pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    won(claim(&b, req("m", "b#1", 5, 60_000)).await);
+    h.set_expiry_in("m", -1).await;
+    // a's claim of 11 catches up 10 with fence 2; its reply is lost.
+    let first = won(claim(&a, req("m", "a#1", 11, 60_000)).await);
+    assert_eq!(
+        (first.fence, first.occurrence, first.catch_up),
+        (2, occ(10), true)
+    );
+    let retry = ClaimRequest {
+        after_unanswered: true,
+        fence_floor: 1,
+        ..req("m", "a#1", 11, 60_000)
+    };
+    let again = won(claim(&a, retry.clone()).await);
+    assert_eq!(
+        (again.fence, again.occurrence, again.catch_up),
+        (2, occ(10), true)
+    );
+    let peer = ClaimRequest {
+        after_unanswered: true,
+        fence_floor: 1,
+        ..req("m", "b#1", 11, 60_000)
+    };
+    assert_eq!(lost(claim(&b, peer).await).holder.as_deref(), Some("a#1"));
+    // After the missed run, the occurrence itself.
+    let next = won(claim(
+        &a,
+        ClaimRequest {
+            fence_floor: 2,
+            ..req("m", "a#1", 11, 60_000)
+        },
+    )
+    .await);
+    assert_eq!(
+        (next.fence, next.occurrence, next.catch_up),
+        (3, occ(11), false)
+    );
+    // The plain occurrence won and unanswered: the same fence again.
+    let again = won(claim(
+        &a,
+        ClaimRequest {
+            fence_floor: 2,
+            ..retry
+        },
+    )
+    .await);
+    assert_eq!(
+        (again.fence, again.occurrence, again.catch_up),
+        (3, occ(11), false)
+    );
+}
+
+/// Renewals sent together are each decided on their own.
+pub async fn renewals_together_each_on_its_own(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    won(claim(&a, req("r_ours", "a#1", 1, 60_000)).await);
+    won(claim(&b, req("r_theirs", "b#1", 1, 60_000)).await);
+    won(claim(&a, req("r_gone", "a#1", 1, 60_000)).await);
+    h.set_expiry_in("r_gone", -1).await;
+    let renewals: Vec<Renewal> = ["r_ours", "r_theirs", "r_gone", "r_missing"]
+        .iter()
+        .map(|n| Renewal {
+            job: job(n),
+            lease: Duration::from_secs(60),
+        })
+        .collect();
+    let done = a
+        .renew_many(&Owner::from_raw("a#1"), &renewals)
+        .await
+        .unwrap();
+    assert_eq!(done, [true, false, false, false]);
 }
 
 macro_rules! conformance {
@@ -559,7 +799,12 @@ macro_rules! conformance {
                 shedlock_fuzz_unprotected_counter,
                 occurrence_beyond_the_store_clock_is_refused,
                 history_shows_rows_it_does_not_understand,
-                fences_stay_exact_and_never_wrap
+                fences_stay_exact_and_never_wrap,
+                batch_answers_like_one_by_one,
+                a_batch_of_a_thousand,
+                history_is_recorded_once_per_fence,
+                retried_claim_keeps_its_lost_win,
+                renewals_together_each_on_its_own
             );
         }
     };
@@ -578,6 +823,7 @@ conformance!(sqlite, Backend::Sqlite);
 conformance!(mysql, Backend::Mysql);
 conformance!(postgres, Backend::Postgres);
 conformance!(redis, Backend::Redis);
+conformance!(memory, Backend::Memory);
 
 /// Redis only: a lease key with no expiry (a hand `SET`, `PERSIST`) is
 /// repaired by the next claim: it gets one lease from then, so the job is

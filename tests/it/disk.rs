@@ -44,6 +44,7 @@ fn request(job: &str, occurrence_s: i64) -> ClaimRequest {
         lease: Duration::from_secs(5),
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
+        after_unanswered: false,
     }
 }
 
@@ -142,5 +143,6 @@ fn run(job: &str, fence: u64) -> cronlease::store::RunRecord {
         exit_code: Some(0),
         takeover: false,
         delay_ms: 0,
+        decision_ms: 0,
     }
 }

@@ -448,6 +448,7 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
             lease: Duration::from_secs(60),
             fence_floor: 0,
             max_offset: Duration::from_secs(3600),
+            after_unanswered: false,
         };
         let won = store.claim(&[thief]).await.unwrap().outcomes;
         assert!(

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use cronlease::config::{StoreConfig, StoreUrl};
+use cronlease::store::memory::MemoryStore;
 use cronlease::store::{self, Store};
 use sqlx::AssertSqlSafe;
 
@@ -18,6 +19,8 @@ pub enum Backend {
     Mysql,
     Postgres,
     Redis,
+    /// The in-memory store (in-process only: no URL, no daemon).
+    Memory,
 }
 
 impl Backend {
@@ -34,13 +37,15 @@ impl Backend {
                 "postgres://postgres@127.0.0.1:5432/test",
             ),
             Backend::Redis => env("CRONLEASE_TEST_REDIS_URL", "redis://127.0.0.1:6379/"),
+            // Unused: the harness hands out the in-memory store itself.
+            Backend::Memory => format!("sqlite://{}", dir.join("unused.db").display()),
         }
     }
 
     /// Fails the test, saying how to start the service, if it is not there.
     pub fn require(self) {
         let (addr, name, start) = match self {
-            Backend::Sqlite => return,
+            Backend::Sqlite | Backend::Memory => return,
             Backend::Mysql => (
                 "127.0.0.1:3306",
                 "MariaDB",
@@ -91,6 +96,8 @@ pub fn unique(tag: &str) -> String {
 pub struct Harness {
     pub backend: Backend,
     pub config: StoreConfig,
+    /// The shared state of [`Backend::Memory`].
+    pub memory: Option<MemoryStore>,
     /// Holds the SQLite file for the harness's lifetime.
     _dir: tempfile::TempDir,
 }
@@ -107,6 +114,7 @@ impl Harness {
         let h = Harness {
             backend,
             config,
+            memory: (backend == Backend::Memory).then(MemoryStore::new),
             _dir: dir,
         };
         h.store().await.prepare().await.expect("prepare the store");
@@ -124,19 +132,41 @@ impl Harness {
         Harness {
             backend,
             config,
+            memory: None,
             _dir: tempfile::tempdir().unwrap(),
         }
     }
 
     /// A fresh store instance (own connections), as another node would have.
     pub async fn store(&self) -> Arc<dyn Store> {
-        store::connect(&self.config).await.unwrap()
+        match &self.memory {
+            Some(memory) => memory.handle(),
+            None => store::connect(&self.config).await.unwrap(),
+        }
     }
 
     /// Writes history rows this version cannot understand, bypassing
     /// cronlease: an outcome from a newer version (fence 90) and, on Redis,
     /// an entry missing its fields (fence 91), as a hand edit would.
     pub async fn write_foreign_runs(&self, job: &str) {
+        if let Some(memory) = &self.memory {
+            let t = cronlease::store::from_ms(1_790_000_000_000);
+            memory.insert_raw_run(cronlease::store::RunRecord {
+                job: job.into(),
+                fence: 90,
+                owner: "future#1".into(),
+                node: "future".into(),
+                occurrence: t,
+                started_at: t,
+                finished_at: t,
+                outcome: cronlease::store::Outcome::parse("exploded"),
+                exit_code: None,
+                takeover: false,
+                delay_ms: 0,
+                decision_ms: 0,
+            });
+            return;
+        }
         match self.backend {
             Backend::Redis => {
                 let client = redis::Client::open(self.config.url.expose()).unwrap();
@@ -180,6 +210,10 @@ impl Harness {
 
     /// Sets a job's stored fence, bypassing cronlease (its lock must exist).
     pub async fn set_fence(&self, job: &str, fence: &str) {
+        if let Some(memory) = &self.memory {
+            memory.set_fence(job, fence.parse().unwrap());
+            return;
+        }
         match self.backend {
             Backend::Redis => {
                 let client = redis::Client::open(self.config.url.expose()).unwrap();
@@ -222,6 +256,10 @@ impl Harness {
     /// Sets the job's lease to expire `ms` from now on the **store's** clock
     /// (negative: already expired), bypassing cronlease.
     pub async fn set_expiry_in(&self, job: &str, ms: i64) {
+        if let Some(memory) = &self.memory {
+            memory.set_expiry_in(job, ms);
+            return;
+        }
         // SQLite's store clock is a file's mtime, which the kernel stamps
         // from its coarse clock (a few ms behind julianday('now')): make an
         // expiry in the past clearly past.

@@ -1,12 +1,15 @@
--- cronlease claim (see docs/protocol.md), one atomic step on the Redis server's clock.
--- KEYS[1] lease key: the owner, with a TTL (PX) equal to the lease
--- KEYS[2] state hash, never expires: fence, last_occurrence, owner, modified_at
--- ARGV[1] owner  ARGV[2] occurrence (ms)  ARGV[3] previous occurrence (ms) or ""
--- ARGV[4] lease (ms)  ARGV[5] fence floor (decimal u64)  ARGV[6] "run_once" or "skip"
--- ARGV[7] max clock offset (ms): an occurrence later than now + this is refused
--- Reply: {won, fence (decimal string), occurrence, catch_up, holder_or_previous_owner,
---         remaining_ms, last_occurrence_or_-1, now_ms, too_early, repaired}
--- won is -1 when the fence is at its maximum (2^63-1): nothing is written.
+-- cronlease claim of a batch (see docs/protocol.md): every request decided on
+-- its own, in one atomic script on the Redis server's clock.
+-- Per request i (from 1): KEYS[2i-1] the lease key (the owner, with a TTL
+-- equal to the lease), KEYS[2i] the state hash that never expires (fence,
+-- last_occurrence, owner, modified_at); ARGV[8(i-1)+1..8] owner, occurrence
+-- (ms), previous occurrence (ms) or "", lease (ms), fence floor (decimal u64),
+-- "run_once" or "skip", max clock offset (ms: an occurrence later than now +
+-- this is refused), "1" when an earlier claim of this occurrence got no answer.
+-- Reply: one array per request: {won, fence (decimal string), occurrence,
+-- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
+-- now_ms, too_early, repaired}; won is -1 when the fence is at its maximum
+-- (2^63-1): nothing is written for that request.
 -- Fences are kept exact: Lua numbers are doubles, so they are compared as
 -- decimal strings and incremented with HINCRBY (64-bit integers).
 local MAX_FENCE = '9223372036854775807'
@@ -25,49 +28,69 @@ end
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local holder = redis.call('GET', KEYS[1])
-local remaining = 0
-local repaired = 0
-if holder then
-  remaining = redis.call('PTTL', KEYS[1])
-  if remaining == -1 and holder ~= ARGV[1] then
-    -- A lease with no expiry (a hand SET or PERSIST) would block the job
-    -- forever. Give it one lease from now: a live holder keeps it by
-    -- renewing, a dead one loses it then.
-    redis.call('PEXPIRE', KEYS[1], ARGV[4])
-    remaining = tonumber(ARGV[4])
-    repaired = 1
-  end
-  if remaining < 0 then remaining = 0 end
-end
-local state = redis.call('HMGET', KEYS[2], 'fence', 'last_occurrence', 'owner')
-local fence = decimal(state[1])
-local last = tonumber(state[2])
-local occurrence = tonumber(ARGV[2])
-
-if (holder and holder ~= ARGV[1]) or (last and last >= occurrence) then
-  return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired}
-end
-if occurrence > now_ms + (tonumber(ARGV[7]) or 0) then
-  return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 1, repaired}
-end
-local floor = decimal(ARGV[5])
-local base = fence
-if greater(floor, base) then base = floor end
-if not greater(MAX_FENCE, base) then
-  return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired}
-end
-
-local claimed = ARGV[2]
-local catch_up = 0
-if ARGV[6] == 'run_once' and ARGV[3] ~= '' and last and last < tonumber(ARGV[3]) then
-  claimed = ARGV[3]
-  catch_up = 1
-end
 local now = string.format('%d', now_ms)
-local previous_owner = state[3]
-redis.call('HSET', KEYS[2], 'fence', base)
-redis.call('HINCRBY', KEYS[2], 'fence', 1)
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
-redis.call('HSET', KEYS[2], 'last_occurrence', claimed, 'owner', ARGV[1], 'modified_at', now)
-return {1, redis.call('HGET', KEYS[2], 'fence'), tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired}
+
+local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered)
+  local holder = redis.call('GET', lease_key)
+  local remaining = 0
+  local repaired = 0
+  if holder then
+    remaining = redis.call('PTTL', lease_key)
+    if remaining == -1 and holder ~= owner then
+      -- A lease with no expiry (a hand SET or PERSIST) would block the job
+      -- forever. Give it one lease from now: a live holder keeps it by
+      -- renewing, a dead one loses it then.
+      redis.call('PEXPIRE', lease_key, lease_ms)
+      remaining = tonumber(lease_ms)
+      repaired = 1
+    end
+    if remaining < 0 then remaining = 0 end
+  end
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner')
+  local fence = decimal(state[1])
+  local last = tonumber(state[2])
+  local occurrence = tonumber(occurrence_s)
+  local floor = decimal(floor_s)
+
+  -- Our own earlier claim whose answer was lost: the same win, same fence.
+  if unanswered == '1' and state[3] == owner and greater(fence, floor) and last
+      and (last == occurrence or (misfire == 'run_once' and previous_s ~= '' and last == tonumber(previous_s))) then
+    redis.call('SET', lease_key, owner, 'PX', lease_ms)
+    redis.call('HSET', state_key, 'modified_at', now)
+    local catch_up = 0
+    if last ~= occurrence then catch_up = 1 end
+    return {1, fence, last, catch_up, false, 0, last, now_ms, 0, repaired}
+  end
+  if (holder and holder ~= owner) or (last and last >= occurrence) then
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired}
+  end
+  if occurrence > now_ms + (tonumber(max_offset) or 0) then
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 1, repaired}
+  end
+  local base = fence
+  if greater(floor, base) then base = floor end
+  if not greater(MAX_FENCE, base) then
+    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired}
+  end
+
+  local claimed = occurrence_s
+  local catch_up = 0
+  if misfire == 'run_once' and previous_s ~= '' and last and last < tonumber(previous_s) then
+    claimed = previous_s
+    catch_up = 1
+  end
+  local previous_owner = state[3]
+  redis.call('HSET', state_key, 'fence', base)
+  redis.call('HINCRBY', state_key, 'fence', 1)
+  redis.call('SET', lease_key, owner, 'PX', lease_ms)
+  redis.call('HSET', state_key, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now)
+  return {1, redis.call('HGET', state_key, 'fence'), tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired}
+end
+
+local replies = {}
+for i = 1, #KEYS / 2 do
+  local a = 8 * (i - 1)
+  replies[i] = claim(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+end
+return replies

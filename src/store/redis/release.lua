@@ -1,7 +1,10 @@
--- Ends a live lease, only for its owner; fence and last occurrence stay.
--- KEYS[1] lease key; ARGV[1] owner.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
+-- Ends live leases, only for their owner; fence and last occurrence stay.
+-- KEYS: lease keys; ARGV[1] owner. Reply: how many leases ended.
+local n = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('DEL', key)
+    n = n + 1
+  end
 end
-return 0
+return n

@@ -21,6 +21,7 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,8 +30,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, LockRow, LockStatus, Outcome, Owner, RunRecord,
-    Store, StoreError, decide, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, Decision, LockRow, LockStatus, Outcome, Owner, Renewal,
+    RunRecord, Store, StoreError, decide, duration_ms, from_ms, to_ms,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
@@ -43,13 +44,29 @@ pub struct Dialect {
     pub begin: &'static str,
     /// Appended to the row read of a claim.
     pub lock_row: &'static str,
-    /// `INSERT` of an empty lock row that does nothing if it exists
-    /// (`{p}` is the table prefix, `{now}` the clock, one `?` the job).
-    pub seed_row: &'static str,
+    /// The verb of an `INSERT` that skips rows whose key exists.
+    pub insert_ignore: &'static str,
+    /// Appended to such an `INSERT` (`{key}`: the key's columns).
+    pub ignore_conflict: &'static str,
+    /// Appended to an `INSERT` of lock rows to update the existing ones.
+    pub upsert_lock: &'static str,
     /// Placeholders are `$1, $2...` instead of `?`.
     pub numbered_params: bool,
     /// Migrations, in version order.
     pub migrations: &'static [(i64, &'static str)],
+}
+
+/// What a locking transaction does with the rows of its batch.
+#[derive(Clone, Copy)]
+enum Locked<'a> {
+    Claim(&'a [ClaimRequest]),
+    Renew(&'a Owner, &'a [Renewal]),
+}
+
+/// The answer of a locking transaction.
+enum Answer {
+    Claimed(Claimed),
+    Renewed(Vec<bool>),
 }
 
 /// The SQL implementation of [`Store`].
@@ -80,20 +97,17 @@ type FileClock = Box<dyn Fn() -> std::io::Result<i64> + Send + Sync>;
 
 struct Queries {
     clock: SqlStr,
-    select_lock: SqlStr,
-    seed_row: SqlStr,
-    write_claim: SqlStr,
-    renew: SqlStr,
-    release: SqlStr,
     status: SqlStr,
-    insert_run: SqlStr,
-    prune_cutoff: SqlStr,
-    prune: SqlStr,
     history_all: SqlStr,
     history_job: SqlStr,
 }
 
-const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms";
+const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms";
+const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at";
+
+/// Rows per multi-row statement: far below every database's bind limit
+/// (SQLite 32766, MySQL and PostgreSQL 65535) at 12 columns.
+const CHUNK: usize = 500;
 
 impl Queries {
     fn new(d: &Dialect, p: &str) -> Self {
@@ -108,30 +122,9 @@ impl Queries {
         };
         Queries {
             clock: q(format!("SELECT {now}")),
-            select_lock: q(format!(
-                "SELECT owner, fence, expires_at, last_occurrence, {now} AS now_ms FROM {p}lock_info WHERE lock_name = ?{}",
-                d.lock_row
-            )),
-            seed_row: q(d.seed_row.replace("{p}", p).replace("{now}", now)),
-            write_claim: q(format!(
-                "UPDATE {p}lock_info SET owner = ?, fence = ?, expires_at = ?, last_occurrence = ?, modified_at = ? WHERE lock_name = ?"
-            )),
-            renew: q(format!(
-                "UPDATE {p}lock_info SET expires_at = {now} + ?, modified_at = {now} WHERE lock_name = ? AND owner = ? AND expires_at > {now}"
-            )),
-            release: q(format!(
-                "UPDATE {p}lock_info SET expires_at = {now}, modified_at = {now} WHERE lock_name = ? AND owner = ? AND expires_at > {now}"
-            )),
             status: q(format!(
                 "SELECT lock_name, owner, fence, expires_at, last_occurrence, {now} AS now_ms FROM {p}lock_info ORDER BY lock_name"
             )),
-            insert_run: q(format!(
-                "INSERT INTO {p}job_runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            )),
-            prune_cutoff: q(format!(
-                "SELECT id FROM {p}job_runs WHERE job = ? ORDER BY id DESC LIMIT 1 OFFSET ?"
-            )),
-            prune: q(format!("DELETE FROM {p}job_runs WHERE job = ? AND id <= ?")),
             history_all: q(format!(
                 "SELECT {RUN_COLUMNS} FROM {p}job_runs ORDER BY id DESC LIMIT ?"
             )),
@@ -139,6 +132,91 @@ impl Queries {
                 "SELECT {RUN_COLUMNS} FROM {p}job_runs WHERE job = ? ORDER BY id DESC LIMIT ?"
             )),
         }
+    }
+}
+
+/// `(?, ?, ...)` with `n` placeholders.
+fn tuple(n: usize) -> String {
+    let mut out = String::with_capacity(2 + 3 * n);
+    out.push('(');
+    for i in 0..n {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push('?');
+    }
+    out.push(')');
+    out
+}
+
+/// `rows` tuples of `cols` placeholders, comma-separated.
+fn tuples(rows: usize, cols: usize) -> String {
+    vec![tuple(cols); rows].join(", ")
+}
+
+/// The multi-row statements of a batch, for `n` rows (placeholders `?`,
+/// the clock as `{now}`).
+struct BatchSql<'a> {
+    d: &'a Dialect,
+    p: &'a str,
+}
+
+impl BatchSql<'_> {
+    /// Reads and locks `n` lock rows, in name order.
+    fn lock_rows(&self, n: usize) -> String {
+        format!(
+            "SELECT lock_name, owner, fence, expires_at, last_occurrence, {{now}} AS now_ms FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
+            p = self.p,
+            names = tuple(n),
+            lock = self.d.lock_row
+        )
+    }
+
+    /// Creates the missing of `n` lock rows (name bound; empty lease).
+    fn seed_rows(&self, n: usize) -> String {
+        let rows = vec!["(?, NULL, 0, 0, NULL, {now})"; n].join(", ");
+        format!(
+            "{} {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{}",
+            self.d.insert_ignore,
+            self.d.ignore_conflict.replace("{key}", "lock_name"),
+            p = self.p
+        )
+    }
+
+    /// Writes `n` whole lock rows that exist (and are locked).
+    fn write_rows(&self, n: usize) -> String {
+        format!(
+            "INSERT INTO {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{upsert}",
+            p = self.p,
+            rows = tuples(n, 6),
+            upsert = self.d.upsert_lock
+        )
+    }
+
+    /// Ends one owner's live leases on `n` jobs.
+    fn release(&self, n: usize) -> String {
+        format!(
+            "UPDATE {p}lock_info SET expires_at = {{now}}, modified_at = {{now}} WHERE owner = ? AND expires_at > {{now}} AND lock_name IN {names}",
+            p = self.p,
+            names = tuple(n)
+        )
+    }
+
+    /// Records `n` runs, skipping a (job, fence) recorded already.
+    fn insert_runs(&self, n: usize) -> String {
+        format!(
+            "{} {p}job_runs ({RUN_COLUMNS}) VALUES {rows}{}",
+            self.d.insert_ignore,
+            self.d.ignore_conflict.replace("{key}", "job, fence"),
+            p = self.p,
+            rows = tuples(n, 12)
+        )
+    }
+
+    /// Deletes, for `n` jobs, the runs at or below a fence each.
+    fn prune(&self, n: usize) -> String {
+        let cond = vec!["(job = ? AND fence <= ?)"; n].join(" OR ");
+        format!("DELETE FROM {p}job_runs WHERE {cond}", p = self.p)
     }
 }
 
@@ -235,11 +313,16 @@ impl SqlStore {
         };
         let setup: std::sync::Arc<[String]> = setup.into();
         let op_timeout = config.op_timeout;
+        let max_connections = config.max_connections.max(1);
         let pool_url = connect_url.clone();
         let make_pool = move || -> Result<AnyPool, sqlx::Error> {
             let setup = setup.clone();
             AnyPoolOptions::new()
-                .max_connections(if dialect.name == "sqlite" { 2 } else { 4 })
+                .max_connections(if dialect.name == "sqlite" {
+                    max_connections.min(2)
+                } else {
+                    max_connections
+                })
                 .min_connections(0)
                 .acquire_timeout(op_timeout)
                 .idle_timeout(Some(Duration::from_secs(300)))
@@ -386,26 +469,32 @@ impl SqlStore {
         })
     }
 
-    async fn read_lock(
-        &self,
-        conn: &mut AnyConnection,
-        job: &str,
-        now: Option<i64>,
-    ) -> Result<Option<LockRow>, sqlx::Error> {
-        let row = sqlx::query(self.stmt(&self.queries.select_lock, now)?)
-            .bind(job.to_string())
-            .fetch_optional(&mut *conn)
-            .await?;
-        row.map(|r| {
-            Ok(LockRow {
-                owner: r.try_get(0)?,
-                fence: r.try_get(1)?,
-                expires_at: r.try_get(2)?,
-                last_occurrence: r.try_get(3)?,
-                now: r.try_get(4)?,
-            })
-        })
-        .transpose()
+    /// The multi-row statements, for this store's dialect and prefix.
+    fn batch(&self) -> BatchSql<'_> {
+        BatchSql {
+            d: self.dialect,
+            p: &self.prefix,
+        }
+    }
+
+    /// A generated statement ready to run: `{now}` is the store's clock
+    /// (SQLite: `now` if given, else the file-system clock read now), and
+    /// placeholders are numbered where the dialect wants it.
+    fn sql(&self, text: String, now: Option<i64>) -> Result<SqlStr, sqlx::Error> {
+        let now = match now {
+            Some(now) => Some(now),
+            None => self.file_clock_now()?,
+        };
+        let text = match now {
+            Some(now) => text.replace("{now}", &now.to_string()),
+            None => text.replace("{now}", self.dialect.now_ms),
+        };
+        let text = if self.dialect.numbered_params {
+            number_params(&text)
+        } else {
+            text
+        };
+        Ok(AssertSqlSafe(text).into_sql_str())
     }
 
     /// Runs `op` again while it fails for a transient reason (SQLite busy,
@@ -435,19 +524,25 @@ impl SqlStore {
         }
     }
 
-    /// One claim transaction; a job without a row yet gets it inserted
-    /// outside the transaction first (concurrent inserts of one new key inside
-    /// transactions deadlock on MySQL), then the transaction starts over.
-    async fn claim_rows(&self, requests: &[ClaimRequest]) -> Result<Claimed, sqlx::Error> {
+    /// One locking transaction for a batch ([`Locked`]). Jobs without a
+    /// lock row yet get theirs inserted outside the transaction first, all in
+    /// one statement (concurrent inserts of one new key inside transactions
+    /// deadlock on MySQL), then the transaction starts over.
+    async fn locked(&self, op: Locked<'_>) -> Result<Answer, sqlx::Error> {
         loop {
-            match self.retrying(|| self.claim_in_tx(requests)).await? {
-                Ok(claimed) => return Ok(claimed),
+            match self.retrying(|| self.locked_in_tx(op)).await? {
+                Ok(answer) => return Ok(answer),
                 Err(missing) => {
                     self.retrying(|| async {
-                        sqlx::query(self.stmt(&self.queries.seed_row, None)?)
-                            .bind(missing.clone())
-                            .execute(&self.pool())
-                            .await
+                        for chunk in missing.chunks(CHUNK) {
+                            let q = self.sql(self.batch().seed_rows(chunk.len()), None)?;
+                            let mut query = sqlx::query(q);
+                            for name in chunk {
+                                query = query.bind(name.clone());
+                            }
+                            query.execute(&self.pool()).await?;
+                        }
+                        Ok(())
                     })
                     .await?;
                 }
@@ -455,31 +550,31 @@ impl SqlStore {
         }
     }
 
-    /// Claims in one transaction, or names a job whose row does not exist.
+    /// One locking transaction, or the jobs whose rows do not exist.
     ///
     /// The connection goes back to the pool only in a known state: after a
     /// failed commit or rollback (a full disk, a dropped link) it may still
     /// be inside a transaction, and handing it out again would fail every
     /// later claim ("non-zero transaction depth"), so it is closed instead.
-    async fn claim_in_tx(
+    async fn locked_in_tx(
         &self,
-        requests: &[ClaimRequest],
-    ) -> Result<Result<Claimed, String>, sqlx::Error> {
+        op: Locked<'_>,
+    ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
         let mut conn = self.pool().acquire().await?;
-        let (result, clean) = self.claim_on(&mut conn, requests).await;
+        let (result, clean) = self.locked_on(&mut conn, op).await;
         if !clean {
             conn.close_on_drop();
         }
         result
     }
 
-    /// [`Self::claim_in_tx`] on one connection; also says whether the
+    /// [`Self::locked_in_tx`] on one connection; also says whether the
     /// connection is known to be outside any transaction.
-    async fn claim_on(
+    async fn locked_on(
         &self,
         conn: &mut AnyConnection,
-        requests: &[ClaimRequest],
-    ) -> (Result<Result<Claimed, String>, sqlx::Error>, bool) {
+        op: Locked<'_>,
+    ) -> (Result<Result<Answer, Vec<String>>, sqlx::Error>, bool) {
         let mut tx = match conn.begin_with(self.dialect.begin).await {
             Ok(tx) => tx,
             // A busy database refuses BEGIN before anything started.
@@ -488,7 +583,7 @@ impl SqlStore {
                 return (Err(e), clean);
             }
         };
-        let decided = self.decide_in_tx(&mut tx, requests).await;
+        let decided = self.decide_in_tx(&mut tx, op).await;
         let ended = match &decided {
             Ok(Ok(_)) => tx.commit().await,
             _ => tx.rollback().await,
@@ -502,56 +597,201 @@ impl SqlStore {
         }
     }
 
-    /// The body of a claim transaction: lock, decide and write each row.
+    /// Reads and locks the rows of `names` (sorted), chunk by chunk in name
+    /// order, so two batches can never deadlock. A row that cannot be read
+    /// is reported by name, to fail only its own request.
+    async fn lock_rows(
+        &self,
+        tx: &mut AnyConnection,
+        names: &[&str],
+        file_now: Option<i64>,
+    ) -> Result<BTreeMap<String, Result<LockRow, String>>, sqlx::Error> {
+        let mut rows = BTreeMap::new();
+        for chunk in names.chunks(CHUNK) {
+            let q = self.sql(self.batch().lock_rows(chunk.len()), file_now)?;
+            let mut query = sqlx::query(q);
+            for name in chunk {
+                query = query.bind(name.to_string());
+            }
+            for r in query.fetch_all(&mut *tx).await? {
+                let name: String = r.try_get(0)?;
+                let row = (|| -> Result<LockRow, sqlx::Error> {
+                    Ok(LockRow {
+                        owner: r.try_get(1)?,
+                        fence: r.try_get(2)?,
+                        expires_at: r.try_get(3)?,
+                        last_occurrence: r.try_get(4)?,
+                        now: r.try_get(5)?,
+                    })
+                })()
+                .map_err(|e| format!("the lock row of job {name} cannot be read: {e}"));
+                rows.insert(name, row);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Writes whole lock rows (locked by this transaction), many per statement.
+    async fn write_rows(
+        &self,
+        tx: &mut AnyConnection,
+        rows: &[(&str, &LockRow)],
+    ) -> Result<(), sqlx::Error> {
+        for chunk in rows.chunks(CHUNK) {
+            let q = self.sql(self.batch().write_rows(chunk.len()), Some(0))?;
+            let mut query = sqlx::query(q);
+            for (name, row) in chunk {
+                query = query
+                    .bind(name.to_string())
+                    .bind(row.owner.clone())
+                    .bind(row.fence)
+                    .bind(row.expires_at)
+                    .bind(row.last_occurrence)
+                    .bind(row.now);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        Ok(())
+    }
+
+    /// The body of a locking transaction: lock every row of the batch at
+    /// once, decide each request on its own row with the pure rule, write
+    /// the changed rows in multi-row statements.
     async fn decide_in_tx(
         &self,
         tx: &mut AnyConnection,
-        requests: &[ClaimRequest],
-    ) -> Result<Result<Claimed, String>, sqlx::Error> {
+        op: Locked<'_>,
+    ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
         // Read after BEGIN: the write lock is held, so this instant is later
         // than every decision committed before ours.
         let file_now = self.file_clock_now()?;
         self.check_sqlite_file()?;
-        // Rows are locked in name order so two batches can never deadlock.
-        let mut order: Vec<usize> = (0..requests.len()).collect();
-        order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
-        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
-        let mut store_now = file_now;
-        for i in order {
-            let req = &requests[i];
-            let job = req.job.as_str();
-            let Some(row) = self.read_lock(tx, job, file_now).await? else {
-                return Ok(Err(job.to_string()));
-            };
-            store_now.get_or_insert(row.now);
-            answers[i] = Some(match decide(&row, req) {
-                Decision::Claim {
-                    fence,
-                    expires_at,
-                    last_occurrence,
-                    won,
-                } => {
-                    sqlx::query(self.queries.write_claim.clone())
-                        .bind(req.owner.as_str().to_string())
-                        .bind(fence)
-                        .bind(expires_at)
-                        .bind(last_occurrence)
-                        .bind(row.now)
-                        .bind(job.to_string())
-                        .execute(&mut *tx)
-                        .await?;
-                    ClaimOutcome::Won(won)
+        let mut names: Vec<&str> = match op {
+            Locked::Claim(requests) => requests.iter().map(|r| r.job.as_str()).collect(),
+            Locked::Renew(_, renewals) => renewals.iter().map(|r| r.job.as_str()).collect(),
+        };
+        names.sort_unstable();
+        names.dedup();
+        let mut rows = self.lock_rows(tx, &names, file_now).await?;
+        let mut changed: BTreeMap<&str, ()> = BTreeMap::new();
+        let answer = match op {
+            Locked::Claim(requests) => {
+                let missing: Vec<String> = names
+                    .iter()
+                    .filter(|n| !rows.contains_key(**n))
+                    .map(|n| n.to_string())
+                    .collect();
+                if !missing.is_empty() {
+                    return Ok(Err(missing));
                 }
-                Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
-                Decision::FenceExhausted => {
-                    return Err(sqlx::Error::Protocol(super::fence_exhausted(job)));
+                // Decided in name order; a job named twice sees its first
+                // request's write.
+                let mut order: Vec<usize> = (0..requests.len()).collect();
+                order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
+                let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
+                for i in order {
+                    let req = &requests[i];
+                    let job = req.job.as_str();
+                    let outcome = match rows.get_mut(job) {
+                        Some(Ok(row)) => match decide(row, req) {
+                            Decision::Claim {
+                                fence,
+                                expires_at,
+                                last_occurrence,
+                                won,
+                            } => {
+                                row.owner = Some(req.owner.as_str().to_string());
+                                row.fence = fence;
+                                row.expires_at = expires_at;
+                                row.last_occurrence = Some(last_occurrence);
+                                changed.insert(job, ());
+                                ClaimOutcome::Won(won)
+                            }
+                            Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
+                            Decision::FenceExhausted => {
+                                ClaimOutcome::Failed(super::fence_exhausted(job))
+                            }
+                        },
+                        Some(Err(bad)) => ClaimOutcome::Failed(bad.clone()),
+                        None => ClaimOutcome::Failed(format!("no lock row for job {job}")),
+                    };
+                    outcomes[i] = Some(outcome);
                 }
-            });
+                let store_now = match file_now {
+                    Some(now) => now,
+                    None => rows.values().flatten().map(|r| r.now).next().unwrap_or(0),
+                };
+                Answer::Claimed(Claimed {
+                    store_now: from_ms(store_now),
+                    outcomes: outcomes.into_iter().flatten().collect(),
+                })
+            }
+            Locked::Renew(owner, renewals) => {
+                let mut done = Vec::with_capacity(renewals.len());
+                for renewal in renewals {
+                    let job = renewal.job.as_str();
+                    let ok = match rows.get_mut(job) {
+                        Some(Ok(row))
+                            if row.owner.as_deref() == Some(owner.as_str())
+                                && row.expires_at > row.now =>
+                        {
+                            row.expires_at = row.now.saturating_add(duration_ms(renewal.lease));
+                            changed.insert(job, ());
+                            true
+                        }
+                        _ => false,
+                    };
+                    done.push(ok);
+                }
+                Answer::Renewed(done)
+            }
+        };
+        let writes: Vec<(&str, &LockRow)> = changed
+            .keys()
+            .filter_map(|name| match rows.get(*name) {
+                Some(Ok(row)) => Some((*name, row)),
+                _ => None,
+            })
+            .collect();
+        self.write_rows(tx, &writes).await?;
+        Ok(Ok(answer))
+    }
+
+    /// Records runs and prunes in one write transaction (one fsync on SQLite).
+    async fn write_runs(
+        &self,
+        conn: &mut AnyConnection,
+        runs: &[RunRecord],
+        cutoffs: &[(&str, i64)],
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = conn.begin_with(self.dialect.begin).await?;
+        for chunk in runs.chunks(CHUNK) {
+            let mut query = sqlx::query(self.sql(self.batch().insert_runs(chunk.len()), Some(0))?);
+            for run in chunk {
+                query = query
+                    .bind(run.job.clone())
+                    .bind(run.fence as i64)
+                    .bind(run.owner.clone())
+                    .bind(run.node.clone())
+                    .bind(to_ms(run.occurrence))
+                    .bind(to_ms(run.started_at))
+                    .bind(to_ms(run.finished_at))
+                    .bind(run.outcome.as_str().to_string())
+                    .bind(run.exit_code.map(i64::from))
+                    .bind(i64::from(run.takeover))
+                    .bind(run.delay_ms as i64)
+                    .bind(run.decision_ms as i64);
+            }
+            query.execute(&mut *tx).await?;
         }
-        Ok(Ok(Claimed {
-            store_now: from_ms(store_now.unwrap_or_default()),
-            outcomes: answers.into_iter().flatten().collect(),
-        }))
+        for chunk in cutoffs.chunks(CHUNK) {
+            let mut query = sqlx::query(self.sql(self.batch().prune(chunk.len()), Some(0))?);
+            for (job, cutoff) in chunk {
+                query = query.bind(job.to_string()).bind(*cutoff);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await
     }
 
     /// Applies pending migrations on a connection of its own, under the
@@ -624,9 +864,12 @@ impl SqlStore {
             }
             let script = script.replace("{prefix}", p);
             for stmt in split_statements(&script) {
-                sqlx::raw_sql(AssertSqlSafe(stmt))
-                    .execute(&mut conn)
-                    .await?;
+                match sqlx::raw_sql(AssertSqlSafe(stmt)).execute(&mut conn).await {
+                    Err(sqlx::Error::Database(db)) if already_there(db.message()) => {}
+                    other => {
+                        other?;
+                    }
+                }
             }
             if applied.contains(version) {
                 continue;
@@ -665,6 +908,13 @@ fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
+/// MySQL has no `IF NOT EXISTS` for indexes and columns, SQLite none for
+/// columns: when scripts are applied again, what exists is fine.
+fn already_there(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("duplicate key name") || m.contains("duplicate column name")
+}
+
 /// Splits a migration script into statements, dropping `--` comments.
 fn split_statements(script: &str) -> Vec<String> {
     let without_comments: String = script
@@ -694,6 +944,7 @@ fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
         exit_code: r.try_get::<Option<i64>, _>(8)?.map(|c| c as i32),
         takeover: r.try_get::<i64, _>(9)? != 0,
         delay_ms: r.try_get::<i64, _>(10)?.max(0) as u64,
+        decision_ms: r.try_get::<i64, _>(11)?.max(0) as u64,
     })
 }
 
@@ -710,7 +961,13 @@ impl Store for SqlStore {
                 outcomes: Vec::new(),
             });
         }
-        self.claim_rows(requests).await.map_err(|e| self.err(e))
+        match self.locked(Locked::Claim(requests)).await {
+            Ok(Answer::Claimed(claimed)) => Ok(claimed),
+            Ok(Answer::Renewed(_)) => Err(self.err(sqlx::Error::Protocol(
+                "a claim answered as a renewal".into(),
+            ))),
+            Err(e) => Err(self.err(e)),
+        }
     }
 
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -724,38 +981,37 @@ impl Store for SqlStore {
         Ok(from_ms(now))
     }
 
-    async fn renew(
+    async fn renew_many(
         &self,
-        job: &JobName,
         owner: &Owner,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        // rows_affected counts matched rows under CLIENT_FOUND_ROWS, which is
-        // what is wanted: the WHERE clause is the owner check.
-        let done = self
-            .retrying(|| async {
-                sqlx::query(self.stmt(&self.queries.renew, None)?)
-                    .bind(duration_ms(lease))
-                    .bind(job.as_str().to_string())
-                    .bind(owner.as_str().to_string())
-                    .execute(&self.pool())
-                    .await
-            })
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() == 1)
+        renewals: &[Renewal],
+    ) -> Result<Vec<bool>, StoreError> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.locked(Locked::Renew(owner, renewals)).await {
+            Ok(Answer::Renewed(done)) => Ok(done),
+            Ok(Answer::Claimed(_)) => Err(self.err(sqlx::Error::Protocol(
+                "a renewal answered as a claim".into(),
+            ))),
+            Err(e) => Err(self.err(e)),
+        }
     }
 
     async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
         let mut released = 0;
-        for job in jobs {
+        for chunk in jobs.chunks(CHUNK) {
+            // rows_affected counts matched rows under MySQL's
+            // CLIENT_FOUND_ROWS, which is what is wanted: the WHERE clause
+            // is the owner check.
             let done = self
                 .retrying(|| async {
-                    sqlx::query(self.stmt(&self.queries.release, None)?)
-                        .bind(job.as_str().to_string())
-                        .bind(owner.as_str().to_string())
-                        .execute(&self.pool())
-                        .await
+                    let mut query = sqlx::query(self.sql(self.batch().release(chunk.len()), None)?)
+                        .bind(owner.as_str().to_string());
+                    for job in chunk {
+                        query = query.bind(job.as_str().to_string());
+                    }
+                    query.execute(&self.pool()).await
                 })
                 .await
                 .map_err(|e| self.err(e))?;
@@ -799,36 +1055,28 @@ impl Store for SqlStore {
             .map_err(|e| self.err(e))
     }
 
-    async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError> {
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        // Per job, the runs of the newest `keep` fences stay.
+        let mut cutoffs: BTreeMap<&str, i64> = BTreeMap::new();
+        for run in runs {
+            let cutoff = (run.fence as i64).saturating_sub(i64::from(keep));
+            let c = cutoffs.entry(run.job.as_str()).or_insert(cutoff);
+            *c = (*c).max(cutoff);
+        }
+        let cutoffs: Vec<(&str, i64)> = cutoffs.into_iter().filter(|(_, c)| *c > 0).collect();
         let result: Result<(), sqlx::Error> = self
             .retrying(|| async {
-                sqlx::query(self.queries.insert_run.clone())
-                    .bind(run.job.clone())
-                    .bind(run.fence as i64)
-                    .bind(run.owner.clone())
-                    .bind(run.node.clone())
-                    .bind(to_ms(run.occurrence))
-                    .bind(to_ms(run.started_at))
-                    .bind(to_ms(run.finished_at))
-                    .bind(run.outcome.as_str().to_string())
-                    .bind(run.exit_code.map(i64::from))
-                    .bind(i64::from(run.takeover))
-                    .bind(run.delay_ms as i64)
-                    .execute(&self.pool())
-                    .await?;
-                let cutoff: Option<i64> = sqlx::query_scalar(self.queries.prune_cutoff.clone())
-                    .bind(run.job.clone())
-                    .bind(i64::from(keep))
-                    .fetch_optional(&self.pool())
-                    .await?;
-                if let Some(cutoff) = cutoff {
-                    sqlx::query(self.queries.prune.clone())
-                        .bind(run.job.clone())
-                        .bind(cutoff)
-                        .execute(&self.pool())
-                        .await?;
+                // A connection whose transaction failed may be left inside
+                // it: it is closed, never handed out again.
+                let mut conn = self.pool().acquire().await?;
+                let written = self.write_runs(&mut conn, runs, &cutoffs).await;
+                if written.is_err() {
+                    conn.close_on_drop();
                 }
-                Ok(())
+                written
             })
             .await;
         result.map_err(|e| self.err(e))

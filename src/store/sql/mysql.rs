@@ -12,9 +12,17 @@ pub static DIALECT: Dialect = Dialect {
     now_ms: "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)",
     begin: "BEGIN",
     lock_row: " FOR UPDATE",
-    seed_row: "INSERT IGNORE INTO {p}lock_info (lock_name, owner, fence, expires_at, last_occurrence, modified_at) VALUES (?, NULL, 0, 0, NULL, {now})",
+    insert_ignore: "INSERT IGNORE INTO",
+    ignore_conflict: "",
+    upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at)",
     numbered_params: false,
-    migrations: &[(1, include_str!("../../../migrations/mysql/0001_init.sql"))],
+    migrations: &[
+        (1, include_str!("../../../migrations/mysql/0001_init.sql")),
+        (
+            2,
+            include_str!("../../../migrations/mysql/0002_history_once.sql"),
+        ),
+    ],
 };
 
 /// TLS as the driver's URL parameters.

@@ -10,12 +10,20 @@ pub static DIALECT: Dialect = Dialect {
     now_ms: "(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT)",
     begin: "BEGIN",
     lock_row: " FOR UPDATE",
-    seed_row: "INSERT INTO {p}lock_info (lock_name, owner, fence, expires_at, last_occurrence, modified_at) VALUES (?, NULL, 0, 0, NULL, {now}) ON CONFLICT (lock_name) DO NOTHING",
+    insert_ignore: "INSERT INTO",
+    ignore_conflict: " ON CONFLICT ({key}) DO NOTHING",
+    upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at",
     numbered_params: true,
-    migrations: &[(
-        1,
-        include_str!("../../../migrations/postgres/0001_init.sql"),
-    )],
+    migrations: &[
+        (
+            1,
+            include_str!("../../../migrations/postgres/0001_init.sql"),
+        ),
+        (
+            2,
+            include_str!("../../../migrations/postgres/0002_history_once.sql"),
+        ),
+    ],
 };
 
 /// TLS as the driver's URL parameters.

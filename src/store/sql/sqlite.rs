@@ -29,9 +29,17 @@ pub static DIALECT: Dialect = Dialect {
     now_ms: "{now}",
     begin: "BEGIN IMMEDIATE",
     lock_row: "",
-    seed_row: "INSERT OR IGNORE INTO {p}lock_info (lock_name, owner, fence, expires_at, last_occurrence, modified_at) VALUES (?, NULL, 0, 0, NULL, {now})",
+    insert_ignore: "INSERT OR IGNORE INTO",
+    ignore_conflict: "",
+    upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at",
     numbered_params: false,
-    migrations: &[(1, include_str!("../../../migrations/sqlite/0001_init.sql"))],
+    migrations: &[
+        (1, include_str!("../../../migrations/sqlite/0001_init.sql")),
+        (
+            2,
+            include_str!("../../../migrations/sqlite/0002_history_once.sql"),
+        ),
+    ],
 };
 
 /// The dialect, the sqlx URL and the per-connection setup for a database file.

@@ -1,0 +1,313 @@
+//! An in-memory store, for tests: the node in-process on paused time, and a
+//! reference the conformance suite holds to the same cases as every real
+//! backend (cargo feature `memory`; never in a release build).
+//!
+//! Every handle made by [`MemoryStore::handle`] shares one state, as nodes
+//! share a database. Its clock follows tokio's (`base + elapsed`), so a test
+//! on paused time moves the store's clock with `tokio::time::advance`. Claims
+//! are decided by the same pure rule as SQL ([`decide`]).
+//!
+//! Test hooks: [`MemoryStore::calls`] counts store calls by operation (one
+//! batch is one call), [`MemoryStore::lose_replies`] makes the next calls
+//! take effect and then fail as if the answer was lost on the way, and
+//! [`MemoryStore::set_fence`] / [`MemoryStore::set_expiry_in`] tamper with a
+//! lock as an operator might.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+
+use super::{
+    ClaimOutcome, ClaimRequest, Claimed, Decision, LockRow, LockStatus, Owner, Renewal, RunRecord,
+    Store, StoreError, decide, duration_ms, from_ms, to_ms,
+};
+use crate::config::JobName;
+
+#[derive(Debug, Default, Clone)]
+struct Lock {
+    owner: Option<String>,
+    fence: i64,
+    expires_at: i64,
+    last_occurrence: Option<i64>,
+}
+
+#[derive(Default)]
+struct State {
+    locks: BTreeMap<String, Lock>,
+    /// Per job: (insertion id, run), oldest first.
+    runs: BTreeMap<String, Vec<(u64, RunRecord)>>,
+    next_id: u64,
+    /// Store calls by operation.
+    calls: BTreeMap<&'static str, usize>,
+    /// Requests per call, in call order: (operation, requests).
+    log: Vec<(&'static str, usize)>,
+    /// The next this many calls take effect, then fail as unanswered.
+    lose_replies: usize,
+}
+
+/// The in-memory store (see the module documentation).
+#[derive(Clone)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+    base_ms: i64,
+    base: Instant,
+    name: String,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store whose clock starts at the wall clock's now.
+    pub fn new() -> Self {
+        Self::starting_at(Utc::now())
+    }
+
+    /// An empty store whose clock reads `at` now and runs with tokio's.
+    pub fn starting_at(at: DateTime<Utc>) -> Self {
+        MemoryStore {
+            state: Arc::new(Mutex::new(State::default())),
+            base_ms: to_ms(at),
+            base: Instant::now(),
+            name: "memory://".into(),
+        }
+    }
+
+    /// Another handle on the same state (as another node's connection).
+    pub fn handle(&self) -> Arc<dyn Store> {
+        Arc::new(self.clone())
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.base_ms.saturating_add(duration_ms(
+            Instant::now().saturating_duration_since(self.base),
+        ))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Counts a call of `op` carrying `n` requests.
+    fn count(state: &mut State, op: &'static str, n: usize) {
+        *state.calls.entry(op).or_default() += 1;
+        state.log.push((op, n));
+    }
+
+    /// The answer of a call that took effect, or a lost one.
+    fn answer<T>(&self, state: &mut State, value: T) -> Result<T, StoreError> {
+        if state.lose_replies > 0 {
+            state.lose_replies -= 1;
+            return Err(StoreError::Timeout(Duration::from_secs(2)));
+        }
+        Ok(value)
+    }
+
+    /// How many calls of `op` (`claim`, `renew`, `release`, `record`, ...)
+    /// the store answered or took, all handles together.
+    pub fn calls(&self, op: &str) -> usize {
+        self.state().calls.get(op).copied().unwrap_or(0)
+    }
+
+    /// Every call so far: operation and how many requests it carried.
+    pub fn call_log(&self) -> Vec<(&'static str, usize)> {
+        self.state().log.clone()
+    }
+
+    /// The next `n` claim, renewal, release or history calls take effect,
+    /// then answer with a timeout, as if the reply was lost.
+    pub fn lose_replies(&self, n: usize) {
+        self.state().lose_replies = n;
+    }
+
+    /// Sets a job's fence, as a hand edit would.
+    pub fn set_fence(&self, job: &str, fence: i64) {
+        self.state().locks.entry(job.into()).or_default().fence = fence;
+    }
+
+    /// Makes a job's lease end `ms` from now (negative: in the past).
+    pub fn set_expiry_in(&self, job: &str, ms: i64) {
+        let at = self.now_ms().saturating_add(ms);
+        self.state().locks.entry(job.into()).or_default().expires_at = at;
+    }
+
+    /// Appends a history record as is, bypassing the (job, fence) check.
+    pub fn insert_raw_run(&self, run: RunRecord) {
+        let mut s = self.state();
+        s.next_id += 1;
+        let id = s.next_id;
+        s.runs.entry(run.job.clone()).or_default().push((id, run));
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn prepare(&self) -> Result<(), StoreError> {
+        Self::count(&mut self.state(), "prepare", 0);
+        Ok(())
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
+        let now = self.now_ms();
+        let mut s = self.state();
+        Self::count(&mut s, "claim", requests.len());
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for req in requests {
+            let lock = s.locks.entry(req.job.to_string()).or_default();
+            let row = LockRow {
+                owner: lock.owner.clone(),
+                fence: lock.fence,
+                expires_at: lock.expires_at,
+                last_occurrence: lock.last_occurrence,
+                now,
+            };
+            outcomes.push(match decide(&row, req) {
+                Decision::Claim {
+                    fence,
+                    expires_at,
+                    last_occurrence,
+                    won,
+                } => {
+                    *lock = Lock {
+                        owner: Some(req.owner.to_string()),
+                        fence,
+                        expires_at,
+                        last_occurrence: Some(last_occurrence),
+                    };
+                    ClaimOutcome::Won(won)
+                }
+                Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
+                Decision::FenceExhausted => {
+                    ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
+                }
+            });
+        }
+        let claimed = Claimed {
+            store_now: from_ms(now),
+            outcomes,
+        };
+        self.answer(&mut s, claimed)
+    }
+
+    async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
+        Self::count(&mut self.state(), "clock", 0);
+        Ok(from_ms(self.now_ms()))
+    }
+
+    async fn renew_many(
+        &self,
+        owner: &Owner,
+        renewals: &[Renewal],
+    ) -> Result<Vec<bool>, StoreError> {
+        let now = self.now_ms();
+        let mut s = self.state();
+        Self::count(&mut s, "renew", renewals.len());
+        let done = renewals
+            .iter()
+            .map(|r| match s.locks.get_mut(r.job.as_str()) {
+                Some(lock)
+                    if lock.owner.as_deref() == Some(owner.as_str()) && lock.expires_at > now =>
+                {
+                    lock.expires_at = now.saturating_add(duration_ms(r.lease));
+                    true
+                }
+                _ => false,
+            })
+            .collect();
+        self.answer(&mut s, done)
+    }
+
+    async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
+        let now = self.now_ms();
+        let mut s = self.state();
+        Self::count(&mut s, "release", jobs.len());
+        let mut n = 0;
+        for job in jobs {
+            if let Some(lock) = s.locks.get_mut(job.as_str()) {
+                if lock.owner.as_deref() == Some(owner.as_str()) && lock.expires_at > now {
+                    lock.expires_at = now;
+                    n += 1;
+                }
+            }
+        }
+        self.answer(&mut s, n)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Self::count(&mut self.state(), "ping", 0);
+        Ok(())
+    }
+
+    async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
+        let now = self.now_ms();
+        let s = self.state();
+        Ok(s.locks
+            .iter()
+            .map(|(job, l)| {
+                let live = l.owner.is_some() && l.expires_at > now;
+                LockStatus {
+                    job: job.clone(),
+                    holder: if live { l.owner.clone() } else { None },
+                    lease_remaining_ms: if live { (l.expires_at - now) as u64 } else { 0 },
+                    fence: l.fence.max(0) as u64,
+                    last_occurrence: l.last_occurrence.map(from_ms),
+                    last_owner: l.owner.clone(),
+                }
+            })
+            .collect())
+    }
+
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
+        let mut s = self.state();
+        Self::count(&mut s, "record", runs.len());
+        for run in runs {
+            let seen = s
+                .runs
+                .get(&run.job)
+                .is_some_and(|rs| rs.iter().any(|(_, r)| r.fence == run.fence));
+            if seen {
+                continue;
+            }
+            s.next_id += 1;
+            let id = s.next_id;
+            let kept = s.runs.entry(run.job.clone()).or_default();
+            kept.push((id, run.clone()));
+            // The runs of the newest `keep` fences stay.
+            let cutoff = run.fence.saturating_sub(u64::from(keep));
+            kept.retain(|(_, r)| r.fence > cutoff);
+        }
+        self.answer(&mut s, ())
+    }
+
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let s = self.state();
+        let mut runs: Vec<&(u64, RunRecord)> = match job {
+            Some(job) => s.runs.get(job.as_str()).into_iter().flatten().collect(),
+            None => s.runs.values().flatten().collect(),
+        };
+        runs.sort_by_key(|r| std::cmp::Reverse(r.0));
+        Ok(runs
+            .into_iter()
+            .take(limit as usize)
+            .map(|(_, r)| r.clone())
+            .collect())
+    }
+
+    fn describe(&self) -> &str {
+        &self.name
+    }
+}
