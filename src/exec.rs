@@ -10,6 +10,7 @@
 //! group is killed too: a run ends when its command ends.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use tokio::process::Child;
 
 use crate::config::{Command, Job, NodeName};
 use crate::guard::Guard;
+use crate::node::clock::WallClock;
 use crate::store::Outcome;
 
 /// Longest output line logged as one event; longer lines are split.
@@ -36,6 +38,35 @@ const WITHHELD_ENV: &[&str] = &[
     "LISTEN_PID",
     "LISTEN_FDNAMES",
 ];
+
+/// What runs a job's command. A daemon runs processes ([`ProcessRunner`]);
+/// node tests on paused time, where a real process cannot take virtual
+/// time, bring a runner that takes it instead.
+#[async_trait::async_trait]
+pub trait Runner: Send + Sync {
+    /// Runs `spec` until it ends or `stop` says why it must end.
+    async fn run<'a>(
+        &'a self,
+        spec: RunSpec<'a>,
+        guard: Option<&'a Guard>,
+        stop: Pin<Box<dyn Future<Output = StopReason> + Send + 'a>>,
+    ) -> Finished;
+}
+
+/// Runs the job's command as a process ([`run`]).
+pub struct ProcessRunner;
+
+#[async_trait::async_trait]
+impl Runner for ProcessRunner {
+    async fn run<'a>(
+        &'a self,
+        spec: RunSpec<'a>,
+        guard: Option<&'a Guard>,
+        stop: Pin<Box<dyn Future<Output = StopReason> + Send + 'a>>,
+    ) -> Finished {
+        run(spec, guard, stop).await
+    }
+}
 
 /// Why a run is being stopped from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,9 +90,8 @@ pub struct Finished {
 
 impl Finished {
     /// An occurrence that ended without a process (skipped, or not started
-    /// because its lease could not be proven), at this instant.
-    pub fn without_process(outcome: Outcome) -> Finished {
-        let now = Utc::now();
+    /// because its lease could not be proven), at `now`.
+    pub fn without_process(outcome: Outcome, now: DateTime<Utc>) -> Finished {
         Finished {
             outcome,
             exit_code: None,
@@ -77,6 +107,8 @@ pub struct RunSpec<'a> {
     pub fence: u64,
     pub occurrence: DateTime<Utc>,
     pub node: &'a NodeName,
+    /// The node's wall clock: when the run started and ended.
+    pub clock: &'a dyn WallClock,
 }
 
 fn build_command(spec: &RunSpec<'_>) -> tokio::process::Command {
@@ -189,7 +221,7 @@ pub async fn run(
     guard: Option<&Guard>,
     stop: impl Future<Output = StopReason>,
 ) -> Finished {
-    let started_at = Utc::now();
+    let started_at = spec.clock.now();
     let job = spec.job;
     let fence = spec.fence;
     let mut child = match build_command(&spec).spawn() {
@@ -200,7 +232,7 @@ pub async fn run(
                 outcome: Outcome::NotStarted,
                 exit_code: None,
                 started_at,
-                finished_at: Utc::now(),
+                finished_at: spec.clock.now(),
             };
         }
     };
@@ -272,7 +304,7 @@ pub async fn run(
         outcome,
         exit_code,
         started_at,
-        finished_at: Utc::now(),
+        finished_at: spec.clock.now(),
     }
 }
 

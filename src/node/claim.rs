@@ -48,15 +48,6 @@ fn gap(occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
         .unwrap_or(Duration::from_secs(60))
 }
 
-/// The monotonic instant at which the wall clock will show `t`.
-fn instant_of(t: DateTime<Utc>) -> Instant {
-    let now = Instant::now();
-    match (t - Utc::now()).to_std() {
-        Ok(ahead) => now + ahead,
-        Err(_) => now,
-    }
-}
-
 /// An occurrence due now, taken from the schedule.
 pub(super) struct Due {
     state: Arc<JobState>,
@@ -74,6 +65,15 @@ struct Queued {
 }
 
 impl Node {
+    /// The monotonic instant at which the wall clock will show `t`.
+    fn instant_of(&self, t: DateTime<Utc>) -> Instant {
+        let now = Instant::now();
+        match (t - self.wall.now()).to_std() {
+            Ok(ahead) => now + ahead,
+            Err(_) => now,
+        }
+    }
+
     /// The node's one timer: wakes at each instant some job is due and
     /// claims all of them together.
     pub(super) async fn scheduler(self: Arc<Self>) {
@@ -81,7 +81,7 @@ impl Node {
             self.scheduler_beat
                 .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
             let wake = match self.next_instant() {
-                Some(at) => instant_of(at).min(Instant::now() + MAX_SLEEP),
+                Some(at) => self.instant_of(at).min(Instant::now() + MAX_SLEEP),
                 None => Instant::now() + MAX_SLEEP,
             };
             tokio::select! {
@@ -89,7 +89,7 @@ impl Node {
                 () = self.jobs_changed.notified() => continue,
                 () = tokio::time::sleep_until(wake) => {}
             }
-            let due = self.take_due(Utc::now());
+            let due = self.take_due(self.wall.now());
             if !due.is_empty() {
                 self.claim_instant(due);
             }
@@ -212,7 +212,7 @@ impl Node {
             next,
         } = due;
         let job = state.job();
-        let give_up_at = instant_of(occurrence) + gap(occurrence, next);
+        let give_up_at = self.instant_of(occurrence) + gap(occurrence, next);
         let mut backoff = Duration::from_millis(100);
         // Earliest send of a claim whose answer never came: it may have won.
         let mut unanswered: Option<Instant> = None;
@@ -302,7 +302,7 @@ impl Node {
             backoff = Duration::from_millis(100);
             self.metrics
                 .claim_decision
-                .observe((Utc::now() - occurrence).num_milliseconds().max(0) as f64 / 1000.0);
+                .observe((self.wall.now() - occurrence).num_milliseconds().max(0) as f64 / 1000.0);
             let result = match &outcome {
                 ClaimOutcome::Won(w) if w.catch_up => "caught_up",
                 ClaimOutcome::Won(_) => "won",
@@ -324,14 +324,14 @@ impl Node {
                     let ticket = self.ticket(&won, occurrence);
                     if won.catch_up {
                         tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
-                        let run = self.start_run(&state, ticket);
+                        let started = self.start_run(&state, ticket).is_some();
                         drop(gate);
-                        if let Some(run) = run {
+                        if started {
                             // The missed run goes first; the occurrence itself
-                            // is claimed when it is over (no overlap).
+                            // is claimed when its process is over (no overlap).
                             tokio::select! {
                                 () = stop.cancelled() => return,
-                                _ = run => {}
+                                () = state.until_idle() => {}
                             }
                         }
                         unanswered = None;
@@ -441,7 +441,7 @@ impl Node {
         RunTicket {
             fence: won.fence,
             occurrence: won.occurrence,
-            decision_ms: (Utc::now() - claimed_for).num_milliseconds().max(0) as u64,
+            decision_ms: (self.wall.now() - claimed_for).num_milliseconds().max(0) as u64,
             takeover: won
                 .previous_owner
                 .as_deref()

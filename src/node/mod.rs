@@ -37,13 +37,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Job, JobName, NodeName};
+use crate::exec::{ProcessRunner, Runner};
 use crate::guard::Guard;
 use crate::metrics::{Metrics, OpLabel};
 use crate::store::{ClaimOutcome, ClaimRequest, Owner, Renewal, RunRecord, Store, StoreError};
 use crate::systemd::Notifier;
 use batch::Batcher;
 use chrono::{DateTime, Utc};
-use clock::ClockWatch;
+use clock::{ClockWatch, SystemClock, WallClock};
 use health::StoreHealth;
 
 /// How long renewals and history writes are gathered before their store
@@ -103,6 +104,8 @@ pub(crate) struct JobState {
     fence_floor: AtomicU64,
     lease: Mutex<Option<LeaseClock>>,
     running: AtomicBool,
+    /// Told when a run's process is over (`running` back to false).
+    run_ended: tokio::sync::Notify,
     /// Held from a claim until its run has started, so a step-down never
     /// sees a job as idle while a claim of it is in flight.
     claim_gate: Arc<tokio::sync::Mutex<()>>,
@@ -118,6 +121,7 @@ impl JobState {
             fence_floor: AtomicU64::new(0),
             lease: Mutex::new(None),
             running: AtomicBool::new(false),
+            run_ended: tokio::sync::Notify::new(),
             claim_gate: Arc::new(tokio::sync::Mutex::new(())),
             release_after_run: AtomicBool::new(false),
             standing: Mutex::new(Standing::Unknown),
@@ -128,6 +132,24 @@ impl JobState {
         match self.job.lock() {
             Ok(j) => j.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The run's process is over: the next occurrence may start.
+    fn run_is_over(&self) {
+        self.running.store(false, Ordering::SeqCst);
+        self.run_ended.notify_waiters();
+    }
+
+    /// Waits until no run of the job is going.
+    async fn until_idle(&self) {
+        loop {
+            // Registered before the check: a run ending in between is seen.
+            let ended = self.run_ended.notified();
+            if !self.running.load(Ordering::SeqCst) {
+                return;
+            }
+            ended.await;
         }
     }
 
@@ -218,6 +240,10 @@ pub struct Node {
     step_down_until: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
     notifier: Notifier,
+    /// What time it is (occurrences are wall-clock instants).
+    wall: Arc<dyn WallClock>,
+    /// Runs the jobs' commands.
+    runner: Arc<dyn Runner>,
     /// Zero point of the scheduler's heartbeat.
     epoch: Instant,
     /// When the scheduler last woke (ms since `epoch`): proof for the
@@ -235,9 +261,19 @@ pub struct Node {
     keep_health_fresh: bool,
 }
 
-impl Node {
-    /// A node for `config` on `store`, with a fresh owner identity.
-    pub fn new(config: &Config, store: Arc<dyn Store>) -> Arc<Node> {
+/// What a node is made of besides its config and store: the job guard, the
+/// line to systemd and the wall clock. A daemon uses [`NodeParts::daemon`];
+/// a test running nodes in-process brings its own.
+pub struct NodeParts {
+    pub guard: Option<Guard>,
+    pub notifier: Notifier,
+    pub wall: Arc<dyn WallClock>,
+    pub runner: Arc<dyn Runner>,
+}
+
+impl NodeParts {
+    /// The guard process, `$NOTIFY_SOCKET` and the system clock.
+    pub fn daemon() -> Self {
         let guard = match Guard::spawn() {
             Ok(g) => Some(g),
             Err(e) => {
@@ -247,6 +283,40 @@ impl Node {
                 None
             }
         };
+        NodeParts {
+            guard,
+            notifier: Notifier::from_env(),
+            wall: Arc::new(SystemClock),
+            runner: Arc::new(ProcessRunner),
+        }
+    }
+
+    /// No guard, no systemd, `wall` for the time (a [`clock::TokioClock`]
+    /// on paused time) and `runner` for the jobs.
+    pub fn in_process(wall: Arc<dyn WallClock>, runner: Arc<dyn Runner>) -> Self {
+        NodeParts {
+            guard: None,
+            notifier: Notifier::disabled(),
+            wall,
+            runner,
+        }
+    }
+}
+
+impl Node {
+    /// A daemon's node for `config` on `store`, with a fresh owner identity.
+    pub fn new(config: &Config, store: Arc<dyn Store>) -> Arc<Node> {
+        Self::with_parts(config, store, NodeParts::daemon())
+    }
+
+    /// A node made of `parts` (see [`NodeParts`]).
+    pub fn with_parts(config: &Config, store: Arc<dyn Store>, parts: NodeParts) -> Arc<Node> {
+        let NodeParts {
+            guard,
+            notifier,
+            wall,
+            runner,
+        } = parts;
         Arc::new(Node {
             owner: Owner::new(&config.node),
             name: config.node.clone(),
@@ -267,7 +337,9 @@ impl Node {
             jobs: Mutex::new(BTreeMap::new()),
             step_down_until: Mutex::new(None),
             metrics: Arc::new(Metrics::new()),
-            notifier: Notifier::from_env(),
+            notifier,
+            wall,
+            runner,
             epoch: Instant::now(),
             scheduler_beat: AtomicU64::new(0),
             jobs_changed: tokio::sync::Notify::new(),
@@ -335,12 +407,12 @@ impl Node {
     /// Reads the store's clock once more (claims are held back while the
     /// last reading was out of bounds); true when the clock is fine now.
     async fn recheck_clock(&self) -> bool {
-        let sent = chrono::Utc::now();
+        let sent = self.wall.now();
         if let Ok(now) = self
             .call("clock", self.op_timeout, self.store.clock())
             .await
         {
-            self.observe_clock(now, sent, chrono::Utc::now());
+            self.observe_clock(now, sent, self.wall.now());
         }
         !self.clock.skewed()
     }
@@ -413,11 +485,11 @@ impl Node {
         tokio::spawn(async move {
             let n = &node;
             let serve = n.claim_queue.serve(move |requests| async move {
-                let sent = Utc::now();
+                let sent = n.wall.now();
                 let claimed = n
                     .call("claim", n.op_timeout, n.store.claim(&requests))
                     .await?;
-                n.observe_clock(claimed.store_now, sent, Utc::now());
+                n.observe_clock(claimed.store_now, sent, n.wall.now());
                 Ok(claimed.outcomes)
             });
             tokio::select! {
@@ -525,14 +597,14 @@ impl Node {
                 Some(entry) if entry.state.job().same_definition(&job) => {}
                 Some(entry) => {
                     tracing::info!(job = %name, "job changed: applying the new definition");
-                    entry.next = job.schedule.next_after(Utc::now());
+                    entry.next = job.schedule.next_after(self.wall.now());
                     if let Ok(mut j) = entry.state.job.lock() {
                         *j = Arc::new(job);
                     }
                 }
                 None => {
                     let entry = JobEntry {
-                        next: job.schedule.next_after(Utc::now()),
+                        next: job.schedule.next_after(self.wall.now()),
                         state: Arc::new(JobState::new(job)),
                         handlers_stop: self.claims.child_token(),
                     };

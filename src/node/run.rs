@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{JobState, Node};
-use crate::exec::{self, Finished, RunSpec, StopReason};
+use crate::exec::{Finished, RunSpec, StopReason};
 use crate::metrics::Metrics;
 use crate::store::{Outcome, Renewal, RunRecord, StoreError};
 
@@ -37,8 +37,12 @@ impl Node {
     pub(super) async fn skip_occurrence(&self, state: &JobState, ticket: RunTicket) {
         let job = state.job();
         tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
-        self.record(state, ticket, Finished::without_process(Outcome::Skipped))
-            .await;
+        self.record(
+            state,
+            ticket,
+            Finished::without_process(Outcome::Skipped, self.wall.now()),
+        )
+        .await;
     }
 
     /// Starts a run unless one of the job is still going (`overlap = "skip"`).
@@ -71,9 +75,13 @@ impl Node {
         if !provable {
             // Paused between claim and start: the lease may be gone already.
             tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "lease deadline passed before the run could start: not starting it");
-            state.running.store(false, Ordering::SeqCst);
-            self.record(state, ticket, Finished::without_process(Outcome::LeaseLost))
-                .await;
+            state.run_is_over();
+            self.record(
+                state,
+                ticket,
+                Finished::without_process(Outcome::LeaseLost, self.wall.now()),
+            )
+            .await;
             return;
         }
         let stop = async {
@@ -82,22 +90,26 @@ impl Node {
                 () = self.kill_runs.cancelled() => StopReason::Shutdown,
             }
         };
-        let lateness = (Utc::now() - ticket.occurrence).num_milliseconds();
+        let lateness = (self.wall.now() - ticket.occurrence).num_milliseconds();
         tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, lateness_ms = lateness, takeover = ticket.takeover, "run starting");
         let spec = RunSpec {
             job: &job,
             fence: ticket.fence,
             occurrence: ticket.occurrence,
             node: &self.name,
+            clock: self.wall.as_ref(),
         };
         self.metrics
             .start_lateness
             .get_or_create(&Metrics::job(job.name.as_str()))
             .observe(lateness.max(0) as f64 / 1000.0);
-        let finished = exec::run(spec, self.guard.as_ref(), stop).await;
+        let finished = self
+            .runner
+            .run(spec, self.guard.as_ref(), Box::pin(stop))
+            .await;
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.
-        state.running.store(false, Ordering::SeqCst);
+        state.run_is_over();
         let took = (finished.finished_at - finished.started_at).num_milliseconds();
         match &finished.outcome {
             Outcome::Ok => {

@@ -7,13 +7,15 @@
 //! on paused time moves the store's clock with `tokio::time::advance`. Claims
 //! are decided by the same pure rule as SQL ([`decide`]).
 //!
-//! Test hooks: [`MemoryStore::calls`] counts store calls by operation (one
-//! batch is one call), [`MemoryStore::lose_replies`] makes the next calls
-//! take effect and then fail as if the answer was lost on the way, and
-//! [`MemoryStore::set_fence`] / [`MemoryStore::set_expiry_in`] tamper with a
-//! lock as an operator might.
+//! Test hooks: [`MemoryStore::calls`] and [`MemoryStore::call_log`] count
+//! store calls (one batch is one call), [`MemoryStore::lose_claim_replies`]
+//! makes the next claims take effect and then fail as if the answer was lost
+//! on the way, [`MemoryStore::set_reachable`] cuts one handle off (a
+//! partitioned node), and [`MemoryStore::set_fence`] /
+//! [`MemoryStore::set_expiry_in`] tamper with a lock as an operator might.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -43,10 +45,20 @@ struct State {
     next_id: u64,
     /// Store calls by operation.
     calls: BTreeMap<&'static str, usize>,
-    /// Requests per call, in call order: (operation, requests).
-    log: Vec<(&'static str, usize)>,
-    /// The next this many calls take effect, then fail as unanswered.
+    /// Every call in order: operation, requests, store clock (ms).
+    log: Vec<Call>,
+    /// The next this many claim calls take effect, then fail as unanswered.
     lose_replies: usize,
+}
+
+/// One store call, as [`MemoryStore::call_log`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    pub op: &'static str,
+    /// How many requests (jobs) it carried.
+    pub requests: usize,
+    /// The store's clock when it came.
+    pub at: DateTime<Utc>,
 }
 
 /// The in-memory store (see the module documentation).
@@ -56,6 +68,9 @@ pub struct MemoryStore {
     base_ms: i64,
     base: Instant,
     name: String,
+    /// Cleared: this handle's calls fail as if the store were unreachable
+    /// (a partitioned or frozen node).
+    reachable: Arc<AtomicBool>,
 }
 
 impl Default for MemoryStore {
@@ -77,12 +92,37 @@ impl MemoryStore {
             base_ms: to_ms(at),
             base: Instant::now(),
             name: "memory://".into(),
+            reachable: Arc::new(AtomicBool::new(true)),
         }
     }
 
     /// Another handle on the same state (as another node's connection).
     pub fn handle(&self) -> Arc<dyn Store> {
-        Arc::new(self.clone())
+        Arc::new(self.connection())
+    }
+
+    /// A handle of its own on the same state, with its own reachability.
+    pub fn connection(&self) -> MemoryStore {
+        MemoryStore {
+            reachable: Arc::new(AtomicBool::new(true)),
+            ..self.clone()
+        }
+    }
+
+    /// Cuts this handle off the store (`false`) or reconnects it.
+    pub fn set_reachable(&self, reachable: bool) {
+        self.reachable.store(reachable, Ordering::SeqCst);
+    }
+
+    fn reach(&self) -> Result<(), StoreError> {
+        if self.reachable.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable {
+                store: self.name.clone(),
+                reason: "cut off (test)".into(),
+            })
+        }
     }
 
     fn now_ms(&self) -> i64 {
@@ -98,19 +138,19 @@ impl MemoryStore {
         }
     }
 
-    /// Counts a call of `op` carrying `n` requests.
-    fn count(state: &mut State, op: &'static str, n: usize) {
+    /// Counts a call of `op` carrying `n` requests; `Err` if this handle
+    /// is cut off (then nothing happens).
+    fn count(&self, op: &'static str, n: usize) -> Result<MutexGuard<'_, State>, StoreError> {
+        self.reach()?;
+        let at = from_ms(self.now_ms());
+        let mut state = self.state();
         *state.calls.entry(op).or_default() += 1;
-        state.log.push((op, n));
-    }
-
-    /// The answer of a call that took effect, or a lost one.
-    fn answer<T>(&self, state: &mut State, value: T) -> Result<T, StoreError> {
-        if state.lose_replies > 0 {
-            state.lose_replies -= 1;
-            return Err(StoreError::Timeout(Duration::from_secs(2)));
-        }
-        Ok(value)
+        state.log.push(Call {
+            op,
+            requests: n,
+            at,
+        });
+        Ok(state)
     }
 
     /// How many calls of `op` (`claim`, `renew`, `release`, `record`, ...)
@@ -119,15 +159,34 @@ impl MemoryStore {
         self.state().calls.get(op).copied().unwrap_or(0)
     }
 
-    /// Every call so far: operation and how many requests it carried.
-    pub fn call_log(&self) -> Vec<(&'static str, usize)> {
+    /// Every call so far, in order.
+    pub fn call_log(&self) -> Vec<Call> {
         self.state().log.clone()
     }
 
-    /// The next `n` claim, renewal, release or history calls take effect,
-    /// then answer with a timeout, as if the reply was lost.
-    pub fn lose_replies(&self, n: usize) {
+    /// The next `n` claim calls take effect, then answer with a timeout, as
+    /// if the reply was lost on the way.
+    pub fn lose_claim_replies(&self, n: usize) {
         self.state().lose_replies = n;
+    }
+
+    /// How many runs the history holds, all jobs together.
+    pub fn history_len(&self) -> usize {
+        self.state().runs.values().map(Vec::len).sum()
+    }
+
+    /// A job's recorded outcomes, in fence order.
+    pub fn history_outcomes(&self, job: &str) -> Vec<String> {
+        let s = self.state();
+        let mut runs: Vec<&RunRecord> = s
+            .runs
+            .get(job)
+            .into_iter()
+            .flatten()
+            .map(|(_, r)| r)
+            .collect();
+        runs.sort_by_key(|r| r.fence);
+        runs.iter().map(|r| r.outcome.to_string()).collect()
     }
 
     /// Sets a job's fence, as a hand edit would.
@@ -153,14 +212,13 @@ impl MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn prepare(&self) -> Result<(), StoreError> {
-        Self::count(&mut self.state(), "prepare", 0);
+        drop(self.count("prepare", 0)?);
         Ok(())
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
         let now = self.now_ms();
-        let mut s = self.state();
-        Self::count(&mut s, "claim", requests.len());
+        let mut s = self.count("claim", requests.len())?;
         let mut outcomes = Vec::with_capacity(requests.len());
         for req in requests {
             let lock = s.locks.entry(req.job.to_string()).or_default();
@@ -192,15 +250,18 @@ impl Store for MemoryStore {
                 }
             });
         }
-        let claimed = Claimed {
+        if s.lose_replies > 0 {
+            s.lose_replies -= 1;
+            return Err(StoreError::Timeout(Duration::from_secs(2)));
+        }
+        Ok(Claimed {
             store_now: from_ms(now),
             outcomes,
-        };
-        self.answer(&mut s, claimed)
+        })
     }
 
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
-        Self::count(&mut self.state(), "clock", 0);
+        drop(self.count("clock", 0)?);
         Ok(from_ms(self.now_ms()))
     }
 
@@ -210,8 +271,7 @@ impl Store for MemoryStore {
         renewals: &[Renewal],
     ) -> Result<Vec<bool>, StoreError> {
         let now = self.now_ms();
-        let mut s = self.state();
-        Self::count(&mut s, "renew", renewals.len());
+        let mut s = self.count("renew", renewals.len())?;
         let done = renewals
             .iter()
             .map(|r| match s.locks.get_mut(r.job.as_str()) {
@@ -224,13 +284,12 @@ impl Store for MemoryStore {
                 _ => false,
             })
             .collect();
-        self.answer(&mut s, done)
+        Ok(done)
     }
 
     async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
         let now = self.now_ms();
-        let mut s = self.state();
-        Self::count(&mut s, "release", jobs.len());
+        let mut s = self.count("release", jobs.len())?;
         let mut n = 0;
         for job in jobs {
             if let Some(lock) = s.locks.get_mut(job.as_str()) {
@@ -240,17 +299,17 @@ impl Store for MemoryStore {
                 }
             }
         }
-        self.answer(&mut s, n)
+        Ok(n)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        Self::count(&mut self.state(), "ping", 0);
+        drop(self.count("ping", 0)?);
         Ok(())
     }
 
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
         let now = self.now_ms();
-        let s = self.state();
+        let s = self.count("status", 0)?;
         Ok(s.locks
             .iter()
             .map(|(job, l)| {
@@ -268,8 +327,7 @@ impl Store for MemoryStore {
     }
 
     async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
-        let mut s = self.state();
-        Self::count(&mut s, "record", runs.len());
+        let mut s = self.count("record", runs.len())?;
         for run in runs {
             let seen = s
                 .runs
@@ -286,7 +344,7 @@ impl Store for MemoryStore {
             let cutoff = run.fence.saturating_sub(u64::from(keep));
             kept.retain(|(_, r)| r.fence > cutoff);
         }
-        self.answer(&mut s, ())
+        Ok(())
     }
 
     async fn history(
@@ -294,7 +352,7 @@ impl Store for MemoryStore {
         job: Option<&JobName>,
         limit: u32,
     ) -> Result<Vec<RunRecord>, StoreError> {
-        let s = self.state();
+        let s = self.count("history", 0)?;
         let mut runs: Vec<&(u64, RunRecord)> = match job {
             Some(job) => s.runs.get(job.as_str()).into_iter().flatten().collect(),
             None => s.runs.values().flatten().collect(),

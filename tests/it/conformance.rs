@@ -823,6 +823,7 @@ conformance!(sqlite, Backend::Sqlite);
 conformance!(mysql, Backend::Mysql);
 conformance!(postgres, Backend::Postgres);
 conformance!(redis, Backend::Redis);
+#[cfg(feature = "memory")]
 conformance!(memory, Backend::Memory);
 
 /// Redis only: a lease key with no expiry (a hand `SET`, `PERSIST`) is

@@ -17,6 +17,8 @@ mod disk;
 mod drill;
 mod drills;
 mod e2e;
+#[cfg(feature = "memory")]
+mod inprocess;
 mod jobs;
 mod outage;
 mod pidfile;

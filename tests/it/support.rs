@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use cronlease::config::{StoreConfig, StoreUrl};
+#[cfg(feature = "memory")]
 use cronlease::store::memory::MemoryStore;
 use cronlease::store::{self, Store};
 use sqlx::AssertSqlSafe;
@@ -97,6 +98,7 @@ pub struct Harness {
     pub backend: Backend,
     pub config: StoreConfig,
     /// The shared state of [`Backend::Memory`].
+    #[cfg(feature = "memory")]
     pub memory: Option<MemoryStore>,
     /// Holds the SQLite file for the harness's lifetime.
     _dir: tempfile::TempDir,
@@ -114,6 +116,7 @@ impl Harness {
         let h = Harness {
             backend,
             config,
+            #[cfg(feature = "memory")]
             memory: (backend == Backend::Memory).then(MemoryStore::new),
             _dir: dir,
         };
@@ -132,6 +135,7 @@ impl Harness {
         Harness {
             backend,
             config,
+            #[cfg(feature = "memory")]
             memory: None,
             _dir: tempfile::tempdir().unwrap(),
         }
@@ -139,16 +143,18 @@ impl Harness {
 
     /// A fresh store instance (own connections), as another node would have.
     pub async fn store(&self) -> Arc<dyn Store> {
-        match &self.memory {
-            Some(memory) => memory.handle(),
-            None => store::connect(&self.config).await.unwrap(),
+        #[cfg(feature = "memory")]
+        if let Some(memory) = &self.memory {
+            return memory.handle();
         }
+        store::connect(&self.config).await.unwrap()
     }
 
     /// Writes history rows this version cannot understand, bypassing
     /// cronlease: an outcome from a newer version (fence 90) and, on Redis,
     /// an entry missing its fields (fence 91), as a hand edit would.
     pub async fn write_foreign_runs(&self, job: &str) {
+        #[cfg(feature = "memory")]
         if let Some(memory) = &self.memory {
             let t = cronlease::store::from_ms(1_790_000_000_000);
             memory.insert_raw_run(cronlease::store::RunRecord {
@@ -210,6 +216,7 @@ impl Harness {
 
     /// Sets a job's stored fence, bypassing cronlease (its lock must exist).
     pub async fn set_fence(&self, job: &str, fence: &str) {
+        #[cfg(feature = "memory")]
         if let Some(memory) = &self.memory {
             memory.set_fence(job, fence.parse().unwrap());
             return;
@@ -256,6 +263,7 @@ impl Harness {
     /// Sets the job's lease to expire `ms` from now on the **store's** clock
     /// (negative: already expired), bypassing cronlease.
     pub async fn set_expiry_in(&self, job: &str, ms: i64) {
+        #[cfg(feature = "memory")]
         if let Some(memory) = &self.memory {
             memory.set_expiry_in(job, ms);
             return;

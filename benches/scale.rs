@@ -1,0 +1,297 @@
+//! Scale: 3 real `cronlease run` nodes × J jobs on one store, every job due
+//! every ten seconds at the same instants, `/bin/true` as the command.
+//!
+//! One table row per (store, J): start delay (history's `delay_ms`: instant
+//! → just before spawn) p50/p99/max, the claim decision (`decision_ms`:
+//! instant → claim answer) p99, duplicate runs, missed occurrences, store
+//! round trips per node per instant (the nodes' own call counts; and what
+//! the server counted where it can say: MariaDB statements, PostgreSQL
+//! transactions, Redis commands), daemon CPU-seconds per instant (the three
+//! daemons together, jobs excluded), the largest RSS, store trouble lines in
+//! the logs, and the spawn floor measured in the same run: as many processes
+//! as nodes ran jobs, each spawning its share of `/bin/true` at one instant.
+//!
+//! cargo bench --bench scale -- [--stores sqlite,mysql,postgres,redis] [--jobs 4,100,1000] [--seconds 50]
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[allow(dead_code)]
+#[path = "../tests/it/cluster.rs"]
+mod cluster;
+#[allow(dead_code)]
+mod common;
+#[allow(dead_code)]
+#[path = "../tests/it/support.rs"]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use support::Backend;
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+fn main() {
+    // A child of the floor measurement: spawn N /bin/true at START_MS.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--floor-child") {
+        let n: usize = args[i + 1].parse().unwrap();
+        let start_ms: i64 = args[i + 2].parse().unwrap();
+        floor_child(n, start_ms);
+        return;
+    }
+    let jobs: Vec<usize> = common::arg("--jobs", "4,100,1000")
+        .split(',')
+        .map(|j| j.trim().parse().expect("--jobs N,M"))
+        .collect();
+    let seconds: i64 = common::arg("--seconds", "50").parse().expect("--seconds N");
+    println!(
+        "| store | jobs | runs | delay p50 | p99 | max | decision p99 | floor p99 | dup | missed | node calls/node/instant | server count/node/instant | CPU s/instant (3 daemons) | max RSS | trouble lines |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for backend in common::stores() {
+        for &j in &jobs {
+            let row = measure(backend, j, seconds);
+            println!("{row}");
+        }
+    }
+}
+
+fn job_file(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("[[job]]\nname = \"s{i:04}\"\nschedule = \"*/10 * * * * *\"\ncommand = [\"/bin/true\"]\n"))
+        .collect()
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = support::proc_stat(pid);
+    let ticks: f64 = stat[13].parse::<f64>().unwrap() + stat[14].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+fn rss_mib(pid: i32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// `cronlease_store_call_seconds_count` summed over claim, renew, release
+/// and record, from a node's /metrics.
+fn store_calls(port: u16) -> f64 {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return f64::NAN;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .filter(|l| l.starts_with("cronlease_store_call_seconds_count"))
+        .filter(|l| {
+            ["claim", "renew", "release", "record"]
+                .iter()
+                .any(|op| l.contains(&format!("op=\"{op}\"")))
+        })
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What the server itself counted so far: MariaDB statements, PostgreSQL
+/// transactions, Redis commands; None for SQLite.
+fn server_count(backend: Backend) -> Option<f64> {
+    let text = |cmd: &mut Command| -> Option<String> {
+        let out = cmd.output().ok()?;
+        Some(String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    match backend {
+        Backend::Mysql => text(Command::new("mysql").args(["-uroot", "-h127.0.0.1", "-N", "-e", "SHOW GLOBAL STATUS LIKE 'Questions'"]))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok(),
+        Backend::Postgres => text(Command::new("psql").args([
+            "-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-At", "-c",
+            "SELECT pg_stat_clear_snapshot(); SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'test'",
+        ]))?
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .next_back(),
+        Backend::Redis => text(Command::new("redis-cli").args(["INFO", "stats"]))?
+            .lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))?
+            .trim()
+            .parse()
+            .ok(),
+        _ => None,
+    }
+}
+
+fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
+    let ports: Vec<u16> = NODES.iter().map(|_| support::free_port()).collect();
+    let mut c = cluster::Cluster::new(backend, Some(&job_file(jobs)), "");
+    for (node, port) in NODES.iter().zip(&ports) {
+        let path = c.config(node);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+        std::fs::write(&path, text).unwrap();
+    }
+    for node in NODES {
+        c.start(node);
+    }
+    // Settle: migrations, connections, the first claims.
+    std::thread::sleep(Duration::from_secs(3));
+    // Measure from just after an instant to just after another.
+    let now = Utc::now();
+    let first = next_instant(now + TimeDelta::seconds(1));
+    sleep_until(first - TimeDelta::milliseconds(500));
+    let cpu0: f64 = NODES.iter().map(|n| cpu_seconds(c.pid(n))).sum();
+    let calls0: f64 = ports.iter().map(|p| store_calls(*p)).sum();
+    let server0 = server_count(backend);
+    let instants = (seconds / 10).max(1);
+    let last = first + TimeDelta::seconds(10 * (instants - 1));
+    sleep_until(last + TimeDelta::milliseconds(9_500));
+    let cpu1: f64 = NODES.iter().map(|n| cpu_seconds(c.pid(n))).sum();
+    let calls1: f64 = ports.iter().map(|p| store_calls(*p)).sum();
+    std::thread::sleep(Duration::from_millis(600));
+    let server1 = server_count(backend);
+    let rss = NODES.iter().map(|n| rss_mib(c.pid(n))).fold(0.0, f64::max);
+    let history = Command::new(support::binary())
+        .args(["history", "--json", "--limit", "10000000", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .expect("cronlease history");
+    let trouble: usize = NODES
+        .iter()
+        .map(|n| {
+            c.log(n)
+                .lines()
+                .filter(|l| {
+                    let l = l.to_ascii_lowercase();
+                    l.contains("timed out")
+                        || l.contains("unreachable")
+                        || l.contains("unavailable")
+                })
+                .count()
+        })
+        .sum();
+    c.stop_all();
+    let runs: serde_json::Value = serde_json::from_slice(&history.stdout).expect("history JSON");
+    let runs = runs.as_array().cloned().unwrap_or_default();
+    let mut delays = Vec::new();
+    let mut decisions = Vec::new();
+    let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut per_node: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    let window: BTreeSet<String> = (0..instants)
+        .map(|i| {
+            (first + TimeDelta::seconds(10 * i)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        })
+        .collect();
+    for r in &runs {
+        let occ = r["occurrence"].as_str().unwrap_or_default();
+        let occ = DateTime::parse_from_rfc3339(occ)
+            .map(|t| {
+                t.with_timezone(&Utc)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            })
+            .unwrap_or_default();
+        if !window.contains(&occ) {
+            continue;
+        }
+        let job = r["job"].as_str().unwrap_or_default().to_string();
+        *seen.entry((job, occ.clone())).or_default() += 1;
+        if r["outcome"] == "ok" {
+            delays.push(r["delay_ms"].as_f64().unwrap_or(f64::NAN));
+            decisions.push(r["decision_ms"].as_f64().unwrap_or(f64::NAN));
+        }
+        let node = r["node"].as_str().unwrap_or_default().to_string();
+        *per_node.entry(occ).or_default().entry(node).or_default() += 1;
+    }
+    let duplicates: usize = seen.values().map(|n| n.saturating_sub(1)).sum();
+    let missed = jobs * window.len() - seen.len();
+    // The floor: the same distribution of spawns over processes.
+    let shares: Vec<usize> = per_node
+        .values()
+        .max_by_key(|m| m.values().sum::<usize>())
+        .map(|m| m.values().copied().collect())
+        .unwrap_or_else(|| vec![jobs]);
+    let floor = spawn_floor(&shares);
+    let (d50, d99, dmax) = common::percentiles(delays.clone());
+    let (_, c99, _) = common::percentiles(decisions);
+    let node_calls = (calls1 - calls0) / (NODES.len() as f64 * instants as f64);
+    let server = match (server0, server1) {
+        (Some(a), Some(b)) => format!("{:.1}", (b - a) / (NODES.len() as f64 * instants as f64)),
+        _ => "–".into(),
+    };
+    format!(
+        "| {backend:?} | {jobs} | {} | {d50:.0} ms | {d99:.0} ms | {dmax:.0} ms | {c99:.0} ms | {floor:.0} ms ({shares:?}) | {duplicates} | {missed} | {node_calls:.1} | {server} | {:.3} | {rss:.1} MiB | {trouble} |",
+        delays.len(),
+        (cpu1 - cpu0) / instants as f64,
+    )
+}
+
+/// The next instant a `*/10` job is due after `t`.
+fn next_instant(t: DateTime<Utc>) -> DateTime<Utc> {
+    let s = t.timestamp();
+    chrono::TimeZone::timestamp_opt(&Utc, (s / 10 + 1) * 10, 0).unwrap()
+}
+
+fn sleep_until(t: DateTime<Utc>) {
+    if let Ok(d) = (t - Utc::now()).to_std() {
+        std::thread::sleep(d);
+    }
+}
+
+/// p99 of process start after a common instant, with one process per
+/// share each spawning its share of `/bin/true` (ms).
+fn spawn_floor(shares: &[usize]) -> f64 {
+    // Every child waits for the same instant, far enough ahead for all
+    // of them to be up.
+    let start = Utc::now().timestamp_millis() + 1_000;
+    let exe = std::env::current_exe().unwrap();
+    let handles: Vec<_> = shares
+        .iter()
+        .map(|n| {
+            let exe = exe.clone();
+            let n = *n;
+            std::thread::spawn(move || {
+                let out = Command::new(exe)
+                    .args(["--floor-child", &n.to_string(), &start.to_string()])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|v| v.parse::<f64>().ok())
+                    .collect::<Vec<f64>>()
+            })
+        })
+        .collect();
+    let all: Vec<f64> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    common::percentiles(all).1
+}
+
+fn floor_child(n: usize, start_ms: i64) {
+    let start = chrono::TimeZone::timestamp_millis_opt(&Utc, start_ms).unwrap();
+    sleep_until(start);
+    let mut offsets = Vec::with_capacity(n);
+    let mut children = Vec::with_capacity(n);
+    for _ in 0..n {
+        let child = Command::new("/bin/true").spawn().unwrap();
+        offsets.push((Utc::now() - start).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+        children.push(child);
+    }
+    for mut c in children {
+        let _ = c.wait();
+    }
+    let text: Vec<String> = offsets.iter().map(|o| format!("{o:.2}")).collect();
+    println!("{}", text.join(" "));
+}

@@ -1,0 +1,435 @@
+//! The node in-process on paused time: the in-memory store, a wall clock
+//! that follows tokio's, and a runner whose jobs take virtual time (a real
+//! process cannot: tokio's paused clock jumps ahead while it runs). These
+//! tests time the node's own logic exactly: one claim call per instant,
+//! takeover, catch-up, renewal at a third left, the local-deadline kill,
+//! step-down, a lost claim reply. Real processes and real stores are the
+//! end-to-end tests' and drills' part.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use cronlease::config::{self, Config, Overrides};
+use cronlease::exec::{Finished, RunSpec, Runner, StopReason};
+use cronlease::guard::Guard;
+use cronlease::node::clock::TokioClock;
+use cronlease::node::{Node, NodeParts};
+use cronlease::store::memory::MemoryStore;
+use cronlease::store::{Outcome, Owner};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The first instant of every test: 12:00:00, half a second after start.
+fn t(secs: f64) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 23, 12, 0, 0).unwrap()
+        + chrono::TimeDelta::milliseconds((secs * 1000.0).round() as i64)
+}
+
+/// One run as the runner saw it.
+#[derive(Debug, Clone)]
+struct Run {
+    node: String,
+    job: String,
+    fence: u64,
+    occurrence: DateTime<Utc>,
+    started: DateTime<Utc>,
+    /// How it ended and when (None while running).
+    ended: Option<(Outcome, DateTime<Utc>)>,
+}
+
+/// Jobs that take virtual time: `durations` per job (default: none).
+#[derive(Default)]
+struct VirtualRunner {
+    durations: BTreeMap<String, Duration>,
+    runs: Mutex<Vec<Run>>,
+}
+
+#[async_trait::async_trait]
+impl Runner for VirtualRunner {
+    async fn run<'a>(
+        &'a self,
+        spec: RunSpec<'a>,
+        _guard: Option<&'a Guard>,
+        stop: std::pin::Pin<Box<dyn std::future::Future<Output = StopReason> + Send + 'a>>,
+    ) -> Finished {
+        let started_at = spec.clock.now();
+        let name = spec.job.name.to_string();
+        let i = {
+            let mut runs = self.runs.lock().unwrap();
+            runs.push(Run {
+                node: spec.node.to_string(),
+                job: name.clone(),
+                fence: spec.fence,
+                occurrence: spec.occurrence,
+                started: started_at,
+                ended: None,
+            });
+            runs.len() - 1
+        };
+        let took = self.durations.get(&name).copied().unwrap_or_default();
+        let outcome = tokio::select! {
+            () = tokio::time::sleep(took) => Outcome::Ok,
+            reason = stop => match reason {
+                StopReason::LeaseLost { .. } => Outcome::LeaseLost,
+                StopReason::Shutdown => Outcome::Killed,
+            },
+        };
+        let finished_at = spec.clock.now();
+        self.runs.lock().unwrap()[i].ended = Some((outcome.clone(), finished_at));
+        Finished {
+            exit_code: (outcome == Outcome::Ok).then_some(0),
+            outcome,
+            started_at,
+            finished_at,
+        }
+    }
+}
+
+impl VirtualRunner {
+    fn runs(&self) -> Vec<Run> {
+        self.runs.lock().unwrap().clone()
+    }
+}
+
+/// A node running in this process.
+struct Running {
+    node: Arc<Node>,
+    store: MemoryStore,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// A cluster in one process, on one in-memory store.
+struct World {
+    store: MemoryStore,
+    wall: Arc<TokioClock>,
+    runner: Arc<VirtualRunner>,
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    /// Starts half a second before 12:00:00.
+    fn new(runner: VirtualRunner) -> World {
+        World {
+            store: MemoryStore::starting_at(t(-0.5)),
+            wall: Arc::new(TokioClock::starting_at(t(-0.5))),
+            runner: Arc::new(runner),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn config(&self, node: &str, jobs: &str) -> Config {
+        let path = self.dir.path().join(format!("{node}.toml"));
+        let text = format!(
+            "node = \"{node}\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[lease]\nmargin = \"1s\"\n{jobs}",
+            self.dir.path().display()
+        );
+        std::fs::write(&path, text).unwrap();
+        config::load(&path, &Overrides::default()).unwrap()
+    }
+
+    fn start(&self, name: &str, jobs: &str) -> Running {
+        let config = self.config(name, jobs);
+        let store = self.store.connection();
+        let node = Node::with_parts(
+            &config,
+            Arc::new(store.clone()),
+            NodeParts::in_process(self.wall.clone(), self.runner.clone()),
+        );
+        let shutdown = CancellationToken::new();
+        let task = {
+            let (node, shutdown) = (node.clone(), shutdown.clone());
+            let jobs = config.jobs.clone();
+            tokio::spawn(async move { node.run(jobs, shutdown).await })
+        };
+        Running {
+            node,
+            store,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Sleeps (virtual time) until the wall clock shows `at`.
+    async fn until(&self, at: DateTime<Utc>) {
+        use cronlease::node::clock::WallClock;
+        if let Ok(left) = (at - self.wall.now()).to_std() {
+            tokio::time::sleep(left).await;
+        }
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+/// `n` jobs every ten seconds.
+fn jobs(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("[[job]]\nname = \"j{i:04}\"\nschedule = \"*/10 * * * * *\"\ncommand = [\"/bin/true\"]\n"))
+        .collect()
+}
+
+fn ms(d: chrono::TimeDelta) -> i64 {
+    d.num_milliseconds()
+}
+
+/// 300 jobs due at one instant are one claim call carrying 300 requests,
+/// each instant; the runs' history goes in a few calls, not 300.
+#[tokio::test(start_paused = true)]
+async fn jobs_due_at_one_instant_are_one_claim_call() {
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(300));
+    w.until(t(25.0)).await;
+    let log = w.store.call_log();
+    let claims: Vec<_> = log.iter().filter(|c| c.op == "claim").collect();
+    assert_eq!(
+        claims
+            .iter()
+            .map(|c| (c.requests, c.at))
+            .collect::<Vec<_>>(),
+        vec![(300, t(0.0)), (300, t(10.0)), (300, t(20.0))],
+        "one claim call per instant"
+    );
+    let records: usize = log.iter().filter(|c| c.op == "record").count();
+    assert!(records <= 6, "history written in {records} calls");
+    let runs = w.runner.runs();
+    assert_eq!(runs.len(), 900);
+    let distinct: std::collections::BTreeSet<(String, DateTime<Utc>)> =
+        runs.iter().map(|r| (r.job.clone(), r.occurrence)).collect();
+    assert_eq!(distinct.len(), 900, "every occurrence once");
+    assert!(
+        runs.iter().all(|r| r.started == r.occurrence),
+        "started late"
+    );
+    let history = w.store.history_len();
+    assert_eq!(history, 900);
+    a.stop().await;
+}
+
+/// A holder cut off the store (a dead host) is replaced by a peer at the
+/// next occurrence, one margin late: when the lease the holder took ends.
+#[tokio::test(start_paused = true)]
+async fn a_cut_off_holder_is_taken_over_within_the_margin() {
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(1));
+    w.until(t(1.0)).await;
+    let b = w.start("b", &jobs(1));
+    w.until(t(5.0)).await;
+    a.store.set_reachable(false);
+    w.until(t(25.0)).await;
+    let runs = w.runner.runs();
+    let summary: Vec<(String, u64, i64, i64)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r.node.clone(),
+                r.fence,
+                ms(r.occurrence - t(0.0)),
+                ms(r.started - r.occurrence),
+            )
+        })
+        .collect();
+    // a ran 12:00:00; its lease (10 s + 1 s margin) ended at 12:00:11, when
+    // b, told the remaining lease at 12:00:10, claimed again (+2 ms slack).
+    assert_eq!(summary[0], ("a".into(), 1, 0, 0));
+    assert_eq!(
+        (summary[1].0.as_str(), summary[1].1, summary[1].2),
+        ("b", 2, 10_000)
+    );
+    assert!(
+        (1_000..=1_100).contains(&summary[1].3),
+        "takeover {} ms after the instant",
+        summary[1].3
+    );
+    // b now holds it and runs 12:00:20 on time.
+    assert_eq!(summary[2], ("b".into(), 3, 20_000, 0));
+    assert_eq!(summary.len(), 3, "{summary:?}");
+    b.stop().await;
+    a.store.set_reachable(true);
+    a.stop().await;
+}
+
+/// An occurrence nobody ran is caught up once by the next claim (misfire
+/// run_once), before the occurrence itself, both at the instant.
+#[tokio::test(start_paused = true)]
+async fn a_missed_occurrence_is_caught_up_first() {
+    let w = World::new(VirtualRunner::default());
+    // A node long gone claimed 11:59:30 and nobody ran 11:59:40 or :50.
+    let ghost = w.store.connection();
+    use cronlease::store::{ClaimRequest, Store};
+    let claimed = ghost
+        .claim(&[ClaimRequest {
+            job: cronlease::config::JobName::parse("j0000").unwrap(),
+            occurrence: t(-30.0),
+            previous: None,
+            misfire: cronlease::config::Misfire::RunOnce,
+            owner: Owner::from_raw("ghost#1"),
+            lease: Duration::from_millis(100),
+            fence_floor: 0,
+            max_offset: Duration::from_secs(3600),
+            after_unanswered: false,
+        }])
+        .await
+        .unwrap();
+    assert!(matches!(
+        claimed.outcomes[0],
+        cronlease::store::ClaimOutcome::Won(_)
+    ));
+    let a = w.start("a", &jobs(1));
+    w.until(t(5.0)).await;
+    let runs: Vec<(u64, i64, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| (r.fence, ms(r.occurrence - t(0.0)), ms(r.started - t(0.0))))
+        .collect();
+    assert_eq!(runs, vec![(2, -10_000, 0), (3, 0, 0)]);
+    a.stop().await;
+}
+
+/// A claim whose reply is lost after the store applied it is retried and
+/// recognised as won (same fence): the missed run it caught up still runs,
+/// then the occurrence itself; nothing runs twice.
+#[tokio::test(start_paused = true)]
+async fn a_lost_claim_reply_loses_no_occurrence() {
+    let w = World::new(VirtualRunner::default());
+    let ghost = w.store.connection();
+    use cronlease::store::{ClaimRequest, Store};
+    ghost
+        .claim(&[ClaimRequest {
+            job: cronlease::config::JobName::parse("j0000").unwrap(),
+            occurrence: t(-30.0),
+            previous: None,
+            misfire: cronlease::config::Misfire::RunOnce,
+            owner: Owner::from_raw("ghost#1"),
+            lease: Duration::from_millis(100),
+            fence_floor: 0,
+            max_offset: Duration::from_secs(3600),
+            after_unanswered: false,
+        }])
+        .await
+        .unwrap();
+    w.store.lose_claim_replies(1);
+    let a = w.start("a", &jobs(1));
+    w.until(t(15.0)).await;
+    let runs: Vec<(u64, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| (r.fence, ms(r.occurrence - t(0.0))))
+        .collect();
+    // Fence 2 went to the catch-up of 11:59:50 whose reply was lost.
+    assert_eq!(runs, vec![(2, -10_000), (3, 0), (4, 10_000)]);
+    a.stop().await;
+}
+
+/// A running job's lease is renewed once a third of the provable time is
+/// left; the run outlasts its interval (later occurrences are skipped) and
+/// ends ok.
+#[tokio::test(start_paused = true)]
+async fn a_long_run_is_renewed_at_a_third_left() {
+    let runner = VirtualRunner {
+        durations: [("j0000".to_string(), Duration::from_secs(25))].into(),
+        ..Default::default()
+    };
+    let w = World::new(runner);
+    let a = w.start("a", &jobs(1));
+    w.until(t(30.0)).await;
+    let renewals: Vec<i64> = w
+        .store
+        .call_log()
+        .iter()
+        .filter(|c| c.op == "renew")
+        .map(|c| ms(c.at - t(0.0)))
+        .collect();
+    // Lease 11 s, margin 1 s: the local deadline is 11 s − 0.5 s − 11 ms =
+    // 10.489 s after the claim; renewal at two thirds of it (6.993 s), plus
+    // up to 5 ms of batching window. The claim of 12:00:10 (won: the lease
+    // is this node's; skipped: the run goes on) extends the lease too, so
+    // the next renewal comes two thirds after it.
+    assert!(renewals.len() >= 2, "{renewals:?}");
+    assert!(
+        (6_992..=7_000).contains(&renewals[0]),
+        "first renewal at {renewals:?}"
+    );
+    assert!(
+        (16_992..=17_000).contains(&renewals[1]),
+        "second renewal at {renewals:?}"
+    );
+    let runs = w.runner.runs();
+    assert_eq!(
+        runs[0].ended.as_ref().map(|e| e.0.clone()),
+        Some(Outcome::Ok)
+    );
+    assert_eq!(
+        runs[0].ended.as_ref().map(|e| ms(e.1 - t(0.0))),
+        Some(25_000)
+    );
+    let history = w.store.history_outcomes("j0000");
+    assert_eq!(history, ["ok", "skipped", "skipped"], "in fence order");
+    a.stop().await;
+}
+
+/// A holder that cannot renew kills its run at the local deadline (sent +
+/// lease − margin/2 − 0.1% of the lease), before the store could let a peer
+/// in, and records lease_lost.
+#[tokio::test(start_paused = true)]
+async fn an_unrenewable_run_is_killed_at_the_local_deadline() {
+    let runner = VirtualRunner {
+        durations: [("j0000".to_string(), Duration::from_secs(60))].into(),
+        ..Default::default()
+    };
+    let w = World::new(runner);
+    let a = w.start("a", &jobs(1));
+    w.until(t(2.0)).await;
+    a.store.set_reachable(false);
+    w.until(t(10.7)).await;
+    a.store.set_reachable(true);
+    w.until(t(13.0)).await;
+    let runs = w.runner.runs();
+    let (outcome, at) = runs[0].ended.clone().expect("the run was stopped");
+    assert_eq!(outcome, Outcome::LeaseLost);
+    assert_eq!(ms(at - t(0.0)), 10_489);
+    assert_eq!(w.store.history_outcomes("j0000")[0], "lease_lost");
+    a.stop().await;
+}
+
+/// Step-down releases the lease and claims nothing for one margin: a peer
+/// runs the next occurrence on time, not a margin late.
+#[tokio::test(start_paused = true)]
+async fn step_down_hands_the_next_occurrence_over_on_time() {
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(3));
+    w.until(t(1.0)).await;
+    let b = w.start("b", &jobs(3));
+    w.until(t(9.5)).await;
+    a.node.step_down().await;
+    w.until(t(15.0)).await;
+    let at_ten: Vec<(String, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .filter(|r| r.occurrence == t(10.0))
+        .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
+        .collect();
+    assert_eq!(
+        at_ten,
+        vec![("b".into(), 0), ("b".into(), 0), ("b".into(), 0)]
+    );
+    let released: usize = w
+        .store
+        .call_log()
+        .iter()
+        .filter(|c| c.op == "release")
+        .map(|c| c.requests)
+        .sum();
+    assert_eq!(released, 3, "one release call for the three leases");
+    a.stop().await;
+    b.stop().await;
+}
