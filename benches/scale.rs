@@ -6,7 +6,7 @@
 //! instant → claim answer) p99, duplicate runs, missed occurrences, store
 //! round trips per node per instant (the nodes' own call counts; and what
 //! the server counted where it can say: MariaDB statements, PostgreSQL
-//! transactions, Redis commands), daemon CPU-seconds per instant (the three
+//! transactions, Redis commands sent by clients, a script call counting 1), daemon CPU-seconds per instant (the three
 //! daemons together, jobs excluded), the largest RSS, store trouble lines in
 //! the logs, and the spawn floor measured in the same run: as many processes
 //! as nodes ran jobs, each spawning its share of `/bin/true` at one instant.
@@ -123,12 +123,20 @@ fn server_count(backend: Backend) -> Option<f64> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .next_back(),
-        Backend::Redis => text(Command::new("redis-cli").args(["INFO", "stats"]))?
-            .lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))?
-            .trim()
-            .parse()
-            .ok(),
+        // Commands clients sent (Redis counts the ones scripts run too:
+        // only those a client can send on its own are summed).
+        Backend::Redis => Some(
+            text(Command::new("redis-cli").args(["INFO", "commandstats"]))?
+                .lines()
+                .filter_map(|l| {
+                    let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                    ["evalsha", "eval", "ping", "time", "script", "info", "config"]
+                        .contains(&name)
+                        .then_some(())?;
+                    rest.strip_prefix("calls=")?.split(',').next()?.parse::<f64>().ok()
+                })
+                .sum(),
+        ),
         _ => None,
     }
 }
@@ -139,7 +147,7 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
     for (node, port) in NODES.iter().zip(&ports) {
         let path = c.config(node);
         let mut text = std::fs::read_to_string(&path).unwrap();
-        text.push_str(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+        text.push_str(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
         std::fs::write(&path, text).unwrap();
     }
     for node in NODES {
@@ -182,7 +190,12 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
         })
         .sum();
     c.stop_all();
-    let runs: serde_json::Value = serde_json::from_slice(&history.stdout).expect("history JSON");
+    let runs: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap_or_else(|e| {
+        panic!(
+            "history JSON: {e}: {}",
+            String::from_utf8_lossy(&history.stderr)
+        )
+    });
     let runs = runs.as_array().cloned().unwrap_or_default();
     let mut delays = Vec::new();
     let mut decisions = Vec::new();

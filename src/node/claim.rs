@@ -60,7 +60,7 @@ pub(super) struct Due {
 /// A claim the scheduler already queued for a handler, with the job's gate.
 struct Queued {
     gate: OwnedMutexGuard<()>,
-    answer: Pending<ClaimOutcome>,
+    answer: Pending<(ClaimOutcome, DateTime<Utc>)>,
     sent: Instant,
 }
 
@@ -269,8 +269,8 @@ impl Node {
                     }
                 }
             };
-            let outcome = match batch::answer(answer).await {
-                Ok(ClaimOutcome::Failed(reason)) => {
+            let (outcome, answered) = match batch::answer(answer).await {
+                Ok((ClaimOutcome::Failed(reason), _)) => {
                     drop(gate);
                     // This job's row only: the rest of the batch was decided.
                     if !reported_failure {
@@ -283,7 +283,7 @@ impl Node {
                     }
                     continue;
                 }
-                Ok(outcome) => outcome,
+                Ok(answer) => answer,
                 Err(e) => {
                     drop(gate);
                     if matches!(e, StoreError::NotMigrated { .. }) {
@@ -300,9 +300,11 @@ impl Node {
                 }
             };
             backoff = Duration::from_millis(100);
+            // What the engine cost: from the instant to the store's answer.
+            let decision_ms = (answered - occurrence).num_milliseconds().max(0) as u64;
             self.metrics
                 .claim_decision
-                .observe((self.wall.now() - occurrence).num_milliseconds().max(0) as f64 / 1000.0);
+                .observe(decision_ms as f64 / 1000.0);
             let result = match &outcome {
                 ClaimOutcome::Won(w) if w.catch_up => "caught_up",
                 ClaimOutcome::Won(_) => "won",
@@ -321,7 +323,7 @@ impl Node {
                         self.lease_for(occurrence, next),
                     );
                     state.note_standing(Standing::Holder, won.fence);
-                    let ticket = self.ticket(&won, occurrence);
+                    let ticket = self.ticket(&won, decision_ms);
                     if won.catch_up {
                         tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
                         let started = self.start_run(&state, ticket).is_some();
@@ -382,7 +384,7 @@ impl Node {
                                     catch_up: false,
                                     previous_owner: None,
                                 };
-                                self.start_run(&state, self.ticket(&won, occurrence));
+                                self.start_run(&state, self.ticket(&won, decision_ms));
                                 return;
                             }
                         }
@@ -437,11 +439,11 @@ impl Node {
             .inc();
     }
 
-    fn ticket(&self, won: &Won, claimed_for: DateTime<Utc>) -> RunTicket {
+    fn ticket(&self, won: &Won, decision_ms: u64) -> RunTicket {
         RunTicket {
             fence: won.fence,
             occurrence: won.occurrence,
-            decision_ms: (self.wall.now() - claimed_for).num_milliseconds().max(0) as u64,
+            decision_ms,
             takeover: won
                 .previous_owner
                 .as_deref()

@@ -252,7 +252,8 @@ pub struct Node {
     /// Wakes the scheduler when the job set changed.
     jobs_changed: tokio::sync::Notify,
     /// Claims, renewals and history writes, batched (see [`batch`]).
-    claim_queue: Batcher<ClaimRequest, ClaimOutcome>,
+    /// Each answer with when it came (local wall clock).
+    claim_queue: Batcher<ClaimRequest, (ClaimOutcome, DateTime<Utc>)>,
     renew_queue: Batcher<Renewal, bool>,
     record_queue: Batcher<RunRecord, ()>,
     /// Stops the batchers once the node has shut down.
@@ -489,8 +490,13 @@ impl Node {
                 let claimed = n
                     .call("claim", n.op_timeout, n.store.claim(&requests))
                     .await?;
-                n.observe_clock(claimed.store_now, sent, n.wall.now());
-                Ok(claimed.outcomes)
+                let answered = n.wall.now();
+                n.observe_clock(claimed.store_now, sent, answered);
+                Ok(claimed
+                    .outcomes
+                    .into_iter()
+                    .map(|o| (o, answered))
+                    .collect())
             });
             tokio::select! {
                 () = node.batchers_stop.cancelled() => {}
