@@ -20,6 +20,7 @@ mod e2e;
 #[cfg(feature = "memory")]
 mod inprocess;
 mod jobs;
+mod many;
 mod outage;
 mod pidfile;
 mod service;
