@@ -4,7 +4,9 @@
 //! undisturbed node. At the end the jobs' own output is judged:
 //! occurrences run twice, overlapping runs, fences out of order, occurrences
 //! missed while a node was up. The seed is printed; `CRONLEASE_DRILL_SEED`
-//! replays one.
+//! replays one. Beside the judged job the nodes carry a load of
+//! `CRONLEASE_DRILL_JOBS` (default 200) jobs due every 5 s together, whose
+//! runs are judged for doubles and fence order.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -67,6 +69,11 @@ pub struct Counts {
     pub fence_out_of_order: usize,
     pub missed_while_up: usize,
     pub lost_between_claim_and_start: usize,
+    /// Runs of the load jobs, and how many of their occurrences ran twice or
+    /// got a fence lower than an earlier occurrence of the same job.
+    pub load_runs: usize,
+    pub load_ran_twice: usize,
+    pub load_fence_out_of_order: usize,
 }
 
 /// Seconds since the Unix epoch.
@@ -81,7 +88,17 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
         .unwrap_or_else(|| Utc::now().timestamp_nanos_opt().unwrap_or(1) as u64 | 1);
     let mut rng = Rng(seed);
     let job = "[[job]]\nname = \"drill\"\nschedule = \"* * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE start $(date +%s.%N)\\\" >> '{out}'; sleep 0.2; echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE end $(date +%s.%N)\\\" >> '{out}'\"\n";
-    let mut c = Cluster::new(backend, Some(job), "");
+    let load: usize = std::env::var("CRONLEASE_DRILL_JOBS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let mut jobs = job.to_string();
+    for i in 0..load {
+        jobs.push_str(&format!(
+            "[[job]]\nname = \"load{i:03}\"\nschedule = \"*/5 * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_JOB\\\" >> '{{out}}.load'\"\n"
+        ));
+    }
+    let mut c = Cluster::new(backend, Some(&jobs), "");
     let nodes = ["n1", "n2", "n3"];
     for n in nodes {
         c.start(n);
@@ -201,8 +218,12 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     c.stop_all();
     let report = c.report();
     judge(&c, &disturbances, begin, judged_until, &mut counts);
+    judge_load(&c, &mut counts);
     eprintln!(
-        "drill {backend:?} {seconds}s seed {seed}: events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}",
+        "drill {backend:?} {seconds}s seed {seed} with {load} load jobs ({} runs, ran twice {}, fences out of order {}): events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}",
+        counts.load_runs,
+        counts.load_ran_twice,
+        counts.load_fence_out_of_order,
         counts.events,
         counts.occurrences,
         counts.ran_twice,
@@ -217,7 +238,41 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     assert_eq!(counts.overlapping, 0, "seed {seed}\n{report}");
     assert_eq!(counts.fence_out_of_order, 0, "seed {seed}\n{report}");
     assert_eq!(counts.missed_while_up, 0, "seed {seed}\n{report}");
+    assert_eq!(counts.load_ran_twice, 0, "seed {seed}\n{report}");
+    assert_eq!(counts.load_fence_out_of_order, 0, "seed {seed}\n{report}");
     counts
+}
+
+/// The load jobs' lines (`OCCURRENCE FENCE NODE JOB`): no occurrence of a
+/// job twice, fences increasing with the occurrence per job.
+fn judge_load(c: &Cluster, counts: &mut Counts) {
+    let path = format!("{}.load", c.out.display());
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut by_job: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [occ, fence, _node, job] = f[..] else {
+            continue;
+        };
+        let Ok(fence) = fence.parse::<u64>() else {
+            continue;
+        };
+        by_job
+            .entry(job.to_string())
+            .or_default()
+            .push((occ.to_string(), fence));
+    }
+    for runs in by_job.values_mut() {
+        counts.load_runs += runs.len();
+        runs.sort();
+        for w in runs.windows(2) {
+            if w[0].0 == w[1].0 {
+                counts.load_ran_twice += 1;
+            } else if w[0].1 >= w[1].1 {
+                counts.load_fence_out_of_order += 1;
+            }
+        }
+    }
 }
 
 /// Occurrences (unix seconds) the store's history records with `outcome`:
@@ -230,7 +285,7 @@ fn recorded_as(c: &Cluster, outcome: &str) -> std::collections::BTreeSet<i64> {
     runs.as_array()
         .into_iter()
         .flatten()
-        .filter(|r| r["outcome"] == outcome)
+        .filter(|r| r["job"] == "drill" && r["outcome"] == outcome)
         .filter_map(|r| DateTime::parse_from_rfc3339(r["occurrence"].as_str()?).ok())
         .map(|t| t.timestamp())
         .collect()

@@ -323,7 +323,7 @@ impl SqlStore {
                 } else {
                     max_connections
                 })
-                .min_connections(0)
+                .min_connections(1)
                 .acquire_timeout(op_timeout)
                 .idle_timeout(Some(Duration::from_secs(300)))
                 .after_connect(move |conn, _meta| {
@@ -951,7 +951,11 @@ fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
 #[async_trait]
 impl Store for SqlStore {
     async fn prepare(&self) -> Result<(), StoreError> {
-        self.migrate().await.map_err(|e| self.err(e))
+        self.migrate().await.map_err(|e| self.err(e))?;
+        // Open a pooled connection now (one is kept from then on): the
+        // first instant's claims should not pay for connecting (about
+        // 100 ms to PostgreSQL here).
+        self.ping().await
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
