@@ -1,6 +1,6 @@
 //! systemd integration through sd_notify (the sd-notify crate): READY=1
 //! once the configuration is loaded and the store answered, WATCHDOG=1 from
-//! the supervision tick while every claiming loop is alive, STATUS= lines,
+//! the supervision tick while the scheduler is alive, STATUS= lines,
 //! STOPPING=1 at shutdown. Without `$NOTIFY_SOCKET` every call is a no-op.
 
 use std::time::Duration;

@@ -71,7 +71,7 @@ pub fn set_level(level: &str) -> Result<(), String> {
 
 /// Makes a panic anywhere in the daemon end the process with a clear exit
 /// (70, EX_SOFTWARE), not leave it half alive with a dead task (a signal
-/// handler, a job loop). The guard process then kills the jobs, and systemd
+/// handler, the scheduler). The guard process then kills the jobs, and systemd
 /// restarts the unit. The report goes to the log, which never panics itself.
 pub fn exit_on_panic() {
     std::panic::set_hook(Box::new(|info| {

@@ -1,5 +1,6 @@
-//! The daemon proper: one loop per job, each occurrence claimed on its own,
-//! runs supervised by a lease watchdog, and an orderly shutdown.
+//! The daemon proper: one scheduler, the claims of each instant in one
+//! batch, each occurrence then handled on its own, runs supervised by a
+//! lease watchdog, and an orderly shutdown.
 //!
 //! - [`Node::run`] starts one scheduler ([`claim`]) that sleeps on tokio's
 //!   clock until the next instant any job is due, sends the claims of every

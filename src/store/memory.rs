@@ -24,8 +24,8 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, LockRow, LockStatus, Owner, Renewal, RunRecord,
-    Store, StoreError, decide, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
+    Renewal, RunRecord, Store, StoreError, decide, duration_ms, from_ms, to_ms,
 };
 use crate::config::JobName;
 
@@ -210,7 +210,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl Locks for MemoryStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         drop(self.count("prepare", 0)?);
         Ok(())
@@ -326,6 +326,13 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    fn describe(&self) -> &str {
+        &self.name
+    }
+}
+
+#[async_trait]
+impl History for MemoryStore {
     async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
         let mut s = self.count("record", runs.len())?;
         for run in runs {
@@ -363,9 +370,5 @@ impl Store for MemoryStore {
             .take(limit as usize)
             .map(|(_, r)| r.clone())
             .collect())
-    }
-
-    fn describe(&self) -> &str {
-        &self.name
     }
 }

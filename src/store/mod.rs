@@ -12,8 +12,10 @@
 //! Backends: [`sql`] (SQLite, MySQL/MariaDB, PostgreSQL through sqlx) and
 //! [`redis`] (Lua scripts); `memory` (feature `memory`) is an in-process one
 //! for tests, held to the same suite. Which one runs is decided at run time from the
-//! URL by [`connect`]; a backend left out of the build answers with a clear
-//! "not built in" error. Every backend is checked by the same conformance
+//! URL by [`connect`] from one table of backends by scheme; a backend left
+//! out of the build answers with a clear "not built in" error. A store is
+//! two concerns, [`Locks`] (claims, leases, the clock) and [`History`]
+//! (finished runs); [`Store`] is both, what a backend implements. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
 #[cfg(feature = "memory")]
@@ -277,9 +279,10 @@ impl StoreError {
     }
 }
 
-/// The lock store. Object-safe so the backend is chosen at run time.
+/// The lock half of a store: claims, leases and the clock they are counted
+/// on. Object-safe so the backend is chosen at run time.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Locks: Send + Sync + 'static {
     /// Makes the store ready: SQL applies migrations, Redis loads its scripts
     /// and checks persistence. Idempotent and safe to run from several nodes.
     async fn prepare(&self) -> Result<(), StoreError>;
@@ -329,6 +332,15 @@ pub trait Store: Send + Sync + 'static {
     /// Every job lock the store knows, sorted by job.
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError>;
 
+    /// The URL with secrets redacted, for messages.
+    fn describe(&self) -> &str;
+}
+
+/// The history half of a store: finished runs, one record per (job, fence).
+/// A separate concern from the locks (a store could keep them elsewhere);
+/// every backend today keeps both, next to each other.
+#[async_trait]
+pub trait History: Send + Sync + 'static {
     /// Appends finished runs to their jobs' histories in one round trip,
     /// keeping per job the runs of the newest `keep` fences. Idempotent: a run
     /// whose (job, fence) is recorded already is not recorded again, so a
@@ -346,44 +358,94 @@ pub trait Store: Send + Sync + 'static {
         job: Option<&JobName>,
         limit: u32,
     ) -> Result<Vec<RunRecord>, StoreError>;
-
-    /// The URL with secrets redacted, for messages.
-    fn describe(&self) -> &str;
 }
 
-/// Opens the store a config names. Connections are made lazily, so a store
-/// that is down now is not an error here: calls fail until it is back.
-pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
-    match config.url.kind() {
-        StoreKind::Sqlite { .. } | StoreKind::Mysql | StoreKind::Postgres => connect_sql(config),
-        StoreKind::Redis => connect_redis(config),
-    }
+/// A whole store, what a backend is: its locks and its history.
+pub trait Store: Locks + History {}
+
+impl<T: Locks + History + ?Sized> Store for T {}
+
+/// Opens a backend's store for a config.
+type Open = fn(&StoreConfig) -> Result<Arc<dyn Store>, StoreError>;
+
+/// A backend: the store kinds (URL schemes) it serves, the cargo feature
+/// that builds it in, and how it opens.
+struct Backend {
+    serves: fn(&StoreKind) -> bool,
+    feature: &'static str,
+    schemes: &'static str,
+    open: Option<Open>,
 }
+
+/// Every backend, by the URL schemes it serves. A backend left out of the
+/// build has no `open` and answers "not built in".
+const BACKENDS: &[Backend] = &[
+    Backend {
+        serves: |k| matches!(k, StoreKind::Sqlite { .. }),
+        feature: "sqlite",
+        schemes: "sqlite://",
+        #[cfg(feature = "sqlite")]
+        open: Some(open_sql),
+        #[cfg(not(feature = "sqlite"))]
+        open: None,
+    },
+    Backend {
+        serves: |k| matches!(k, StoreKind::Mysql),
+        feature: "mysql",
+        schemes: "mysql:// and mariadb://",
+        #[cfg(feature = "mysql")]
+        open: Some(open_sql),
+        #[cfg(not(feature = "mysql"))]
+        open: None,
+    },
+    Backend {
+        serves: |k| matches!(k, StoreKind::Postgres),
+        feature: "postgres",
+        schemes: "postgres://",
+        #[cfg(feature = "postgres")]
+        open: Some(open_sql),
+        #[cfg(not(feature = "postgres"))]
+        open: None,
+    },
+    Backend {
+        serves: |k| matches!(k, StoreKind::Redis),
+        feature: "redis",
+        schemes: "redis:// and rediss://",
+        #[cfg(feature = "redis")]
+        open: Some(open_redis),
+        #[cfg(not(feature = "redis"))]
+        open: None,
+    },
+];
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
-fn connect_sql(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+fn open_sql(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     Ok(Arc::new(sql::SqlStore::open(config)?))
 }
 
-#[cfg(not(any(feature = "sqlite", feature = "mysql", feature = "postgres")))]
-fn connect_sql(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
-    Err(StoreError::NotBuiltIn(format!(
-        "{}: SQL store support is not built into this binary (build with feature `sqlite`, `mysql` or `postgres`)",
-        config.url
-    )))
-}
-
 #[cfg(feature = "redis")]
-fn connect_redis(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+fn open_redis(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     Ok(Arc::new(redis::RedisStore::open(config)?))
 }
 
-#[cfg(not(feature = "redis"))]
-fn connect_redis(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
-    Err(StoreError::NotBuiltIn(format!(
-        "{}: redis:// support is not built into this binary (build with feature `redis`)",
-        config.url
-    )))
+/// Opens the store a config names, with the backend that serves its URL's
+/// scheme ([`BACKENDS`]). Connections are made lazily, so a store that is
+/// down now is not an error here: calls fail until it is back.
+pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    let kind = config.url.kind();
+    let Some(backend) = BACKENDS.iter().find(|b| (b.serves)(kind)) else {
+        return Err(StoreError::NotBuiltIn(format!(
+            "{}: no backend serves this URL",
+            config.url
+        )));
+    };
+    match backend.open {
+        Some(open) => open(config),
+        None => Err(StoreError::NotBuiltIn(format!(
+            "{}: {} support is not built into this binary (build with feature `{}`)",
+            config.url, backend.schemes, backend.feature
+        ))),
+    }
 }
 
 /// The error for a job whose fence reached its maximum (2^63 − 1).

@@ -23,8 +23,8 @@ use redis::{Client, Script};
 use tokio::sync::OnceCell;
 
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, LockStatus, Lost, Outcome, Owner, Renewal, RunRecord,
-    Store, StoreError, Won, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner, Renewal,
+    RunRecord, StoreError, Won, duration_ms, from_ms, to_ms,
 };
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, one_line};
 
@@ -381,7 +381,7 @@ fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl Locks for RedisStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         for script in self.scripts() {
@@ -559,6 +559,13 @@ impl Store for RedisStore {
         Ok(out)
     }
 
+    fn describe(&self) -> &str {
+        self.url.redacted()
+    }
+}
+
+#[async_trait]
+impl History for RedisStore {
     async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
         if runs.is_empty() {
             return Ok(());
@@ -615,9 +622,5 @@ impl Store for RedisStore {
         });
         runs.truncate(limit as usize);
         Ok(runs)
-    }
-
-    fn describe(&self) -> &str {
-        self.url.redacted()
     }
 }

@@ -262,7 +262,7 @@ async fn a_missed_occurrence_is_caught_up_first() {
     let w = World::new(VirtualRunner::default());
     // A node long gone claimed 11:59:30 and nobody ran 11:59:40 or :50.
     let ghost = w.store.connection();
-    use cronlease::store::{ClaimRequest, Store};
+    use cronlease::store::{ClaimRequest, Locks};
     let claimed = ghost
         .claim(&[ClaimRequest {
             job: cronlease::config::JobName::parse("j0000").unwrap(),
@@ -300,7 +300,7 @@ async fn a_missed_occurrence_is_caught_up_first() {
 async fn a_lost_claim_reply_loses_no_occurrence() {
     let w = World::new(VirtualRunner::default());
     let ghost = w.store.connection();
-    use cronlease::store::{ClaimRequest, Store};
+    use cronlease::store::{ClaimRequest, Locks};
     ghost
         .claim(&[ClaimRequest {
             job: cronlease::config::JobName::parse("j0000").unwrap(),

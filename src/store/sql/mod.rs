@@ -30,8 +30,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, LockRow, LockStatus, Outcome, Owner, Renewal,
-    RunRecord, Store, StoreError, decide, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Outcome,
+    Owner, Renewal, RunRecord, StoreError, decide, duration_ms, from_ms, to_ms,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
@@ -524,33 +524,22 @@ impl SqlStore {
         }
     }
 
-    /// One locking transaction for a batch ([`Locked`]). Jobs without a
-    /// lock row yet get theirs inserted outside the transaction first, all in
-    /// one statement (concurrent inserts of one new key inside transactions
-    /// deadlock on MySQL), then the transaction starts over.
+    /// One locking transaction for a batch ([`Locked`]), retried while it
+    /// fails for a transient reason.
     async fn locked(&self, op: Locked<'_>) -> Result<Answer, sqlx::Error> {
         loop {
-            match self.retrying(|| self.locked_in_tx(op)).await? {
-                Ok(answer) => return Ok(answer),
-                Err(missing) => {
-                    self.retrying(|| async {
-                        for chunk in missing.chunks(CHUNK) {
-                            let q = self.sql(self.batch().seed_rows(chunk.len()), None)?;
-                            let mut query = sqlx::query(q);
-                            for name in chunk {
-                                query = query.bind(name.clone());
-                            }
-                            query.execute(&self.pool()).await?;
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                }
+            if let Ok(answer) = self.retrying(|| self.locked_in_tx(op)).await? {
+                return Ok(answer);
             }
+            // Rows still missing: a concurrent reset of the table. Again.
         }
     }
 
-    /// One locking transaction, or the jobs whose rows do not exist.
+    /// One locking transaction, or the jobs whose rows do not exist yet. Those
+    /// get theirs first, on the same connection (a fresh one costs ~100 ms on
+    /// PostgreSQL) and outside any transaction (concurrent inserts of one new
+    /// key inside transactions deadlock on MySQL), then the transaction runs
+    /// again.
     ///
     /// The connection goes back to the pool only in a known state: after a
     /// failed commit or rollback (a full disk, a dropped link) it may still
@@ -561,11 +550,39 @@ impl SqlStore {
         op: Locked<'_>,
     ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
         let mut conn = self.pool().acquire().await?;
-        let (result, clean) = self.locked_on(&mut conn, op).await;
+        let (mut result, mut clean) = self.locked_on(&mut conn, op).await;
+        if clean {
+            if let Ok(Err(missing)) = &result {
+                if let Err(e) = self.seed_rows(&mut conn, missing).await {
+                    if !is_transient(&e) {
+                        conn.close_on_drop();
+                    }
+                    return Err(e);
+                }
+                (result, clean) = self.locked_on(&mut conn, op).await;
+            }
+        }
         if !clean {
             conn.close_on_drop();
         }
         result
+    }
+
+    /// Inserts empty lock rows for `names`, skipping those that exist.
+    async fn seed_rows(
+        &self,
+        conn: &mut AnyConnection,
+        names: &[String],
+    ) -> Result<(), sqlx::Error> {
+        for chunk in names.chunks(CHUNK) {
+            let q = self.sql(self.batch().seed_rows(chunk.len()), None)?;
+            let mut query = sqlx::query(q);
+            for name in chunk {
+                query = query.bind(name.clone());
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(())
     }
 
     /// [`Self::locked_in_tx`] on one connection; also says whether the
@@ -949,7 +966,7 @@ fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
 }
 
 #[async_trait]
-impl Store for SqlStore {
+impl Locks for SqlStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         self.migrate().await.map_err(|e| self.err(e))?;
         // Open a pooled connection now (one is kept from then on): the
@@ -1059,6 +1076,13 @@ impl Store for SqlStore {
             .map_err(|e| self.err(e))
     }
 
+    fn describe(&self) -> &str {
+        self.url.redacted()
+    }
+}
+
+#[async_trait]
+impl History for SqlStore {
     async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
         if runs.is_empty() {
             return Ok(());
@@ -1106,10 +1130,6 @@ impl Store for SqlStore {
             .map(run_from_row)
             .collect::<Result<_, _>>()
             .map_err(|e| self.err(e))
-    }
-
-    fn describe(&self) -> &str {
-        self.url.redacted()
     }
 }
 
