@@ -6,10 +6,12 @@
 //! instant → claim answer) p99, duplicate runs, missed occurrences, store
 //! round trips per node per instant (the nodes' own call counts; and what
 //! the server counted where it can say: MariaDB statements, PostgreSQL
-//! transactions, Redis commands sent by clients, a script call counting 1), daemon CPU-seconds per instant (the three
-//! daemons together, jobs excluded), the largest RSS, store trouble lines in
-//! the logs, and the spawn floor measured in the same run: as many processes
-//! as nodes ran jobs, each spawning its share of `/bin/true` at one instant.
+//! transactions, Redis commands sent by clients, a script call counting 1),
+//! daemon CPU-seconds per instant (the three daemons together, jobs
+//! excluded; the jobs' own CPU apart), the largest RSS, store trouble lines
+//! in the logs, and the spawn floor measured in the same run: as many
+//! processes as nodes ran jobs, each spawning its share of `/bin/true` at one
+//! instant (start p99, and the CPU the spawning processes used).
 //!
 //! cargo bench --bench scale -- [--stores sqlite,mysql,postgres,redis] [--jobs 4,100,1000] [--seconds 50]
 
@@ -49,9 +51,11 @@ fn main() {
         .collect();
     let seconds: i64 = common::arg("--seconds", "50").parse().expect("--seconds N");
     println!(
-        "| store | jobs | runs | delay p50 | p99 | max | decision p99 | floor p99 | dup | missed | node calls/node/instant | server count/node/instant | CPU s/instant (3 daemons) | max RSS | trouble lines |"
+        "| store | jobs | runs | delay p50 | p99 | max | decision p99 | floor p99 | dup | missed | node calls/node/instant | server count/node/instant | daemon CPU s/instant (3 nodes) | floor spawner CPU s | jobs' CPU s/instant | max RSS | trouble lines |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for backend in common::stores() {
         for &j in &jobs {
             let row = measure(backend, j, seconds);
@@ -66,8 +70,17 @@ fn job_file(n: usize) -> String {
         .collect()
 }
 
-/// utime + stime of a process, in seconds.
+/// utime + stime of a process itself (threads included, children not), in
+/// seconds: fields 14 and 15 of /proc/PID/stat (from field 3 on after the
+/// command name).
 fn cpu_seconds(pid: i32) -> f64 {
+    let stat = support::proc_stat(pid);
+    let ticks: f64 = stat[11].parse::<f64>().unwrap() + stat[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// cutime + cstime: what the process's reaped children (the jobs) used.
+fn children_cpu_seconds(pid: i32) -> f64 {
     let stat = support::proc_stat(pid);
     let ticks: f64 = stat[13].parse::<f64>().unwrap() + stat[14].parse::<f64>().unwrap();
     ticks / 100.0
@@ -153,19 +166,20 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
     for node in NODES {
         c.start(node);
     }
-    // Settle: migrations, connections, the first claims.
-    std::thread::sleep(Duration::from_secs(3));
-    // Measure from just after an instant to just after another.
-    let now = Utc::now();
-    let first = next_instant(now + TimeDelta::seconds(1));
+    // Settle: migrations, connections, and the first instant (which creates
+    // the jobs' lock rows, once in a store's life); measure from the next.
+    let started = Utc::now();
+    let first = next_instant(started + TimeDelta::seconds(2)) + TimeDelta::seconds(10);
     sleep_until(first - TimeDelta::milliseconds(500));
     let cpu0: f64 = NODES.iter().map(|n| cpu_seconds(c.pid(n))).sum();
+    let jobs_cpu0: f64 = NODES.iter().map(|n| children_cpu_seconds(c.pid(n))).sum();
     let calls0: f64 = ports.iter().map(|p| store_calls(*p)).sum();
     let server0 = server_count(backend);
     let instants = (seconds / 10).max(1);
     let last = first + TimeDelta::seconds(10 * (instants - 1));
     sleep_until(last + TimeDelta::milliseconds(9_500));
     let cpu1: f64 = NODES.iter().map(|n| cpu_seconds(c.pid(n))).sum();
+    let jobs_cpu1: f64 = NODES.iter().map(|n| children_cpu_seconds(c.pid(n))).sum();
     let calls1: f64 = ports.iter().map(|p| store_calls(*p)).sum();
     std::thread::sleep(Duration::from_millis(600));
     let server1 = server_count(backend);
@@ -234,7 +248,7 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
         .max_by_key(|m| m.values().sum::<usize>())
         .map(|m| m.values().copied().collect())
         .unwrap_or_else(|| vec![jobs]);
-    let floor = spawn_floor(&shares);
+    let (floor, floor_cpu) = spawn_floor(&shares);
     let (d50, d99, dmax) = common::percentiles(delays.clone());
     let (_, c99, _) = common::percentiles(decisions);
     let node_calls = (calls1 - calls0) / (NODES.len() as f64 * instants as f64);
@@ -243,9 +257,10 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
         _ => "–".into(),
     };
     format!(
-        "| {backend:?} | {jobs} | {} | {d50:.0} ms | {d99:.0} ms | {dmax:.0} ms | {c99:.0} ms | {floor:.0} ms ({shares:?}) | {duplicates} | {missed} | {node_calls:.1} | {server} | {:.3} | {rss:.1} MiB | {trouble} |",
+        "| {backend:?} | {jobs} | {} | {d50:.0} ms | {d99:.0} ms | {dmax:.0} ms | {c99:.0} ms | {floor:.0} ms ({shares:?}) | {duplicates} | {missed} | {node_calls:.1} | {server} | {:.3} | {floor_cpu:.3} | {:.3} | {rss:.1} MiB | {trouble} |",
         delays.len(),
         (cpu1 - cpu0) / instants as f64,
+        (jobs_cpu1 - jobs_cpu0) / instants as f64,
     )
 }
 
@@ -261,9 +276,10 @@ fn sleep_until(t: DateTime<Utc>) {
     }
 }
 
-/// p99 of process start after a common instant, with one process per
-/// share each spawning its share of `/bin/true` (ms).
-fn spawn_floor(shares: &[usize]) -> f64 {
+/// p99 of process start after a common instant (ms), with one process per
+/// share each spawning its share of `/bin/true`, and the CPU those
+/// spawning processes used themselves (s, their children not counted).
+fn spawn_floor(shares: &[usize]) -> (f64, f64) {
     // Every child waits for the same instant, far enough ahead for all
     // of them to be up.
     let start = Utc::now().timestamp_millis() + 1_000;
@@ -278,18 +294,27 @@ fn spawn_floor(shares: &[usize]) -> f64 {
                     .args(["--floor-child", &n.to_string(), &start.to_string()])
                     .output()
                     .unwrap();
-                String::from_utf8_lossy(&out.stdout)
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                let cpu = text
+                    .split_whitespace()
+                    .find_map(|v| v.strip_prefix("cpu=")?.parse::<f64>().ok())
+                    .unwrap_or(f64::NAN);
+                let starts: Vec<f64> = text
                     .split_whitespace()
                     .filter_map(|v| v.parse::<f64>().ok())
-                    .collect::<Vec<f64>>()
+                    .collect();
+                (starts, cpu)
             })
         })
         .collect();
-    let all: Vec<f64> = handles
-        .into_iter()
-        .flat_map(|h| h.join().unwrap())
-        .collect();
-    common::percentiles(all).1
+    let mut all = Vec::new();
+    let mut cpu = 0.0;
+    for h in handles {
+        let (starts, c) = h.join().unwrap();
+        all.extend(starts);
+        cpu += c;
+    }
+    (common::percentiles(all).1, cpu)
 }
 
 fn floor_child(n: usize, start_ms: i64) {
@@ -306,5 +331,6 @@ fn floor_child(n: usize, start_ms: i64) {
         let _ = c.wait();
     }
     let text: Vec<String> = offsets.iter().map(|o| format!("{o:.2}")).collect();
-    println!("{}", text.join(" "));
+    let cpu = cpu_seconds(std::process::id() as i32);
+    println!("{} cpu={cpu:.3}", text.join(" "));
 }
