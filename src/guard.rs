@@ -129,8 +129,14 @@ pub fn serve() -> std::process::ExitCode {
     // their start times. Forgotten with the job, so a daemon a finished job
     // left behind on purpose (`ssh -fN`, `tmux new -d`) is never killed later.
     let mut known: BTreeMap<i32, BTreeMap<i32, u64>> = BTreeMap::new();
+    // The process table is read once a second while jobs run, never once
+    // per message: a thousand jobs starting at one instant are two thousand
+    // messages, and a scan reads every /proc/PID/stat of the host.
+    let every = std::time::Duration::from_secs(1);
+    let mut last_scan = std::time::Instant::now();
     loop {
-        match incoming.recv_timeout(std::time::Duration::from_secs(1)) {
+        let wait = every.saturating_sub(last_scan.elapsed());
+        match incoming.recv_timeout(wait) {
             Ok(line) => {
                 let (op, pgid) = line.split_at(line.len().min(1));
                 match (op, pgid.trim().parse::<i32>()) {
@@ -147,6 +153,10 @@ pub fn serve() -> std::process::ExitCode {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
+        if last_scan.elapsed() < every {
+            continue;
+        }
+        last_scan = std::time::Instant::now();
         if !groups.is_empty() {
             let table = process_table();
             for pgid in &groups {

@@ -190,7 +190,7 @@ impl Node {
             misfire: job.misfire,
             owner: self.owner.clone(),
             lease: self.lease_for(occurrence, next),
-            fence_floor: state.fence_floor.load(Ordering::SeqCst),
+            fence_floor: state.fence_floor(),
             max_offset: self.clock.bound(),
             after_unanswered,
         }
@@ -339,7 +339,7 @@ impl Node {
                         unanswered = None;
                         continue;
                     }
-                    if state.running.load(Ordering::SeqCst) {
+                    if state.is_running() {
                         // overlap = "skip": the previous run is still going at
                         // this instant. Skip this occurrence now (keeping the
                         // lease this claim renewed) rather than start it late

@@ -98,47 +98,83 @@ enum Standing {
     Follower(Option<String>),
 }
 
-/// Per-job state shared by the job's loop, its occurrence handlers and runs.
-pub(crate) struct JobState {
-    job: Mutex<Arc<Job>>,
+/// What the node knows of one job, behind one lock.
+struct JobRuntime {
+    job: Arc<Job>,
     /// Highest fence seen from the store: the `fence_floor` of claims.
-    fence_floor: AtomicU64,
-    lease: Mutex<Option<LeaseClock>>,
-    running: AtomicBool,
+    fence_floor: u64,
+    /// The last claim or renewal that succeeded, for the local deadline.
+    lease: Option<LeaseClock>,
+    /// A run of the job is going (its process has not ended).
+    running: bool,
+    /// Step-down came while a run was going: release when it ends.
+    release_after_run: bool,
+    /// Who holds the lease, as this node last saw it (to log changes).
+    standing: Standing,
+}
+
+/// Per-job state shared by the scheduler, the job's occurrence handlers and
+/// its runs: one [`JobRuntime`] behind one lock, plus two waits (the end of
+/// a run; a claim in flight).
+pub(crate) struct JobState {
+    runtime: Mutex<JobRuntime>,
     /// Told when a run's process is over (`running` back to false).
     run_ended: tokio::sync::Notify,
     /// Held from a claim until its run has started, so a step-down never
     /// sees a job as idle while a claim of it is in flight.
     claim_gate: Arc<tokio::sync::Mutex<()>>,
-    /// Step-down came while a run was going: release when it ends.
-    release_after_run: AtomicBool,
-    standing: Mutex<Standing>,
 }
 
 impl JobState {
     fn new(job: Job) -> Self {
         JobState {
-            job: Mutex::new(Arc::new(job)),
-            fence_floor: AtomicU64::new(0),
-            lease: Mutex::new(None),
-            running: AtomicBool::new(false),
+            runtime: Mutex::new(JobRuntime {
+                job: Arc::new(job),
+                fence_floor: 0,
+                lease: None,
+                running: false,
+                release_after_run: false,
+                standing: Standing::Unknown,
+            }),
             run_ended: tokio::sync::Notify::new(),
             claim_gate: Arc::new(tokio::sync::Mutex::new(())),
-            release_after_run: AtomicBool::new(false),
-            standing: Mutex::new(Standing::Unknown),
+        }
+    }
+
+    /// The job's state (a poisoned lock is still the latest state: every
+    /// change is a single assignment).
+    fn rt(&self) -> std::sync::MutexGuard<'_, JobRuntime> {
+        match self.runtime.lock() {
+            Ok(rt) => rt,
+            Err(poisoned) => poisoned.into_inner(),
         }
     }
 
     fn job(&self) -> Arc<Job> {
-        match self.job.lock() {
-            Ok(j) => j.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.rt().job.clone()
+    }
+
+    fn set_job(&self, job: Job) {
+        self.rt().job = Arc::new(job);
+    }
+
+    fn fence_floor(&self) -> u64 {
+        self.rt().fence_floor
+    }
+
+    fn is_running(&self) -> bool {
+        self.rt().running
+    }
+
+    /// Marks a run as started; false if one is going already.
+    fn start_running(&self) -> bool {
+        let mut rt = self.rt();
+        !std::mem::replace(&mut rt.running, true)
     }
 
     /// The run's process is over: the next occurrence may start.
     fn run_is_over(&self) {
-        self.running.store(false, Ordering::SeqCst);
+        self.rt().running = false;
         self.run_ended.notify_waiters();
     }
 
@@ -147,45 +183,59 @@ impl JobState {
         loop {
             // Registered before the check: a run ending in between is seen.
             let ended = self.run_ended.notified();
-            if !self.running.load(Ordering::SeqCst) {
+            if !self.is_running() {
                 return;
             }
             ended.await;
         }
     }
 
+    /// Step-down: an idle job's lease ends now (true: release it); a running
+    /// job's ends with its run.
+    fn step_down(&self) -> bool {
+        let mut rt = self.rt();
+        if rt.running {
+            rt.release_after_run = true;
+            false
+        } else {
+            rt.lease = None;
+            true
+        }
+    }
+
+    /// Whether a step-down asked for the lease to end with this run.
+    fn take_release_after_run(&self) -> bool {
+        std::mem::take(&mut self.rt().release_after_run)
+    }
+
     fn saw_fence(&self, fence: u64) {
-        self.fence_floor.fetch_max(fence, Ordering::SeqCst);
+        let mut rt = self.rt();
+        rt.fence_floor = rt.fence_floor.max(fence);
     }
 
     fn lease_clock(&self) -> Option<LeaseClock> {
-        self.lease.lock().ok().and_then(|l| *l)
+        self.rt().lease
     }
 
     /// A claim or renewal sent at `sent` succeeded.
     fn lease_granted(&self, sent: Instant, lease: Duration) {
-        if let Ok(mut l) = self.lease.lock() {
-            if l.is_none_or(|c| c.sent <= sent) {
-                *l = Some(LeaseClock { sent, lease });
-            }
+        let mut rt = self.rt();
+        if rt.lease.is_none_or(|c| c.sent <= sent) {
+            rt.lease = Some(LeaseClock { sent, lease });
         }
     }
 
     fn lease_ended(&self) {
-        if let Ok(mut l) = self.lease.lock() {
-            *l = None;
-        }
+        self.rt().lease = None;
     }
 
     /// Logs at info when this node's standing for the job changes.
     fn note_standing(&self, now: Standing, fence: u64) {
-        let Ok(mut s) = self.standing.lock() else {
-            return;
-        };
-        if *s == now {
+        let mut rt = self.rt();
+        if rt.standing == now {
             return;
         }
-        let job = self.job().name.clone();
+        let job = rt.job.name.clone();
         match &now {
             Standing::Holder => tracing::info!(job = %job, fence, "this node now holds the lease"),
             Standing::Follower(Some(holder)) => {
@@ -196,7 +246,7 @@ impl JobState {
             }
             Standing::Unknown => {}
         }
-        *s = now;
+        rt.standing = now;
     }
 }
 
@@ -605,9 +655,7 @@ impl Node {
                 Some(entry) => {
                     tracing::info!(job = %name, "job changed: applying the new definition");
                     entry.next = job.schedule.next_after(self.wall.now());
-                    if let Ok(mut j) = entry.state.job.lock() {
-                        *j = Arc::new(job);
-                    }
+                    entry.state.set_job(job);
                 }
                 None => {
                     let entry = JobEntry {
@@ -655,10 +703,7 @@ impl Node {
         for state in self.states() {
             // Wait out a claim in flight: its run, if it won, counts as running.
             let _gate = state.claim_gate.lock().await;
-            if state.running.load(Ordering::SeqCst) {
-                state.release_after_run.store(true, Ordering::SeqCst);
-            } else {
-                state.lease_ended();
+            if state.step_down() {
                 idle.push(state.job().name.clone());
             }
         }
@@ -696,8 +741,7 @@ impl Node {
 
     /// Releases a removed job's lease once no run of it is going.
     fn release_when_idle(self: &Arc<Self>, state: Arc<JobState>) {
-        if state.running.load(Ordering::SeqCst) {
-            state.release_after_run.store(true, Ordering::SeqCst);
+        if !state.step_down() {
             return;
         }
         let node = self.clone();

@@ -9,7 +9,6 @@
 //! the store could let a peer in.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -52,7 +51,7 @@ impl Node {
         ticket: RunTicket,
     ) -> Option<JoinHandle<()>> {
         let job = state.job();
-        if state.running.swap(true, Ordering::SeqCst) {
+        if !state.start_running() {
             tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
             return None;
         }
@@ -60,7 +59,7 @@ impl Node {
         let state = state.clone();
         Some(self.runs.spawn(async move {
             node.supervise(&state, ticket).await;
-            if state.release_after_run.swap(false, Ordering::SeqCst) {
+            if state.take_release_after_run() {
                 state.lease_ended();
                 node.release(&[state.job().name.clone()]).await;
             }

@@ -30,6 +30,14 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         "unknown field `nodes`",
     ),
     (
+        "store.max_connections out of range",
+        "[store]\nurl = \"sqlite://x.db\"\nmax_connections = 0\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        3,
+        "store.max_connections must be between 1 and 1000",
+    ),
+    (
         "unknown store key",
         "[store]\nurl = \"sqlite://x.db\"\npasword = \"x\"\n",
         GOOD_JOB,

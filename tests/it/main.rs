@@ -21,6 +21,7 @@ mod e2e;
 mod inprocess;
 mod jobs;
 mod many;
+mod migrate;
 mod outage;
 mod pidfile;
 mod service;
