@@ -6,9 +6,11 @@
 //! instant → claim answer) p99, duplicate runs, missed occurrences, store
 //! round trips per node per instant (the nodes' own call counts; and what
 //! the server counted where it can say: MariaDB statements, PostgreSQL
-//! transactions, Redis commands sent by clients, a script call counting 1),
-//! daemon CPU-seconds per instant (the three daemons together, jobs
-//! excluded; the jobs' own CPU apart), the largest RSS, store trouble lines
+//! transactions, Redis commands sent by clients, a script call counting 1;
+//! less the health pings a node serving /healthz sends a quiet store, shown
+//! apart),
+//! daemon CPU-seconds per instant (the three daemons and their guard
+//! processes together, jobs excluded; the jobs' own CPU apart), the largest RSS, store trouble lines
 //! in the logs, and the spawn floor measured in the same run: as many
 //! processes as nodes ran jobs, each spawning its share of `/bin/true` at one
 //! instant (start p99, and the CPU the spawning processes used).
@@ -51,7 +53,7 @@ fn main() {
         .collect();
     let seconds: i64 = common::arg("--seconds", "50").parse().expect("--seconds N");
     println!(
-        "| store | jobs | runs | delay p50 | p99 | max | decision p99 | floor p99 | dup | missed | node calls/node/instant | server count/node/instant | daemon CPU s/instant (3 nodes) | floor spawner CPU s | jobs' CPU s/instant | max RSS | trouble lines |"
+        "| store | jobs | runs | delay p50 | p99 | max | decision p99 | floor p99 | dup | missed | node calls/node/instant | server count/node/instant | health pings/node/instant | daemon+guard CPU s/instant (3 nodes) | floor spawner CPU s | jobs' CPU s/instant | max RSS | trouble lines |"
     );
     println!(
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -79,6 +81,21 @@ fn cpu_seconds(pid: i32) -> f64 {
     ticks / 100.0
 }
 
+/// A daemon's own CPU and its guard process's (the `__guard` child that
+/// kills its jobs if it dies), in seconds.
+fn daemon_cpu_seconds(pid: i32) -> f64 {
+    let guards: f64 = support::all_pids()
+        .into_iter()
+        .filter(|p| support::proc_stat(*p).get(1).is_some_and(|ppid| *ppid == pid.to_string()))
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__guard"))
+        })
+        .map(cpu_seconds)
+        .sum();
+    cpu_seconds(pid) + guards
+}
+
 /// cutime + cstime: what the process's reaped children (the jobs) used.
 fn children_cpu_seconds(pid: i32) -> f64 {
     let stat = support::proc_stat(pid);
@@ -96,24 +113,31 @@ fn rss_mib(pid: i32) -> f64 {
         / 1024.0
 }
 
-/// `cronlease_store_call_seconds_count` summed over claim, renew, release
-/// and record, from a node's /metrics.
-fn store_calls(port: u16) -> f64 {
+/// `cronlease_store_call_seconds_count` from a node's /metrics: summed over
+/// claim, renew, release and record; and the health pings (a node serving
+/// /healthz pings a store that was quiet for half a margin).
+fn store_calls(port: u16) -> (f64, f64) {
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return f64::NAN;
+        return (f64::NAN, f64::NAN);
     };
     let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
-    body.lines()
-        .filter(|l| l.starts_with("cronlease_store_call_seconds_count"))
-        .filter(|l| {
-            ["claim", "renew", "release", "record"]
-                .iter()
-                .any(|op| l.contains(&format!("op=\"{op}\"")))
-        })
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum()
+    let count = |ops: &[&str]| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with("cronlease_store_call_seconds_count"))
+            .filter(|l| ops.iter().any(|op| l.contains(&format!("op=\"{op}\""))))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum()
+    };
+    (count(&["claim", "renew", "release", "record"]), count(&["ping"]))
+}
+
+fn sum_calls(ports: &[u16]) -> (f64, f64) {
+    ports
+        .iter()
+        .map(|p| store_calls(*p))
+        .fold((0.0, 0.0), |(a, b), (c, d)| (a + c, b + d))
 }
 
 /// What the server itself counted so far: MariaDB statements, PostgreSQL
@@ -171,16 +195,16 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
     let started = Utc::now();
     let first = next_instant(started + TimeDelta::seconds(2)) + TimeDelta::seconds(10);
     sleep_until(first - TimeDelta::milliseconds(500));
-    let cpu0: f64 = NODES.iter().map(|n| cpu_seconds(c.pid(n))).sum();
+    let cpu0: f64 = NODES.iter().map(|n| daemon_cpu_seconds(c.pid(n))).sum();
     let jobs_cpu0: f64 = NODES.iter().map(|n| children_cpu_seconds(c.pid(n))).sum();
-    let calls0: f64 = ports.iter().map(|p| store_calls(*p)).sum();
+    let (calls0, pings0) = sum_calls(&ports);
     let server0 = server_count(backend);
     let instants = (seconds / 10).max(1);
     let last = first + TimeDelta::seconds(10 * (instants - 1));
     sleep_until(last + TimeDelta::milliseconds(9_500));
-    let cpu1: f64 = NODES.iter().map(|n| cpu_seconds(c.pid(n))).sum();
+    let cpu1: f64 = NODES.iter().map(|n| daemon_cpu_seconds(c.pid(n))).sum();
     let jobs_cpu1: f64 = NODES.iter().map(|n| children_cpu_seconds(c.pid(n))).sum();
-    let calls1: f64 = ports.iter().map(|p| store_calls(*p)).sum();
+    let (calls1, pings1) = sum_calls(&ports);
     std::thread::sleep(Duration::from_millis(600));
     let server1 = server_count(backend);
     let rss = NODES.iter().map(|n| rss_mib(c.pid(n))).fold(0.0, f64::max);
@@ -251,13 +275,17 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
     let (floor, floor_cpu) = spawn_floor(&shares);
     let (d50, d99, dmax) = common::percentiles(delays.clone());
     let (_, c99, _) = common::percentiles(decisions);
-    let node_calls = (calls1 - calls0) / (NODES.len() as f64 * instants as f64);
+    let per_node_instant = NODES.len() as f64 * instants as f64;
+    let node_calls = (calls1 - calls0) / per_node_instant;
+    let pings = (pings1 - pings0) / per_node_instant;
+    // The server's count less the health pings (one statement, one
+    // transaction or one command each).
     let server = match (server0, server1) {
-        (Some(a), Some(b)) => format!("{:.1}", (b - a) / (NODES.len() as f64 * instants as f64)),
+        (Some(a), Some(b)) => format!("{:.1}", (b - a) / per_node_instant - pings),
         _ => "–".into(),
     };
     format!(
-        "| {backend:?} | {jobs} | {} | {d50:.0} ms | {d99:.0} ms | {dmax:.0} ms | {c99:.0} ms | {floor:.0} ms ({shares:?}) | {duplicates} | {missed} | {node_calls:.1} | {server} | {:.3} | {floor_cpu:.3} | {:.3} | {rss:.1} MiB | {trouble} |",
+        "| {backend:?} | {jobs} | {} | {d50:.0} ms | {d99:.0} ms | {dmax:.0} ms | {c99:.0} ms | {floor:.0} ms ({shares:?}) | {duplicates} | {missed} | {node_calls:.1} | {server} | {pings:.1} | {:.3} | {floor_cpu:.3} | {:.3} | {rss:.1} MiB | {trouble} |",
         delays.len(),
         (cpu1 - cpu0) / instants as f64,
         (jobs_cpu1 - jobs_cpu0) / instants as f64,
