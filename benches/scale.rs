@@ -86,7 +86,11 @@ fn cpu_seconds(pid: i32) -> f64 {
 fn daemon_cpu_seconds(pid: i32) -> f64 {
     let guards: f64 = support::all_pids()
         .into_iter()
-        .filter(|p| support::proc_stat(*p).get(1).is_some_and(|ppid| *ppid == pid.to_string()))
+        .filter(|p| {
+            support::proc_stat(*p)
+                .get(1)
+                .is_some_and(|ppid| *ppid == pid.to_string())
+        })
         .filter(|p| {
             std::fs::read(format!("/proc/{p}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__guard"))
@@ -130,7 +134,10 @@ fn store_calls(port: u16) -> (f64, f64) {
             .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
             .sum()
     };
-    (count(&["claim", "renew", "release", "record"]), count(&["ping"]))
+    (
+        count(&["claim", "renew", "release", "record"]),
+        count(&["ping"]),
+    )
 }
 
 fn sum_calls(ports: &[u16]) -> (f64, f64) {

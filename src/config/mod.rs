@@ -400,7 +400,7 @@ pub struct StoreConfig {
     /// Runs kept in history per job.
     pub history_limit: u32,
     /// Connections per node: the SQL pool's size (SQLite: at most 2, one
-    /// file has one writer), Redis connections.
+    /// file has one writer). Redis uses one multiplexed connection.
     pub max_connections: u32,
     /// TLS trust and client identity (`rediss://`, MySQL, PostgreSQL).
     pub tls: Option<TlsFiles>,
@@ -1187,16 +1187,18 @@ fn validate_job(
     let (line, col) = line_col(&src.text, rj.name.span().start);
     let here = format!("{}:{line}:{col}", src.origin);
     if let Some(n) = &name {
-        if let Some(first) = seen.get(n.as_str()) {
+        // Keyed ignoring case: MySQL's default collation compares lock
+        // names that way, so `Backup` and `backup` would share one lock.
+        if let Some(first) = seen.get(&n.as_str().to_ascii_lowercase()) {
             errors.push(src.at(
                 &rj.name,
                 format!(
-                    "duplicate job name {:?} (first defined at {first})",
+                    "duplicate job name {:?} (first defined at {first}); names must differ in more than upper/lower case",
                     n.as_str()
                 ),
             ));
         } else {
-            seen.insert(n.as_str().to_string(), here.clone());
+            seen.insert(n.as_str().to_ascii_lowercase(), here.clone());
         }
     }
     let zone = rj.timezone.as_ref().map_or("UTC", |z| z.get_ref().as_str());

@@ -8,7 +8,9 @@
 //!    step is noticed), then takes every job due then ([`Node::take_due`]).
 //! 2. [`Node::claim_instant`] builds one claim per due job and queues them as
 //!    one group on the claim batcher ([`super::batch`]): one store call for
-//!    the instant. It holds each job's claim gate until its handler is done.
+//!    the instant. It takes each job's claim gate and hands it to the job's
+//!    handler, which holds it until the claim is answered and its run (if
+//!    won) has started.
 //! 3. One [`Node::handle_occurrence`] task per occurrence receives its answer:
 //!    won, it starts the run ([`super::run`]); lost to a live lease of
 //!    another owner who has not claimed this occurrence, it waits for the
@@ -289,9 +291,11 @@ impl Node {
                     if matches!(e, StoreError::NotMigrated { .. }) {
                         self.prepared.store(false, Ordering::SeqCst);
                     }
-                    if e.is_unreachable() {
-                        unanswered.get_or_insert(sent);
-                    }
+                    // Whatever the error, the store may have applied the
+                    // claim before it (a reply lost, a script that failed
+                    // after some writes): the retry says so, and the store
+                    // answers a win of ours again rather than refuse it.
+                    unanswered.get_or_insert(sent);
                     self.count_claim(&job.name, "error");
                     if !self.retry_after(&mut backoff, give_up_at, &stop).await {
                         return;

@@ -17,10 +17,14 @@
 //! - Reload (`SIGHUP`): apply a new job set; removed jobs stop being claimed
 //!   and their running runs finish.
 //!
-//! Cancellation is one token tree: `claims` (stop claiming) has a child per
-//! job; `kill_runs` ends running jobs; `batchers_stop` ends the batchers once
-//! everything else is over. Two task trackers let shutdown wait for the
-//! handlers and then for the runs.
+//! Cancellation is one token tree under `root` (cancelled last, when the
+//! node has shut down: it ends the batchers): `claims` (stop claiming) has a
+//! child per job; `kill_runs` ends running jobs. Two task trackers let
+//! shutdown wait for the handlers and then for the runs.
+//!
+//! Locks, always taken in this order and never held across an `await`
+//! except the claim gate: the job table (`jobs`), then a job's claim gate,
+//! then its [`JobRuntime`].
 
 mod batch;
 mod claim;
@@ -307,8 +311,9 @@ pub struct Node {
     claim_queue: Batcher<ClaimRequest, (ClaimOutcome, DateTime<Utc>)>,
     renew_queue: Batcher<Renewal, bool>,
     record_queue: Batcher<RunRecord, ()>,
-    /// Stops the batchers once the node has shut down.
-    batchers_stop: CancellationToken,
+    /// The root of the token tree: cancelled once the node has shut down
+    /// (it ends the batchers).
+    root: CancellationToken,
     /// Ping the store when it has been quiet for half a margin (`/healthz`).
     keep_health_fresh: bool,
 }
@@ -369,6 +374,7 @@ impl Node {
             wall,
             runner,
         } = parts;
+        let root = CancellationToken::new();
         Arc::new(Node {
             owner: Owner::new(&config.node),
             name: config.node.clone(),
@@ -382,8 +388,8 @@ impl Node {
             guard,
             prepared: AtomicBool::new(false),
             prepare_lock: tokio::sync::Mutex::new(()),
-            claims: CancellationToken::new(),
-            kill_runs: CancellationToken::new(),
+            claims: root.child_token(),
+            kill_runs: root.child_token(),
             handlers: TaskTracker::new(),
             runs: TaskTracker::new(),
             jobs: Mutex::new(BTreeMap::new()),
@@ -398,7 +404,7 @@ impl Node {
             claim_queue: Batcher::new(Duration::ZERO),
             renew_queue: Batcher::new(BATCH_WINDOW),
             record_queue: Batcher::new(BATCH_WINDOW),
-            batchers_stop: CancellationToken::new(),
+            root,
             keep_health_fresh: config.metrics_listen.is_some(),
         })
     }
@@ -526,12 +532,12 @@ impl Node {
         self.handlers.spawn(async move { node.scheduler().await });
         shutdown.cancelled().await;
         self.shut_down().await;
-        self.batchers_stop.cancel();
+        self.root.cancel();
     }
 
     /// Starts the tasks that send batched claims, renewals and history
-    /// writes. They end with `batchers_stop`, after the node has shut down
-    /// (runs still write their history during shutdown).
+    /// writes. They end with `root`, after the node has shut down (runs
+    /// still write their history during shutdown).
     fn start_batchers(self: &Arc<Self>) {
         let node = self.clone();
         tokio::spawn(async move {
@@ -550,7 +556,7 @@ impl Node {
                     .collect())
             });
             tokio::select! {
-                () = node.batchers_stop.cancelled() => {}
+                () = node.root.cancelled() => {}
                 () = serve => {}
             }
         });
@@ -566,7 +572,7 @@ impl Node {
                 .await
             });
             tokio::select! {
-                () = node.batchers_stop.cancelled() => {}
+                () = node.root.cancelled() => {}
                 () = serve => {}
             }
         });
@@ -583,13 +589,13 @@ impl Node {
                 Ok(vec![(); runs.len()])
             });
             tokio::select! {
-                () = node.batchers_stop.cancelled() => {}
+                () = node.root.cancelled() => {}
                 () = serve => {}
             }
         });
     }
 
-    /// Retries [`Store::prepare`] (migrations, scripts) until it succeeds.
+    /// Retries [`crate::store::Locks::prepare`] (migrations, scripts) until it succeeds.
     async fn prepare_until_ready(self: Arc<Self>) {
         let mut backoff = Duration::from_millis(200);
         loop {

@@ -1,7 +1,7 @@
 //! The shared lock store: one small trait, a backend per URL scheme.
 //!
 //! Every backend gives the same answer to the same question (docs/protocol.md):
-//! [`Store::claim`] is one atomic step evaluated on the **store's clock**. It
+//! [`Locks::claim`] is one atomic step evaluated on the **store's clock**. It
 //! succeeds iff the job's lease is free, expired or already ours, and the
 //! occurrence is later than the last one claimed. It then bumps the fencing
 //! token and, with `misfire = "run_once"`, may hand out the most recent missed
@@ -305,7 +305,7 @@ pub trait Locks: Send + Sync + 'static {
         renewals: &[Renewal],
     ) -> Result<Vec<bool>, StoreError>;
 
-    /// [`Store::renew_many`] of one lease.
+    /// [`Locks::renew_many`] of one lease.
     async fn renew(
         &self,
         job: &JobName,
@@ -347,7 +347,7 @@ pub trait History: Send + Sync + 'static {
     /// write retried after a timeout that did commit leaves one record.
     async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError>;
 
-    /// [`Store::record_runs`] of one run.
+    /// [`History::record_runs`] of one run.
     async fn record_run(&self, run: &RunRecord, keep: u32) -> Result<(), StoreError> {
         self.record_runs(std::slice::from_ref(run), keep).await
     }

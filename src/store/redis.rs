@@ -1,7 +1,8 @@
 //! The Redis store: a lease key with a TTL, a state hash that never expires
 //! (fence, last occurrence, last owner), and a capped stream of runs, per job.
 //!
-//! Keys are `{key_prefix}{job}:lease`, `:state` and `:runs`; the braces make
+//! Keys are `{key_prefix}{job}:lease`, `:state`, `:runs` and `:fences` (the
+//! fences recorded in `:runs`); the braces make
 //! them a hash tag, so one job's keys share a cluster slot. Every claim,
 //! renewal and release is one Lua script (`redis/*.lua`), atomic on the
 //! server, and the server's clock is the only clock (TTL, `PTTL`, `TIME`).
@@ -9,7 +10,7 @@
 //! call: one round trip, however many jobs it names.
 //!
 //! The guarantee holds while Redis keeps what it acknowledged: AOF with
-//! `appendfsync always`. [`Store::prepare`] warns once when the server has no
+//! `appendfsync always`. [`Locks::prepare`] warns once when the server has no
 //! such persistence.
 
 use std::collections::HashMap;
@@ -33,7 +34,7 @@ static RENEW: &str = include_str!("redis/renew.lua");
 static RELEASE: &str = include_str!("redis/release.lua");
 static RECORD: &str = include_str!("redis/record.lua");
 
-/// The Redis implementation of [`Store`].
+/// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
     client: Client,
     manager: OnceCell<ConnectionManager>,
@@ -47,8 +48,8 @@ pub struct RedisStore {
     warned_persistence: AtomicBool,
 }
 
-/// `{won, fence, occurrence, catch_up, holder/previous owner, remaining, last,
-/// now, too_early}`.
+/// `{won, fence, occurrence, catch_up, holder/previous owner (or the error
+/// when won is -2), remaining, last, now, too_early, repaired}`.
 /// The fence comes as a decimal string: Lua numbers are doubles.
 type ClaimReply = (
     i64,
@@ -358,6 +359,12 @@ fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
     let fence = fence.parse::<u64>().unwrap_or(0);
     if won == -1 {
         ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
+    } else if won == -2 {
+        ClaimOutcome::Failed(format!(
+            "the claim of job {} failed in the server: {}",
+            req.job,
+            one_line(&who.unwrap_or_default())
+        ))
     } else if won == 1 {
         ClaimOutcome::Won(Won {
             fence,

@@ -362,6 +362,18 @@ fn duplicate_names_across_files_point_at_both() {
         e.message.contains("duplicate job name \"ok\"") && e.message.contains("a.toml:2:8"),
         "{e}"
     );
+    // Names that differ only in case would share one lock on MySQL.
+    let other = GOOD_JOB.replace("\"ok\"", "\"OK\"");
+    let errors = load(
+        dir.path(),
+        GOOD_MAIN,
+        &[("a.toml", GOOD_JOB), ("b.toml", other.as_str())],
+    )
+    .unwrap_err();
+    assert!(
+        errors.len() == 1 && errors[0].message.contains("more than upper/lower case"),
+        "{errors:#?}"
+    );
 }
 
 #[test]

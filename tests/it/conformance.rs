@@ -858,3 +858,54 @@ async fn redis_lease_without_expiry_is_repaired() {
     let w = won(claim(&a, req("r", "a#1", 1, 400)).await);
     assert_eq!(w.fence, 1);
 }
+
+/// Redis only: a request whose keys the server refuses (a key of the wrong
+/// type, a hand edit) fails alone; the rest of its batch is decided, and
+/// nothing is left claimed by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_broken_key_fails_only_its_own_claim() {
+    let h = Harness::new(Backend::Redis).await;
+    let a = h.store().await;
+    let client = ::redis::Client::open(h.config.url.expose()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg(format!("{}{{w}}:state", h.config.key_prefix))
+        .arg("not a hash")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let out = a
+        .claim(&[req("w", "a#1", 1, 60_000), req("fine", "a#1", 1, 60_000)])
+        .await
+        .unwrap()
+        .outcomes;
+    assert!(
+        matches!(&out[0], ClaimOutcome::Failed(e) if e.contains("WRONGTYPE")),
+        "{out:?}"
+    );
+    assert!(
+        matches!(&out[1], ClaimOutcome::Won(w) if w.fence == 1),
+        "{out:?}"
+    );
+}
+
+/// MySQL/MariaDB only: lock names compare ignoring case there, so a job
+/// renamed only by case keeps its lock (fence and last occurrence) instead
+/// of failing every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_job_renamed_by_case_keeps_its_lock() {
+    let h = Harness::new(Backend::Mysql).await;
+    let a = h.store().await;
+    assert_eq!(
+        won(claim(&a, req("Backup", "a#1", 1, 60_000)).await).fence,
+        1
+    );
+    let w = won(claim(&a, req("backup", "a#1", 2, 60_000)).await);
+    assert_eq!((w.fence, w.occurrence), (2, occ(2)));
+    assert_eq!(
+        lost(claim(&a, req("backup", "b#1", 2, 60_000)).await)
+            .holder
+            .as_deref(),
+        Some("a#1")
+    );
+}

@@ -9,7 +9,9 @@
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
 -- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
 -- now_ms, too_early, repaired}; won is -1 when the fence is at its maximum
--- (2^63-1): nothing is written for that request.
+-- (2^63-1): nothing is written for that request; won is -2 when the request
+-- failed in the server (a key of the wrong type), with the error as the
+-- fifth element: the other requests are decided as usual.
 -- Fences are kept exact: Lua numbers are doubles, so they are compared as
 -- decimal strings and incremented with HINCRBY (64-bit integers).
 local MAX_FENCE = '9223372036854775807'
@@ -90,7 +92,14 @@ end
 local replies = {}
 for i = 1, #KEYS / 2 do
   local a = 8 * (i - 1)
-  replies[i] = claim(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+  local ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+  if ok then
+    replies[i] = reply
+  else
+    local e = reply
+    if type(e) == 'table' then e = e.err or 'error' end
+    replies[i] = {-2, '0', 0, 0, tostring(e), 0, -1, now_ms, 0, 0}
+  end
 end
 return replies

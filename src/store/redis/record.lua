@@ -14,8 +14,10 @@ for i = 1, #KEYS / 2 do
   local fields = {}
   for j = 1, n do fields[j] = ARGV[a + 1 + j] end
   a = a + 2 + n
-  if redis.call('ZADD', fences, 'NX', fence, fence) == 1 then
+  if not redis.call('ZSCORE', fences, fence) then
+    -- The entry first: a fence is marked recorded only once it is.
     redis.call('XADD', stream, 'MAXLEN', keep, '*', unpack(fields))
+    redis.call('ZADD', fences, fence, fence)
     redis.call('ZREMRANGEBYRANK', fences, 0, -(keep + 1))
     added = added + 1
   end

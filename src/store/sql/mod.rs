@@ -1,4 +1,4 @@
-//! The SQL store: one implementation of [`Store`] for SQLite, MySQL/MariaDB
+//! The SQL store: one implementation of [`crate::store::Store`] for SQLite, MySQL/MariaDB
 //! and PostgreSQL, over sqlx's `Any` driver.
 //!
 //! Everything stored is an integer (milliseconds since the Unix epoch, fences)
@@ -69,7 +69,7 @@ enum Answer {
     Renewed(Vec<bool>),
 }
 
-/// The SQL implementation of [`Store`].
+/// The SQL implementation of [`crate::store::Store`].
 pub struct SqlStore {
     /// Replaced when a SQLite file was deleted or replaced under us.
     pool: std::sync::RwLock<AnyPool>,
@@ -550,7 +550,7 @@ impl SqlStore {
         op: Locked<'_>,
     ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
         let mut conn = self.pool().acquire().await?;
-        let (mut result, mut clean) = self.locked_on(&mut conn, op).await;
+        let (mut result, mut clean) = self.locked_on(&mut conn, op, false).await;
         if clean {
             if let Ok(Err(missing)) = &result {
                 if let Err(e) = self.seed_rows(&mut conn, missing).await {
@@ -559,7 +559,7 @@ impl SqlStore {
                     }
                     return Err(e);
                 }
-                (result, clean) = self.locked_on(&mut conn, op).await;
+                (result, clean) = self.locked_on(&mut conn, op, true).await;
             }
         }
         if !clean {
@@ -591,6 +591,7 @@ impl SqlStore {
         &self,
         conn: &mut AnyConnection,
         op: Locked<'_>,
+        seeded: bool,
     ) -> (Result<Result<Answer, Vec<String>>, sqlx::Error>, bool) {
         let mut tx = match conn.begin_with(self.dialect.begin).await {
             Ok(tx) => tx,
@@ -600,7 +601,7 @@ impl SqlStore {
                 return (Err(e), clean);
             }
         };
-        let decided = self.decide_in_tx(&mut tx, op).await;
+        let decided = self.decide_in_tx(&mut tx, op, seeded).await;
         let ended = match &decided {
             Ok(Ok(_)) => tx.commit().await,
             _ => tx.rollback().await,
@@ -645,6 +646,20 @@ impl SqlStore {
                 rows.insert(name, row);
             }
         }
+        // MySQL's default collation ignores case: a job renamed only by
+        // case (`Backup` → `backup`) reads the row stored under the old
+        // spelling, and writes it back under the same key.
+        for name in names {
+            if !rows.contains_key(*name) {
+                let other = rows
+                    .keys()
+                    .find(|k| k.eq_ignore_ascii_case(name) && !names.contains(&k.as_str()))
+                    .cloned();
+                if let Some(row) = other.and_then(|k| rows.get(&k).cloned()) {
+                    rows.insert(name.to_string(), row);
+                }
+            }
+        }
         Ok(rows)
     }
 
@@ -678,6 +693,7 @@ impl SqlStore {
         &self,
         tx: &mut AnyConnection,
         op: Locked<'_>,
+        seeded: bool,
     ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
         // Read after BEGIN: the write lock is held, so this instant is later
         // than every decision committed before ours.
@@ -698,7 +714,9 @@ impl SqlStore {
                     .filter(|n| !rows.contains_key(**n))
                     .map(|n| n.to_string())
                     .collect();
-                if !missing.is_empty() {
+                // Rows still missing after seeding them (a table emptied
+                // meanwhile) fail their own requests below, never loop.
+                if !missing.is_empty() && !seeded {
                     return Ok(Err(missing));
                 }
                 // Decided in name order; a job named twice sees its first
@@ -734,9 +752,16 @@ impl SqlStore {
                     };
                     outcomes[i] = Some(outcome);
                 }
-                let store_now = match file_now {
-                    Some(now) => now,
-                    None => rows.values().flatten().map(|r| r.now).next().unwrap_or(0),
+                let read_now = rows.values().flatten().map(|r| r.now).next();
+                let store_now = match (file_now, read_now) {
+                    (Some(now), _) | (None, Some(now)) => now,
+                    // No row could be read: ask the database, never report
+                    // a clock of 1970 (the node would think itself skewed).
+                    (None, None) => {
+                        sqlx::query_scalar(self.queries.clock.clone())
+                            .fetch_one(&mut *tx)
+                            .await?
+                    }
                 };
                 Answer::Claimed(Claimed {
                     store_now: from_ms(store_now),
