@@ -105,6 +105,9 @@ struct Queries {
 const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms";
 const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at";
 
+/// Marks a per-connection setup statement whose failure is ignored.
+pub(crate) const OPTIONAL: &str = "/* optional */ ";
+
 /// Rows per multi-row statement: far below every database's bind limit
 /// (SQLite 32766, MySQL and PostgreSQL 65535) at 12 columns.
 const CHUNK: usize = 500;
@@ -330,9 +333,14 @@ impl SqlStore {
                     let setup = setup.clone();
                     Box::pin(async move {
                         for stmt in setup.iter() {
-                            sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
+                            let done = sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
                                 .execute(&mut *conn)
-                                .await?;
+                                .await;
+                            // A setting only some servers know (MariaDB's
+                            // idle_transaction_timeout on MySQL) is skipped.
+                            if done.is_err() && !stmt.starts_with(OPTIONAL) {
+                                done?;
+                            }
                         }
                         Ok(())
                     })

@@ -47,6 +47,15 @@ pub(super) fn parts(
             "SET SESSION innodb_lock_wait_timeout = {}",
             lock_wait_s.max(1)
         ),
+        // MariaDB ends a transaction left idle this long (a node frozen or
+        // partitioned inside a claim batch would otherwise keep every row of
+        // the batch locked, and no peer could claim those jobs until it came
+        // back). MySQL has no such setting: skipped there.
+        format!(
+            "{}SET SESSION idle_transaction_timeout = {}",
+            super::OPTIONAL,
+            lock_wait_s.max(1)
+        ),
     ];
     let params = super::tls_params(tls, &TLS_PARAMS);
     (&DIALECT, super::with_params(url.expose(), &params), setup)

@@ -41,7 +41,13 @@ pub(super) fn parts(
     op_ms: i64,
     tls: Option<&TlsFiles>,
 ) -> (&'static Dialect, String, Vec<String>) {
-    let setup = vec![format!("SET lock_timeout = {}", op_ms.max(1))];
+    let setup = vec![
+        format!("SET lock_timeout = {}", op_ms.max(1)),
+        // A transaction left idle this long is ended by the server: a node
+        // frozen or partitioned inside a claim batch would otherwise keep
+        // every row of the batch locked until it came back.
+        format!("SET idle_in_transaction_session_timeout = {}", op_ms.max(1)),
+    ];
     let params = super::tls_params(tls, &TLS_PARAMS);
     (&DIALECT, super::with_params(url.expose(), &params), setup)
 }
