@@ -542,7 +542,7 @@ impl Node {
         let node = self.clone();
         tokio::spawn(async move {
             let n = &node;
-            let serve = n.claim_queue.serve(move |requests| async move {
+            let claims = n.claim_queue.serve(move |requests| async move {
                 let sent = n.wall.now();
                 let claimed = n
                     .call("claim", n.op_timeout, n.store.claim(&requests))
@@ -555,15 +555,7 @@ impl Node {
                     .map(|o| (o, answered))
                     .collect())
             });
-            tokio::select! {
-                () = node.root.cancelled() => {}
-                () = serve => {}
-            }
-        });
-        let node = self.clone();
-        tokio::spawn(async move {
-            let n = &node;
-            let serve = n.renew_queue.serve(move |renewals| async move {
+            let renewals = n.renew_queue.serve(move |renewals| async move {
                 n.call(
                     "renew",
                     n.op_timeout,
@@ -571,15 +563,7 @@ impl Node {
                 )
                 .await
             });
-            tokio::select! {
-                () = node.root.cancelled() => {}
-                () = serve => {}
-            }
-        });
-        let node = self.clone();
-        tokio::spawn(async move {
-            let n = &node;
-            let serve = n.record_queue.serve(move |runs| async move {
+            let records = n.record_queue.serve(move |runs| async move {
                 n.call(
                     "record",
                     n.op_timeout,
@@ -588,9 +572,10 @@ impl Node {
                 .await?;
                 Ok(vec![(); runs.len()])
             });
+            // One task serves all three queues, each call still on its own.
             tokio::select! {
-                () = node.root.cancelled() => {}
-                () = serve => {}
+                () = n.root.cancelled() => {}
+                _ = async { tokio::join!(claims, renewals, records) } => {}
             }
         });
     }

@@ -168,6 +168,29 @@ impl Running {
     }
 }
 
+/// A node long gone claimed job j0000's 11:59:30 (a lease of 100 ms), so
+/// 11:59:40 and 11:59:50 are missed when the test's nodes start.
+async fn ghost_claimed_11_59_30(w: &World) {
+    use cronlease::store::{ClaimOutcome, ClaimRequest, Locks};
+    let claimed = w
+        .store
+        .connection()
+        .claim(&[ClaimRequest {
+            job: cronlease::config::JobName::parse("j0000").unwrap(),
+            occurrence: t(-30.0),
+            previous: None,
+            misfire: cronlease::config::Misfire::RunOnce,
+            owner: Owner::from_raw("ghost#1"),
+            lease: Duration::from_millis(100),
+            fence_floor: 0,
+            max_offset: Duration::from_secs(3600),
+            after_unanswered: false,
+        }])
+        .await
+        .unwrap();
+    assert!(matches!(claimed.outcomes[0], ClaimOutcome::Won(_)));
+}
+
 /// `n` jobs every ten seconds.
 fn jobs(n: usize) -> String {
     (0..n)
@@ -261,26 +284,7 @@ async fn a_cut_off_holder_is_taken_over_within_the_margin() {
 async fn a_missed_occurrence_is_caught_up_first() {
     let w = World::new(VirtualRunner::default());
     // A node long gone claimed 11:59:30 and nobody ran 11:59:40 or :50.
-    let ghost = w.store.connection();
-    use cronlease::store::{ClaimRequest, Locks};
-    let claimed = ghost
-        .claim(&[ClaimRequest {
-            job: cronlease::config::JobName::parse("j0000").unwrap(),
-            occurrence: t(-30.0),
-            previous: None,
-            misfire: cronlease::config::Misfire::RunOnce,
-            owner: Owner::from_raw("ghost#1"),
-            lease: Duration::from_millis(100),
-            fence_floor: 0,
-            max_offset: Duration::from_secs(3600),
-            after_unanswered: false,
-        }])
-        .await
-        .unwrap();
-    assert!(matches!(
-        claimed.outcomes[0],
-        cronlease::store::ClaimOutcome::Won(_)
-    ));
+    ghost_claimed_11_59_30(&w).await;
     let a = w.start("a", &jobs(1));
     w.until(t(5.0)).await;
     let runs: Vec<(u64, i64, i64)> = w
@@ -299,22 +303,7 @@ async fn a_missed_occurrence_is_caught_up_first() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_claim_reply_loses_no_occurrence() {
     let w = World::new(VirtualRunner::default());
-    let ghost = w.store.connection();
-    use cronlease::store::{ClaimRequest, Locks};
-    ghost
-        .claim(&[ClaimRequest {
-            job: cronlease::config::JobName::parse("j0000").unwrap(),
-            occurrence: t(-30.0),
-            previous: None,
-            misfire: cronlease::config::Misfire::RunOnce,
-            owner: Owner::from_raw("ghost#1"),
-            lease: Duration::from_millis(100),
-            fence_floor: 0,
-            max_offset: Duration::from_secs(3600),
-            after_unanswered: false,
-        }])
-        .await
-        .unwrap();
+    ghost_claimed_11_59_30(&w).await;
     w.store.lose_claim_replies(1);
     let a = w.start("a", &jobs(1));
     w.until(t(15.0)).await;

@@ -462,21 +462,6 @@ impl SqlStore {
             .transpose()
     }
 
-    /// `q` ready to run: with SQLite's `{now}` replaced by the file-system
-    /// clock (read now, or `now` when given).
-    fn stmt(&self, q: &SqlStr, now: Option<i64>) -> Result<SqlStr, sqlx::Error> {
-        let now = match now {
-            Some(now) => Some(now),
-            None => self.file_clock_now()?,
-        };
-        Ok(match now {
-            Some(now) => {
-                AssertSqlSafe(q.as_str().replace("{now}", &now.to_string())).into_sql_str()
-            }
-            None => q.clone(),
-        })
-    }
-
     /// The multi-row statements, for this store's dialect and prefix.
     fn batch(&self) -> BatchSql<'_> {
         BatchSql {
@@ -1084,7 +1069,7 @@ impl Locks for SqlStore {
 
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
         let rows = sqlx::query(
-            self.stmt(&self.queries.status, None)
+            self.sql(self.queries.status.as_str().to_string(), None)
                 .map_err(|e| self.err(e))?,
         )
         .fetch_all(&self.pool())
