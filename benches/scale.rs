@@ -16,6 +16,9 @@
 //! instant (start p99, and the CPU the spawning processes used).
 //!
 //! cargo bench --bench scale -- [--stores sqlite,mysql,postgres,redis] [--jobs 4,100,1000] [--seconds 50]
+//!
+//! `SCALE_RUST_LOG=cronlease=debug SCALE_LOG_DIR=DIR` keeps the node logs,
+//! with each instant's timing (when the timer woke, the claim round trip).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -194,8 +197,15 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
         text.push_str(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
         std::fs::write(&path, text).unwrap();
     }
+    // SCALE_RUST_LOG=cronlease=debug shows each instant's timing in the
+    // node logs, copied to SCALE_LOG_DIR when it is set.
+    let log_filter = std::env::var("SCALE_RUST_LOG").unwrap_or_default();
     for node in NODES {
-        c.start(node);
+        if log_filter.is_empty() {
+            c.start(node);
+        } else {
+            c.start_with_env(node, &[("RUST_LOG", log_filter.as_str())]);
+        }
     }
     // Settle: migrations, connections, and the first instant (which creates
     // the jobs' lock rows, once in a store's life); measure from the next.
@@ -235,6 +245,13 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
         })
         .sum();
     c.stop_all();
+    if let Ok(dir) = std::env::var("SCALE_LOG_DIR") {
+        std::fs::create_dir_all(&dir).unwrap();
+        for n in NODES {
+            let to = format!("{dir}/{backend:?}-{jobs}-{n}.log");
+            std::fs::write(to, c.log(n)).unwrap();
+        }
+    }
     let runs: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap_or_else(|e| {
         panic!(
             "history JSON: {e}: {}",

@@ -52,6 +52,9 @@ impl<Q: Send + 'static, R: Send + 'static> Batcher<Q, R> {
     /// Queues `requests` as one group (they go in the same store call) and
     /// returns where each answer will come, in order.
     pub fn submit(&self, requests: Vec<Q>) -> Vec<Pending<R>> {
+        if requests.is_empty() {
+            return Vec::new();
+        }
         let mut group = Vec::with_capacity(requests.len());
         let mut pending = Vec::with_capacity(requests.len());
         for q in requests {
@@ -62,6 +65,27 @@ impl<Q: Send + 'static, R: Send + 'static> Batcher<Q, R> {
         // A closed queue (the node is gone) drops the senders: every
         // caller sees its answer channel closed.
         let _ = self.tx.send(group);
+        pending
+    }
+
+    /// Like [`Batcher::submit`], but the group is queued only after
+    /// `delay` (the answers' channels exist at once).
+    pub fn submit_after(&self, requests: Vec<Q>, delay: Duration) -> Vec<Pending<R>> {
+        if requests.is_empty() {
+            return Vec::new();
+        }
+        let mut group = Vec::with_capacity(requests.len());
+        let mut pending = Vec::with_capacity(requests.len());
+        for q in requests {
+            let (tx, rx) = oneshot::channel();
+            group.push((q, tx));
+            pending.push(rx);
+        }
+        let queue = self.tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = queue.send(group);
+        });
         pending
     }
 

@@ -8,9 +8,13 @@
 //!    step is noticed), then takes every job due then ([`Node::take_due`]).
 //! 2. [`Node::claim_instant`] builds one claim per due job and queues them as
 //!    one group on the claim batcher ([`super::batch`]): one store call for
-//!    the instant. It takes each job's claim gate and hands it to the job's
-//!    handler, which holds it until the claim is answered and its run (if
-//!    won) has started.
+//!    the instant. Claims of jobs another node held when this one last
+//!    looked go as a second group [`FOLLOWER_LEAD`] later: the holder's
+//!    batch reaches the store first and is decided without waiting behind
+//!    claims that will most likely lose (a released lease is still taken,
+//!    those few ms late). It takes each job's claim gate and hands it to the
+//!    job's handler, which holds it until the claim is answered and its run
+//!    (if won) has started.
 //! 3. One [`Node::handle_occurrence`] task per occurrence receives its answer:
 //!    won, it starts the run ([`super::run`]); lost to a live lease of
 //!    another owner who has not claimed this occurrence, it waits for the
@@ -43,6 +47,10 @@ pub(super) const MAX_SLEEP: Duration = Duration::from_secs(15);
 const CLOCK_RECHECK: Duration = Duration::from_millis(250);
 /// Sleep past a reported lease end, so the store sees it expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+/// How long after the instant a node sends the claims of jobs another node
+/// held when it last looked, so the holder's batch reaches the store first
+/// and is decided without queueing behind claims that will lose.
+pub const FOLLOWER_LEAD: Duration = Duration::from_millis(5);
 
 /// Time from an occurrence to the next (a minute when there is none).
 fn gap(occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
@@ -91,7 +99,15 @@ impl Node {
                 () = self.jobs_changed.notified() => continue,
                 () = tokio::time::sleep_until(wake) => {}
             }
-            let due = self.take_due(self.wall.now());
+            let now = self.wall.now();
+            let due = self.take_due(now);
+            if let Some(d) = due.first() {
+                tracing::debug!(
+                    due = due.len(),
+                    late_ms = (now - d.occurrence).num_milliseconds(),
+                    "instant: claiming"
+                );
+            }
             if !due.is_empty() {
                 self.claim_instant(due);
             }
@@ -148,9 +164,11 @@ impl Node {
             && !self.clock.skewed()
             && self.prepared.load(Ordering::SeqCst);
         let sent = Instant::now();
-        let mut requests = Vec::new();
-        let mut gates = Vec::new();
-        let mut queued_for = Vec::new();
+        // [0]: jobs this node holds or has not seen held, sent at once;
+        // [1]: jobs another node held, sent FOLLOWER_LEAD later.
+        let mut requests = [Vec::new(), Vec::new()];
+        let mut gates = [Vec::new(), Vec::new()];
+        let mut queued_for = [Vec::new(), Vec::new()];
         for (i, d) in due.iter().enumerate() {
             if !ready {
                 break;
@@ -158,14 +176,23 @@ impl Node {
             let Ok(gate) = d.state.claim_gate.clone().try_lock_owned() else {
                 continue;
             };
-            requests.push(self.request(&d.state, d.occurrence, d.previous, d.next, false));
-            gates.push(gate);
-            queued_for.push(i);
+            let group = usize::from(d.state.follows());
+            requests[group].push(self.request(&d.state, d.occurrence, d.previous, d.next, false));
+            gates[group].push(gate);
+            queued_for[group].push(i);
         }
         let mut queued: Vec<Option<Queued>> = due.iter().map(|_| None).collect();
-        let answers = self.claim_queue.submit(requests);
-        for ((i, gate), answer) in queued_for.into_iter().zip(gates).zip(answers) {
-            queued[i] = Some(Queued { gate, answer, sent });
+        let [first, later] = requests;
+        let answers = [
+            self.claim_queue.submit(first),
+            self.claim_queue.submit_after(later, FOLLOWER_LEAD),
+        ];
+        for ((indices, gates), answers) in queued_for.into_iter().zip(gates).zip(answers) {
+            for ((i, gate), answer) in indices.into_iter().zip(gates).zip(answers) {
+                // `sent` before the lead: the lease counts from no later
+                // than the real send, so the local deadline stays safe.
+                queued[i] = Some(Queued { gate, answer, sent });
+            }
         }
         for (d, queued) in due.into_iter().zip(queued) {
             let node = self.clone();

@@ -217,6 +217,11 @@ impl JobState {
         rt.fence_floor = rt.fence_floor.max(fence);
     }
 
+    /// Whether this node last saw another owner hold the job.
+    fn follows(&self) -> bool {
+        matches!(self.rt().standing, Standing::Follower(_))
+    }
+
     fn lease_clock(&self) -> Option<LeaseClock> {
         self.rt().lease
     }
@@ -548,6 +553,11 @@ impl Node {
                     .call("claim", n.op_timeout, n.store.claim(&requests))
                     .await?;
                 let answered = n.wall.now();
+                tracing::debug!(
+                    requests = requests.len(),
+                    round_trip_ms = (answered - sent).num_milliseconds(),
+                    "claim batch answered"
+                );
                 n.observe_clock(claimed.store_now, sent, answered);
                 Ok(claimed
                     .outcomes

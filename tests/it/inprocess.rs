@@ -235,6 +235,60 @@ async fn jobs_due_at_one_instant_are_one_claim_call() {
     a.stop().await;
 }
 
+/// The holder's claims reach the store first: a node that last saw another
+/// node hold the jobs sends its claims 5 ms after the instant (at its first
+/// instant, knowing nothing yet, it sent at once and lost), and the holder
+/// keeps running every occurrence on time.
+#[tokio::test(start_paused = true)]
+async fn a_follower_claims_after_the_holders_lead() {
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(3));
+    w.until(t(1.0)).await;
+    let b = w.start("b", &jobs(3));
+    w.until(t(35.0)).await;
+    let claims: Vec<(usize, i64)> = w
+        .store
+        .call_log()
+        .iter()
+        .filter(|c| c.op == "claim" && c.at >= t(15.0))
+        .map(|c| (c.requests, ms(c.at - t(0.0))))
+        .collect();
+    assert_eq!(
+        claims,
+        vec![
+            (3, 20_000),
+            (3, 20_005),
+            (3, 30_000),
+            (3, 30_005)
+        ]
+    );
+    let runs = w.runner.runs();
+    assert_eq!(runs.len(), 12);
+    assert!(
+        runs.iter()
+            .all(|r| r.node == "a" && r.started == r.occurrence),
+        "{runs:?}"
+    );
+    // The cost of the lead: a lease released by a step-down is taken by
+    // the follower 5 ms after the instant.
+    w.until(t(39.5)).await;
+    a.node.step_down().await;
+    w.until(t(45.0)).await;
+    let at_forty: Vec<(String, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .filter(|r| r.occurrence == t(40.0))
+        .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
+        .collect();
+    assert_eq!(
+        at_forty,
+        vec![("b".into(), 5), ("b".into(), 5), ("b".into(), 5)]
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
 /// A holder cut off the store (a dead host) is replaced by a peer at the
 /// next occurrence, one margin late: when the lease the holder took ends.
 #[tokio::test(start_paused = true)]

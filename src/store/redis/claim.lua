@@ -13,7 +13,8 @@
 -- failed in the server (a key of the wrong type), with the error as the
 -- fifth element: the other requests are decided as usual.
 -- Fences are kept exact: Lua numbers are doubles, so they are compared as
--- decimal strings and incremented with HINCRBY (64-bit integers).
+-- decimal strings, and from 10^15 on incremented with HINCRBY (64-bit
+-- integers); below that a double is exact.
 local MAX_FENCE = '9223372036854775807'
 local function greater(a, b)
   if #a ~= #b then return #a > #b end
@@ -36,7 +37,8 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   local holder = redis.call('GET', lease_key)
   local remaining = 0
   local repaired = 0
-  if holder then
+  -- The remaining lease matters only to a claimer it keeps out.
+  if holder and holder ~= owner then
     remaining = redis.call('PTTL', lease_key)
     if remaining == -1 and holder ~= owner then
       -- A lease with no expiry (a hand SET or PERSIST) would block the job
@@ -82,11 +84,20 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
     catch_up = 1
   end
   local previous_owner = state[3]
-  redis.call('HSET', state_key, 'fence', base)
-  redis.call('HINCRBY', state_key, 'fence', 1)
+  local new_fence
   redis.call('SET', lease_key, owner, 'PX', lease_ms)
-  redis.call('HSET', state_key, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now)
-  return {1, redis.call('HGET', state_key, 'fence'), tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired}
+  if #base <= 15 then
+    -- Below 10^15 a double is exact: one write for the whole row.
+    new_fence = string.format('%d', tonumber(base) + 1)
+    redis.call('HSET', state_key, 'fence', new_fence, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now)
+  else
+    redis.call('HSET', state_key, 'fence', base)
+    redis.call('HINCRBY', state_key, 'fence', 1)
+    -- Read back as a string: the integer reply would become a double.
+    new_fence = redis.call('HGET', state_key, 'fence')
+    redis.call('HSET', state_key, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now)
+  end
+  return {1, new_fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired}
 end
 
 local replies = {}
