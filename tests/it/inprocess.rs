@@ -255,12 +255,7 @@ async fn a_follower_claims_after_the_holders_lead() {
         .collect();
     assert_eq!(
         claims,
-        vec![
-            (3, 20_000),
-            (3, 20_005),
-            (3, 30_000),
-            (3, 30_005)
-        ]
+        vec![(3, 20_000), (3, 20_005), (3, 30_000), (3, 30_005)]
     );
     let runs = w.runner.runs();
     assert_eq!(runs.len(), 12);

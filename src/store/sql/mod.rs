@@ -52,6 +52,11 @@ pub struct Dialect {
     pub upsert_lock: &'static str,
     /// Placeholders are `$1, $2...` instead of `?`.
     pub numbered_params: bool,
+    /// Writes lock rows from one JSON array bound as a single parameter
+    /// (`{p}`: the table prefix), where a statement of thousands of bound
+    /// values is slow to plan (PostgreSQL: 100-140 ms for 1,000 rows, 2 ms
+    /// this way); None: multi-row `VALUES` with [`Dialect::upsert_lock`].
+    pub write_rows_json: Option<&'static str>,
     /// Migrations, in version order.
     pub migrations: &'static [(i64, &'static str)],
 }
@@ -662,6 +667,31 @@ impl SqlStore {
         tx: &mut AnyConnection,
         rows: &[(&str, &LockRow)],
     ) -> Result<(), sqlx::Error> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if let Some(template) = self.dialect.write_rows_json {
+            let json: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(name, row)| {
+                    serde_json::json!({
+                        "lock_name": name,
+                        "owner": row.owner,
+                        "fence": row.fence,
+                        "expires_at": row.expires_at,
+                        "last_occurrence": row.last_occurrence,
+                        "modified_at": row.now,
+                    })
+                })
+                .collect();
+            let text = template.replace("{p}", &self.prefix);
+            let q = self.sql(text, Some(0))?;
+            sqlx::query(q)
+                .bind(serde_json::Value::Array(json).to_string())
+                .execute(&mut *tx)
+                .await?;
+            return Ok(());
+        }
         for chunk in rows.chunks(CHUNK) {
             let q = self.sql(self.batch().write_rows(chunk.len()), Some(0))?;
             let mut query = sqlx::query(q);
