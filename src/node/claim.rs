@@ -36,8 +36,9 @@ use super::batch::{self, Pending};
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
 use crate::config::JobName;
+use crate::exec::Finished;
 use crate::metrics::ClaimLabel;
-use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Won};
+use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, Won};
 
 /// Longest single sleep towards an occurrence: a wall-clock step is noticed
 /// within this time.
@@ -47,6 +48,9 @@ pub(super) const MAX_SLEEP: Duration = Duration::from_secs(15);
 const CLOCK_RECHECK: Duration = Duration::from_millis(250);
 /// Sleep past a reported lease end, so the store sees it expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+/// How long before the next occurrence a node stops retrying an occurrence
+/// whose claim went unanswered, to recheck it (at most a quarter of the gap).
+const RECHECK_LEAD: Duration = Duration::from_millis(250);
 /// How long after the instant a node sends the claims of jobs another node
 /// held when it last looked, so the holder's batch reaches the store first
 /// and is decided without queueing behind claims that will lose.
@@ -222,6 +226,7 @@ impl Node {
             fence_floor: state.fence_floor(),
             max_offset: self.clock.bound(),
             after_unanswered,
+            recheck_only: false,
         }
     }
 
@@ -231,8 +236,62 @@ impl Node {
     }
 
     /// Claims one occurrence until it is claimed by someone or the next is
-    /// due, starting from the claim the scheduler queued, if it did.
-    async fn handle_occurrence(self: Arc<Self>, due: Due, mut queued: Option<Queued>) {
+    /// due, starting from the claim the scheduler queued, if it did. When
+    /// its window closes on a claim that never got an answer, asks once
+    /// whether that claim won ([`Node::recheck_unanswered`]).
+    async fn handle_occurrence(self: Arc<Self>, due: Due, queued: Option<Queued>) {
+        let (state, stop) = (due.state.clone(), due.stop.clone());
+        let (occurrence, previous, next) = (due.occurrence, due.previous, due.next);
+        let gave_up_unanswered = self.claim_occurrence(due, queued).await;
+        if gave_up_unanswered && !stop.is_cancelled() {
+            self.recheck_unanswered(&state, occurrence, previous, next)
+                .await;
+        }
+    }
+
+    /// The occurrence's window closed while a claim of it was unanswered:
+    /// the store may have granted it, and peers leave an occurrence claimed
+    /// by this node alone. A recheck asks without taking anything; a win
+    /// found now is too late to run, so it is recorded `lease_lost` (as a
+    /// run whose lease could not be proven at its start), never lost
+    /// silently.
+    async fn recheck_unanswered(
+        &self,
+        state: &JobState,
+        occurrence: DateTime<Utc>,
+        previous: Option<DateTime<Utc>>,
+        next: Option<DateTime<Utc>>,
+    ) {
+        let mut request = self.request(state, occurrence, previous, next, true);
+        request.recheck_only = true;
+        let answer = tokio::time::timeout(self.op_timeout, self.claim_queue.call(request)).await;
+        let job = state.job();
+        match answer {
+            Ok(Ok((ClaimOutcome::Won(won), answered))) => {
+                state.saw_fence(won.fence);
+                let decision_ms = (answered - occurrence).num_milliseconds().max(0) as u64;
+                tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, "a claim answered only after its occurrence was over: not run, recorded as lease_lost");
+                self.record(
+                    state,
+                    self.ticket(&won, decision_ms),
+                    Finished::without_process(Outcome::LeaseLost, self.wall.now()),
+                )
+                .await;
+            }
+            Ok(Ok((ClaimOutcome::Lost(lost), _))) => state.saw_fence(lost.fence),
+            Ok(Ok((ClaimOutcome::Failed(_), _))) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(job = %job.name, %occurrence, "a claim of this occurrence went unanswered and cannot be checked ({e}): if it won, the occurrence did not run")
+            }
+            Err(_) => {
+                tracing::warn!(job = %job.name, %occurrence, "a claim of this occurrence went unanswered and cannot be checked (timed out): if it won, the occurrence did not run")
+            }
+        }
+    }
+
+    /// The claim loop of [`Node::handle_occurrence`]: true when it gave up
+    /// (the next occurrence due, or stopped) with a claim still unanswered.
+    async fn claim_occurrence(self: &Arc<Self>, due: Due, mut queued: Option<Queued>) -> bool {
         let Due {
             state,
             stop,
@@ -242,6 +301,19 @@ impl Node {
         } = due;
         let job = state.job();
         let give_up_at = self.instant_of(occurrence) + gap(occurrence, next);
+        // With a claim unanswered, retrying ends a little before the next
+        // occurrence: the recheck must reach the store before that
+        // occurrence's claim does (which would record over it).
+        let recheck_at = give_up_at
+            .checked_sub(RECHECK_LEAD.min(gap(occurrence, next) / 4))
+            .unwrap_or(give_up_at);
+        let window_end = |unanswered: &Option<Instant>| {
+            if unanswered.is_some() {
+                recheck_at
+            } else {
+                give_up_at
+            }
+        };
         let mut backoff = Duration::from_millis(100);
         // Earliest send of a claim whose answer never came: it may have won.
         let mut unanswered: Option<Instant> = None;
@@ -252,28 +324,35 @@ impl Node {
             let (gate, answer, sent) = match queued.take() {
                 Some(q) => (q.gate, q.answer, q.sent),
                 None => {
-                    if stop.is_cancelled() || Instant::now() >= give_up_at {
-                        return;
+                    if stop.is_cancelled() || Instant::now() >= window_end(&unanswered) {
+                        return unanswered.is_some();
                     }
                     let gate = state.claim_gate.clone().lock_owned().await;
                     if let Some(until) = self.paused_until() {
                         drop(gate);
-                        if !self.sleep_within(until, give_up_at, &stop).await {
-                            return;
+                        if !self
+                            .sleep_within(until, window_end(&unanswered), &stop)
+                            .await
+                        {
+                            return unanswered.is_some();
                         }
                         continue;
                     }
                     if self.clock.skewed() && !self.recheck_clock().await {
                         // Out of bounds: claim nothing, look again shortly.
                         drop(gate);
-                        let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
-                        if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                            return;
+                        let retry_at =
+                            (Instant::now() + CLOCK_RECHECK).min(window_end(&unanswered));
+                        if !self
+                            .sleep_within(retry_at, window_end(&unanswered), &stop)
+                            .await
+                        {
+                            return unanswered.is_some();
                         }
                         continue;
                     }
                     let prepared = tokio::select! {
-                        () = stop.cancelled() => return,
+                        () = stop.cancelled() => return unanswered.is_some(),
                         r = self.ensure_prepared() => r,
                     };
                     // Taken after any migration wait: the claim's own round
@@ -290,8 +369,11 @@ impl Node {
                         None => {
                             drop(gate);
                             self.count_claim(&job.name, "error");
-                            if !self.retry_after(&mut backoff, give_up_at, &stop).await {
-                                return;
+                            if !self
+                                .retry_after(&mut backoff, window_end(&unanswered), &stop)
+                                .await
+                            {
+                                return unanswered.is_some();
                             }
                             continue;
                         }
@@ -307,8 +389,11 @@ impl Node {
                         reported_failure = true;
                     }
                     self.count_claim(&job.name, "error");
-                    if !self.retry_after(&mut backoff, give_up_at, &stop).await {
-                        return;
+                    if !self
+                        .retry_after(&mut backoff, window_end(&unanswered), &stop)
+                        .await
+                    {
+                        return unanswered.is_some();
                     }
                     continue;
                 }
@@ -324,8 +409,11 @@ impl Node {
                     // answers a win of ours again rather than refuse it.
                     unanswered.get_or_insert(sent);
                     self.count_claim(&job.name, "error");
-                    if !self.retry_after(&mut backoff, give_up_at, &stop).await {
-                        return;
+                    if !self
+                        .retry_after(&mut backoff, window_end(&unanswered), &stop)
+                        .await
+                    {
+                        return unanswered.is_some();
                     }
                     continue;
                 }
@@ -363,7 +451,7 @@ impl Node {
                             // The missed run goes first; the occurrence itself
                             // is claimed when its process is over (no overlap).
                             tokio::select! {
-                                () = stop.cancelled() => return,
+                                () = stop.cancelled() => return false,
                                 () = state.until_idle() => {}
                             }
                         }
@@ -377,21 +465,23 @@ impl Node {
                         // and push every later run back.
                         drop(gate);
                         self.skip_occurrence(&state, ticket).await;
-                        return;
+                        return false;
                     }
                     self.start_run(&state, ticket);
-                    return;
+                    return false;
                 }
                 ClaimOutcome::Lost(lost) if lost.too_early => {
                     // The store's clock has not reached this occurrence: ours
                     // runs ahead. The offset reading holds claims back while
-                    // it is out of bounds; try again shortly.
+                    // it is out of bounds; try again shortly. (An earlier
+                    // unanswered claim did not win: the store said so.)
+                    unanswered = None;
                     drop(gate);
                     state.saw_fence(lost.fence);
                     tracing::debug!(job = %job.name, %occurrence, "refused by the store: occurrence not due yet by its clock");
                     let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
                     if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                        return;
+                        return unanswered.is_some();
                     }
                 }
                 ClaimOutcome::Lost(lost) => {
@@ -416,7 +506,7 @@ impl Node {
                                     previous_owner: None,
                                 };
                                 self.start_run(&state, self.ticket(&won, decision_ms));
-                                return;
+                                return false;
                             }
                         }
                         state.saw_fence(lost.fence);
@@ -424,21 +514,23 @@ impl Node {
                             state
                                 .note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
                         }
-                        return;
+                        return false;
                     }
                     state.saw_fence(lost.fence);
                     state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
-                    // Another owner's live lease: wait it out and try again.
+                    // Another owner's live lease: wait it out and try again
+                    // (an earlier unanswered claim did not win).
+                    unanswered = None;
                     let retry_at = Instant::now()
                         + lost.remaining.max(Duration::from_millis(10))
                         + EXPIRY_SLACK;
                     if retry_at >= give_up_at {
                         tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
-                        return;
+                        return false;
                     }
                     tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, "lease held; retrying in {:?}", lost.remaining);
                     if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                        return;
+                        return unanswered.is_some();
                     }
                 }
                 ClaimOutcome::Failed(_) => {}
@@ -447,15 +539,26 @@ impl Node {
     }
 
     /// Sleeps for the backoff (doubling it, up to 1 s) unless the occurrence
-    /// is over first; true when the caller should try again.
+    /// is over first (then sleeps until it is); true when the caller should
+    /// try again.
     async fn retry_after(
         &self,
         backoff: &mut Duration,
         give_up_at: Instant,
         stop: &CancellationToken,
     ) -> bool {
-        let retry_at = (Instant::now() + *backoff).min(give_up_at);
+        let retry_at = Instant::now() + *backoff;
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
+        if retry_at >= give_up_at {
+            // No retry fits: wait out the window anyway, so whatever comes
+            // after it (a recheck of an unanswered claim) is sent as late,
+            // and as likely to be answered, as it can be.
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep_until(give_up_at) => {}
+            }
+            return false;
+        }
         self.sleep_within(retry_at, give_up_at, stop).await
     }
 

@@ -170,7 +170,7 @@ impl Node {
 
     /// Writes the run to the store's history (a few tries; a record lost to
     /// an outage is logged, never retried forever).
-    async fn record(&self, state: &JobState, ticket: RunTicket, finished: Finished) {
+    pub(super) async fn record(&self, state: &JobState, ticket: RunTicket, finished: Finished) {
         let job = state.job();
         let record = RunRecord {
             job: job.name.to_string(),

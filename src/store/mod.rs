@@ -98,6 +98,12 @@ pub struct ClaimRequest {
     /// occurrence (or, with `run_once`, its catch-up) recorded, that win is
     /// answered again with its own fence instead of being lost.
     pub after_unanswered: bool,
+    /// Only asks, with `after_unanswered`, whether that earlier claim won:
+    /// the store answers such a win again (same fence) without extending its
+    /// lease, and refuses anything else without writing. Sent when the
+    /// occurrence's window closed on an unanswered claim, so a win nobody
+    /// ran is recorded instead of vanishing.
+    pub recheck_only: bool,
 }
 
 /// One lease renewal in a batch.
@@ -524,7 +530,11 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         // lease counts again from now.
         return Decision::Claim {
             fence: row.fence,
-            expires_at: row.now.saturating_add(duration_ms(req.lease)),
+            expires_at: if req.recheck_only {
+                row.expires_at
+            } else {
+                row.now.saturating_add(duration_ms(req.lease))
+            },
             last_occurrence: last,
             won: Won {
                 fence: row.fence.max(0) as u64,
@@ -539,7 +549,7 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     let occurrence = to_ms(req.occurrence);
     let already_claimed = row.last_occurrence.is_some_and(|last| last >= occurrence);
     let too_early = occurrence > row.now.saturating_add(duration_ms(req.max_offset));
-    if held_by_other || already_claimed || too_early {
+    if held_by_other || already_claimed || too_early || req.recheck_only {
         return Decision::Refuse(Lost {
             holder: if live { row.owner.clone() } else { None },
             remaining: if live {
@@ -590,6 +600,7 @@ mod tests {
             fence_floor: floor,
             max_offset: Duration::from_millis(500),
             after_unanswered: false,
+            recheck_only: false,
         }
     }
 
@@ -738,6 +749,34 @@ mod tests {
             &req("a", 19_000, None, Misfire::RunOnce, u64::MAX),
         );
         assert_eq!(d, Decision::FenceExhausted);
+    }
+
+    #[test]
+    fn a_recheck_answers_only_an_earlier_win_and_keeps_its_lease() {
+        let committed = row(Some("a"), 8, 21_000, Some(20_000));
+        let mut recheck = req("a", 20_000, Some(19_000), Misfire::RunOnce, 7);
+        recheck.after_unanswered = true;
+        recheck.recheck_only = true;
+        assert_eq!(
+            decide(&committed, &recheck),
+            Decision::Claim {
+                fence: 8,
+                expires_at: 21_000,
+                last_occurrence: 20_000,
+                won: Won {
+                    fence: 8,
+                    occurrence: from_ms(20_000),
+                    catch_up: false,
+                    previous_owner: None,
+                },
+            }
+        );
+        // A free row is never taken by a recheck.
+        let free = row(None, 7, 0, Some(10_000));
+        assert!(matches!(decide(&free, &recheck), Decision::Refuse(_)));
+        // Nor is ours with an occurrence the earlier claim did not record.
+        let older = row(Some("a"), 8, 21_000, Some(10_000));
+        assert!(matches!(decide(&older, &recheck), Decision::Refuse(_)));
     }
 
     #[test]

@@ -410,7 +410,7 @@ impl Locks for RedisStore {
             });
         }
         let mut keys = Vec::with_capacity(2 * requests.len());
-        let mut args = Vec::with_capacity(8 * requests.len());
+        let mut args = Vec::with_capacity(9 * requests.len());
         for r in requests {
             let job = r.job.as_str();
             keys.push(self.key(job, "lease"));
@@ -428,6 +428,7 @@ impl Locks for RedisStore {
                 .to_string(),
                 duration_ms(r.max_offset).to_string(),
                 if r.after_unanswered { "1" } else { "0" }.to_string(),
+                if r.recheck_only { "1" } else { "0" }.to_string(),
             ]);
         }
         let replies: Vec<ClaimReply> = self.eval(&self.claim, &keys, &args).await?;

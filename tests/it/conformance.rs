@@ -35,6 +35,7 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
         after_unanswered: false,
+        recheck_only: false,
     }
 }
 
@@ -702,6 +703,38 @@ pub async fn history_is_recorded_once_per_fence(h: &Harness) {
 /// A claim retried after its reply was lost gets the same win back (same
 /// fence), so the missed occurrence it had caught up still runs; a peer
 /// saying the same never takes it.
+/// A recheck (sent when an occurrence's window closed on an unanswered
+/// claim) answers only an earlier win of the same owner, with its fence and
+/// without extending its lease; it never takes a free lock or a peer's.
+pub async fn recheck_takes_nothing(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let recheck = |owner: &str| ClaimRequest {
+        after_unanswered: true,
+        recheck_only: true,
+        ..req("r", owner, 10, 60_000)
+    };
+    // A free lock: refused, and nothing written (b's claim gets fence 1).
+    let refused = lost(claim(&a, recheck("a#1")).await);
+    assert_eq!(refused.holder, None);
+    let first = won(claim(&b, req("r", "b#1", 10, 60_000)).await);
+    assert_eq!((first.fence, first.occurrence), (1, occ(10)));
+    // A peer's lock: refused.
+    let refused = lost(claim(&a, recheck("a#1")).await);
+    assert_eq!(refused.holder.as_deref(), Some("b#1"));
+    // b's own win whose reply was lost: answered again, same fence ...
+    h.set_expiry_in("r", 300).await;
+    let again = won(claim(&b, recheck("b#1")).await);
+    assert_eq!(
+        (again.fence, again.occurrence, again.catch_up),
+        (1, occ(10), false)
+    );
+    // ... and its lease not extended: a peer takes the next occurrence once
+    // the 300 ms left are over.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let next = won(claim(&a, req("r", "a#1", 11, 60_000)).await);
+    assert_eq!((next.fence, next.occurrence), (2, occ(11)));
+}
+
 pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
     let (a, b) = (h.store().await, h.store().await);
     won(claim(&b, req("m", "b#1", 5, 60_000)).await);
@@ -714,6 +747,7 @@ pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
     );
     let retry = ClaimRequest {
         after_unanswered: true,
+        recheck_only: false,
         fence_floor: 1,
         ..req("m", "a#1", 11, 60_000)
     };
@@ -724,6 +758,7 @@ pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
     );
     let peer = ClaimRequest {
         after_unanswered: true,
+        recheck_only: false,
         fence_floor: 1,
         ..req("m", "b#1", 11, 60_000)
     };
@@ -804,6 +839,7 @@ macro_rules! conformance {
                 a_batch_of_a_thousand,
                 history_is_recorded_once_per_fence,
                 retried_claim_keeps_its_lost_win,
+                recheck_takes_nothing,
                 renewals_together_each_on_its_own
             );
         }

@@ -45,6 +45,7 @@ fn request(job: &str, occurrence_s: i64) -> ClaimRequest {
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
         after_unanswered: false,
+        recheck_only: false,
     }
 }
 

@@ -449,6 +449,7 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
             fence_floor: 0,
             max_offset: Duration::from_secs(3600),
             after_unanswered: false,
+            recheck_only: false,
         };
         let won = store.claim(&[thief]).await.unwrap().outcomes;
         assert!(

@@ -185,6 +185,7 @@ async fn ghost_claimed_11_59_30(w: &World) {
             fence_floor: 0,
             max_offset: Duration::from_secs(3600),
             after_unanswered: false,
+            recheck_only: false,
         }])
         .await
         .unwrap();
@@ -364,6 +365,37 @@ async fn a_lost_claim_reply_loses_no_occurrence() {
         .collect();
     // Fence 2 went to the catch-up of 11:59:50 whose reply was lost.
     assert_eq!(runs, vec![(2, -10_000), (3, 0), (4, 10_000)]);
+    a.stop().await;
+}
+
+/// A claim whose reply was lost, and then no answer until the occurrence's
+/// window closed: the store had granted it, so peers left it alone. The
+/// node asks once more (a recheck that takes nothing) and records the
+/// occurrence as `lease_lost` instead of losing it silently; the next
+/// occurrence runs as usual.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_win_found_too_late_is_recorded() {
+    let w = World::new(VirtualRunner::default());
+    w.store.lose_claim_replies(1);
+    let a = w.start("a", &jobs(1));
+    w.until(t(0.05)).await;
+    a.store.set_reachable(false);
+    // Back 0.4 s before 12:00:10: the retries (every second by then) have
+    // not come again, the recheck 0.25 s before the next occurrence has.
+    w.until(t(9.6)).await;
+    a.store.set_reachable(true);
+    w.until(t(15.0)).await;
+    let runs: Vec<i64> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| ms(r.occurrence - t(0.0)))
+        .collect();
+    assert_eq!(runs, vec![10_000], "12:00:00 was never run");
+    assert_eq!(
+        w.store.history_outcomes("j0000"),
+        vec!["lease_lost".to_string(), "ok".to_string()]
+    );
     a.stop().await;
 }
 

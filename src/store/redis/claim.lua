@@ -2,10 +2,12 @@
 -- its own, in one atomic script on the Redis server's clock.
 -- Per request i (from 1): KEYS[2i-1] the lease key (the owner, with a TTL
 -- equal to the lease), KEYS[2i] the state hash that never expires (fence,
--- last_occurrence, owner, modified_at); ARGV[8(i-1)+1..8] owner, occurrence
+-- last_occurrence, owner, modified_at); ARGV[9(i-1)+1..9] owner, occurrence
 -- (ms), previous occurrence (ms) or "", lease (ms), fence floor (decimal u64),
 -- "run_once" or "skip", max clock offset (ms: an occurrence later than now +
--- this is refused), "1" when an earlier claim of this occurrence got no answer.
+-- this is refused), "1" when an earlier claim of this occurrence got no answer,
+-- "1" for a recheck only (answer that earlier win without extending its
+-- lease; refuse anything else, writing nothing).
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
 -- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
 -- now_ms, too_early, repaired}; won is -1 when the fence is at its maximum
@@ -33,7 +35,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = string.format('%d', now_ms)
 
-local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered)
+local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck)
   local holder = redis.call('GET', lease_key)
   local remaining = 0
   local repaired = 0
@@ -59,13 +61,15 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   -- Our own earlier claim whose answer was lost: the same win, same fence.
   if unanswered == '1' and state[3] == owner and greater(fence, floor) and last
       and (last == occurrence or (misfire == 'run_once' and previous_s ~= '' and last == tonumber(previous_s))) then
-    redis.call('SET', lease_key, owner, 'PX', lease_ms)
-    redis.call('HSET', state_key, 'modified_at', now)
+    if recheck ~= '1' then
+      redis.call('SET', lease_key, owner, 'PX', lease_ms)
+      redis.call('HSET', state_key, 'modified_at', now)
+    end
     local catch_up = 0
     if last ~= occurrence then catch_up = 1 end
     return {1, fence, last, catch_up, false, 0, last, now_ms, 0, repaired}
   end
-  if (holder and holder ~= owner) or (last and last >= occurrence) then
+  if (holder and holder ~= owner) or (last and last >= occurrence) or recheck == '1' then
     return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired}
   end
   if occurrence > now_ms + (tonumber(max_offset) or 0) then
@@ -102,9 +106,9 @@ end
 
 local replies = {}
 for i = 1, #KEYS / 2 do
-  local a = 8 * (i - 1)
+  local a = 9 * (i - 1)
   local ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9])
   if ok then
     replies[i] = reply
   else
