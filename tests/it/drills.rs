@@ -382,6 +382,68 @@ fn reload(backend: Backend) {
     assert_eq!(a_starts_after_b, 0, "a is no longer claimed\n{t}");
 }
 
+// A follower frozen (SIGSTOP) inside its claim transaction, right after
+// reading (locking, on MariaDB and PostgreSQL) the job's row, for 5 s: the
+// holder still runs every occurrence, once. MariaDB and PostgreSQL end the
+// frozen transaction after a quarter of op_timeout (the holder waits that long
+// at most); SQLite's follower never holds the write lock. Without the idle
+// limit the holder's claims time out behind the row lock, and with SQLite's
+// former BEGIN IMMEDIATE they found the database busy: occurrences missed.
+fn follower_frozen_inside_a_claim(backend: Backend) {
+    let job = "[[job]]\nname = \"job\"\nschedule = \"* * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE start $(date +%s.%N)\\\" >> '{out}'\"\n";
+    let mut c = Cluster::new(backend, Some(job), "");
+    c.start("n1");
+    wait_runs(&c, "n1 holding the job", Duration::from_secs(20), |r| {
+        r.len() >= 2
+    });
+    let stop = c.dir.path().join("stop");
+    c.start_with_env(
+        "n2",
+        &[("CRONLEASE_FAILPOINT_STOP_FILE", stop.to_str().unwrap())],
+    );
+    // n2 has lost a claim or two: it follows n1. Then it freezes inside its
+    // next claim.
+    std::thread::sleep(Duration::from_secs(3));
+    std::fs::write(&stop, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stop.exists() {
+        assert!(Instant::now() < deadline, "n2 never froze\n{}", c.report());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let frozen = now_f64();
+    std::thread::sleep(Duration::from_secs(5));
+    c.signal("n2", Signal::SIGCONT);
+    std::thread::sleep(Duration::from_secs(3));
+    c.stop_all();
+    let report = c.report();
+    let seconds: Vec<i64> = runs(&c)
+        .iter()
+        .map(|r| r.occurrence.timestamp())
+        .filter(|s| (*s as f64) > frozen && (*s as f64) < frozen + 7.0)
+        .collect();
+    let first = frozen.ceil() as i64;
+    assert_eq!(
+        seconds,
+        (first..first + 7).collect::<Vec<_>>(),
+        "every occurrence once, none missed\n{report}"
+    );
+}
+
+#[test]
+fn follower_frozen_inside_a_claim_sqlite() {
+    follower_frozen_inside_a_claim(Backend::Sqlite);
+}
+
+#[test]
+fn follower_frozen_inside_a_claim_mysql() {
+    follower_frozen_inside_a_claim(Backend::Mysql);
+}
+
+#[test]
+fn follower_frozen_inside_a_claim_postgres() {
+    follower_frozen_inside_a_claim(Backend::Postgres);
+}
+
 macro_rules! per_store {
     ($($scenario:ident),*) => {
         mod sqlite { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sqlite) } )* }

@@ -110,6 +110,30 @@ struct Queries {
 const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms";
 const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at";
 
+/// Test-only: a claim batch that finds the file named by
+/// `CRONLEASE_FAILPOINT_STOP_FILE` removes it and stops the whole process
+/// (SIGSTOP) inside its transaction, after reading its rows: a node frozen
+/// at the worst moment, once, until the test sends SIGCONT.
+#[cfg(feature = "failpoints")]
+fn stop_failpoint() {
+    let Some(path) = std::env::var_os("CRONLEASE_FAILPOINT_STOP_FILE") else {
+        return;
+    };
+    if std::fs::remove_file(&path).is_ok() {
+        tracing::warn!("failpoint: stopping inside a claim transaction");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+    }
+}
+
+/// How long the server lets a transaction of ours sit idle before ending
+/// it: a quarter of `op_timeout` (500 ms by default), at least 100 ms. A
+/// batch's statements follow each other within milliseconds, so only a
+/// node frozen or cut off inside a transaction gets there, and its peers
+/// wait that long for the rows it locked, well inside the default margin.
+fn idle_limit_ms(op_ms: i64) -> i64 {
+    (op_ms / 4).max(100)
+}
+
 /// Marks a per-connection setup statement whose failure is ignored.
 pub(crate) const OPTIONAL: &str = "/* optional */ ";
 
@@ -718,9 +742,6 @@ impl SqlStore {
         op: Locked<'_>,
         seeded: bool,
     ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
-        // Read after BEGIN: the write lock is held, so this instant is later
-        // than every decision committed before ours.
-        let file_now = self.file_clock_now()?;
         self.check_sqlite_file()?;
         let mut names: Vec<&str> = match op {
             Locked::Claim(requests) => requests.iter().map(|r| r.job.as_str()).collect(),
@@ -728,7 +749,22 @@ impl SqlStore {
         };
         names.sort_unstable();
         names.dedup();
-        let mut rows = self.lock_rows(tx, &names, file_now).await?;
+        // SQLite's transaction takes no lock before its first write (which
+        // fails as busy, and the whole transaction is tried again, if another
+        // node wrote since these rows were read), so its clock is read after
+        // the rows: later than every decision they show.
+        let placeholder = self.file_clock.as_ref().map(|_| 0);
+        let mut rows = self.lock_rows(tx, &names, placeholder).await?;
+        #[cfg(feature = "failpoints")]
+        if matches!(op, Locked::Claim(_)) {
+            stop_failpoint();
+        }
+        let file_now = self.file_clock_now()?;
+        if let Some(now) = file_now {
+            for row in rows.values_mut().flatten() {
+                row.now = now;
+            }
+        }
         let mut changed: BTreeMap<&str, ()> = BTreeMap::new();
         let answer = match op {
             Locked::Claim(requests) => {

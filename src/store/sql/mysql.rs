@@ -42,6 +42,8 @@ pub(super) fn parts(
     tls: Option<&TlsFiles>,
 ) -> (&'static Dialect, String, Vec<String>) {
     let lock_wait_s = (op_ms + 999) / 1000;
+    // Whole seconds: MariaDB's idle timeout has no finer unit.
+    let idle_s = (super::idle_limit_ms(op_ms) + 999) / 1000;
     let setup = vec![
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
         format!(
@@ -55,7 +57,7 @@ pub(super) fn parts(
         format!(
             "{}SET SESSION idle_transaction_timeout = {}",
             super::OPTIONAL,
-            lock_wait_s.max(1)
+            idle_s.max(1)
         ),
     ];
     let params = super::tls_params(tls, &TLS_PARAMS);

@@ -52,7 +52,10 @@ pub(super) fn parts(
         // A transaction left idle this long is ended by the server: a node
         // frozen or partitioned inside a claim batch would otherwise keep
         // every row of the batch locked until it came back.
-        format!("SET idle_in_transaction_session_timeout = {}", op_ms.max(1)),
+        format!(
+            "SET idle_in_transaction_session_timeout = {}",
+            super::idle_limit_ms(op_ms)
+        ),
     ];
     let params = super::tls_params(tls, &TLS_PARAMS);
     (&DIALECT, super::with_params(url.expose(), &params), setup)

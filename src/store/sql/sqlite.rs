@@ -1,9 +1,12 @@
 //! SQLite: the embedded default. One database file shared by every node
 //! process on this host, in WAL mode with a busy timeout, `synchronous = FULL`
-//! so an acknowledged claim survives a power cut. Claims take the write lock
-//! up front (`BEGIN IMMEDIATE`), so concurrent claimers never fail a lock
-//! upgrade halfway; a busy database is retried by `SqlStore` with short
-//! jittered pauses rather than SQLite's coarse busy handler.
+//! so an acknowledged claim survives a power cut. A claim batch reads its rows
+//! without any lock (WAL readers never wait) and takes the write lock only
+//! with its first write, so a node whose claims all lose never holds it, and
+//! a node stopped (SIGSTOP) between instants blocks nobody. A write that finds
+//! the database busy, or changed since the read, fails the transaction, which
+//! `SqlStore` runs again after a short jittered pause rather than SQLite's
+//! coarse busy handler.
 //!
 //! The store's clock is the file system's, not the calling process's: SQLite
 //! has no server, and `julianday('now')` would read each node's own clock, so
@@ -27,7 +30,7 @@ pub static DIALECT: Dialect = Dialect {
     name: "sqlite",
     // Filled in from the file-system clock when a statement runs.
     now_ms: "{now}",
-    begin: "BEGIN IMMEDIATE",
+    begin: "BEGIN",
     lock_row: "",
     insert_ignore: "INSERT OR IGNORE INTO",
     ignore_conflict: "",
