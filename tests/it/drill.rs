@@ -5,8 +5,8 @@
 //! occurrences run twice, overlapping runs, fences out of order, occurrences
 //! missed while a node was up. The seed is printed; `CRONLEASE_DRILL_SEED`
 //! replays one. Beside the judged job the nodes carry a load of
-//! `CRONLEASE_DRILL_JOBS` jobs due every 5 s together (none in the suite;
-//! the long form is 200), whose runs are judged for doubles and fence order.
+//! `CRONLEASE_DRILL_JOBS` jobs (default 200) due every 5 s together, whose
+//! runs are judged for doubles and fence order.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -91,7 +91,7 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     let load: usize = std::env::var("CRONLEASE_DRILL_JOBS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+        .unwrap_or(200);
     let mut jobs = job.to_string();
     for i in 0..load {
         jobs.push_str(&format!(
