@@ -207,9 +207,13 @@ impl JobState {
         }
     }
 
-    /// Whether a step-down asked for the lease to end with this run.
+    /// Whether a step-down asked for the lease to end with this run. Asked
+    /// by a run's task once its process is over; if a later run of the job
+    /// has started meanwhile (the occurrence after a catch-up), the request
+    /// is left to that run: the lease must outlive every run on it.
     fn take_release_after_run(&self) -> bool {
-        std::mem::take(&mut self.rt().release_after_run)
+        let mut rt = self.rt();
+        !rt.running && std::mem::take(&mut rt.release_after_run)
     }
 
     fn saw_fence(&self, fence: u64) {

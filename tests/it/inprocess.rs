@@ -399,6 +399,58 @@ async fn an_unanswered_win_found_too_late_is_recorded() {
     a.stop().await;
 }
 
+/// A step-down that comes while a run is going releases the lease when
+/// *that* run ends. Here the catch-up of 11:59:50 ends at 12:00:00.3 and the
+/// run of 12:00:00 starts at once; the step-down comes 2 ms later, while the
+/// catch-up's task is still writing its history. The catch-up's task must
+/// leave the release to the run still going (it used to take it and end the
+/// lease under that run, letting a peer start the next occurrence while it
+/// still ran: found by the randomized drill with load jobs).
+#[tokio::test(start_paused = true)]
+async fn a_step_down_during_a_run_waits_for_that_run() {
+    let runner = VirtualRunner {
+        durations: [("j0000".to_string(), Duration::from_millis(300))].into(),
+        ..Default::default()
+    };
+    let w = World::new(runner);
+    ghost_claimed_11_59_30(&w).await;
+    let a = w.start("a", &jobs(1));
+    w.until(t(0.302)).await;
+    a.node.step_down().await;
+    w.until(t(2.0)).await;
+    let runs: Vec<(i64, i64, Option<(Outcome, i64)>)> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| {
+            (
+                ms(r.occurrence - t(0.0)),
+                ms(r.started - t(0.0)),
+                r.ended.clone().map(|(o, at)| (o, ms(at - t(0.0)))),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        vec![
+            (-10_000, 0, Some((Outcome::Ok, 300))),
+            (0, 300, Some((Outcome::Ok, 600)))
+        ]
+    );
+    // The lease was released once, when the run of 12:00:00 was over (plus
+    // the history write's 5 ms batching), never under it.
+    let releases: Vec<i64> = w
+        .store
+        .call_log()
+        .iter()
+        .filter(|c| c.op == "release")
+        .map(|c| ms(c.at - t(0.0)))
+        .collect();
+    assert_eq!(releases.len(), 1, "{releases:?}");
+    assert!(releases[0] >= 600, "released under the run: {releases:?}");
+    a.stop().await;
+}
+
 /// A running job's lease is renewed once a third of the provable time is
 /// left; the run outlasts its interval (later occurrences are skipped) and
 /// ends ok.
