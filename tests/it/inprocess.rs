@@ -418,7 +418,9 @@ async fn a_step_down_during_a_run_waits_for_that_run() {
     w.until(t(0.302)).await;
     a.node.step_down().await;
     w.until(t(2.0)).await;
-    let runs: Vec<(i64, i64, Option<(Outcome, i64)>)> = w
+    // (occurrence, started, (outcome, ended)), in ms from 12:00:00.
+    type Timed = (i64, i64, Option<(Outcome, i64)>);
+    let runs: Vec<Timed> = w
         .runner
         .runs()
         .iter()
