@@ -385,8 +385,8 @@ fn reload(backend: Backend) {
 // A follower frozen (SIGSTOP) inside its claim transaction, right after
 // reading (locking, on MariaDB and PostgreSQL) the job's row, for 5 s: the
 // holder still runs every occurrence, once. MariaDB and PostgreSQL end the
-// frozen transaction after a quarter of op_timeout (the holder waits that long
-// at most); SQLite's follower never holds the write lock. Without the idle
+// frozen transaction after half of op_timeout (the holder waits that long at
+// most); SQLite's follower never holds the write lock. Without the idle
 // limit the holder's claims time out behind the row lock, and with SQLite's
 // former BEGIN IMMEDIATE they found the database busy: occurrences missed.
 fn follower_frozen_inside_a_claim(backend: Backend) {

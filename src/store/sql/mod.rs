@@ -126,12 +126,15 @@ fn stop_failpoint() {
 }
 
 /// How long the server lets a transaction of ours sit idle before ending
-/// it: a quarter of `op_timeout` (500 ms by default), at least 100 ms. A
-/// batch's statements follow each other within milliseconds, so only a
-/// node frozen or cut off inside a transaction gets there, and its peers
-/// wait that long for the rows it locked, well inside the default margin.
+/// it: half of `op_timeout` (1 s by default), at least 100 ms. A batch's
+/// statements follow each other within milliseconds when the node is
+/// well, so a node frozen or cut off inside a transaction gets there, and
+/// its peers wait that long for the rows it locked. A quarter was too
+/// short: while 1,000 jobs start at once, a node's history transaction
+/// waited 500 ms for a worker between its two statements, and the server
+/// ended it.
 fn idle_limit_ms(op_ms: i64) -> i64 {
-    (op_ms / 4).max(100)
+    (op_ms / 2).max(100)
 }
 
 /// Marks a per-connection setup statement whose failure is ignored.
@@ -865,7 +868,11 @@ impl SqlStore {
         runs: &[RunRecord],
         cutoffs: &[(&str, i64)],
     ) -> Result<(), sqlx::Error> {
-        let mut tx = conn.begin_with(self.dialect.begin).await?;
+        // No transaction around them: each statement stands alone (an insert
+        // that skips what is recorded, a prune), so a retry after any
+        // failure repeats them harmlessly, and no transaction is left idle
+        // between them while the node is busy starting 1,000 jobs (the
+        // server would end it: see `idle_limit_ms`).
         for chunk in runs.chunks(CHUNK) {
             let mut query = sqlx::query(self.sql(self.batch().insert_runs(chunk.len()), Some(0))?);
             for run in chunk {
@@ -883,16 +890,16 @@ impl SqlStore {
                     .bind(run.delay_ms as i64)
                     .bind(run.decision_ms as i64);
             }
-            query.execute(&mut *tx).await?;
+            query.execute(&mut *conn).await?;
         }
         for chunk in cutoffs.chunks(CHUNK) {
             let mut query = sqlx::query(self.sql(self.batch().prune(chunk.len()), Some(0))?);
             for (job, cutoff) in chunk {
                 query = query.bind(job.to_string()).bind(*cutoff);
             }
-            query.execute(&mut *tx).await?;
+            query.execute(&mut *conn).await?;
         }
-        tx.commit().await
+        Ok(())
     }
 
     /// Applies pending migrations on a connection of its own, under the
@@ -1181,8 +1188,8 @@ impl History for SqlStore {
         let cutoffs: Vec<(&str, i64)> = cutoffs.into_iter().filter(|(_, c)| *c > 0).collect();
         let result: Result<(), sqlx::Error> = self
             .retrying(|| async {
-                // A connection whose transaction failed may be left inside
-                // it: it is closed, never handed out again.
+                // A connection that failed mid-statement may be in any
+                // state: it is closed, never handed out again.
                 let mut conn = self.pool().acquire().await?;
                 let written = self.write_runs(&mut conn, runs, &cutoffs).await;
                 if written.is_err() {
