@@ -75,6 +75,21 @@ fn main() {
                 .windows(2)
                 .map(|w| ((w[1].occurrence - w[0].occurrence).num_seconds() - 1).max(0))
                 .sum();
+            if missed > 0 {
+                for w in sorted.windows(2) {
+                    if (w[1].occurrence - w[0].occurrence).num_seconds() > 1 {
+                        eprintln!("gap between {:?} and {:?}", w[0], w[1]);
+                    }
+                }
+                // TAKEOVER_LOG_DIR keeps the node logs of a run with a gap.
+                if let Ok(dir) = std::env::var("TAKEOVER_LOG_DIR") {
+                    std::fs::create_dir_all(&dir).unwrap();
+                    for n in ["n1", "n2", "n3"] {
+                        std::fs::write(format!("{dir}/{backend:?}-{mode}-{n}.log"), c.log(n))
+                            .unwrap();
+                    }
+                }
+            }
             let (p50, p99, max) = common::percentiles(delays);
             println!(
                 "| {backend:?} | {mode} | {rounds} | {p50:.0} ms | {p99:.0} ms | {max:.0} ms | {twice} | {missed} |"

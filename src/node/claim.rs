@@ -48,6 +48,9 @@ pub(super) const MAX_SLEEP: Duration = Duration::from_secs(15);
 const CLOCK_RECHECK: Duration = Duration::from_millis(250);
 /// Sleep past a reported lease end, so the store sees it expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+/// A takeover is not started in the last this much (at most a tenth of the
+/// gap) before the next occurrence: that occurrence's claim catches it up.
+const TAKEOVER_TAIL: Duration = Duration::from_millis(100);
 /// How long before the next occurrence a node stops retrying an occurrence
 /// whose claim went unanswered, to recheck it (at most a quarter of the gap).
 const RECHECK_LEAD: Duration = Duration::from_millis(250);
@@ -524,7 +527,14 @@ impl Node {
                     let retry_at = Instant::now()
                         + lost.remaining.max(Duration::from_millis(10))
                         + EXPIRY_SLACK;
-                    if retry_at >= give_up_at {
+                    // A takeover that could only start in the last stretch
+                    // of the window is left to the next occurrence's claim,
+                    // which catches this one up first (misfire = "run_once")
+                    // and then runs in order. Started this late, it would
+                    // still be going when the next occurrence is due, and
+                    // that one would be skipped (overlap = "skip").
+                    let tail = (gap(occurrence, next) / 10).min(TAKEOVER_TAIL);
+                    if retry_at + tail >= give_up_at {
                         tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
                         return false;
                     }

@@ -399,6 +399,61 @@ async fn an_unanswered_win_found_too_late_is_recorded() {
     a.stop().await;
 }
 
+/// A takeover whose lease wait ends in the last stretch before the next
+/// occurrence is left to that occurrence's claim, which catches it up and
+/// then runs in order. Started 50 ms before the next instant, the late run
+/// would still be going when that instant is claimed, and the next
+/// occurrence would be skipped (overlap = "skip"): seen in the takeover
+/// benchmark as a gap after a kill -9.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_at_the_end_of_its_window_is_caught_up_in_order() {
+    let runner = VirtualRunner {
+        durations: [("j0000".to_string(), Duration::from_millis(100))].into(),
+        ..Default::default()
+    };
+    let w = World::new(runner);
+    let every_second =
+        "[[job]]\nname = \"j0000\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start("a", every_second);
+    w.until(t(0.5)).await;
+    let b = w.start("b", every_second);
+    // a is cut off after running 12:00:00; its lease ends at 12:00:01.950,
+    // 50 ms before 12:00:02.
+    a.store.set_reachable(false);
+    w.store.set_expiry_in("j0000", 1450);
+    w.until(t(4.0)).await;
+    let runs: Vec<(String, i64, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| {
+            (
+                r.node.clone(),
+                ms(r.occurrence - t(0.0)),
+                ms(r.started - t(0.0)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        vec![
+            ("a".into(), 0, 0),
+            ("b".into(), 1_000, 2_005),
+            ("b".into(), 2_000, 2_105),
+            ("b".into(), 3_000, 3_000)
+        ]
+    );
+    assert!(
+        !w.store
+            .history_outcomes("j0000")
+            .contains(&"skipped".to_string()),
+        "{:?}",
+        w.store.history_outcomes("j0000")
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
 /// A step-down that comes while a run is going releases the lease when
 /// *that* run ends. Here the catch-up of 11:59:50 ends at 12:00:00.3 and the
 /// run of 12:00:00 starts at once; the step-down comes 2 ms later, while the
