@@ -52,40 +52,26 @@ impl<Q: Send + 'static, R: Send + 'static> Batcher<Q, R> {
     /// Queues `requests` as one group (they go in the same store call) and
     /// returns where each answer will come, in order.
     pub fn submit(&self, requests: Vec<Q>) -> Vec<Pending<R>> {
-        if requests.is_empty() {
-            return Vec::new();
+        let (group, pending) = group(requests);
+        if !group.is_empty() {
+            // A closed queue (the node is gone) drops the senders: every
+            // caller sees its answer channel closed.
+            let _ = self.tx.send(group);
         }
-        let mut group = Vec::with_capacity(requests.len());
-        let mut pending = Vec::with_capacity(requests.len());
-        for q in requests {
-            let (tx, rx) = oneshot::channel();
-            group.push((q, tx));
-            pending.push(rx);
-        }
-        // A closed queue (the node is gone) drops the senders: every
-        // caller sees its answer channel closed.
-        let _ = self.tx.send(group);
         pending
     }
 
     /// Like [`Batcher::submit`], but the group is queued only after
     /// `delay` (the answers' channels exist at once).
     pub fn submit_after(&self, requests: Vec<Q>, delay: Duration) -> Vec<Pending<R>> {
-        if requests.is_empty() {
-            return Vec::new();
+        let (group, pending) = group(requests);
+        if !group.is_empty() {
+            let queue = self.tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = queue.send(group);
+            });
         }
-        let mut group = Vec::with_capacity(requests.len());
-        let mut pending = Vec::with_capacity(requests.len());
-        for q in requests {
-            let (tx, rx) = oneshot::channel();
-            group.push((q, tx));
-            pending.push(rx);
-        }
-        let queue = self.tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            let _ = queue.send(group);
-        });
         pending
     }
 
@@ -144,6 +130,18 @@ impl<Q: Send + 'static, R: Send + 'static> Batcher<Q, R> {
             }
         }
     }
+}
+
+/// Each request with the channel its answer goes through, and the receiving
+/// ends, in order.
+fn group<Q, R>(requests: Vec<Q>) -> (Group<Q, R>, Vec<Pending<R>>) {
+    requests
+        .into_iter()
+        .map(|q| {
+            let (tx, rx) = oneshot::channel();
+            ((q, tx), rx)
+        })
+        .unzip()
 }
 
 /// Waits for a queued request's answer.
