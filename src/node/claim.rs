@@ -303,12 +303,13 @@ impl Node {
             next,
         } = due;
         let job = state.job();
-        let give_up_at = self.instant_of(occurrence) + gap(occurrence, next);
+        let gap = gap(occurrence, next);
+        let give_up_at = self.instant_of(occurrence) + gap;
         // With a claim unanswered, retrying ends a little before the next
         // occurrence: the recheck must reach the store before that
         // occurrence's claim does (which would record over it).
         let recheck_at = give_up_at
-            .checked_sub(RECHECK_LEAD.min(gap(occurrence, next) / 4))
+            .checked_sub(RECHECK_LEAD.min(gap / 4))
             .unwrap_or(give_up_at);
         let window_end = |unanswered: &Option<Instant>| {
             if unanswered.is_some() {
@@ -484,7 +485,7 @@ impl Node {
                     tracing::debug!(job = %job.name, %occurrence, "refused by the store: occurrence not due yet by its clock");
                     let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
                     if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                        return unanswered.is_some();
+                        return false;
                     }
                 }
                 ClaimOutcome::Lost(lost) => {
@@ -533,14 +534,14 @@ impl Node {
                     // and then runs in order. Started this late, it would
                     // still be going when the next occurrence is due, and
                     // that one would be skipped (overlap = "skip").
-                    let tail = (gap(occurrence, next) / 10).min(TAKEOVER_TAIL);
+                    let tail = (gap / 10).min(TAKEOVER_TAIL);
                     if retry_at + tail >= give_up_at {
                         tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
                         return false;
                     }
                     tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, "lease held; retrying in {:?}", lost.remaining);
                     if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                        return unanswered.is_some();
+                        return false;
                     }
                 }
                 ClaimOutcome::Failed(_) => {}

@@ -52,11 +52,12 @@ pub struct Dialect {
     pub upsert_lock: &'static str,
     /// Placeholders are `$1, $2...` instead of `?`.
     pub numbered_params: bool,
-    /// Writes lock rows from one JSON array bound as a single parameter
-    /// (`{p}`: the table prefix), where a statement of thousands of bound
-    /// values is slow to plan (PostgreSQL: 100-140 ms for 1,000 rows, 2 ms
-    /// this way); None: multi-row `VALUES` with [`Dialect::upsert_lock`].
-    pub write_rows_json: Option<&'static str>,
+    /// A row source reading lock rows (the lock columns, by name) from one
+    /// JSON array bound as a single parameter, for databases where a
+    /// statement of thousands of bound values is slow to plan (PostgreSQL:
+    /// 94-143 ms for 1,000 rows, 2 ms this way); None: multi-row `VALUES`.
+    /// Either way the rows are written with [`Dialect::upsert_lock`].
+    pub json_lock_rows: Option<&'static str>,
     /// Migrations, in version order.
     pub migrations: &'static [(i64, &'static str)],
 }
@@ -226,6 +227,18 @@ impl BatchSql<'_> {
             rows = tuples(n, 6),
             upsert = self.d.upsert_lock
         )
+    }
+
+    /// Writes whole lock rows that exist (and are locked) from the JSON
+    /// array bound as the one parameter, where the dialect can.
+    fn write_rows_from_json(&self) -> Option<String> {
+        self.d.json_lock_rows.map(|source| {
+            format!(
+                "INSERT INTO {p}lock_info ({LOCK_COLUMNS}) SELECT {LOCK_COLUMNS} FROM {source}{upsert}",
+                p = self.p,
+                upsert = self.d.upsert_lock
+            )
+        })
     }
 
     /// Ends one owner's live leases on `n` jobs.
@@ -697,7 +710,7 @@ impl SqlStore {
         if rows.is_empty() {
             return Ok(());
         }
-        if let Some(template) = self.dialect.write_rows_json {
+        if let Some(text) = self.batch().write_rows_from_json() {
             let json: Vec<serde_json::Value> = rows
                 .iter()
                 .map(|(name, row)| {
@@ -711,7 +724,6 @@ impl SqlStore {
                     })
                 })
                 .collect();
-            let text = template.replace("{p}", &self.prefix);
             let q = self.sql(text, Some(0))?;
             sqlx::query(q)
                 .bind(serde_json::Value::Array(json).to_string())

@@ -16,7 +16,7 @@ pub static DIALECT: Dialect = Dialect {
     ignore_conflict: "",
     upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at)",
     numbered_params: false,
-    write_rows_json: None,
+    json_lock_rows: None,
     migrations: &[
         (1, include_str!("../../../migrations/mysql/0001_init.sql")),
         (

@@ -14,11 +14,8 @@ pub static DIALECT: Dialect = Dialect {
     ignore_conflict: " ON CONFLICT ({key}) DO NOTHING",
     upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at",
     numbered_params: true,
-    write_rows_json: Some(
-        "INSERT INTO {p}lock_info (lock_name, owner, fence, expires_at, last_occurrence, modified_at) \
-         SELECT lock_name, owner, fence, expires_at, last_occurrence, modified_at \
-         FROM json_to_recordset(?::json) AS r(lock_name TEXT, owner TEXT, fence BIGINT, expires_at BIGINT, last_occurrence BIGINT, modified_at BIGINT) \
-         ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at",
+    json_lock_rows: Some(
+        "json_to_recordset(?::json) AS r(lock_name TEXT, owner TEXT, fence BIGINT, expires_at BIGINT, last_occurrence BIGINT, modified_at BIGINT)",
     ),
     migrations: &[
         (
