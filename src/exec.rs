@@ -11,17 +11,16 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
-use tokio::process::Child;
 
 use crate::config::{Command, Job, NodeName};
-use crate::guard::Guard;
+use crate::guard::{Guard, StartError};
 use crate::node::clock::WallClock;
 use crate::store::Outcome;
 
@@ -111,58 +110,91 @@ pub struct RunSpec<'a> {
     pub clock: &'a dyn WallClock,
 }
 
-fn build_command(spec: &RunSpec<'_>) -> tokio::process::Command {
-    let argv: Vec<&str> = match &spec.job.command {
-        Command::Argv(argv) => argv.iter().map(String::as_str).collect(),
-        Command::Shell(script) => vec!["/bin/sh", "-c", script],
-    };
-    let mut cmd = match &spec.job.identity {
-        // std's Command can set uid and gid but not the user's supplementary
-        // groups; this binary's `__run-as` does (initgroups) and then
-        // executes the command in place, same pid and process group.
-        Some(id) => {
-            // Not current_exe(): after a package upgrade that path names the
-            // new binary, or nothing ("(deleted)"); /proc/self/exe is this one.
-            let mut c = tokio::process::Command::new("/proc/self/exe");
-            c.arg("__run-as")
-                .arg(id.uid.to_string())
-                .arg(id.gid.to_string())
-                .arg(id.user.as_ref().map_or("", |(name, _)| name.as_str()))
-                .arg("--")
-                .args(&argv);
-            c
+/// A job's process as it is to be started: program, arguments, the
+/// variables set on top of the daemon's environment (less
+/// [`WITHHELD_ENV`]), and the working directory. The daemon builds it; the
+/// job guard ([`crate::guard`]) starts it, or the daemon itself when the
+/// guard is gone.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Launch {
+    pub program: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<std::path::PathBuf>,
+}
+
+impl Launch {
+    fn new(spec: &RunSpec<'_>) -> Launch {
+        let argv: Vec<&str> = match &spec.job.command {
+            Command::Argv(argv) => argv.iter().map(String::as_str).collect(),
+            Command::Shell(script) => vec!["/bin/sh", "-c", script],
+        };
+        let (program, args) = match &spec.job.identity {
+            // std's Command can set uid and gid but not the user's
+            // supplementary groups; this binary's `__run-as` does
+            // (initgroups) and then executes the command in place, same pid
+            // and process group. Not current_exe(): after a package upgrade
+            // that path names the new binary, or nothing ("(deleted)");
+            // /proc/self/exe is this one.
+            Some(id) => {
+                let mut args = vec![
+                    "__run-as".to_string(),
+                    id.uid.to_string(),
+                    id.gid.to_string(),
+                    id.user
+                        .as_ref()
+                        .map_or("", |(name, _)| name.as_str())
+                        .to_string(),
+                    "--".to_string(),
+                ];
+                args.extend(argv.iter().map(|a| a.to_string()));
+                ("/proc/self/exe".to_string(), args)
+            }
+            None => (
+                argv.first().copied().unwrap_or_default().to_string(),
+                argv.iter().skip(1).map(|a| a.to_string()).collect(),
+            ),
+        };
+        let mut env = Vec::new();
+        if let Some(id) = &spec.job.identity {
+            if let Some((name, home)) = &id.user {
+                env.push(("USER".into(), name.clone()));
+                env.push(("LOGNAME".into(), name.clone()));
+                env.push(("HOME".into(), home.to_string_lossy().into_owned()));
+            }
         }
-        None => {
-            let mut c = tokio::process::Command::new(argv[0]);
-            c.args(&argv[1..]);
-            c
-        }
-    };
-    for key in WITHHELD_ENV {
-        cmd.env_remove(key);
-    }
-    if let Some(id) = &spec.job.identity {
-        if let Some((name, home)) = &id.user {
-            cmd.env("USER", name).env("LOGNAME", name).env("HOME", home);
-        }
-    }
-    cmd.envs(&spec.job.env)
-        .env("CRONLEASE_JOB", spec.job.name.as_str())
-        .env("CRONLEASE_FENCE", spec.fence.to_string())
-        .env(
-            "CRONLEASE_OCCURRENCE",
+        env.extend(spec.job.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.push(("CRONLEASE_JOB".into(), spec.job.name.to_string()));
+        env.push(("CRONLEASE_FENCE".into(), spec.fence.to_string()));
+        env.push((
+            "CRONLEASE_OCCURRENCE".into(),
             spec.occurrence.to_rfc3339_opts(SecondsFormat::Secs, true),
-        )
-        .env("CRONLEASE_NODE", spec.node.as_str())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(false);
-    if let Some(dir) = &spec.job.working_dir {
-        cmd.current_dir(dir);
+        ));
+        env.push(("CRONLEASE_NODE".into(), spec.node.as_str().to_string()));
+        Launch {
+            program,
+            args,
+            env,
+            cwd: spec.job.working_dir.clone(),
+        }
     }
-    cmd
+
+    /// The process to start, stdin `/dev/null`, in a new process group;
+    /// stdout and stderr are the caller's to set.
+    pub fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.program);
+        cmd.args(&self.args);
+        for key in WITHHELD_ENV {
+            cmd.env_remove(key);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
+        cmd
+    }
 }
 
 /// `cronlease __run-as UID GID USER -- PROGRAM ARGS...`: takes the user's
@@ -224,8 +256,8 @@ pub async fn run(
     let started_at = spec.clock.now();
     let job = spec.job;
     let fence = spec.fence;
-    let mut child = match build_command(&spec).spawn() {
-        Ok(child) => child,
+    let mut process = match start(&Launch::new(&spec), guard).await {
+        Ok(process) => process,
         Err(e) => {
             tracing::error!(job = %job.name, fence, "cannot start the command: {e}");
             return Finished {
@@ -236,26 +268,20 @@ pub async fn run(
             };
         }
     };
-    let pgid = child.id().unwrap_or_default();
-    if let Some(g) = guard {
-        g.watch(pgid);
-    }
+    let pgid = process.pgid;
     let mut pumps = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        pumps.push(tokio::spawn(pump(
-            out,
-            job.name.to_string(),
-            fence,
-            "stdout",
-        )));
-    }
-    if let Some(err) = child.stderr.take() {
-        pumps.push(tokio::spawn(pump(
-            err,
-            job.name.to_string(),
-            fence,
-            "stderr",
-        )));
+    for (stream, name) in [
+        (process.stdout.take(), "stdout"),
+        (process.stderr.take(), "stderr"),
+    ] {
+        if let Some(stream) = stream {
+            pumps.push(tokio::spawn(pump(
+                stream,
+                job.name.to_string(),
+                fence,
+                name,
+            )));
+        }
     }
 
     let timeout = async {
@@ -264,11 +290,12 @@ pub async fn run(
             None => std::future::pending().await,
         }
     };
+    let exit = &mut process.exit;
     let (outcome, status) = tokio::select! {
-        status = child.wait() => (None, status.ok()),
+        status = &mut *exit => (None, status),
         () = timeout => {
             tracing::warn!(job = %job.name, fence, "timed out after {:?}: stopping it", job.timeout.unwrap_or_default());
-            (Some(Outcome::Timeout), terminate(&mut child, pgid, job.kill_grace).await)
+            (Some(Outcome::Timeout), terminate(exit, pgid, job.kill_grace).await)
         }
         reason = stop => {
             let (outcome, grace) = match reason {
@@ -281,13 +308,16 @@ pub async fn run(
                     (Outcome::Killed, job.kill_grace)
                 }
             };
-            (Some(outcome), terminate(&mut child, pgid, grace).await)
+            (Some(outcome), terminate(exit, pgid, grace).await)
         }
     };
-    // Whatever the command left behind in its group goes with it.
-    signal_group(pgid, Signal::SIGKILL);
-    if let Some(g) = guard {
-        g.forget(pgid);
+    if !process.guarded {
+        // Whatever the command left behind in its group goes with it (the
+        // guard does this itself for the jobs it starts).
+        signal_group(pgid, Signal::SIGKILL);
+        if let Some(g) = guard {
+            g.forget(pgid).await;
+        }
     }
     for p in pumps {
         let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
@@ -308,6 +338,71 @@ pub async fn run(
     }
 }
 
+type Output = Box<dyn AsyncRead + Unpin + Send>;
+
+/// A started job process.
+struct Process {
+    /// Its pid, which is also its process group.
+    pgid: u32,
+    stdout: Option<Output>,
+    stderr: Option<Output>,
+    /// How it ends (`None`: unknown).
+    exit: Pin<Box<dyn Future<Output = Option<ExitStatus>> + Send>>,
+    /// Started, reaped and cleaned up after by the guard.
+    guarded: bool,
+}
+
+/// Starts `launch` through the guard, or in this process when there is no
+/// guard or it cannot take the request.
+async fn start(launch: &Launch, guard: Option<&Guard>) -> Result<Process, String> {
+    if let Some(g) = guard {
+        let pipes = std::io::pipe().and_then(|out| Ok((out, std::io::pipe()?)));
+        let ((out_r, out_w), (err_r, err_w)) =
+            pipes.map_err(|e| format!("cannot open the output pipes: {e}"))?;
+        match g.start(launch, out_w.into(), err_w.into()).await {
+            Ok(child) => {
+                let reader = |r: std::io::PipeReader| -> Option<Output> {
+                    tokio::net::unix::pipe::Receiver::from_owned_fd(r.into())
+                        .ok()
+                        .map(|r| Box::new(r) as Output)
+                };
+                let exit = child.exit;
+                return Ok(Process {
+                    pgid: child.pid,
+                    stdout: reader(out_r),
+                    stderr: reader(err_r),
+                    exit: Box::pin(async move { exit.await.ok() }),
+                    guarded: true,
+                });
+            }
+            Err(StartError::Failed(e)) => return Err(e),
+            Err(StartError::Gone) => {}
+            Err(StartError::NotSent(e)) => {
+                tracing::warn!("the job guard cannot start this job ({e}): the daemon starts it");
+            }
+        }
+    }
+    let mut command = tokio::process::Command::from(launch.command());
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    let mut child = command.spawn().map_err(|e| e.to_string())?;
+    let pgid = child.id().unwrap_or_default();
+    if let Some(g) = guard {
+        g.watch(pgid).await;
+    }
+    let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
+    let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
+    Ok(Process {
+        pgid,
+        stdout,
+        stderr,
+        exit: Box::pin(async move { child.wait().await.ok() }),
+        guarded: false,
+    })
+}
+
 fn signal_group(pgid: u32, sig: Signal) {
     if let Ok(pgid) = i32::try_from(pgid) {
         if pgid > 1 {
@@ -316,20 +411,21 @@ fn signal_group(pgid: u32, sig: Signal) {
     }
 }
 
-/// SIGTERM to the group, SIGKILL after `grace` (at once when zero), and reap.
+/// SIGTERM to the group, SIGKILL after `grace` (at once when zero), and
+/// wait for the end.
 async fn terminate(
-    child: &mut Child,
+    exit: &mut Pin<Box<dyn Future<Output = Option<ExitStatus>> + Send>>,
     pgid: u32,
     grace: Duration,
-) -> Option<std::process::ExitStatus> {
+) -> Option<ExitStatus> {
     if !grace.is_zero() {
         signal_group(pgid, Signal::SIGTERM);
-        if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
-            return status.ok();
+        if let Ok(status) = tokio::time::timeout(grace, &mut *exit).await {
+            return status;
         }
     }
     signal_group(pgid, Signal::SIGKILL);
-    child.wait().await.ok()
+    exit.await
 }
 
 /// Logs a stream line by line, tagged with job and fence.

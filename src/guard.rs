@@ -1,107 +1,347 @@
-//! Makes sure a job never outlives its daemon, even one killed by SIGKILL.
+//! Starts the jobs and makes sure none outlives its daemon, even one killed
+//! by SIGKILL.
 //!
-//! The daemon starts one small helper, `cronlease __guard`, with a pipe on its
-//! stdin, and tells it the process group of every job it starts (`+PGID`) and
-//! finishes (`-PGID`). When the daemon dies, however it dies, the kernel
-//! closes the pipe; the guard reads end-of-file and SIGKILLs every group still
-//! listed, then exits. This covers a job's whole process tree (its process
-//! group), which a parent-death signal on the direct child would not, and
-//! needs no `unsafe` `pre_exec` hook. Processes that left the job's group or
-//! session are found by walking parent links from the group's members (see
+//! The daemon starts one small helper, `cronlease __guard`, joined to it by
+//! a Unix socket pair (`SOCK_SEQPACKET`, one message per request). The guard
+//! starts every job process for the daemon: the daemon sends the command,
+//! its environment and the write ends of the job's stdout and stderr pipes
+//! (`SCM_RIGHTS`); the guard spawns it in a new process group, answers with
+//! its pid, reaps it when it ends and reports how it ended. The guard holds
+//! a handful of file descriptors, so a spawn copies and closes a handful;
+//! the daemon holds two pipes per running job and would make every new
+//! child copy and close all of them (with a thousand jobs starting at one
+//! instant that was a fifth of their start time).
+//!
+//! When the daemon dies, however it dies, the kernel closes the socket; the
+//! guard reads end-of-file and SIGKILLs every job group still running, then
+//! exits. This covers a job's whole process tree (its process group), which
+//! a parent-death signal on the direct child would not, and needs no
+//! `unsafe` `pre_exec` hook. Processes that left the job's group or session
+//! are found by walking parent links from the group's members (see
 //! [`serve`]). Under systemd the unit's control group is the second line of
-//! defence.
+//! defence. If the guard is gone the daemon starts jobs itself (and says
+//! once that they would now outlive it).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 
 use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::Interest;
+use tokio::sync::oneshot;
+
+use crate::exec::Launch;
+
+/// Largest message either side sends or reads: a job's command and
+/// environment, or an answer.
+const MAX_MESSAGE: usize = 256 * 1024;
+
+/// What the daemon asks of the guard.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Request {
+    /// Start `launch` with the two file descriptors sent along as its
+    /// stdout and stderr; answered by [`Answer::Started`] or
+    /// [`Answer::Failed`], and later [`Answer::Exited`].
+    Start { id: u64, launch: Launch },
+    /// A job the daemon started itself: kill its group if the daemon dies.
+    Watch { pgid: i32 },
+    /// That job ended.
+    Forget { pgid: i32 },
+}
+
+/// What the guard tells the daemon.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Answer {
+    Started {
+        id: u64,
+        pid: u32,
+    },
+    Failed {
+        id: u64,
+        error: String,
+    },
+    /// A started job ended: its wait status, as `waitpid` gives it. What it
+    /// left in its process group has been killed.
+    Exited {
+        pid: u32,
+        status: i32,
+    },
+}
+
+/// A job process started by the guard.
+pub struct GuardedChild {
+    pub pid: u32,
+    /// How it ended; closed without a value if the guard died first.
+    pub exit: oneshot::Receiver<ExitStatus>,
+}
+
+/// Why the guard did not start a job.
+#[derive(Debug)]
+pub enum StartError {
+    /// The guard is gone (said once when it went): the daemon may start
+    /// the job itself.
+    Gone,
+    /// The request never reached the guard (too large, say): the daemon
+    /// may start the job itself.
+    NotSent(String),
+    /// The guard could not start the command, or ended before saying.
+    Failed(String),
+}
 
 /// The daemon's handle on its guard process.
 pub struct Guard {
-    pipe: Mutex<Option<ChildStdin>>,
+    shared: Arc<Shared>,
     child: Mutex<Child>,
 }
 
+struct Shared {
+    /// The daemon's end of the `SOCK_SEQPACKET` pair. tokio has no type
+    /// for that kind of socket; its `UnixStream` serves here only to make
+    /// the descriptor's readiness known to the runtime (every read and write
+    /// is a `recv` or `sendmsg` of our own, whole messages).
+    sock: tokio::net::UnixStream,
+    next_id: AtomicU64,
+    waiting: Mutex<Waiting>,
+    gone: AtomicBool,
+}
+
+/// Answers the daemon is waiting for.
+#[derive(Default)]
+struct Waiting {
+    /// Start requests by id: where to send the pid, then the exit.
+    starts: HashMap<
+        u64,
+        (
+            oneshot::Sender<Result<u32, String>>,
+            oneshot::Sender<ExitStatus>,
+        ),
+    >,
+    /// Started jobs by pid.
+    exits: HashMap<u32, oneshot::Sender<ExitStatus>>,
+}
+
 impl Guard {
-    /// Starts the guard: this same executable, in `__guard` mode.
+    /// Starts the guard: this same executable, in `__guard` mode. Must be
+    /// called on a tokio runtime (it reads the guard's answers there).
     pub fn spawn() -> std::io::Result<Guard> {
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::io::ioctl_fionbio(&ours, true)?;
         let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
-        let mut child = Command::new(exe)
+        let child = Command::new(exe)
             .arg("__guard")
             // The guard needs nothing from the daemon's environment, least of
-            // all its secrets.
+            // all its secrets; the jobs it starts get the daemon's
+            // environment less these, as `exec` says.
             .env_remove("CRONLEASE_STORE_URL")
-            .stdin(Stdio::piped())
+            .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()?;
-        let pipe = child.stdin.take();
+        let shared = Arc::new(Shared {
+            sock: tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(ours))?,
+            next_id: AtomicU64::new(1),
+            waiting: Mutex::new(Waiting::default()),
+            gone: AtomicBool::new(false),
+        });
+        tokio::spawn(read_answers(shared.clone()));
         Ok(Guard {
-            pipe: Mutex::new(pipe),
+            shared,
             child: Mutex::new(child),
         })
     }
 
-    /// Lists a job's process group for killing if the daemon dies.
-    pub fn watch(&self, pgid: u32) {
-        self.send(&format!("+{pgid}\n"));
-    }
-
-    /// Takes a finished job's process group off the list.
-    pub fn forget(&self, pgid: u32) {
-        self.send(&format!("-{pgid}\n"));
-    }
-
-    fn send(&self, line: &str) {
-        let Ok(mut pipe) = self.pipe.lock() else {
-            return;
+    /// Has the guard start `launch` with `stdout` and `stderr` (the write
+    /// ends of the job's pipes, closed here once sent).
+    pub async fn start(
+        &self,
+        launch: &Launch,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    ) -> Result<GuardedChild, StartError> {
+        if self.shared.gone.load(Ordering::Relaxed) {
+            return Err(StartError::Gone);
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (started_tx, started) = oneshot::channel();
+        let (exit_tx, exit) = oneshot::channel();
+        self.shared.lock().starts.insert(id, (started_tx, exit_tx));
+        let message = Request::Start {
+            id,
+            launch: launch.clone(),
         };
-        if let Some(p) = pipe.as_mut() {
-            if let Err(e) = p.write_all(line.as_bytes()).and_then(|()| p.flush()) {
-                tracing::error!(
-                    "the job guard process is gone ({e}); jobs would now outlive a daemon killed by SIGKILL"
-                );
-                *pipe = None;
-            }
+        let sent = self
+            .shared
+            .send(&message, &[stdout.as_fd(), stderr.as_fd()])
+            .await;
+        drop((stdout, stderr));
+        if let Err(e) = sent {
+            self.shared.lock().starts.remove(&id);
+            return Err(StartError::NotSent(e.to_string()));
+        }
+        match started.await {
+            Ok(Ok(pid)) => Ok(GuardedChild { pid, exit }),
+            Ok(Err(e)) => Err(StartError::Failed(e)),
+            Err(_) => Err(StartError::Failed(
+                "the job guard process ended before it said whether the command started".into(),
+            )),
         }
     }
 
-    /// Whether the guard process is still running.
-    pub fn alive(&self) -> bool {
-        self.child
-            .lock()
-            .map(|mut c| matches!(c.try_wait(), Ok(None)))
-            .unwrap_or(false)
+    /// Lists a job the daemon started itself, for killing if the daemon dies.
+    pub async fn watch(&self, pgid: u32) {
+        self.note(Request::Watch { pgid: pgid as i32 }).await;
     }
+
+    /// Takes such a job off the list.
+    pub async fn forget(&self, pgid: u32) {
+        self.note(Request::Forget { pgid: pgid as i32 }).await;
+    }
+
+    async fn note(&self, request: Request) {
+        if !self.shared.gone.load(Ordering::Relaxed) {
+            let _ = self.shared.send(&request, &[]).await;
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn send(
+        &self,
+        request: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(request).map_err(std::io::Error::other)?;
+        if bytes.len() > MAX_MESSAGE {
+            return Err(std::io::Error::other(format!(
+                "the job's command and environment take {} bytes, more than the {MAX_MESSAGE} a request to the job guard may",
+                bytes.len()
+            )));
+        }
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        self.sock
+            .async_io(Interest::WRITABLE, || {
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                if !fds.is_empty() {
+                    control.push(SendAncillaryMessage::ScmRights(fds));
+                }
+                rustix::net::sendmsg(
+                    &self.sock,
+                    &[IoSlice::new(&bytes)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                )
+                .map_err(std::io::Error::from)
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Reads the guard's answers until it goes away, then fails whatever was
+/// waiting for one.
+async fn read_answers(shared: Arc<Shared>) {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let read = shared
+            .sock
+            .async_io(Interest::READABLE, || {
+                rustix::net::recv(&shared.sock, &mut buf[..], RecvFlags::empty())
+                    .map_err(std::io::Error::from)
+            })
+            .await;
+        let n = match read {
+            Ok((n, _)) if n > 0 => n,
+            _ => break,
+        };
+        let Ok(answer) = serde_json::from_slice::<Answer>(&buf[..n]) else {
+            tracing::error!("the job guard process sent a message this daemon cannot read");
+            continue;
+        };
+        let mut waiting = shared.lock();
+        match answer {
+            Answer::Started { id, pid } => {
+                if let Some((started, exit)) = waiting.starts.remove(&id) {
+                    waiting.exits.insert(pid, exit);
+                    let _ = started.send(Ok(pid));
+                }
+            }
+            Answer::Failed { id, error } => {
+                if let Some((started, _)) = waiting.starts.remove(&id) {
+                    let _ = started.send(Err(error));
+                }
+            }
+            Answer::Exited { pid, status } => {
+                if let Some(exit) = waiting.exits.remove(&pid) {
+                    let _ = exit.send(ExitStatus::from_raw(status));
+                }
+            }
+        }
+    }
+    shared.gone.store(true, Ordering::Relaxed);
+    let mut waiting = shared.lock();
+    waiting.starts.clear();
+    waiting.exits.clear();
+    drop(waiting);
+    tracing::error!(
+        "the job guard process is gone: jobs are now started by the daemon itself and would outlive it if it were killed by SIGKILL"
+    );
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        // Closing the pipe lets the guard exit; reap it so no zombie is left.
-        if let Ok(mut pipe) = self.pipe.lock() {
-            pipe.take();
-        }
+        // Shutting the socket down lets the guard exit; reap it so no zombie
+        // is left.
+        let _ = rustix::net::shutdown(&self.shared.sock, rustix::net::Shutdown::Both);
         if let Ok(mut child) = self.child.lock() {
             let _ = child.wait();
         }
     }
 }
 
-/// The guard process itself: reads `+PGID`/`-PGID` lines until end-of-file,
-/// then kills what is left. Signals that would stop a daemon (INT from a
-/// terminal, TERM from `pkill`) are ignored: the guard must outlive the daemon
-/// by a moment, and ends exactly when the daemon's end closes the pipe.
+/// What the guard's threads tell its main loop.
+enum Event {
+    Watch(i32),
+    Forget(i32),
+    /// The daemon is gone.
+    End,
+}
+
+/// The guard process itself: starts the jobs the daemon asks for, reaps
+/// them, and when the daemon's end of the socket closes kills what is
+/// left. Signals that would stop a daemon (INT from a terminal, TERM from
+/// `pkill`) are ignored: the guard must outlive the daemon by a moment, and
+/// ends exactly when the daemon's end closes the socket.
 ///
-/// "What is left" is each listed group and every process below its members,
-/// also those that left the group or the session (`setsid cmd &`): they
-/// still hang below the job's process by their parent links. While jobs run,
-/// the guard also notes their descendants every second, so a process whose
-/// parent has already exited (reparented away from the tree) is still known.
+/// "What is left" is each running job's group and every process below its
+/// members, also those that left the group or the session (`setsid cmd &`):
+/// they still hang below the job's process by their parent links. While jobs
+/// run, the guard also notes their descendants every second, so a process
+/// whose parent has already exited (reparented away from the tree) is still
+/// known.
 pub fn serve() -> std::process::ExitCode {
     let ignored = Arc::new(AtomicBool::new(false));
     for sig in [
@@ -113,17 +353,27 @@ pub fn serve() -> std::process::ExitCode {
     ] {
         let _ = signal_hook::flag::register(sig, ignored.clone());
     }
-    let (lines, incoming) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        for line in stdin.lock().lines() {
-            let Ok(line) = line else { break };
-            if lines.send(line).is_err() {
-                break;
-            }
+    let sock = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(sock) => Arc::new(sock),
+        Err(e) => {
+            eprintln!("cronlease __guard: no socket on stdin: {e}");
+            return std::process::ExitCode::from(70);
         }
-        // Dropping the sender tells the main loop the daemon is gone.
-    });
+    };
+    let (events, incoming) = mpsc::channel::<Event>();
+    // Held from a spawn to its answer, and from a reap to its report: the
+    // daemon hears of a job's start before its exit.
+    let answering = Arc::new(Mutex::new(()));
+    let (spawned, reaper_wakes) = mpsc::channel::<()>();
+    {
+        let (sock, events, answering) = (sock.clone(), events.clone(), answering.clone());
+        std::thread::spawn(move || serve_requests(&sock, &events, &answering, &spawned));
+    }
+    {
+        let (sock, events, answering) = (sock.clone(), events.clone(), answering.clone());
+        std::thread::spawn(move || reap(&sock, &events, &answering, &reaper_wakes));
+    }
+    drop(events);
     let mut groups = BTreeSet::new();
     // Per running job (process group): the processes noted below it, with
     // their start times. Forgotten with the job, so a daemon a finished job
@@ -137,21 +387,15 @@ pub fn serve() -> std::process::ExitCode {
     loop {
         let wait = every.saturating_sub(last_scan.elapsed());
         match incoming.recv_timeout(wait) {
-            Ok(line) => {
-                let (op, pgid) = line.split_at(line.len().min(1));
-                match (op, pgid.trim().parse::<i32>()) {
-                    ("+", Ok(pgid)) if pgid > 1 => {
-                        groups.insert(pgid);
-                    }
-                    ("-", Ok(pgid)) => {
-                        groups.remove(&pgid);
-                        known.remove(&pgid);
-                    }
-                    _ => {}
-                }
+            Ok(Event::Watch(pgid)) if pgid > 1 => {
+                groups.insert(pgid);
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Ok(Event::Forget(pgid)) => {
+                groups.remove(&pgid);
+                known.remove(&pgid);
+            }
+            Ok(Event::Watch(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Ok(Event::End) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         if last_scan.elapsed() < every {
             continue;
@@ -173,6 +417,127 @@ pub fn serve() -> std::process::ExitCode {
     let known: BTreeMap<i32, u64> = known.into_values().flatten().collect();
     kill_trees(&groups, &known);
     std::process::ExitCode::SUCCESS
+}
+
+/// Sends one answer to the daemon (blocking: the guard's end of the socket
+/// is in blocking mode). A daemon that is gone is noticed by the reader.
+fn answer(sock: &OwnedFd, answer: &Answer) {
+    if let Ok(bytes) = serde_json::to_vec(answer) {
+        let _ = rustix::net::send(sock, &bytes, SendFlags::NOSIGNAL);
+    }
+}
+
+/// The guard's reading thread: starts jobs, notes the daemon's own.
+fn serve_requests(
+    sock: &OwnedFd,
+    events: &mpsc::Sender<Event>,
+    answering: &Mutex<()>,
+    spawned: &mpsc::Sender<()>,
+) {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let received = rustix::net::recvmsg(
+            sock,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        );
+        let n = match received {
+            Ok(msg) if msg.bytes > 0 => msg.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => break,
+        };
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                fds.extend(received);
+            }
+        }
+        match serde_json::from_slice::<Request>(&buf[..n.min(buf.len())]) {
+            Ok(Request::Start { id, launch }) => {
+                let _held = answering.lock().unwrap_or_else(|e| e.into_inner());
+                let (Some(stderr), Some(stdout)) = (fds.pop(), fds.pop()) else {
+                    answer(
+                        sock,
+                        &Answer::Failed {
+                            id,
+                            error: "the request came without the job's output pipes".into(),
+                        },
+                    );
+                    continue;
+                };
+                let mut command = launch.command();
+                command
+                    .stdout(Stdio::from(stdout))
+                    .stderr(Stdio::from(stderr));
+                match command.spawn() {
+                    Ok(child) => {
+                        let pid = child.id();
+                        // Reaped by `reap`, not through this handle.
+                        drop(child);
+                        let _ = events.send(Event::Watch(pid as i32));
+                        let _ = spawned.send(());
+                        answer(sock, &Answer::Started { id, pid });
+                    }
+                    Err(e) => answer(
+                        sock,
+                        &Answer::Failed {
+                            id,
+                            error: e.to_string(),
+                        },
+                    ),
+                }
+            }
+            Ok(Request::Watch { pgid }) => {
+                let _ = events.send(Event::Watch(pgid));
+            }
+            Ok(Request::Forget { pgid }) => {
+                let _ = events.send(Event::Forget(pgid));
+            }
+            Err(e) => eprintln!("cronlease __guard: a request it cannot read: {e}"),
+        }
+    }
+    let _ = events.send(Event::End);
+}
+
+/// The guard's reaping thread: waits for every job it started, kills what
+/// the job left in its process group (as the daemon does for a job it
+/// starts itself) and reports the exit.
+fn reap(
+    sock: &OwnedFd,
+    events: &mpsc::Sender<Event>,
+    answering: &Mutex<()>,
+    wakes: &mpsc::Receiver<()>,
+) {
+    loop {
+        let (pid, status) = match nix::sys::wait::wait() {
+            Ok(WaitStatus::Exited(pid, code)) => (pid, code << 8),
+            Ok(WaitStatus::Signaled(pid, signal, core)) => {
+                (pid, signal as i32 | if core { 0x80 } else { 0 })
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // No child: sleep until the next start.
+            Err(_) => {
+                if wakes.recv().is_err() {
+                    return;
+                }
+                while wakes.try_recv().is_ok() {}
+                continue;
+            }
+        };
+        let _held = answering.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = killpg(pid, Signal::SIGKILL);
+        let _ = events.send(Event::Forget(pid.as_raw()));
+        answer(
+            sock,
+            &Answer::Exited {
+                pid: pid.as_raw() as u32,
+                status,
+            },
+        );
+    }
 }
 
 /// One process as `/proc/PID/stat` tells it.

@@ -349,6 +349,7 @@ impl NodeParts {
                 None
             }
         };
+        raise_open_files_limit();
         NodeParts {
             guard,
             notifier: Notifier::from_env(),
@@ -365,6 +366,21 @@ impl NodeParts {
             notifier: Notifier::disabled(),
             wall,
             runner,
+        }
+    }
+}
+
+/// A thousand jobs running at once hold two thousand pipes: lift the soft
+/// limit on open files to the hard one (systemd gives services 1024 and a
+/// hard limit far above). The guard, started before this, keeps the soft
+/// limit it was given, and so do the jobs it starts (some still `select()`).
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
+            }
         }
     }
 }

@@ -236,6 +236,68 @@ fn the_guard_has_no_store_url_in_its_environment() {
     c.stop_all();
 }
 
+/// This process's hard limit on open files.
+fn own_hard_open_files_limit() -> String {
+    open_files_limit(std::process::id()).1
+}
+
+/// `Max open files` (soft, hard) in /proc/PID/limits.
+fn open_files_limit(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    (f[3].to_string(), f[4].to_string())
+}
+
+/// A thousand jobs at once hold two thousand pipes: the daemon lifts its
+/// soft limit on open files to the hard one; the guard, which starts the
+/// jobs, keeps the limit the daemon was given, and so do the jobs.
+#[test]
+fn the_daemon_lifts_its_open_files_limit_and_the_jobs_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("limit");
+    let mut c = crate::cluster::Cluster::new(
+        Backend::Sqlite,
+        None,
+        &format!(
+            "[[job]]\nname = \"limit\"\nschedule = \"* * * * * *\"\ncommand = \"ulimit -Sn > {}\"\n",
+            out.display()
+        ),
+    );
+    let hard = own_hard_open_files_limit();
+    c.start_under(
+        "n1",
+        &["prlimit", &format!("--nofile=512:{hard}"), "--"],
+        &[],
+    );
+    let guard = crate::support::wait_until(
+        "the guard process",
+        std::time::Duration::from_secs(10),
+        || c.report(),
+        || {
+            c.tree("n1").into_iter().find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("__guard"))
+            })
+        },
+    );
+    let job = crate::support::wait_until(
+        "a run of the job",
+        std::time::Duration::from_secs(10),
+        || c.report(),
+        || std::fs::read_to_string(&out).ok().filter(|s| !s.is_empty()),
+    );
+    let (daemon_soft, daemon_hard) = open_files_limit(c.pid("n1") as u32);
+    let (guard_soft, _) = open_files_limit(guard as u32);
+    c.stop_all();
+    assert_eq!(daemon_soft, daemon_hard, "the daemon's soft limit");
+    assert_eq!(guard_soft, "512", "the guard's soft limit");
+    assert_eq!(job.trim(), "512", "the job's soft limit");
+}
+
 /// Something that is not Redis on the Redis URL's port (here MariaDB's, and
 /// a plain TCP listener that answers HTTP) is an unreachable store: one
 /// line, exit 69.

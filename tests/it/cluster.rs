@@ -138,12 +138,26 @@ impl Cluster {
 
     /// Starts a node with extra environment variables.
     pub fn start_with_env(&mut self, node: &str, env: &[(&str, &str)]) {
+        self.start_under(node, &[], env);
+    }
+
+    /// Starts `node` as the command `prefix` runs in place (`prlimit …
+    /// --`): the node's pid is the prefix's.
+    pub fn start_under(&mut self, node: &str, prefix: &[&str], env: &[(&str, &str)]) {
         let log = File::options()
             .create(true)
             .append(true)
             .open(self.dir.path().join(format!("{node}.log")))
             .unwrap();
-        let child = Command::new(binary())
+        let mut command = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary());
+                c
+            }
+            None => Command::new(binary()),
+        };
+        let child = command
             .args(["run", "-c"])
             .arg(self.config(node))
             .env_remove("CRONLEASE_STORE_URL")
