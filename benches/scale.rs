@@ -84,10 +84,9 @@ fn cpu_seconds(pid: i32) -> f64 {
     ticks / 100.0
 }
 
-/// A daemon's own CPU and its guard process's (the `__guard` child that
-/// kills its jobs if it dies), in seconds.
-fn daemon_cpu_seconds(pid: i32) -> f64 {
-    let guards: f64 = support::all_pids()
+/// The daemon's guard process (the `__guard` child that starts its jobs).
+fn guards_of(pid: i32) -> Vec<i32> {
+    support::all_pids()
         .into_iter()
         .filter(|p| {
             support::proc_stat(*p)
@@ -98,16 +97,24 @@ fn daemon_cpu_seconds(pid: i32) -> f64 {
             std::fs::read(format!("/proc/{p}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__guard"))
         })
-        .map(cpu_seconds)
-        .sum();
+        .collect()
+}
+
+/// A daemon's own CPU and its guard process's, in seconds.
+fn daemon_cpu_seconds(pid: i32) -> f64 {
+    let guards: f64 = guards_of(pid).into_iter().map(cpu_seconds).sum();
     cpu_seconds(pid) + guards
 }
 
-/// cutime + cstime: what the process's reaped children (the jobs) used.
+/// cutime + cstime of the daemon and its guard: what their reaped
+/// children (the jobs; the guard starts and reaps them) used.
 fn children_cpu_seconds(pid: i32) -> f64 {
-    let stat = support::proc_stat(pid);
-    let ticks: f64 = stat[13].parse::<f64>().unwrap() + stat[14].parse::<f64>().unwrap();
-    ticks / 100.0
+    let reaped = |pid: i32| {
+        let stat = support::proc_stat(pid);
+        let ticks: f64 = stat[13].parse::<f64>().unwrap() + stat[14].parse::<f64>().unwrap();
+        ticks / 100.0
+    };
+    reaped(pid) + guards_of(pid).into_iter().map(reaped).sum::<f64>()
 }
 
 fn rss_mib(pid: i32) -> f64 {

@@ -110,6 +110,18 @@ pub struct RunSpec<'a> {
     pub clock: &'a dyn WallClock,
 }
 
+/// This process's environment less [`WITHHELD_ENV`], read once: a thousand
+/// starts at one instant need not copy and sort it a thousand times.
+fn inherited_env() -> &'static [(std::ffi::OsString, std::ffi::OsString)] {
+    static ENV: std::sync::OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> =
+        std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        std::env::vars_os()
+            .filter(|(k, _)| !WITHHELD_ENV.iter().any(|w| k == w))
+            .collect()
+    })
+}
+
 /// A job's process as it is to be started: program, arguments, the
 /// variables set on top of the daemon's environment (less
 /// [`WITHHELD_ENV`]), and the working directory. The daemon builds it; the
@@ -183,11 +195,10 @@ impl Launch {
     /// stdout and stderr are the caller's to set.
     pub fn command(&self) -> std::process::Command {
         let mut cmd = std::process::Command::new(&self.program);
-        cmd.args(&self.args);
-        for key in WITHHELD_ENV {
-            cmd.env_remove(key);
-        }
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+        cmd.args(&self.args)
+            .env_clear()
+            .envs(inherited_env().iter().map(|(k, v)| (k, v)))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         if let Some(dir) = &self.cwd {
@@ -268,6 +279,7 @@ pub async fn run(
             };
         }
     };
+    let started_at = process.started_at.unwrap_or(started_at);
     let pgid = process.pgid;
     let mut pumps = Vec::new();
     for (stream, name) in [
@@ -350,6 +362,9 @@ struct Process {
     exit: Pin<Box<dyn Future<Output = Option<ExitStatus>> + Send>>,
     /// Started, reaped and cleaned up after by the guard.
     guarded: bool,
+    /// When the guard started it (a process the daemon starts itself
+    /// starts when `run` says).
+    started_at: Option<DateTime<Utc>>,
 }
 
 /// Starts `launch` through the guard, or in this process when there is no
@@ -373,6 +388,7 @@ async fn start(launch: &Launch, guard: Option<&Guard>) -> Result<Process, String
                     stderr: reader(err_r),
                     exit: Box::pin(async move { exit.await.ok() }),
                     guarded: true,
+                    started_at: Some(child.started_at),
                 });
             }
             Err(StartError::Failed(e)) => return Err(e),
@@ -400,6 +416,7 @@ async fn start(launch: &Launch, guard: Option<&Guard>) -> Result<Process, String
         stderr,
         exit: Box::pin(async move { child.wait().await.ok() }),
         guarded: false,
+        started_at: None,
     })
 }
 

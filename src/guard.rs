@@ -67,9 +67,11 @@ enum Request {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Answer {
+    /// `at_us`: the wall clock just before the spawn (µs since the epoch).
     Started {
         id: u64,
         pid: u32,
+        at_us: i64,
     },
     Failed {
         id: u64,
@@ -86,6 +88,8 @@ enum Answer {
 /// A job process started by the guard.
 pub struct GuardedChild {
     pub pid: u32,
+    /// The wall clock just before the guard spawned it.
+    pub started_at: chrono::DateTime<chrono::Utc>,
     /// How it ended; closed without a value if the guard died first.
     pub exit: oneshot::Receiver<ExitStatus>,
 }
@@ -127,7 +131,7 @@ struct Waiting {
     starts: HashMap<
         u64,
         (
-            oneshot::Sender<Result<u32, String>>,
+            oneshot::Sender<Result<(u32, i64), String>>,
             oneshot::Sender<ExitStatus>,
         ),
     >,
@@ -199,7 +203,11 @@ impl Guard {
             return Err(StartError::NotSent(e.to_string()));
         }
         match started.await {
-            Ok(Ok(pid)) => Ok(GuardedChild { pid, exit }),
+            Ok(Ok((pid, at_us))) => Ok(GuardedChild {
+                pid,
+                started_at: chrono::DateTime::from_timestamp_micros(at_us).unwrap_or_default(),
+                exit,
+            }),
             Ok(Err(e)) => Err(StartError::Failed(e)),
             Err(_) => Err(StartError::Failed(
                 "the job guard process ended before it said whether the command started".into(),
@@ -283,10 +291,10 @@ async fn read_answers(shared: Arc<Shared>) {
         };
         let mut waiting = shared.lock();
         match answer {
-            Answer::Started { id, pid } => {
+            Answer::Started { id, pid, at_us } => {
                 if let Some((started, exit)) = waiting.starts.remove(&id) {
                     waiting.exits.insert(pid, exit);
-                    let _ = started.send(Ok(pid));
+                    let _ = started.send(Ok((pid, at_us)));
                 }
             }
             Answer::Failed { id, error } => {
@@ -361,17 +369,25 @@ pub fn serve() -> std::process::ExitCode {
         }
     };
     let (events, incoming) = mpsc::channel::<Event>();
-    // Held from a spawn to its answer, and from a reap to its report: the
-    // daemon hears of a job's start before its exit.
-    let answering = Arc::new(Mutex::new(()));
+    let reports = Arc::new(Mutex::new(Reports::default()));
     let (spawned, reaper_wakes) = mpsc::channel::<()>();
-    {
-        let (sock, events, answering) = (sock.clone(), events.clone(), answering.clone());
-        std::thread::spawn(move || serve_requests(&sock, &events, &answering, &spawned));
+    // As many threads take requests as there are CPUs (two at least): a
+    // spawn waits for its child to reach `exec`, and on a busy machine that
+    // child waits for a CPU.
+    let threads = std::thread::available_parallelism().map_or(4, |n| (2 * n.get()).clamp(2, 8));
+    for _ in 0..threads {
+        let (sock, events, reports, spawned) = (
+            sock.clone(),
+            events.clone(),
+            reports.clone(),
+            spawned.clone(),
+        );
+        std::thread::spawn(move || serve_requests(&sock, &events, &reports, &spawned));
     }
+    drop(spawned);
     {
-        let (sock, events, answering) = (sock.clone(), events.clone(), answering.clone());
-        std::thread::spawn(move || reap(&sock, &events, &answering, &reaper_wakes));
+        let (sock, events, reports) = (sock.clone(), events.clone(), reports.clone());
+        std::thread::spawn(move || reap(&sock, &events, &reports, &reaper_wakes));
     }
     drop(events);
     let mut groups = BTreeSet::new();
@@ -427,11 +443,35 @@ fn answer(sock: &OwnedFd, answer: &Answer) {
     }
 }
 
-/// The guard's reading thread: starts jobs, notes the daemon's own.
+/// Which started jobs the daemon has heard of, and the exits of those it
+/// has not yet: the daemon hears of a job's start before its exit.
+#[derive(Default)]
+struct Reports {
+    announced: std::collections::HashSet<i32>,
+    /// Wait statuses of jobs reaped before their start was announced.
+    early: HashMap<i32, i32>,
+}
+
+/// What follows a job's end: what it left in its process group is killed
+/// (as the daemon does for a job it starts itself), the main loop forgets
+/// the group, and the daemon hears the exit.
+fn report_exit(sock: &OwnedFd, events: &mpsc::Sender<Event>, pid: i32, status: i32) {
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    let _ = events.send(Event::Forget(pid));
+    answer(
+        sock,
+        &Answer::Exited {
+            pid: pid as u32,
+            status,
+        },
+    );
+}
+
+/// A reading thread of the guard: starts jobs, notes the daemon's own.
 fn serve_requests(
     sock: &OwnedFd,
     events: &mpsc::Sender<Event>,
-    answering: &Mutex<()>,
+    reports: &Mutex<Reports>,
     spawned: &mpsc::Sender<()>,
 ) {
     let mut buf = vec![0u8; MAX_MESSAGE];
@@ -457,7 +497,6 @@ fn serve_requests(
         }
         match serde_json::from_slice::<Request>(&buf[..n.min(buf.len())]) {
             Ok(Request::Start { id, launch }) => {
-                let _held = answering.lock().unwrap_or_else(|e| e.into_inner());
                 let (Some(stderr), Some(stdout)) = (fds.pop(), fds.pop()) else {
                     answer(
                         sock,
@@ -472,6 +511,7 @@ fn serve_requests(
                 command
                     .stdout(Stdio::from(stdout))
                     .stderr(Stdio::from(stderr));
+                let at_us = chrono::Utc::now().timestamp_micros();
                 match command.spawn() {
                     Ok(child) => {
                         let pid = child.id();
@@ -479,7 +519,14 @@ fn serve_requests(
                         drop(child);
                         let _ = events.send(Event::Watch(pid as i32));
                         let _ = spawned.send(());
-                        answer(sock, &Answer::Started { id, pid });
+                        let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
+                        answer(sock, &Answer::Started { id, pid, at_us });
+                        match reports.early.remove(&(pid as i32)) {
+                            Some(status) => report_exit(sock, events, pid as i32, status),
+                            None => {
+                                reports.announced.insert(pid as i32);
+                            }
+                        }
                     }
                     Err(e) => answer(
                         sock,
@@ -502,13 +549,12 @@ fn serve_requests(
     let _ = events.send(Event::End);
 }
 
-/// The guard's reaping thread: waits for every job it started, kills what
-/// the job left in its process group (as the daemon does for a job it
-/// starts itself) and reports the exit.
+/// The guard's reaping thread: waits for every job it started and reports
+/// its end ([`report_exit`]) once its start is announced.
 fn reap(
     sock: &OwnedFd,
     events: &mpsc::Sender<Event>,
-    answering: &Mutex<()>,
+    reports: &Mutex<Reports>,
     wakes: &mpsc::Receiver<()>,
 ) {
     loop {
@@ -527,16 +573,12 @@ fn reap(
                 continue;
             }
         };
-        let _held = answering.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = killpg(pid, Signal::SIGKILL);
-        let _ = events.send(Event::Forget(pid.as_raw()));
-        answer(
-            sock,
-            &Answer::Exited {
-                pid: pid.as_raw() as u32,
-                status,
-            },
-        );
+        let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
+        if reports.announced.remove(&pid.as_raw()) {
+            report_exit(sock, events, pid.as_raw(), status);
+        } else {
+            reports.early.insert(pid.as_raw(), status);
+        }
     }
 }
 
