@@ -8,6 +8,11 @@
 //! a lost lease or shutdown can signal the whole tree: SIGTERM, then SIGKILL
 //! after `kill_grace`. When the main process exits, whatever it left in its
 //! group is killed too: a run ends when its command ends.
+//!
+//! The daemon builds the process ([`Launch`]) and the job guard starts it
+//! ([`crate::guard`]); the daemon reads its output and waits for the exit
+//! the guard reports. Without a guard (it is gone) the daemon starts it
+//! itself.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -574,3 +574,50 @@ fn a_dying_task_takes_the_daemon_down_with_a_clear_exit() {
     assert_eq!(status.and_then(|s| s.code()), Some(70), "{}", c.report());
     assert!(c.log("n1").contains("internal error"), "{}", c.report());
 }
+
+/// The guard starts the jobs (their parent is the guard, not the daemon);
+/// once the guard is gone the daemon starts them itself and says so once.
+#[test]
+fn jobs_are_started_by_the_guard_then_by_the_daemon_once_it_is_gone() {
+    let jobs = "[[job]]\nname = \"parent\"\nschedule = \"* * * * * *\"\ncommand = \"echo $PPID >> '{out}.ppid'\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let daemon = c.pid("n1");
+    let ppids_file = format!("{}.ppid", c.out.display());
+    let ppids = || -> Vec<i32> {
+        std::fs::read_to_string(&ppids_file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let first = wait_until(
+        "a first run",
+        Duration::from_secs(15),
+        || c.report(),
+        || ppids().first().copied(),
+    );
+    let guard = c
+        .tree("n1")
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("__guard"))
+        })
+        .expect("the guard process");
+    assert_eq!(first, guard, "the first run's parent\n{}", c.report());
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(guard), Signal::SIGKILL).unwrap();
+    wait_until(
+        "a run started by the daemon",
+        Duration::from_secs(15),
+        || c.report(),
+        || ppids().contains(&daemon).then_some(()),
+    );
+    let log = c.log("n1");
+    assert_eq!(
+        log.matches("the job guard process is gone").count(),
+        1,
+        "{log}"
+    );
+    c.stop_all();
+}
