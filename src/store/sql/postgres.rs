@@ -26,6 +26,10 @@ pub static DIALECT: Dialect = Dialect {
             2,
             include_str!("../../../migrations/postgres/0002_history_once.sql"),
         ),
+        (
+            3,
+            include_str!("../../../migrations/postgres/0003_lock_fillfactor.sql"),
+        ),
     ],
 };
 
