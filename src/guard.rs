@@ -543,7 +543,12 @@ fn serve_requests(
             Ok(Request::Forget { pgid }) => {
                 let _ = events.send(Event::Forget(pgid));
             }
-            Err(e) => eprintln!("cronlease __guard: a request it cannot read: {e}"),
+            // Where, not what: a request holds the job's environment.
+            Err(e) => eprintln!(
+                "cronlease __guard: a request it cannot read (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
         }
     }
     let _ = events.send(Event::End);

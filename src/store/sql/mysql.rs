@@ -17,6 +17,7 @@ pub static DIALECT: Dialect = Dialect {
     upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at)",
     numbered_params: false,
     json_lock_rows: None,
+    json_names: None,
     migrations: &[
         (1, include_str!("../../../migrations/mysql/0001_init.sql")),
         (

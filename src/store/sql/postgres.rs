@@ -17,6 +17,7 @@ pub static DIALECT: Dialect = Dialect {
     json_lock_rows: Some(
         "json_to_recordset(?::json) AS r(lock_name TEXT, owner TEXT, fence BIGINT, expires_at BIGINT, last_occurrence BIGINT, modified_at BIGINT)",
     ),
+    json_names: Some("SELECT json_array_elements_text(?::json)"),
     migrations: &[
         (
             1,

@@ -37,6 +37,7 @@ pub static DIALECT: Dialect = Dialect {
     upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at",
     numbered_params: false,
     json_lock_rows: None,
+    json_names: None,
     migrations: &[
         (1, include_str!("../../../migrations/sqlite/0001_init.sql")),
         (
