@@ -17,6 +17,9 @@
 //!
 //! cargo bench --bench scale -- [--stores sqlite,mysql,postgres,redis] [--jobs 4,100,1000] [--seconds 50]
 //!
+//! `cargo bench --bench scale -- --spawn-cost`: what spawning costs from a
+//! process holding many descriptors (why the job guard starts the jobs).
+//!
 //! `SCALE_RUST_LOG=cronlease=debug SCALE_LOG_DIR=DIR` keeps the node logs,
 //! with each instant's timing (when the timer woke, the claim round trip).
 
@@ -50,6 +53,10 @@ fn main() {
         floor_child(n, start_ms);
         return;
     }
+    if args.iter().any(|a| a == "--spawn-cost") {
+        spawn_cost();
+        return;
+    }
     let jobs: Vec<usize> = common::arg("--jobs", "4,100,1000")
         .split(',')
         .map(|j| j.trim().parse().expect("--jobs N,M"))
@@ -66,6 +73,39 @@ fn main() {
             let row = measure(backend, j, seconds);
             println!("{row}");
         }
+    }
+}
+
+/// Why the guard starts the jobs: 1,000 `/bin/true` spawned one after the
+/// other by a process holding no open pipes, then by one holding 3,000
+/// descriptors (1,000 running jobs' pipes and process handles, as the
+/// daemon held them): every new child copies the parent's descriptor table
+/// and closes it again at `exec`. Three runs each.
+fn spawn_cost() {
+    println!("| descriptors held | spawn 1,000 (wall) | children's CPU |");
+    println!("|---:|---:|---:|");
+    for held in [0usize, 3000, 0, 3000, 0, 3000] {
+        let pipes: Vec<_> = (0..held / 2).map(|_| std::io::pipe().unwrap()).collect();
+        let t = std::time::Instant::now();
+        let children: Vec<_> = (0..1000)
+            .map(|_| {
+                Command::new("/bin/true")
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let wall = t.elapsed();
+        let before = children_cpu_seconds(std::process::id() as i32);
+        for mut c in children {
+            c.wait().unwrap();
+        }
+        let cpu = children_cpu_seconds(std::process::id() as i32) - before;
+        drop(pipes);
+        println!(
+            "| {held} | {:.0} ms | {cpu:.2} s |",
+            wall.as_secs_f64() * 1000.0
+        );
     }
 }
 

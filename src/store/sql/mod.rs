@@ -683,9 +683,8 @@ impl SqlStore {
         let queries: Vec<sqlx::query::Query<'_, sqlx::Any, _>> =
             match self.batch().lock_rows_from_json() {
                 Some(text) => {
-                    let json = serde_json::to_string(names).map_err(|e| {
-                        sqlx::Error::Encode(Box::new(e))
-                    })?;
+                    let json = serde_json::to_string(names)
+                        .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
                     vec![sqlx::query(self.sql(text, file_now)?).bind(json)]
                 }
                 None => names
