@@ -85,7 +85,9 @@ fn spawn_cost() {
     println!("| descriptors held | spawn 1,000 (wall) | children's CPU |");
     println!("|---:|---:|---:|");
     for held in [0usize, 3000, 0, 3000, 0, 3000] {
-        let pipes: Vec<_> = (0..held / 2).map(|_| std::io::pipe().unwrap()).collect();
+        let pipes: Vec<_> = (0..held / 2)
+            .map(|_| nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap())
+            .collect();
         let t = std::time::Instant::now();
         let children: Vec<_> = (0..1000)
             .map(|_| {

@@ -376,13 +376,14 @@ struct Process {
 /// guard or it cannot take the request.
 async fn start(launch: &Launch, guard: Option<&Guard>) -> Result<Process, String> {
     if let Some(g) = guard {
-        let pipes = std::io::pipe().and_then(|out| Ok((out, std::io::pipe()?)));
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC);
+        let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
         let ((out_r, out_w), (err_r, err_w)) =
             pipes.map_err(|e| format!("cannot open the output pipes: {e}"))?;
-        match g.start(launch, out_w.into(), err_w.into()).await {
+        match g.start(launch, out_w, err_w).await {
             Ok(child) => {
-                let reader = |r: std::io::PipeReader| -> Option<Output> {
-                    tokio::net::unix::pipe::Receiver::from_owned_fd(r.into())
+                let reader = |r: std::os::fd::OwnedFd| -> Option<Output> {
+                    tokio::net::unix::pipe::Receiver::from_owned_fd(r)
                         .ok()
                         .map(|r| Box::new(r) as Output)
                 };

@@ -124,17 +124,17 @@ struct Shared {
     gone: AtomicBool,
 }
 
+/// Where a start request's pid (and start time), then its exit, go.
+type StartWaiter = (
+    oneshot::Sender<Result<(u32, i64), String>>,
+    oneshot::Sender<ExitStatus>,
+);
+
 /// Answers the daemon is waiting for.
 #[derive(Default)]
 struct Waiting {
     /// Start requests by id: where to send the pid, then the exit.
-    starts: HashMap<
-        u64,
-        (
-            oneshot::Sender<Result<(u32, i64), String>>,
-            oneshot::Sender<ExitStatus>,
-        ),
-    >,
+    starts: HashMap<u64, StartWaiter>,
     /// Started jobs by pid.
     exits: HashMap<u32, oneshot::Sender<ExitStatus>>,
 }

@@ -212,17 +212,7 @@ fn the_guard_has_no_store_url_in_its_environment() {
     let mut c = crate::cluster::Cluster::new(Backend::Sqlite, None, "");
     let url = format!("sqlite://{}", c.dir.path().join("locks.db").display());
     c.start_with_env("n1", &[("CRONLEASE_STORE_URL", url.as_str())]);
-    let guard = crate::support::wait_until(
-        "the guard process",
-        std::time::Duration::from_secs(10),
-        || c.report(),
-        || {
-            c.tree("n1").into_iter().find(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("__guard"))
-            })
-        },
-    );
+    let guard = c.guard_pid("n1");
     let environ = std::fs::read(format!("/proc/{guard}/environ")).unwrap();
     assert!(
         !String::from_utf8_lossy(&environ).contains("CRONLEASE_STORE_URL"),
@@ -273,17 +263,7 @@ fn the_daemon_lifts_its_open_files_limit_and_the_jobs_keep_theirs() {
         &["prlimit", &format!("--nofile=512:{hard}"), "--"],
         &[],
     );
-    let guard = crate::support::wait_until(
-        "the guard process",
-        std::time::Duration::from_secs(10),
-        || c.report(),
-        || {
-            c.tree("n1").into_iter().find(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("__guard"))
-            })
-        },
-    );
+    let guard = c.guard_pid("n1");
     let job = crate::support::wait_until(
         "a run of the job",
         std::time::Duration::from_secs(10),

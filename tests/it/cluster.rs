@@ -209,6 +209,22 @@ impl Cluster {
         tree
     }
 
+    /// The node's guard process (`cronlease __guard`), waiting up to 10 s
+    /// for it to be up.
+    pub fn guard_pid(&self, node: &str) -> i32 {
+        crate::support::wait_until(
+            "the guard process",
+            Duration::from_secs(10),
+            || self.report(),
+            || {
+                self.tree(node).into_iter().find(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("__guard"))
+                })
+            },
+        )
+    }
+
     /// SIGSTOP the whole tree, daemon first: a VM or GC pause. Returns it.
     pub fn freeze(&self, node: &str) -> Vec<i32> {
         let tree = self.tree(node);

@@ -597,14 +597,7 @@ fn jobs_are_started_by_the_guard_then_by_the_daemon_once_it_is_gone() {
         || c.report(),
         || ppids().first().copied(),
     );
-    let guard = c
-        .tree("n1")
-        .into_iter()
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("__guard"))
-        })
-        .expect("the guard process");
+    let guard = c.guard_pid("n1");
     assert_eq!(first, guard, "the first run's parent\n{}", c.report());
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(guard), Signal::SIGKILL).unwrap();
     wait_until(

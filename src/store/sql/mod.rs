@@ -205,24 +205,24 @@ struct BatchSql<'a> {
 impl BatchSql<'_> {
     /// Reads and locks `n` lock rows, in name order.
     fn lock_rows(&self, n: usize) -> String {
-        format!(
-            "SELECT lock_name, owner, fence, expires_at, last_occurrence, {{now}} AS now_ms FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
-            p = self.p,
-            names = tuple(n),
-            lock = self.d.lock_row
-        )
+        self.lock_rows_in(&tuple(n))
     }
 
     /// [`Self::lock_rows`] for the names of the JSON array bound as the one
     /// parameter, where the dialect can.
     fn lock_rows_from_json(&self) -> Option<String> {
-        self.d.json_names.map(|names| {
-            format!(
-                "SELECT lock_name, owner, fence, expires_at, last_occurrence, {{now}} AS now_ms FROM {p}lock_info WHERE lock_name IN ({names}) ORDER BY lock_name{lock}",
-                p = self.p,
-                lock = self.d.lock_row
-            )
-        })
+        self.d
+            .json_names
+            .map(|names| self.lock_rows_in(&format!("({names})")))
+    }
+
+    /// Reads and locks the lock rows whose names are `IN names`.
+    fn lock_rows_in(&self, names: &str) -> String {
+        format!(
+            "SELECT lock_name, owner, fence, expires_at, last_occurrence, {{now}} AS now_ms FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
+            p = self.p,
+            lock = self.d.lock_row
+        )
     }
 
     /// Creates the missing of `n` lock rows (name bound; empty lease).
