@@ -648,6 +648,7 @@ impl SqlStore {
         op: Locked<'_>,
         seeded: bool,
     ) -> (Result<Result<Answer, Vec<String>>, sqlx::Error>, bool) {
+        let t0 = std::time::Instant::now();
         let mut tx = match conn.begin_with(self.dialect.begin).await {
             Ok(tx) => tx,
             // A busy database refuses BEGIN before anything started.
@@ -656,11 +657,19 @@ impl SqlStore {
                 return (Err(e), clean);
             }
         };
+        let t1 = std::time::Instant::now();
         let decided = self.decide_in_tx(&mut tx, op, seeded).await;
+        let t2 = std::time::Instant::now();
         let ended = match &decided {
             Ok(Ok(_)) => tx.commit().await,
             _ => tx.rollback().await,
         };
+        tracing::debug!(
+            begin_ms = (t1 - t0).as_secs_f64() * 1e3,
+            decide_ms = (t2 - t1).as_secs_f64() * 1e3,
+            end_ms = t2.elapsed().as_secs_f64() * 1e3,
+            "store transaction"
+        );
         let clean = ended.is_ok()
             && !conn.is_in_transaction()
             && decided.as_ref().err().is_none_or(is_transient);
@@ -800,7 +809,13 @@ impl SqlStore {
         // node wrote since these rows were read), so its clock is read after
         // the rows: later than every decision they show.
         let placeholder = self.file_clock.as_ref().map(|_| 0);
+        let locking = std::time::Instant::now();
         let mut rows = self.lock_rows(tx, &names, placeholder).await?;
+        tracing::debug!(
+            rows = names.len(),
+            lock_ms = locking.elapsed().as_secs_f64() * 1e3,
+            "store rows locked"
+        );
         #[cfg(feature = "failpoints")]
         if matches!(op, Locked::Claim(_)) {
             stop_failpoint();
