@@ -357,14 +357,16 @@ pub async fn run(
 
 type Output = Box<dyn AsyncRead + Unpin + Send>;
 
+/// How a started process ends (`None`: unknown).
+type Exit = Pin<Box<dyn Future<Output = Option<ExitStatus>> + Send>>;
+
 /// A started job process.
 struct Process {
     /// Its pid, which is also its process group.
     pgid: u32,
     stdout: Option<Output>,
     stderr: Option<Output>,
-    /// How it ends (`None`: unknown).
-    exit: Pin<Box<dyn Future<Output = Option<ExitStatus>> + Send>>,
+    exit: Exit,
     /// Started, reaped and cleaned up after by the guard.
     guarded: bool,
     /// When the guard started it (a process the daemon starts itself
@@ -436,11 +438,7 @@ fn signal_group(pgid: u32, sig: Signal) {
 
 /// SIGTERM to the group, SIGKILL after `grace` (at once when zero), and
 /// wait for the end.
-async fn terminate(
-    exit: &mut Pin<Box<dyn Future<Output = Option<ExitStatus>> + Send>>,
-    pgid: u32,
-    grace: Duration,
-) -> Option<ExitStatus> {
+async fn terminate(exit: &mut Exit, pgid: u32, grace: Duration) -> Option<ExitStatus> {
     if !grace.is_zero() {
         signal_group(pgid, Signal::SIGTERM);
         if let Ok(status) = tokio::time::timeout(grace, &mut *exit).await {

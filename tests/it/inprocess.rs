@@ -46,6 +46,16 @@ struct VirtualRunner {
     runs: Mutex<Vec<Run>>,
 }
 
+impl VirtualRunner {
+    /// Runs of `job` take `d`; every other job's take no time.
+    fn lasting(job: &str, d: Duration) -> VirtualRunner {
+        VirtualRunner {
+            durations: [(job.to_string(), d)].into(),
+            ..Default::default()
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl Runner for VirtualRunner {
     async fn run<'a>(
@@ -407,11 +417,7 @@ async fn an_unanswered_win_found_too_late_is_recorded() {
 /// benchmark as a gap after a kill -9.
 #[tokio::test(start_paused = true)]
 async fn a_takeover_at_the_end_of_its_window_is_caught_up_in_order() {
-    let runner = VirtualRunner {
-        durations: [("j0000".to_string(), Duration::from_millis(100))].into(),
-        ..Default::default()
-    };
-    let w = World::new(runner);
+    let w = World::new(VirtualRunner::lasting("j0000", Duration::from_millis(100)));
     let every_second =
         "[[job]]\nname = \"j0000\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/true\"]\n";
     let a = w.start("a", every_second);
@@ -463,11 +469,7 @@ async fn a_takeover_at_the_end_of_its_window_is_caught_up_in_order() {
 /// still ran: found by the randomized drill with load jobs).
 #[tokio::test(start_paused = true)]
 async fn a_step_down_during_a_run_waits_for_that_run() {
-    let runner = VirtualRunner {
-        durations: [("j0000".to_string(), Duration::from_millis(300))].into(),
-        ..Default::default()
-    };
-    let w = World::new(runner);
+    let w = World::new(VirtualRunner::lasting("j0000", Duration::from_millis(300)));
     ghost_claimed_11_59_30(&w).await;
     let a = w.start("a", &jobs(1));
     w.until(t(0.302)).await;
@@ -513,11 +515,7 @@ async fn a_step_down_during_a_run_waits_for_that_run() {
 /// ends ok.
 #[tokio::test(start_paused = true)]
 async fn a_long_run_is_renewed_at_a_third_left() {
-    let runner = VirtualRunner {
-        durations: [("j0000".to_string(), Duration::from_secs(25))].into(),
-        ..Default::default()
-    };
-    let w = World::new(runner);
+    let w = World::new(VirtualRunner::lasting("j0000", Duration::from_secs(25)));
     let a = w.start("a", &jobs(1));
     w.until(t(30.0)).await;
     let renewals: Vec<i64> = w
@@ -560,11 +558,7 @@ async fn a_long_run_is_renewed_at_a_third_left() {
 /// in, and records lease_lost.
 #[tokio::test(start_paused = true)]
 async fn an_unrenewable_run_is_killed_at_the_local_deadline() {
-    let runner = VirtualRunner {
-        durations: [("j0000".to_string(), Duration::from_secs(60))].into(),
-        ..Default::default()
-    };
-    let w = World::new(runner);
+    let w = World::new(VirtualRunner::lasting("j0000", Duration::from_secs(60)));
     let a = w.start("a", &jobs(1));
     w.until(t(2.0)).await;
     a.store.set_reachable(false);
