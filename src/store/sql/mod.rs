@@ -59,9 +59,10 @@ pub struct Dialect {
     /// Either way the rows are written with [`Dialect::upsert_lock`].
     pub json_lock_rows: Option<&'static str>,
     /// A subquery giving the job names of one JSON array of strings bound as
-    /// a single parameter, for the same reason, to lock a batch's rows
-    /// (PostgreSQL: binding and planning `IN` over 1,000 values took up to
-    /// 28 ms); None: `IN (?, ?, ...)` in chunks.
+    /// a single parameter, to lock a batch's rows without binding one value
+    /// per job (PostgreSQL, 3 × 1,000 jobs: claim decision p99 15-18 ms over
+    /// four runs this way, 23 ms in one run with `IN` over 1,000 values);
+    /// None: `IN (?, ?, ...)` in chunks.
     pub json_names: Option<&'static str>,
     /// Migrations, in version order.
     pub migrations: &'static [(i64, &'static str)],
