@@ -371,9 +371,9 @@ pub fn serve() -> std::process::ExitCode {
     let (events, incoming) = mpsc::channel::<Event>();
     let reports = Arc::new(Mutex::new(Reports::default()));
     let (spawned, reaper_wakes) = mpsc::channel::<()>();
-    // As many threads take requests as there are CPUs (two at least): a
-    // spawn waits for its child to reach `exec`, and on a busy machine that
-    // child waits for a CPU.
+    // Two threads per CPU take requests (two to eight in all): a spawn
+    // waits for its child to reach `exec`, and on a busy machine that child
+    // waits for a CPU.
     let threads = std::thread::available_parallelism().map_or(4, |n| (2 * n.get()).clamp(2, 8));
     for _ in 0..threads {
         let (sock, events, reports, spawned) = (
