@@ -122,6 +122,9 @@ struct Shared {
     next_id: AtomicU64,
     waiting: Mutex<Waiting>,
     gone: AtomicBool,
+    /// The daemon is letting the guard go (it is stopping): its end is
+    /// expected, not an error.
+    closing: AtomicBool,
 }
 
 /// Where a start request's pid (and start time), then its exit, go.
@@ -166,6 +169,7 @@ impl Guard {
             next_id: AtomicU64::new(1),
             waiting: Mutex::new(Waiting::default()),
             gone: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
         });
         tokio::spawn(read_answers(shared.clone()));
         Ok(Guard {
@@ -314,15 +318,18 @@ async fn read_answers(shared: Arc<Shared>) {
     waiting.starts.clear();
     waiting.exits.clear();
     drop(waiting);
-    tracing::error!(
-        "the job guard process is gone: jobs are now started by the daemon itself and would outlive it if it were killed by SIGKILL"
-    );
+    if !shared.closing.load(Ordering::Relaxed) {
+        tracing::error!(
+            "the job guard process is gone: jobs are now started by the daemon itself and would outlive it if it were killed by SIGKILL"
+        );
+    }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         // Shutting the socket down lets the guard exit; reap it so no zombie
         // is left.
+        self.shared.closing.store(true, Ordering::Relaxed);
         let _ = rustix::net::shutdown(&self.shared.sock, rustix::net::Shutdown::Both);
         if let Ok(mut child) = self.child.lock() {
             let _ = child.wait();

@@ -131,6 +131,122 @@ pub enum StoreKind {
     Mysql,
     Postgres,
     Redis,
+    /// A Redis master found through Sentinel (`redis+sentinel://`).
+    RedisSentinel(SentinelTarget),
+}
+
+/// Where a `redis+sentinel://` URL points: the sentinels to ask, the master's
+/// name, and how many replicas must acknowledge each write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// The sentinels, `(host, port)`, asked in this order (port 26379 when
+    /// not given).
+    pub sentinels: Vec<(String, u16)>,
+    /// The master's name as the sentinels know it (the URL's path).
+    pub master: String,
+    /// The user (ACL) for the master and the sentinels, if any.
+    pub username: Option<String>,
+    /// Replicas that must acknowledge every claim, renewal, release and
+    /// history write (`?wait=`, default 1; 0 sends no WAIT).
+    pub wait: u32,
+    /// How long the WAIT after a write waits for them (`?wait_timeout=`,
+    /// default 200 ms).
+    pub wait_timeout: Duration,
+}
+
+/// The most replicas `?wait=` may ask for: more is a typo, not a topology.
+const MAX_WAIT_REPLICAS: u32 = 64;
+
+/// Parses the part of `redis+sentinel://[user[:password]@]host[:port],host[:port]/MASTER[?wait=N&wait_timeout=D]`
+/// after the scheme; returns the target and the password.
+fn parse_sentinel(rest: &str) -> Result<(SentinelTarget, Option<String>), String> {
+    let (authority, tail) = rest
+        .split_once('/')
+        .ok_or("expected /MASTER_NAME after the sentinels' addresses")?;
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (username, password) = match userinfo {
+        None => (None, None),
+        Some(u) => {
+            let (user, pass) = u.split_once(':').map_or((u, None), |(a, b)| (a, Some(b)));
+            let user = Some(percent_decode(user)).filter(|u| !u.is_empty());
+            (user, pass.map(percent_decode).filter(|p| !p.is_empty()))
+        }
+    };
+    let mut sentinels = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = if let Some(v6) = h.strip_prefix('[') {
+            let (host, after) = v6.split_once(']').ok_or_else(|| {
+                format!("sentinel address {h:?}: an IPv6 address needs its closing ]")
+            })?;
+            (host, after.strip_prefix(':'))
+        } else {
+            match h.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (h, None),
+            }
+        };
+        if host.is_empty() {
+            return Err("expected a sentinel address (host or host:port) before each comma and before the /".into());
+        }
+        let port = match port {
+            None => 26379,
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                format!("sentinel address {h:?}: expected a port from 1 to 65535")
+            })?,
+        };
+        sentinels.push((host.to_string(), port));
+    }
+    let (master, query) = tail.split_once('?').unwrap_or((tail, ""));
+    let master = percent_decode(master);
+    if master.is_empty() || master.contains('/') {
+        return Err(
+            "expected the master's name as the path (redis+sentinel://host:26379/mymaster)".into(),
+        );
+    }
+    let mut target = SentinelTarget {
+        sentinels,
+        master,
+        username,
+        wait: 1,
+        wait_timeout: Duration::from_millis(200),
+    };
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "wait" => {
+                target.wait = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n <= MAX_WAIT_REPLICAS)
+                    .ok_or_else(|| {
+                        format!(
+                            "wait={v}: expected a number of replicas from 0 to {MAX_WAIT_REPLICAS}"
+                        )
+                    })?;
+            }
+            "wait_timeout" => {
+                target.wait_timeout = humantime::parse_duration(&v)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        format!(
+                            "wait_timeout={v}: expected a duration above zero such as \"200ms\""
+                        )
+                    })?;
+            }
+            "password" => {
+                return Err("a password goes in the userinfo (redis+sentinel://:PASSWORD@host/...) or in store.password_file, not in the query".into());
+            }
+            other => {
+                return Err(format!(
+                    "unknown parameter {other:?}: expected wait or wait_timeout"
+                ));
+            }
+        }
+    }
+    Ok((target, password))
 }
 
 /// A store URL. It may carry a password, so `Display` and `Debug` redact it;
@@ -175,13 +291,26 @@ impl StoreUrl {
                 secret: None,
             });
         }
+        if scheme == "redis+sentinel" {
+            let rest = raw["redis+sentinel:".len()..]
+                .strip_prefix("//")
+                .ok_or_else(|| format!("invalid store URL {redacted_input:?}: expected redis+sentinel://host:port,host:port/MASTER_NAME"))?;
+            let (target, secret) = parse_sentinel(rest)
+                .map_err(|m| format!("invalid store URL {redacted_input:?}: {m}"))?;
+            return Ok(StoreUrl {
+                kind: StoreKind::RedisSentinel(target),
+                url: raw.to_string(),
+                redacted: redacted_input,
+                secret,
+            });
+        }
         let kind = match scheme.as_str() {
             "mysql" | "mariadb" => StoreKind::Mysql,
             "postgres" | "postgresql" => StoreKind::Postgres,
             "redis" | "rediss" => StoreKind::Redis,
             other => {
                 return Err(format!(
-                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres:// or redis://"
+                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres://, redis:// or redis+sentinel://"
                 ));
             }
         };
@@ -216,6 +345,12 @@ impl StoreUrl {
         if matches!(self.kind, StoreKind::Sqlite { .. }) {
             return Err("password_file is set but a sqlite:// store takes no password".into());
         }
+        if matches!(self.kind, StoreKind::RedisSentinel(_)) {
+            // Not a URL the url crate reads (several hosts): the store takes
+            // the password from here, not from the URL.
+            self.secret = Some(password.to_string());
+            return Ok(self);
+        }
         let mut parsed = url::Url::parse(&self.url).map_err(|e| e.to_string())?;
         if parsed.username().is_empty() && self.kind != StoreKind::Redis {
             return Err("password_file is set but the store URL names no user".into());
@@ -235,6 +370,12 @@ impl StoreUrl {
     /// The URL with its password, for the driver only. Never log this.
     pub fn expose(&self) -> &str {
         &self.url
+    }
+
+    /// The password, from the URL or `password_file`, for the driver only
+    /// (a driver that does not take it inside the URL). Never log this.
+    pub fn password(&self) -> Option<&str> {
+        self.secret.as_deref()
     }
 
     /// The URL with any password replaced by `***`, safe for logs.
@@ -324,6 +465,9 @@ pub fn redact_urls_in(text: &str) -> String {
 /// `mysql:user:pw@host`) has everything that could be a credential hidden:
 /// all before the last `@`, or a non-numeric "port" where no `@` stands.
 pub fn redact_url(raw: &str) -> String {
+    if let Some(shown) = redact_sentinel_url(raw) {
+        return shown;
+    }
     if let Ok(mut u) = url::Url::parse(raw) {
         let in_query = query_password(&u).is_some();
         if in_query {
@@ -358,6 +502,30 @@ pub fn redact_url(raw: &str) -> String {
         }
     }
     redact_unparsed(raw)
+}
+
+/// A `redis+sentinel://` URL (several hosts: not one the url crate reads)
+/// with its password hidden and its sentinels kept; `None` for any other.
+fn redact_sentinel_url(raw: &str) -> Option<String> {
+    let scheme = raw.get(.."redis+sentinel://".len())?;
+    if !scheme.eq_ignore_ascii_case("redis+sentinel://") {
+        return None;
+    }
+    let rest = &raw[scheme.len()..];
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{hosts}"),
+            None => format!("{userinfo}@{hosts}"),
+        },
+        None => authority.to_string(),
+    };
+    // A password in the query is refused, but the message quotes the URL.
+    let tail = match tail.split_once('?') {
+        Some((path, q)) if q.to_ascii_lowercase().contains("password") => format!("{path}?***"),
+        _ => tail.to_string(),
+    };
+    Some(format!("{scheme}{authority}{tail}"))
 }
 
 fn redact_unparsed(raw: &str) -> String {
@@ -1440,6 +1608,10 @@ fn tls_files(
                 "TLS settings need a rediss:// URL",
             ))
         }
+        Some(StoreKind::RedisSentinel(_)) => errors.push(src.error_at(
+            first.map(Spanned::span),
+            "TLS to Redis through Sentinel is not supported yet: use redis+sentinel:// on a trusted network, or rediss:// to one master",
+        )),
         _ => {}
     }
     Some(TlsFiles { ca, client })
@@ -1496,6 +1668,71 @@ mod tests {
         }
         let r = StoreUrl::parse("redis://:s3cret@localhost/", Path::new("/")).unwrap();
         assert_eq!(r.scrub("s3cret"), "***");
+    }
+
+    #[test]
+    fn sentinel_urls_name_sentinels_master_and_wait() {
+        let u = StoreUrl::parse(
+            "redis+sentinel://app:s%40cret@10.0.0.1:26380,sentinel-b,[::1]:5000/my-master?wait=2&wait_timeout=1s",
+            Path::new("/"),
+        )
+        .unwrap();
+        let StoreKind::RedisSentinel(t) = u.kind() else {
+            panic!("{:?}", u.kind());
+        };
+        assert_eq!(
+            t.sentinels,
+            vec![
+                ("10.0.0.1".to_string(), 26380),
+                ("sentinel-b".to_string(), 26379),
+                ("::1".to_string(), 5000)
+            ]
+        );
+        assert_eq!(t.master, "my-master");
+        assert_eq!(t.username.as_deref(), Some("app"));
+        assert_eq!((t.wait, t.wait_timeout), (2, Duration::from_secs(1)));
+        assert_eq!(u.password(), Some("s@cret"));
+        assert_eq!(
+            u.redacted(),
+            "redis+sentinel://app:***@10.0.0.1:26380,sentinel-b,[::1]:5000/my-master?wait=2&wait_timeout=1s"
+        );
+        assert!(!format!("{u:?}").contains("cret"));
+        assert_eq!(u.scrub("auth s@cret failed"), "auth *** failed");
+
+        let d = StoreUrl::parse("redis+sentinel://h/m", Path::new("/")).unwrap();
+        let StoreKind::RedisSentinel(t) = d.kind() else {
+            panic!()
+        };
+        assert_eq!((t.wait, t.wait_timeout), (1, Duration::from_millis(200)));
+        assert_eq!(d.password(), None);
+
+        for (bad, says) in [
+            ("redis+sentinel://h:26379", "/MASTER_NAME"),
+            ("redis+sentinel://h:26379/", "master's name"),
+            ("redis+sentinel://h:0/m", "port"),
+            ("redis+sentinel://h:x/m", "port"),
+            ("redis+sentinel://h,,g/m", "sentinel address"),
+            ("redis+sentinel://h/m?wait=65", "wait=65"),
+            ("redis+sentinel://h/m?wait=-1", "wait=-1"),
+            ("redis+sentinel://h/m?wait_timeout=0s", "wait_timeout"),
+            ("redis+sentinel://h/m?waitt=1", "unknown parameter"),
+            ("redis+sentinel://h/m?password=hunter2", "password_file"),
+            ("redis+sentinel:h/m", "redis+sentinel://"),
+        ] {
+            let e = StoreUrl::parse(bad, Path::new("/")).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_password_file_sets_the_sentinel_masters_password() {
+        let u = StoreUrl::parse("redis+sentinel://h/m", Path::new("/"))
+            .unwrap()
+            .with_password("from-file")
+            .unwrap();
+        assert_eq!(u.password(), Some("from-file"));
+        assert_eq!(u.scrub("from-file"), "***");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! not an error.
 //!
 //! Backends: [`sql`] (SQLite, MySQL/MariaDB, PostgreSQL through sqlx) and
-//! [`redis`] (Lua scripts); `memory` (feature `memory`) is an in-process one
+//! [`redis`] (Lua scripts; also a master found through Sentinel); `memory` (feature `memory`) is an in-process one
 //! for tests, held to the same suite. Which one runs is decided at run time from the
 //! URL by [`connect`] from one table of backends by scheme; a backend left
 //! out of the build answers with a clear "not built in" error. A store is
@@ -420,6 +420,15 @@ const BACKENDS: &[Backend] = &[
         #[cfg(feature = "redis")]
         open: Some(open_redis),
         #[cfg(not(feature = "redis"))]
+        open: None,
+    },
+    Backend {
+        serves: |k| matches!(k, StoreKind::RedisSentinel(_)),
+        feature: "sentinel",
+        schemes: "redis+sentinel://",
+        #[cfg(feature = "sentinel")]
+        open: Some(open_redis),
+        #[cfg(not(feature = "sentinel"))]
         open: None,
     },
 ];

@@ -12,6 +12,15 @@
 //! The guarantee holds while Redis keeps what it acknowledged: AOF with
 //! `appendfsync always`. [`Locks::prepare`] warns once when the server has no
 //! such persistence.
+//!
+//! `redis+sentinel://` (feature `sentinel`) is the same store on a master
+//! found through Sentinel ([`sentinel`]), found again after a failover, with
+//! every write script followed on the same connection by `WAIT`: a write
+//! fewer than `wait` replicas acknowledged counts as failed, so a claim the
+//! master acknowledged and a failover lost was never acted on.
+
+#[cfg(feature = "sentinel")]
+mod sentinel;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,8 +45,10 @@ static RECORD: &str = include_str!("redis/record.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
-    client: Client,
-    manager: OnceCell<ConnectionManager>,
+    link: Link,
+    /// Replicas that must acknowledge each write script, and how long to
+    /// wait for them (ms): `redis+sentinel://…?wait=N`.
+    wait: Option<(u32, u64)>,
     url: StoreUrl,
     prefix: String,
     op_timeout: Duration,
@@ -51,6 +62,18 @@ pub struct RedisStore {
 /// `{won, fence, occurrence, catch_up, holder/previous owner (or the error
 /// when won is -2), remaining, last, now, too_early, repaired}`.
 /// The fence comes as a decimal string: Lua numbers are doubles.
+/// How the store reaches its master.
+enum Link {
+    /// One server at a fixed address (`redis://`, `rediss://`).
+    Direct {
+        client: Client,
+        manager: OnceCell<ConnectionManager>,
+    },
+    /// The master the sentinels name (`redis+sentinel://`).
+    #[cfg(feature = "sentinel")]
+    Sentinel(sentinel::Master),
+}
+
 type ClaimReply = (
     i64,
     String,
@@ -72,6 +95,18 @@ impl RedisStore {
             store: url.redacted().into(),
             reason: url.scrub(&reason),
         };
+        #[cfg(feature = "sentinel")]
+        if let crate::config::StoreKind::RedisSentinel(target) = url.kind() {
+            let master =
+                sentinel::Master::new(target, url.password()).map_err(|e| failed(e.to_string()))?;
+            let wait = (target.wait > 0).then(|| {
+                (
+                    target.wait,
+                    u64::try_from(target.wait_timeout.as_millis()).unwrap_or(u64::MAX),
+                )
+            });
+            return Ok(Self::with_link(Link::Sentinel(master), wait, config));
+        }
         let client = match &config.tls {
             None => Client::open(url.expose()).map_err(|e| failed(e.to_string()))?,
             Some(tls) => {
@@ -97,18 +132,26 @@ impl RedisStore {
                 .map_err(|e| failed(e.to_string()))?
             }
         };
-        Ok(RedisStore {
+        let link = Link::Direct {
             client,
             manager: OnceCell::new(),
+        };
+        Ok(Self::with_link(link, None, config))
+    }
+
+    fn with_link(link: Link, wait: Option<(u32, u64)>, config: &StoreConfig) -> Self {
+        RedisStore {
+            link,
+            wait,
             prefix: config.key_prefix.clone(),
             op_timeout: config.op_timeout,
-            url,
+            url: config.url.clone(),
             claim: Script::new(CLAIM),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             record: Script::new(RECORD),
             warned_persistence: AtomicBool::new(false),
-        })
+        }
     }
 
     fn scripts(&self) -> [&Script; 4] {
@@ -116,14 +159,17 @@ impl RedisStore {
     }
 
     /// Runs one script (`EVALSHA`), loading the scripts first if the server
-    /// has forgotten them.
+    /// has forgotten them. Through Sentinel with `wait`, the script is
+    /// followed on the same connection by `WAIT`, and fewer replicas than
+    /// asked make the call fail: the master may lose what it did in a
+    /// failover, so nothing may act on it.
     async fn eval<T: redis::FromRedisValue>(
         &self,
         script: &Script,
         keys: &[String],
         args: &[String],
     ) -> Result<T, StoreError> {
-        let mut replies: Vec<T> = self
+        let mut replies: Vec<redis::Value> = self
             .eval_pipeline(|| {
                 let mut pipe = redis::pipe();
                 pipe.cmd("EVALSHA")
@@ -131,13 +177,36 @@ impl RedisStore {
                     .arg(keys.len())
                     .arg(keys)
                     .arg(args);
+                if let Some((replicas, timeout_ms)) = self.wait {
+                    pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
+                }
                 pipe
             })
             .await?;
-        replies.pop().ok_or_else(|| StoreError::Backend {
+        let malformed = |reason: String| StoreError::Backend {
             store: self.url.redacted().into(),
-            reason: "empty reply to a script".into(),
-        })
+            reason,
+        };
+        if let Some((replicas, timeout_ms)) = self.wait {
+            let acked = replies
+                .pop()
+                .map(redis::from_redis_value::<i64>)
+                .transpose()
+                .map_err(|e| malformed(format!("unexpected reply to WAIT: {e}")))?
+                .unwrap_or(0);
+            if acked < i64::from(replicas) {
+                return Err(StoreError::Unavailable {
+                    store: self.url.redacted().into(),
+                    reason: format!(
+                        "{acked} of the {replicas} replicas asked for (wait={replicas}) acknowledged the write within {timeout_ms} ms: counted as failed"
+                    ),
+                });
+            }
+        }
+        let reply = replies
+            .pop()
+            .ok_or_else(|| malformed("empty reply to a script".into()))?;
+        redis::from_redis_value(reply).map_err(|e| malformed(format!("unexpected reply: {e}")))
     }
 
     fn key(&self, job: &str, kind: &str) -> String {
@@ -145,6 +214,19 @@ impl RedisStore {
     }
 
     fn err(&self, e: redis::RedisError) -> StoreError {
+        #[cfg(feature = "sentinel")]
+        if let Link::Sentinel(master) = &self.link {
+            // Gone, or demoted by a failover: ask the sentinels again.
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                || e.is_unrecoverable_error()
+                || e.is_io_error()
+                || e.is_connection_refusal()
+                || e.is_timeout()
+                || e.is_connection_dropped()
+            {
+                master.forget();
+            }
+        }
         let store = self.url.redacted().to_string();
         let reason = one_line(&self.url.scrub(&e.to_string()));
         if matches!(
@@ -174,11 +256,15 @@ impl RedisStore {
             .set_response_timeout(Some(self.op_timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
-        self.manager
-            .get_or_try_init(|| ConnectionManager::new_with_config(self.client.clone(), config))
-            .await
-            .cloned()
-            .map_err(|e| self.err(e))
+        match &self.link {
+            Link::Direct { client, manager } => manager
+                .get_or_try_init(|| ConnectionManager::new_with_config(client.clone(), config))
+                .await
+                .cloned()
+                .map_err(|e| self.err(e)),
+            #[cfg(feature = "sentinel")]
+            Link::Sentinel(master) => master.connection(config).await.map_err(|e| self.err(e)),
+        }
     }
 
     /// Runs `build`'s pipeline of `EVALSHA`s, loading the scripts once if the
@@ -208,6 +294,17 @@ impl RedisStore {
 
     async fn warn_without_persistence(&self, conn: &mut ConnectionManager) {
         if self.warned_persistence.load(Ordering::Relaxed) {
+            return;
+        }
+        #[cfg(feature = "sentinel")]
+        if let Link::Sentinel(_) = self.link {
+            // Replicas acknowledging each write are the guarantee here.
+            if self.wait.is_none() && !self.warned_persistence.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    store = %self.url,
+                    "wait=0: claims are not confirmed on a replica, so a failover right after one can lose it and the occurrence may then run twice; use wait=1 (docs/protocol.md)"
+                );
+            }
             return;
         }
         let info: String = match redis::cmd("INFO")

@@ -481,7 +481,7 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
         shown.contains(&"unknown(exploded)".to_string()),
         "{shown:?}"
     );
-    if h.backend == Backend::Redis {
+    if matches!(h.backend, Backend::Redis | Backend::Sentinel) {
         assert!(
             shown
                 .iter()
@@ -859,6 +859,7 @@ conformance!(sqlite, Backend::Sqlite);
 conformance!(mysql, Backend::Mysql);
 conformance!(postgres, Backend::Postgres);
 conformance!(redis, Backend::Redis);
+conformance!(sentinel, Backend::Sentinel);
 #[cfg(feature = "memory")]
 conformance!(memory, Backend::Memory);
 

@@ -449,6 +449,7 @@ macro_rules! per_store {
         mod sqlite { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sqlite) } )* }
         mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
         mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
+        mod sentinel { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sentinel) } )* }
     };
 }
 

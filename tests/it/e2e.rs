@@ -51,6 +51,12 @@ fn failover(backend: Backend) {
     c.stop_all();
 
     let report = c.report();
+    for n in ["n1", "n2", "n3"] {
+        assert!(
+            !c.log(n).contains("guard process is gone"),
+            "a daemon stopping lets its guard go without calling that an error\n{report}"
+        );
+    }
     let lines = check_exactly_once(&c.lines(), &report);
     let post_kill: Vec<_> = lines.iter().filter(|l| l.occurrence > killed_at).collect();
     assert!(
@@ -102,4 +108,9 @@ fn failover_postgres() {
 #[test]
 fn failover_redis() {
     failover(Backend::Redis);
+}
+
+#[test]
+fn failover_sentinel() {
+    failover(Backend::Sentinel);
 }

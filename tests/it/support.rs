@@ -20,9 +20,16 @@ pub enum Backend {
     Mysql,
     Postgres,
     Redis,
+    /// Redis through Sentinel, with WAIT for one replica (`.ci/services`
+    /// starts a master, two replicas and three sentinels).
+    Sentinel,
     /// The in-memory store (in-process only: no URL, no daemon).
     Memory,
 }
+
+/// The master name and sentinels `.ci/services` starts.
+pub const SENTINEL_URL: &str =
+    "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/cronlease?wait=1";
 
 impl Backend {
     pub fn url(self, dir: &Path) -> String {
@@ -38,6 +45,7 @@ impl Backend {
                 "postgres://postgres@127.0.0.1:5432/test",
             ),
             Backend::Redis => env("CRONLEASE_TEST_REDIS_URL", "redis://127.0.0.1:6379/"),
+            Backend::Sentinel => env("CRONLEASE_TEST_SENTINEL_URL", SENTINEL_URL),
             // Unused: the harness hands out the in-memory store itself.
             Backend::Memory => format!("sqlite://{}", dir.join("unused.db").display()),
         }
@@ -56,6 +64,11 @@ impl Backend {
                 "127.0.0.1:5432",
                 "PostgreSQL",
                 "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+            ),
+            Backend::Sentinel => (
+                "127.0.0.1:26379",
+                "Redis Sentinel",
+                "bash .ci/services (a master on 6390, replicas on 6391 and 6392, sentinels on 26379-26381)",
             ),
             Backend::Redis => (
                 "127.0.0.1:6379",
@@ -131,6 +144,7 @@ impl Harness {
             cronlease::config::StoreKind::Mysql => Backend::Mysql,
             cronlease::config::StoreKind::Postgres => Backend::Postgres,
             cronlease::config::StoreKind::Redis => Backend::Redis,
+            cronlease::config::StoreKind::RedisSentinel(_) => Backend::Sentinel,
         };
         Harness {
             backend,
@@ -138,6 +152,26 @@ impl Harness {
             #[cfg(feature = "memory")]
             memory: None,
             _dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// A client of the Redis server holding the data: the URL's, or the
+    /// master the sentinels name now.
+    pub async fn redis_client(&self) -> redis::Client {
+        match self.config.url.kind() {
+            cronlease::config::StoreKind::RedisSentinel(t) => {
+                let (host, port) = &t.sentinels[0];
+                let sentinel = redis::Client::open(format!("redis://{host}:{port}/")).unwrap();
+                let mut c = sentinel.get_multiplexed_async_connection().await.unwrap();
+                let (host, port): (String, u16) = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&t.master)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                redis::Client::open(format!("redis://{host}:{port}/")).unwrap()
+            }
+            _ => redis::Client::open(self.config.url.expose()).unwrap(),
         }
     }
 
@@ -174,8 +208,8 @@ impl Harness {
             return;
         }
         match self.backend {
-            Backend::Redis => {
-                let client = redis::Client::open(self.config.url.expose()).unwrap();
+            Backend::Redis | Backend::Sentinel => {
+                let client = self.redis_client().await;
                 let mut c = client.get_multiplexed_async_connection().await.unwrap();
                 let key = format!("{}{{{job}}}:runs", self.config.key_prefix);
                 let _: String = redis::cmd("XADD")
@@ -222,8 +256,8 @@ impl Harness {
             return;
         }
         match self.backend {
-            Backend::Redis => {
-                let client = redis::Client::open(self.config.url.expose()).unwrap();
+            Backend::Redis | Backend::Sentinel => {
+                let client = self.redis_client().await;
                 let mut c = client.get_multiplexed_async_connection().await.unwrap();
                 let key = format!("{}{{{job}}}:state", self.config.key_prefix);
                 let _: i64 = redis::cmd("HSET")
@@ -277,8 +311,8 @@ impl Harness {
             ms
         };
         match self.backend {
-            Backend::Redis => {
-                let client = redis::Client::open(self.config.url.expose()).unwrap();
+            Backend::Redis | Backend::Sentinel => {
+                let client = self.redis_client().await;
                 let mut c = client.get_multiplexed_async_connection().await.unwrap();
                 let key = format!("{}{{{job}}}:lease", self.config.key_prefix);
                 let _: i64 = redis::cmd("PEXPIRE")
