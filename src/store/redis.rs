@@ -195,6 +195,12 @@ impl RedisStore {
                 .map_err(|e| malformed(format!("unexpected reply to WAIT: {e}")))?
                 .unwrap_or(0);
             if acked < i64::from(replicas) {
+                // A master whose replicas went elsewhere (a failover this
+                // node has not heard of) stays one: ask the sentinels again.
+                #[cfg(feature = "sentinel")]
+                if let Link::Sentinel(master) = &self.link {
+                    master.forget();
+                }
                 return Err(StoreError::Unavailable {
                     store: self.url.redacted().into(),
                     reason: format!(

@@ -4,6 +4,9 @@
 //! the claim was acted on, the failover lost it, and the occurrence runs
 //! twice: the hazard `wait` exists for.
 //!
+//! A failover the sentinels announce (`+switch-master`) moves a store to the
+//! new master before its next call.
+//!
 //! Each test runs its own master, two replicas and three sentinels on free
 //! ports, so it can stop and kill them.
 
@@ -17,8 +20,11 @@ use chrono::{DateTime, Utc};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use cronlease::config::{JobName, Misfire, StoreConfig, StoreUrl};
+use cronlease::store::{self, ClaimOutcome, ClaimRequest, Owner};
+
 use crate::cluster::Cluster;
-use crate::support::{Backend, free_port, wait_until};
+use crate::support::{Backend, free_port, unique, wait_until};
 
 /// A master, two replicas and three sentinels watching it as `m`.
 struct SentinelSet {
@@ -240,4 +246,72 @@ fn without_wait_a_failover_can_run_an_occurrence_twice() {
         Some(&2),
         "with wait=0 the claim the failover lost was run, and the occurrence ran again: the hazard wait=1 prevents\n{report}"
     );
+}
+
+/// After `SENTINEL FAILOVER` the old master is a replica: a store still
+/// writing to it would get `READONLY` and fail one call. The store heard the
+/// sentinels' `+switch-master` and its first call after goes to the new
+/// master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_master_announcement_moves_the_store_before_its_next_call() {
+    let set = tokio::task::spawn_blocking(SentinelSet::start)
+        .await
+        .unwrap();
+    // wait=0: right after a failover the new master's replicas are still
+    // syncing, and this test is about finding the master, not WAIT.
+    let url = StoreUrl::parse(&set.url(0), Path::new("/")).unwrap();
+    let mut config = StoreConfig::new(url);
+    config.key_prefix = format!("cl:{}", unique("sw"));
+    let store = store::connect(&config).await.unwrap();
+    store.prepare().await.unwrap();
+    let request = |second: i64| ClaimRequest {
+        job: JobName::parse("moved").unwrap(),
+        occurrence: chrono::Utc::now() - chrono::TimeDelta::seconds(60 - second),
+        previous: None,
+        misfire: Misfire::Skip,
+        owner: Owner::from_raw("n1#00000001"),
+        lease: Duration::from_secs(30),
+        fence_floor: 0,
+        max_offset: Duration::from_millis(500),
+        after_unanswered: false,
+        recheck_only: false,
+    };
+    let first = store.claim(&[request(0)]).await.unwrap();
+    assert!(
+        matches!(first.outcomes[..], [ClaimOutcome::Won(_)]),
+        "{first:?}"
+    );
+
+    let old = set.named_master();
+    let said = redis_cli(set.sentinels[0].0, &["sentinel", "failover", "m"]);
+    assert!(said.contains("OK"), "SENTINEL FAILOVER: {said}");
+    let set = tokio::task::spawn_blocking(move || {
+        wait_until(
+            "the sentinels name a new master",
+            Duration::from_secs(20),
+            || format!("master port now {:?}", set.named_master()),
+            || set.named_master().filter(|p| Some(*p) != old),
+        );
+        // The old master turns replica once the new one is named.
+        wait_until(
+            "the old master is a replica",
+            Duration::from_secs(20),
+            || redis_cli(old.unwrap(), &["role"]),
+            || {
+                redis_cli(old.unwrap(), &["role"])
+                    .starts_with("slave")
+                    .then_some(())
+            },
+        );
+        set
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = store.claim(&[request(1)]).await;
+    assert!(
+        matches!(&after, Ok(c) if matches!(c.outcomes[..], [ClaimOutcome::Won(_)])),
+        "the first claim after the failover goes to the new master: {after:?}"
+    );
+    drop(set);
 }
