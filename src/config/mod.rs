@@ -133,7 +133,13 @@ pub enum StoreKind {
     Redis,
     /// A Redis master found through Sentinel (`redis+sentinel://`).
     RedisSentinel(SentinelTarget),
+    /// Redlock over independent Redis masters (`store.urls`): each a
+    /// `redis://` or `rediss://` URL of its own.
+    Redlock(Vec<StoreUrl>),
 }
+
+/// How many independent masters a Redlock store may have.
+pub const REDLOCK_MASTERS: [usize; 2] = [3, 5];
 
 /// Where a `redis+sentinel://` URL points: the sentinels to ask, the master's
 /// name, and how many replicas must acknowledge each write.
@@ -340,10 +346,76 @@ impl StoreUrl {
         })
     }
 
+    /// A Redlock store over the masters `raw` names (`store.urls`): 3 or 5
+    /// distinct `redis://` or `rediss://` URLs. On error, the index of the
+    /// URL at fault (if one is) and the message.
+    pub fn redlock(raw: &[&str]) -> Result<Self, (Option<usize>, String)> {
+        if !REDLOCK_MASTERS.contains(&raw.len()) {
+            return Err((
+                None,
+                format!(
+                    "store.urls names {} Redis masters: Redlock needs 3 or 5 independent masters (a majority of them must agree on every claim)",
+                    raw.len()
+                ),
+            ));
+        }
+        let mut masters: Vec<StoreUrl> = Vec::with_capacity(raw.len());
+        for (i, u) in raw.iter().enumerate() {
+            let url = StoreUrl::parse(u, Path::new("/")).map_err(|m| (Some(i), m))?;
+            if url.kind != StoreKind::Redis {
+                return Err((
+                    Some(i),
+                    format!(
+                        "store.urls: {} is not a redis:// or rediss:// URL (each Redlock master is one Redis server)",
+                        url.redacted
+                    ),
+                ));
+            }
+            if masters.iter().any(|m| m.host_port() == url.host_port()) {
+                return Err((
+                    Some(i),
+                    format!(
+                        "store.urls names {} twice: Redlock's masters must be independent servers",
+                        url.redacted
+                    ),
+                ));
+            }
+            masters.push(url);
+        }
+        let join = |f: fn(&StoreUrl) -> &str| masters.iter().map(f).collect::<Vec<_>>().join(",");
+        Ok(StoreUrl {
+            url: join(StoreUrl::expose),
+            redacted: format!("redlock[{}]", join(StoreUrl::redacted)),
+            secret: masters.iter().find_map(|m| m.secret.clone()),
+            kind: StoreKind::Redlock(masters),
+        })
+    }
+
+    /// `host:port` of a network URL, to tell servers apart.
+    fn host_port(&self) -> Option<(String, u16)> {
+        let u = url::Url::parse(&self.url).ok()?;
+        Some((u.host_str()?.to_ascii_lowercase(), u.port().unwrap_or(6379)))
+    }
+
     /// Sets the password (from `password_file`), replacing any in the URL.
     pub fn with_password(mut self, password: &str) -> Result<Self, String> {
         if matches!(self.kind, StoreKind::Sqlite { .. }) {
             return Err("password_file is set but a sqlite:// store takes no password".into());
+        }
+        if let StoreKind::Redlock(masters) = &self.kind {
+            // One password for every master, as operators run them.
+            let masters = masters
+                .iter()
+                .map(|m| m.clone().with_password(password))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.url = masters
+                .iter()
+                .map(StoreUrl::expose)
+                .collect::<Vec<_>>()
+                .join(",");
+            self.kind = StoreKind::Redlock(masters);
+            self.secret = Some(password.to_string());
+            return Ok(self);
         }
         if matches!(self.kind, StoreKind::RedisSentinel(_)) {
             // Not a URL the url crate reads (several hosts): the store takes
@@ -383,9 +455,16 @@ impl StoreUrl {
         &self.redacted
     }
 
-    /// Removes the password from `text` (a driver's error message, say).
+    /// Removes the password from `text` (a driver's error message, say):
+    /// every master's, for a Redlock store.
     pub fn scrub(&self, text: &str) -> String {
-        let text = redact_urls_in(text);
+        let text = match &self.kind {
+            StoreKind::Redlock(masters) => {
+                masters.iter().fold(text.to_string(), |t, m| m.scrub(&t))
+            }
+            _ => text.to_string(),
+        };
+        let text = redact_urls_in(&text);
         match &self.secret {
             Some(secret) if !secret.is_empty() => {
                 let encoded: String =
@@ -1070,6 +1149,9 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             refuse_nul(&src, v, what, &mut errors);
         }
     }
+    for u in raw.store.urls.iter().flat_map(|l| l.get_ref()) {
+        refuse_nul(&src, u, "store.urls", &mut errors);
+    }
     let mut warnings = Vec::new();
     let store = load_store(&src, &raw, &base, overrides, &mut errors, &mut warnings);
     let lease_margin = duration_or(
@@ -1234,6 +1316,41 @@ fn load_store(
 ) -> Option<StoreConfig> {
     let s = &raw.store;
     let url = match (&overrides.store_url, &s.url) {
+        (None, Some(_)) if s.urls.is_some() => {
+            if let Some(list) = &s.urls {
+                errors.push(src.at(
+                    list,
+                    "store.url and store.urls are both set: url names one store, urls the masters of a Redlock store; keep one",
+                ));
+            }
+            None
+        }
+        (None, None) if s.urls.is_some() => s.urls.as_ref().and_then(|list| {
+            let raw: Vec<&str> = list
+                .get_ref()
+                .iter()
+                .map(|u| u.get_ref().as_str())
+                .collect();
+            match StoreUrl::redlock(&raw) {
+                Ok(url) => {
+                    if url.secret.is_some() {
+                        warn_if_world_readable(
+                            Path::new(&src.origin),
+                            "holds a store password",
+                            warnings,
+                        );
+                    }
+                    Some(url)
+                }
+                Err((at, m)) => {
+                    errors.push(match at.and_then(|i| list.get_ref().get(i)) {
+                        Some(u) => src.at(u, m),
+                        None => src.at(list, m),
+                    });
+                    None
+                }
+            }
+        }),
         (Some(env), _) => StoreUrl::parse(env, base)
             .map_err(|m| {
                 errors.push(ConfigError {
@@ -1606,6 +1723,14 @@ fn tls_files(
             errors.push(src.error_at(
                 first.map(Spanned::span),
                 "TLS settings need a rediss:// URL",
+            ))
+        }
+        Some(StoreKind::Redlock(masters))
+            if masters.iter().any(|m| !m.expose().starts_with("rediss://")) =>
+        {
+            errors.push(src.error_at(
+                first.map(Spanned::span),
+                "TLS settings need rediss:// URLs for every master in store.urls",
             ))
         }
         Some(StoreKind::RedisSentinel(_)) => errors.push(src.error_at(

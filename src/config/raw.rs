@@ -35,6 +35,8 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     pub url: Option<Spanned<String>>,
+    /// Redlock: the independent Redis masters, instead of `url`.
+    pub urls: Option<Spanned<Vec<Spanned<String>>>>,
     pub password_file: Option<Spanned<String>>,
     pub table_prefix: Option<Spanned<String>>,
     pub key_prefix: Option<Spanned<String>>,

@@ -431,7 +431,21 @@ const BACKENDS: &[Backend] = &[
         #[cfg(not(feature = "sentinel"))]
         open: None,
     },
+    Backend {
+        serves: |k| matches!(k, StoreKind::Redlock(_)),
+        feature: "redlock",
+        schemes: "Redlock (store.urls)",
+        #[cfg(feature = "redlock")]
+        open: Some(open_redlock),
+        #[cfg(not(feature = "redlock"))]
+        open: None,
+    },
 ];
+
+#[cfg(feature = "redlock")]
+fn open_redlock(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(redis::redlock::RedlockStore::open(config)?))
+}
 
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 fn open_sql(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {

@@ -19,6 +19,8 @@
 //! fewer than `wait` replicas acknowledged counts as failed, so a claim the
 //! master acknowledged and a failover lost was never acted on.
 
+#[cfg(feature = "redlock")]
+pub mod redlock;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 
@@ -36,7 +38,7 @@ use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner, Renewal,
     RunRecord, StoreError, Won, duration_ms, from_ms, to_ms,
 };
-use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, one_line};
+use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, TlsFiles, one_line};
 
 static CLAIM: &str = include_str!("redis/claim.lua");
 static RENEW: &str = include_str!("redis/renew.lua");
@@ -107,31 +109,7 @@ impl RedisStore {
             });
             return Ok(Self::with_link(Link::Sentinel(master), wait, config));
         }
-        let client = match &config.tls {
-            None => Client::open(url.expose()).map_err(|e| failed(e.to_string()))?,
-            Some(tls) => {
-                let read = |p: &std::path::Path| {
-                    std::fs::read(p)
-                        .map_err(|e| failed(format!("cannot read {}: {e}", p.display())))
-                };
-                let root_cert = tls.ca.as_deref().map(read).transpose()?;
-                let client_tls = match &tls.client {
-                    Some((cert, key)) => Some(redis::ClientTlsConfig {
-                        client_cert: read(cert)?,
-                        client_key: read(key)?,
-                    }),
-                    None => None,
-                };
-                Client::build_with_tls(
-                    url.expose(),
-                    redis::TlsCertificates {
-                        client_tls,
-                        root_cert,
-                    },
-                )
-                .map_err(|e| failed(e.to_string()))?
-            }
-        };
+        let client = client_for(&url, config.tls.as_ref()).map_err(failed)?;
         let link = Link::Direct {
             client,
             manager: OnceCell::new(),
@@ -216,7 +194,7 @@ impl RedisStore {
     }
 
     fn key(&self, job: &str, kind: &str) -> String {
-        format!("{}{{{job}}}:{kind}", self.prefix)
+        job_key(&self.prefix, job, kind)
     }
 
     fn err(&self, e: redis::RedisError) -> StoreError {
@@ -233,35 +211,11 @@ impl RedisStore {
                 master.forget();
             }
         }
-        let store = self.url.redacted().to_string();
-        let reason = one_line(&self.url.scrub(&e.to_string()));
-        if matches!(
-            e.kind(),
-            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
-        ) {
-            // Something answers on the port, but not in Redis's protocol
-            // (a database, a web server): the store is not reachable there.
-            StoreError::Unavailable {
-                store,
-                reason: format!("the server does not answer in the Redis protocol ({reason})"),
-            }
-        } else if e.is_io_error()
-            || e.is_connection_refusal()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-        {
-            StoreError::Unavailable { store, reason }
-        } else {
-            StoreError::Backend { store, reason }
-        }
+        store_error(&self.url, &e)
     }
 
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.op_timeout))
-            .set_response_timeout(Some(self.op_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
+        let config = manager_config(self.op_timeout);
         match &self.link {
             Link::Direct { client, manager } => manager
                 .get_or_try_init(|| ConnectionManager::new_with_config(client.clone(), config))
@@ -280,22 +234,9 @@ impl RedisStore {
         build: impl Fn() -> redis::Pipeline,
     ) -> Result<Vec<T>, StoreError> {
         let mut conn = self.conn().await?;
-        match build().query_async::<Vec<T>>(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                for script in self.scripts() {
-                    script
-                        .prepare_invoke()
-                        .load_async(&mut conn)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                }
-                build()
-                    .query_async::<Vec<T>>(&mut conn)
-                    .await
-                    .map_err(|e| self.err(e))
-            }
-            other => other.map_err(|e| self.err(e)),
-        }
+        eval_loading(&mut conn, &self.scripts(), build)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     async fn warn_without_persistence(&self, conn: &mut ConnectionManager) {
@@ -399,6 +340,135 @@ impl RedisStore {
             })
             .collect())
     }
+}
+
+/// How a connection to one server behaves: a call slower than `op_timeout`
+/// fails, and a lost connection is made again in the background.
+fn manager_config(op_timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(op_timeout))
+        .set_response_timeout(Some(op_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(1))
+}
+
+/// A client for one Redis server, with the TLS files when there are some.
+/// The error is the driver's message, not yet scrubbed.
+fn client_for(url: &StoreUrl, tls: Option<&TlsFiles>) -> Result<Client, String> {
+    let Some(tls) = tls else {
+        return Client::open(url.expose()).map_err(|e| e.to_string());
+    };
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+    };
+    let root_cert = tls.ca.as_deref().map(read).transpose()?;
+    let client_tls = match &tls.client {
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: read(cert)?,
+            client_key: read(key)?,
+        }),
+        None => None,
+    };
+    Client::build_with_tls(
+        url.expose(),
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// A Redis error as a [`StoreError`] of the server `url` names: unreachable
+/// (down, too slow, not speaking Redis) or a failed request.
+fn store_error(url: &StoreUrl, e: &redis::RedisError) -> StoreError {
+    let store = url.redacted().to_string();
+    let reason = one_line(&url.scrub(&e.to_string()));
+    if matches!(
+        e.kind(),
+        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+    ) {
+        // Something answers on the port, but not in Redis's protocol
+        // (a database, a web server): the store is not reachable there.
+        StoreError::Unavailable {
+            store,
+            reason: format!("the server does not answer in the Redis protocol ({reason})"),
+        }
+    } else if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+    {
+        StoreError::Unavailable { store, reason }
+    } else {
+        StoreError::Backend { store, reason }
+    }
+}
+
+/// `{prefix}{job}:kind`: the braces make one job's keys a hash tag.
+fn job_key(prefix: &str, job: &str, kind: &str) -> String {
+    format!("{prefix}{{{job}}}:{kind}")
+}
+
+/// Runs `build`'s pipeline of `EVALSHA`s on `conn`, loading `scripts` once
+/// if the server has forgotten them (restart, `SCRIPT FLUSH`).
+async fn eval_loading<T: redis::FromRedisValue>(
+    conn: &mut ConnectionManager,
+    scripts: &[&Script],
+    build: impl Fn() -> redis::Pipeline,
+) -> redis::RedisResult<Vec<T>> {
+    match build().query_async::<Vec<T>>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            for script in scripts {
+                script.prepare_invoke().load_async(conn).await?;
+            }
+            build().query_async::<Vec<T>>(conn).await
+        }
+        other => other,
+    }
+}
+
+/// The keys and arguments of `record.lua` for `runs`, keeping `keep` per job.
+fn record_args(runs: &[RunRecord], keep: u32, prefix: &str) -> (Vec<String>, Vec<String>) {
+    let mut keys = Vec::with_capacity(2 * runs.len());
+    let mut args = vec![keep.max(1).to_string()];
+    for run in runs {
+        keys.push(job_key(prefix, &run.job, "runs"));
+        keys.push(job_key(prefix, &run.job, "fences"));
+        let mut fields: Vec<String> = [
+            ("job", run.job.clone()),
+            ("fence", run.fence.to_string()),
+            ("owner", run.owner.clone()),
+            ("node", run.node.clone()),
+            ("occurrence", to_ms(run.occurrence).to_string()),
+            ("started_at", to_ms(run.started_at).to_string()),
+            ("finished_at", to_ms(run.finished_at).to_string()),
+            ("outcome", run.outcome.as_str().to_string()),
+            ("takeover", i64::from(run.takeover).to_string()),
+            ("delay_ms", run.delay_ms.to_string()),
+            ("decision_ms", run.decision_ms.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect();
+        if let Some(code) = run.exit_code {
+            fields.extend(["exit_code".to_string(), code.to_string()]);
+        }
+        args.push(run.fence.to_string());
+        args.push(fields.len().to_string());
+        args.extend(fields);
+    }
+    (keys, args)
+}
+
+/// Newest first by end, then fence; at most `limit`.
+fn newest_first(runs: &mut Vec<RunRecord>, limit: u32) {
+    runs.sort_by(|a, b| {
+        b.finished_at
+            .cmp(&a.finished_at)
+            .then(b.fence.cmp(&a.fence))
+    });
+    runs.truncate(limit as usize);
 }
 
 fn glob_escape(s: &str) -> String {
@@ -681,34 +751,7 @@ impl History for RedisStore {
         if runs.is_empty() {
             return Ok(());
         }
-        let mut keys = Vec::with_capacity(2 * runs.len());
-        let mut args = vec![keep.max(1).to_string()];
-        for run in runs {
-            keys.push(self.key(&run.job, "runs"));
-            keys.push(self.key(&run.job, "fences"));
-            let mut fields: Vec<String> = [
-                ("job", run.job.clone()),
-                ("fence", run.fence.to_string()),
-                ("owner", run.owner.clone()),
-                ("node", run.node.clone()),
-                ("occurrence", to_ms(run.occurrence).to_string()),
-                ("started_at", to_ms(run.started_at).to_string()),
-                ("finished_at", to_ms(run.finished_at).to_string()),
-                ("outcome", run.outcome.as_str().to_string()),
-                ("takeover", i64::from(run.takeover).to_string()),
-                ("delay_ms", run.delay_ms.to_string()),
-                ("decision_ms", run.decision_ms.to_string()),
-            ]
-            .into_iter()
-            .flat_map(|(k, v)| [k.to_string(), v])
-            .collect();
-            if let Some(code) = run.exit_code {
-                fields.extend(["exit_code".to_string(), code.to_string()]);
-            }
-            args.push(run.fence.to_string());
-            args.push(fields.len().to_string());
-            args.extend(fields);
-        }
+        let (keys, args) = record_args(runs, keep, &self.prefix);
         let _added: i64 = self.eval(&self.record, &keys, &args).await?;
         Ok(())
     }
@@ -726,12 +769,7 @@ impl History for RedisStore {
         for key in keys {
             runs.extend(self.read_runs(&key, limit).await?);
         }
-        runs.sort_by(|a, b| {
-            b.finished_at
-                .cmp(&a.finished_at)
-                .then(b.fence.cmp(&a.fence))
-        });
-        runs.truncate(limit as usize);
+        newest_first(&mut runs, limit);
         Ok(runs)
     }
 }

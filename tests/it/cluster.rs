@@ -101,10 +101,17 @@ impl Cluster {
         } else {
             "shutdown_grace = \"5s\"\n"
         };
+        // Redlock names its masters in `urls`, one URL each.
+        let store = if backend == Backend::Redlock {
+            let list: Vec<String> = url.split(',').map(|u| format!("\"{u}\"")).collect();
+            format!("urls = [{}]", list.join(", "))
+        } else {
+            format!("url = \"{url}\"")
+        };
         for n in 1..=5 {
             let name = format!("n{n}");
             let config = format!(
-                "node = \"{name}\"\npid_file = \"{name}.pid\"\n{grace}{extra}\n[store]\nurl = \"{url}\"\n{store_extra}\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\nhistory_limit = 100000\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
+                "node = \"{name}\"\npid_file = \"{name}.pid\"\n{grace}{extra}\n[store]\n{store}\n{store_extra}\ntable_prefix = \"{prefix}\"\nkey_prefix = \"cl:{prefix}\"\nop_timeout = \"1s\"\nhistory_limit = 100000\n[lease]\nmargin = \"1s\"\n[log]\nlevel = \"info\"\n"
             );
             std::fs::write(dir.path().join(format!("{name}.toml")), config).unwrap();
         }

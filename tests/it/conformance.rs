@@ -481,7 +481,10 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
         shown.contains(&"unknown(exploded)".to_string()),
         "{shown:?}"
     );
-    if matches!(h.backend, Backend::Redis | Backend::Sentinel) {
+    if matches!(
+        h.backend,
+        Backend::Redis | Backend::Sentinel | Backend::Redlock
+    ) {
         assert!(
             shown
                 .iter()
@@ -860,6 +863,7 @@ conformance!(mysql, Backend::Mysql);
 conformance!(postgres, Backend::Postgres);
 conformance!(redis, Backend::Redis);
 conformance!(sentinel, Backend::Sentinel);
+conformance!(redlock, Backend::Redlock);
 #[cfg(feature = "memory")]
 conformance!(memory, Backend::Memory);
 

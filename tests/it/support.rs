@@ -23,8 +23,25 @@ pub enum Backend {
     /// Redis through Sentinel, with WAIT for one replica (`.ci/services`
     /// starts a master, two replicas and three sentinels).
     Sentinel,
+    /// Redlock over five independent masters (`.ci/services` starts them
+    /// on 6401-6405); its "URL" is their URLs joined by commas.
+    Redlock,
     /// The in-memory store (in-process only: no URL, no daemon).
     Memory,
+}
+
+/// The five Redlock masters `.ci/services` starts.
+pub const REDLOCK_URLS: &str = "redis://127.0.0.1:6401/,redis://127.0.0.1:6402/,redis://127.0.0.1:6403/,redis://127.0.0.1:6404/,redis://127.0.0.1:6405/";
+
+/// The store URL of `raw`: one URL, or for Redlock its masters' URLs
+/// joined by commas.
+pub fn store_url(backend: Backend, raw: &str, base: &Path) -> StoreUrl {
+    if backend == Backend::Redlock {
+        let urls: Vec<&str> = raw.split(',').collect();
+        StoreUrl::redlock(&urls).unwrap()
+    } else {
+        StoreUrl::parse(raw, base).unwrap()
+    }
 }
 
 /// The master name and sentinels `.ci/services` starts.
@@ -46,6 +63,7 @@ impl Backend {
             ),
             Backend::Redis => env("CRONLEASE_TEST_REDIS_URL", "redis://127.0.0.1:6379/"),
             Backend::Sentinel => env("CRONLEASE_TEST_SENTINEL_URL", SENTINEL_URL),
+            Backend::Redlock => env("CRONLEASE_TEST_REDLOCK_URLS", REDLOCK_URLS),
             // Unused: the harness hands out the in-memory store itself.
             Backend::Memory => format!("sqlite://{}", dir.join("unused.db").display()),
         }
@@ -75,6 +93,16 @@ impl Backend {
                 "Redis",
                 "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no",
             ),
+            Backend::Redlock => {
+                for port in 6401..=6405 {
+                    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+                    assert!(
+                        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok(),
+                        "Redlock master on 127.0.0.1:{port} is not reachable; these tests need five (6401-6405). Start them with: bash .ci/services"
+                    );
+                }
+                return;
+            }
         };
         let reachable = addr
             .parse()
@@ -121,7 +149,7 @@ impl Harness {
     pub async fn new(backend: Backend) -> Harness {
         backend.require();
         let dir = tempfile::tempdir().unwrap();
-        let url = StoreUrl::parse(&backend.url(dir.path()), dir.path()).unwrap();
+        let url = store_url(backend, &backend.url(dir.path()), dir.path());
         let mut config = StoreConfig::new(url);
         let prefix = unique(&format!("{backend:?}").to_lowercase()[..2]);
         config.table_prefix = prefix.clone();
@@ -145,6 +173,7 @@ impl Harness {
             cronlease::config::StoreKind::Postgres => Backend::Postgres,
             cronlease::config::StoreKind::Redis => Backend::Redis,
             cronlease::config::StoreKind::RedisSentinel(_) => Backend::Sentinel,
+            cronlease::config::StoreKind::Redlock(_) => Backend::Redlock,
         };
         Harness {
             backend,
@@ -152,6 +181,18 @@ impl Harness {
             #[cfg(feature = "memory")]
             memory: None,
             _dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Clients of every Redis server holding the data: the URL's, the
+    /// master the sentinels name now, or every Redlock master.
+    pub async fn redis_clients(&self) -> Vec<redis::Client> {
+        match self.config.url.kind() {
+            cronlease::config::StoreKind::Redlock(masters) => masters
+                .iter()
+                .map(|m| redis::Client::open(m.expose()).unwrap())
+                .collect(),
+            _ => vec![self.redis_client().await],
         }
     }
 
@@ -208,35 +249,36 @@ impl Harness {
             return;
         }
         match self.backend {
-            Backend::Redis | Backend::Sentinel => {
-                let client = self.redis_client().await;
-                let mut c = client.get_multiplexed_async_connection().await.unwrap();
-                let key = format!("{}{{{job}}}:runs", self.config.key_prefix);
-                let _: String = redis::cmd("XADD")
-                    .arg(&key)
-                    .arg("*")
-                    .arg(&[
-                        ("job", job),
-                        ("fence", "90"),
-                        ("owner", "future#1"),
-                        ("node", "future"),
-                        ("occurrence", "1790000000000"),
-                        ("started_at", "1790000000000"),
-                        ("finished_at", "1790000000000"),
-                        ("outcome", "exploded"),
-                        ("takeover", "0"),
-                        ("delay_ms", "0"),
-                    ])
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                let _: String = redis::cmd("XADD")
-                    .arg(&key)
-                    .arg("*")
-                    .arg(&[("fence", "91"), ("garbage", "yes")])
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
+            Backend::Redis | Backend::Sentinel | Backend::Redlock => {
+                for client in self.redis_clients().await {
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    let key = format!("{}{{{job}}}:runs", self.config.key_prefix);
+                    let _: String = redis::cmd("XADD")
+                        .arg(&key)
+                        .arg("*")
+                        .arg(&[
+                            ("job", job),
+                            ("fence", "90"),
+                            ("owner", "future#1"),
+                            ("node", "future"),
+                            ("occurrence", "1790000000000"),
+                            ("started_at", "1790000000000"),
+                            ("finished_at", "1790000000000"),
+                            ("outcome", "exploded"),
+                            ("takeover", "0"),
+                            ("delay_ms", "0"),
+                        ])
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                    let _: String = redis::cmd("XADD")
+                        .arg(&key)
+                        .arg("*")
+                        .arg(&[("fence", "91"), ("garbage", "yes")])
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                }
             }
             _ => {
                 let sql = format!(
@@ -256,17 +298,18 @@ impl Harness {
             return;
         }
         match self.backend {
-            Backend::Redis | Backend::Sentinel => {
-                let client = self.redis_client().await;
-                let mut c = client.get_multiplexed_async_connection().await.unwrap();
-                let key = format!("{}{{{job}}}:state", self.config.key_prefix);
-                let _: i64 = redis::cmd("HSET")
-                    .arg(&key)
-                    .arg("fence")
-                    .arg(fence)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
+            Backend::Redis | Backend::Sentinel | Backend::Redlock => {
+                for client in self.redis_clients().await {
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    let key = format!("{}{{{job}}}:state", self.config.key_prefix);
+                    let _: i64 = redis::cmd("HSET")
+                        .arg(&key)
+                        .arg("fence")
+                        .arg(fence)
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                }
             }
             _ => {
                 let sql = format!(
@@ -311,16 +354,17 @@ impl Harness {
             ms
         };
         match self.backend {
-            Backend::Redis | Backend::Sentinel => {
-                let client = self.redis_client().await;
-                let mut c = client.get_multiplexed_async_connection().await.unwrap();
-                let key = format!("{}{{{job}}}:lease", self.config.key_prefix);
-                let _: i64 = redis::cmd("PEXPIRE")
-                    .arg(&key)
-                    .arg(ms.max(1))
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
+            Backend::Redis | Backend::Sentinel | Backend::Redlock => {
+                for client in self.redis_clients().await {
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    let key = format!("{}{{{job}}}:lease", self.config.key_prefix);
+                    let _: i64 = redis::cmd("PEXPIRE")
+                        .arg(&key)
+                        .arg(ms.max(1))
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                }
                 if ms <= 0 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }

@@ -1,0 +1,1099 @@
+//! Redlock: one lock over several independent Redis masters (`store.urls`,
+//! 3 or 5), none of which decides a claim alone (docs/protocol.md, "Redlock").
+//!
+//! A claim is two phases, each one script call per master for the whole
+//! batch, sent to every master at once:
+//! 1. **Lease** (`redlock_lease.lua`): each master takes the job's lease key
+//!    where it is free (`SET NX PX`) and reports the job's state (fence, last
+//!    occurrence, owner) as it has it. The node counts: the lease taken or
+//!    already ours on a majority is a claim it may decide; another owner's on
+//!    a majority is a lost claim (with that owner's remaining lease); neither
+//!    is a split vote, whose leases are given back and which is tried again
+//!    after a random pause, so concurrent claimers cannot all lose an
+//!    occurrence.
+//! 2. **Write** (`redlock_write.lua`): the node applies the claim rule
+//!    ([`super::super::decide`]) to the highest fence and last occurrence the
+//!    masters reported, and writes fence + 1 and the occurrence to every
+//!    master where the lease is still its own. Won only when a majority
+//!    wrote it and the lease's validity (lease − elapsed − (1% of the lease
+//!    \+ 2 ms)) is not used up; otherwise its leases are given back and the
+//!    batch answers with an error, which the node retries as an unanswered
+//!    claim: the store answers such a win again rather than lose it.
+//!
+//! A master whose `run_id` changes has restarted and may have lost leases
+//! and fences: it stays out of quorums for one lease length of each job
+//! (Redis's "delayed restart", done on our side). Every script call is
+//! pipelined behind `INFO server` to see it. Renewals and releases are
+//! owner-checked on every master; history goes to every master and is read
+//! as the union. The clock is the median of the masters' `TIME`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use redis::Script;
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use super::{
+    RELEASE, RENEW, client_for, eval_loading, glob_escape, job_key, malformed_run, manager_config,
+    newest_first, record_args, run_from_fields, store_error,
+};
+use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
+    Owner, Renewal, RunRecord, StoreError, decide, duration_ms, fence_exhausted, from_ms,
+};
+
+static LEASE: &str = include_str!("redlock_lease.lua");
+static WRITE: &str = include_str!("redlock_write.lua");
+
+/// Once a majority of masters answered, how much longer the others are
+/// waited for: a stopped or partitioned master must not hold every claim
+/// up to `op_timeout`.
+const STRAGGLER_WAIT: Duration = Duration::from_millis(50);
+/// Split votes tried again within one claim call, each after a random
+/// pause of up to [`SPLIT_PAUSE_MAX_MS`].
+const SPLIT_ROUNDS: usize = 8;
+const SPLIT_PAUSE_MAX_MS: u64 = 20;
+
+/// The Redlock implementation of [`crate::store::Store`].
+pub struct RedlockStore {
+    masters: Vec<Master>,
+    url: StoreUrl,
+    prefix: String,
+    op_timeout: Duration,
+    lease: Script,
+    write: Script,
+    renew: Script,
+    release: Script,
+    record: Script,
+    /// Keep restarted masters out of quorums; off only through a test's
+    /// failpoint, to show what it prevents.
+    quarantine: bool,
+}
+
+/// One independent master and what this node knows of its life.
+struct Master {
+    url: StoreUrl,
+    client: redis::Client,
+    conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    life: std::sync::Mutex<Life>,
+}
+
+#[derive(Default)]
+struct Life {
+    run_id: Option<String>,
+    /// When this node saw the run_id change.
+    restarted_at: Option<Instant>,
+    /// Since when calls to it fail (logged once when it starts and ends).
+    failing_since: Option<Instant>,
+}
+
+/// One master's answer to phase 1 for one request.
+type LeaseEntry = (i64, Option<String>, i64, String, i64, Option<String>);
+/// Each master's phase-1 answer: its clock and an entry per request.
+type LeaseAnswers = Vec<Option<Result<(i64, Vec<LeaseEntry>), StoreError>>>;
+
+/// What the masters said of one request in phase 1.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Masters (counted for this lease) where the lease is ours now.
+    ours: usize,
+    /// Of those, where it was ours before this claim.
+    ours_before: usize,
+    /// Masters (any) where this call took the lease: given back if the
+    /// claim does not go on.
+    taken: Vec<usize>,
+    /// Other owners' leases on counted masters, with their time left (ms).
+    others: Vec<(String, i64)>,
+    /// Counted masters that answered.
+    counted: usize,
+    /// The highest fence any master reported, with the owner and last
+    /// occurrence stored beside it, and the latest last occurrence.
+    fence: u64,
+    fence_owner: Option<String>,
+    last: Option<i64>,
+    /// Our own lease's time left on the masters where it was ours before.
+    ours_pttl: Vec<i64>,
+    errors: Vec<String>,
+}
+
+/// What phase 1 makes of one request.
+#[derive(Debug)]
+enum Vote {
+    /// The lease is ours on a majority: decide the claim.
+    Ours,
+    /// Another owner holds it on a majority.
+    Held { holder: String, remaining: Duration },
+    /// Nobody holds a majority: try again after a pause.
+    Split { holder: Option<String> },
+    /// Too few counted masters answered to decide.
+    Undecided,
+}
+
+impl RedlockStore {
+    /// Builds a client per master; connections are made on first use.
+    pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        let StoreKind::Redlock(urls) = config.url.kind() else {
+            return Err(StoreError::Backend {
+                store: config.url.redacted().into(),
+                reason: "not a Redlock store URL".into(),
+            });
+        };
+        let masters = urls
+            .iter()
+            .map(|url| {
+                let client =
+                    client_for(url, config.tls.as_ref()).map_err(|e| StoreError::Backend {
+                        store: url.redacted().into(),
+                        reason: url.scrub(&e),
+                    })?;
+                Ok(Master {
+                    url: url.clone(),
+                    client,
+                    conn: tokio::sync::Mutex::new(None),
+                    life: std::sync::Mutex::new(Life::default()),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        #[cfg(feature = "failpoints")]
+        let quarantine = std::env::var_os("CRONLEASE_FAILPOINT_REDLOCK_NO_QUARANTINE").is_none();
+        #[cfg(not(feature = "failpoints"))]
+        let quarantine = true;
+        Ok(RedlockStore {
+            masters,
+            url: config.url.clone(),
+            prefix: config.key_prefix.clone(),
+            op_timeout: config.op_timeout,
+            lease: Script::new(LEASE),
+            write: Script::new(WRITE),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+            record: Script::new(super::RECORD),
+            quarantine,
+        })
+    }
+
+    /// How many masters make a majority.
+    fn majority(&self) -> usize {
+        self.masters.len() / 2 + 1
+    }
+
+    fn scripts(&self) -> [&Script; 5] {
+        [
+            &self.lease,
+            &self.write,
+            &self.renew,
+            &self.release,
+            &self.record,
+        ]
+    }
+
+    fn key(&self, job: &str, kind: &str) -> String {
+        job_key(&self.prefix, job, kind)
+    }
+
+    /// Whether `master` may count in a quorum for a lease of `lease`: not
+    /// while it restarted less than that long ago.
+    fn counts(&self, master: &Master, lease: Duration) -> bool {
+        !self.quarantine
+            || master
+                .life()
+                .restarted_at
+                .is_none_or(|t| t.elapsed() >= lease)
+    }
+
+    fn unavailable(&self, reason: String) -> StoreError {
+        StoreError::Unavailable {
+            store: self.url.redacted().into(),
+            reason,
+        }
+    }
+
+    /// Runs `call` on every master at once. Waits for all answers, but once
+    /// a majority answered, no longer than [`STRAGGLER_WAIT`] for the rest,
+    /// and never past `op_timeout`; `None` for a master that did not answer
+    /// in time.
+    async fn each<'a, T, F, Fut>(&'a self, call: F) -> Vec<Option<Result<T, StoreError>>>
+    where
+        F: Fn(&'a Master) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + 'a,
+    {
+        let mut pending: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let fut = call(m);
+                async move { (i, fut.await) }
+            })
+            .collect();
+        let mut answers: Vec<Option<Result<T, StoreError>>> =
+            self.masters.iter().map(|_| None).collect();
+        let mut deadline = Instant::now() + self.op_timeout;
+        let mut ok = 0;
+        loop {
+            tokio::select! {
+                next = pending.next() => {
+                    let Some((i, answer)) = next else { break };
+                    let master = &self.masters[i];
+                    match &answer {
+                        Ok(_) => {
+                            master.answered();
+                            ok += 1;
+                            if ok == self.majority() {
+                                deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
+                            }
+                        }
+                        Err(e) if e.is_unreachable() => master.failed(e),
+                        Err(_) => {}
+                    }
+                    answers[i] = Some(answer);
+                }
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        answers
+    }
+
+    /// One script on one master, behind `INFO server` (to see a restart).
+    async fn eval_on<T: redis::FromRedisValue>(
+        &self,
+        master: &Master,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        let mut conn = master.connection(self.op_timeout).await?;
+        let replies: Vec<redis::Value> = eval_loading(&mut conn, &self.scripts(), || {
+            let mut pipe = redis::pipe();
+            pipe.cmd("INFO").arg("server");
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+            pipe
+        })
+        .await
+        .map_err(|e| store_error(&master.url, &e))?;
+        let malformed = |reason: String| StoreError::Backend {
+            store: master.url.redacted().into(),
+            reason,
+        };
+        let [info, reply] = <[redis::Value; 2]>::try_from(replies)
+            .map_err(|r| malformed(format!("{} replies to INFO and a script", r.len())))?;
+        let info: String = redis::from_redis_value(info)
+            .map_err(|e| malformed(format!("unexpected reply to INFO: {e}")))?;
+        master.observe(&info);
+        redis::from_redis_value(reply).map_err(|e| malformed(format!("unexpected reply: {e}")))
+    }
+
+    /// A command without arguments on one master.
+    async fn cmd_on<T: redis::FromRedisValue>(
+        &self,
+        master: &Master,
+        name: &'static str,
+    ) -> Result<T, StoreError> {
+        let mut conn = master.connection(self.op_timeout).await?;
+        redis::cmd(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| store_error(&master.url, &e))
+    }
+
+    /// The answers of those that answered, or an error when fewer than a
+    /// majority did.
+    fn quorum<T>(
+        &self,
+        answers: Vec<Option<Result<T, StoreError>>>,
+    ) -> Result<Vec<(usize, T)>, StoreError> {
+        let mut ok = Vec::new();
+        let mut last_error = None;
+        for (i, a) in answers.into_iter().enumerate() {
+            match a {
+                Some(Ok(v)) => ok.push((i, v)),
+                Some(Err(e)) => last_error = Some(e),
+                None => {}
+            }
+        }
+        if ok.len() >= self.majority() {
+            return Ok(ok);
+        }
+        let why = last_error.map_or_else(|| "no answer in time".to_string(), |e| e.to_string());
+        Err(self.unavailable(format!(
+            "{} of {} Redis masters answered; a majority ({}) must ({why})",
+            ok.len(),
+            self.masters.len(),
+            self.majority()
+        )))
+    }
+
+    /// Phase 1 for `requests[i]`, `i` in `which`: per master, its time and
+    /// its entries (in `which` order).
+    async fn take_leases(&self, requests: &[ClaimRequest], which: &[usize]) -> LeaseAnswers {
+        let mut keys = Vec::with_capacity(2 * which.len());
+        let mut args = Vec::with_capacity(2 * which.len());
+        for &i in which {
+            let r = &requests[i];
+            keys.push(self.key(r.job.as_str(), "lease"));
+            keys.push(self.key(r.job.as_str(), "state"));
+            args.push(r.owner.as_str().to_string());
+            args.push(if r.recheck_only {
+                "0".to_string()
+            } else {
+                duration_ms(r.lease).max(1).to_string()
+            });
+        }
+        let (keys, args) = (&keys, &args);
+        self.each(|m| self.eval_on(m, &self.lease, keys, args))
+            .await
+    }
+
+    /// Counts the masters' phase-1 answers for request `slot` of the call.
+    fn tally(&self, answers: &LeaseAnswers, slot: usize, req: &ClaimRequest) -> Tally {
+        let mut t = Tally::default();
+        let mut best: Option<i128> = None;
+        for (m, answer) in answers.iter().enumerate() {
+            let Some(Ok((_, entries))) = answer else {
+                continue;
+            };
+            let Some((got, holder, pttl, fence, last, state_owner)) = entries.get(slot) else {
+                continue;
+            };
+            if *got == -2 {
+                t.errors.push(holder.clone().unwrap_or_default());
+                continue;
+            }
+            if *got == 1 {
+                t.taken.push(m);
+            }
+            let fence = fence.parse::<u64>().unwrap_or(0);
+            if best.is_none_or(|b| i128::from(fence) > b) {
+                best = Some(i128::from(fence));
+                t.fence = fence;
+                t.fence_owner = state_owner.clone();
+            }
+            if *last >= 0 {
+                t.last = Some(t.last.map_or(*last, |l| l.max(*last)));
+            }
+            if !self.counts(&self.masters[m], req.lease) {
+                continue;
+            }
+            t.counted += 1;
+            match (got, holder) {
+                (1, _) => t.ours += 1,
+                (2, _) => {
+                    t.ours += 1;
+                    t.ours_before += 1;
+                    t.ours_pttl.push(*pttl);
+                }
+                (_, Some(h)) => t.others.push((h.clone(), *pttl)),
+                _ => {}
+            }
+        }
+        t
+    }
+
+    fn vote(&self, t: &Tally, req: &ClaimRequest) -> Vote {
+        let m = self.majority();
+        if t.ours >= m {
+            return Vote::Ours;
+        }
+        let mut by_owner: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        for (owner, pttl) in &t.others {
+            by_owner.entry(owner).or_default().push(*pttl);
+        }
+        let top = by_owner
+            .iter()
+            .max_by_key(|(_, p)| p.len())
+            .map(|(o, p)| (o.to_string(), p.clone()));
+        if let Some((holder, mut pttls)) = top {
+            if pttls.len() >= m {
+                // It holds a majority until all but m - 1 of its leases ended.
+                pttls.sort_unstable();
+                let left = pttls[pttls.len() - m].max(0) as u64;
+                return Vote::Held {
+                    holder,
+                    remaining: Duration::from_millis(left),
+                };
+            }
+            if req.recheck_only && t.counted >= m {
+                // A recheck takes nothing: it reads a majority's state.
+                return Vote::Ours;
+            }
+            if t.counted >= m {
+                return Vote::Split {
+                    holder: Some(holder),
+                };
+            }
+        }
+        if req.recheck_only && t.counted >= m {
+            Vote::Ours
+        } else if t.counted >= m {
+            Vote::Split { holder: None }
+        } else {
+            Vote::Undecided
+        }
+    }
+
+    /// Gives back the leases this call took for `jobs` (owner-checked).
+    async fn give_back(&self, jobs: &[&ClaimRequest]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let owner = jobs[0].owner.clone();
+        let names: Vec<JobName> = jobs.iter().map(|r| r.job.clone()).collect();
+        if let Err(e) = self.release(&names, &owner).await {
+            tracing::debug!(store = %self.url, "giving back leases of an undecided claim failed ({e}); they expire");
+        }
+    }
+
+    /// Phase 2: writes each decided claim; per claim, how many counted
+    /// masters wrote it.
+    async fn write_claims(&self, claims: &[(&ClaimRequest, i64, i64)]) -> Vec<usize> {
+        let mut keys = Vec::with_capacity(2 * claims.len());
+        let mut args = Vec::with_capacity(4 * claims.len());
+        for (r, fence, last) in claims {
+            keys.push(self.key(r.job.as_str(), "lease"));
+            keys.push(self.key(r.job.as_str(), "state"));
+            args.extend([
+                r.owner.as_str().to_string(),
+                duration_ms(r.lease).max(1).to_string(),
+                fence.to_string(),
+                last.to_string(),
+            ]);
+        }
+        let (k, a) = (&keys, &args);
+        let answers = self
+            .each(|m| self.eval_on::<Vec<i64>>(m, &self.write, k, a))
+            .await;
+        claims
+            .iter()
+            .enumerate()
+            .map(|(i, (r, _, _))| {
+                answers
+                    .iter()
+                    .zip(&self.masters)
+                    .filter(|(a, m)| {
+                        matches!(a, Some(Ok(done)) if done.get(i) == Some(&1))
+                            && self.counts(m, r.lease)
+                    })
+                    .count()
+            })
+            .collect()
+    }
+}
+
+/// The lease's validity after `elapsed`: lease − elapsed − (1% + 2 ms).
+fn validity(lease: Duration, elapsed: Duration) -> Option<Duration> {
+    lease.checked_sub(elapsed + lease / 100 + Duration::from_millis(2))
+}
+
+/// The median of the masters' clocks.
+fn median(mut times: Vec<i64>) -> Option<i64> {
+    times.sort_unstable();
+    times.get(times.len() / 2).copied()
+}
+
+fn jitter() -> Duration {
+    let mut b = [0u8; 1];
+    let r = if getrandom::fill(&mut b).is_ok() {
+        u64::from(b[0])
+    } else {
+        u64::from(Utc::now().timestamp_subsec_micros() % 256)
+    };
+    Duration::from_millis(1 + r * SPLIT_PAUSE_MAX_MS / 256)
+}
+
+impl Master {
+    fn life(&self) -> std::sync::MutexGuard<'_, Life> {
+        self.life
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn connection(&self, op_timeout: Duration) -> Result<ConnectionManager, StoreError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = ConnectionManager::new_with_config(self.client.clone(), manager_config(op_timeout))
+            .await
+            .map_err(|e| store_error(&self.url, &e))?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Reads `run_id` from `INFO server`: a new one is a restart.
+    fn observe(&self, info: &str) {
+        let Some(run_id) = info.lines().find_map(|l| l.trim().strip_prefix("run_id:")) else {
+            return;
+        };
+        let mut life = self.life();
+        match life.run_id.as_deref() {
+            Some(known) if known != run_id => {
+                tracing::warn!(
+                    master = %self.url,
+                    "Redis master restarted (its run_id changed): it may have lost leases and fences, so it counts in no quorum for one lease length of each job"
+                );
+                life.restarted_at = Some(Instant::now());
+            }
+            _ => {}
+        }
+        if life.run_id.as_deref() != Some(run_id) {
+            life.run_id = Some(run_id.to_string());
+        }
+    }
+
+    fn answered(&self) {
+        if let Some(since) = self.life().failing_since.take() {
+            tracing::info!(master = %self.url, "Redis master answers again after {:?}", since.elapsed());
+        }
+    }
+
+    fn failed(&self, e: &StoreError) {
+        let mut life = self.life();
+        if life.failing_since.is_none() {
+            life.failing_since = Some(Instant::now());
+            tracing::warn!(master = %self.url, "Redis master does not answer ({e}): claims go on while a majority does");
+        }
+    }
+}
+
+#[async_trait]
+impl Locks for RedlockStore {
+    async fn prepare(&self) -> Result<(), StoreError> {
+        let answers = self
+            .each(|m| async move {
+                let mut conn = m.connection(self.op_timeout).await?;
+                for script in self.scripts() {
+                    script
+                        .prepare_invoke()
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(|e| store_error(&m.url, &e))?;
+                }
+                let info: String = redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| store_error(&m.url, &e))?;
+                m.observe(&info);
+                Ok(())
+            })
+            .await;
+        self.quorum(answers).map(|_| ())
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
+        if requests.is_empty() {
+            return self.clock().await.map(|store_now| Claimed {
+                store_now,
+                outcomes: Vec::new(),
+            });
+        }
+        let started = Instant::now();
+        let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
+        // Requests whose lease is ours on a majority, with their tallies.
+        let mut ours: Vec<(usize, Tally)> = Vec::new();
+        let mut pending: Vec<usize> = (0..requests.len()).collect();
+        let mut clocks = Vec::new();
+        for round in 0..SPLIT_ROUNDS {
+            let answers = self.take_leases(requests, &pending).await;
+            clocks.extend(answers.iter().filter_map(|a| {
+                a.as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|(now, _)| *now)
+            }));
+            let mut split = Vec::new();
+            let mut undecided = Vec::new();
+            let mut give_back = Vec::new();
+            for (slot, &i) in pending.iter().enumerate() {
+                let req = &requests[i];
+                let t = self.tally(&answers, slot, req);
+                if t.errors.len() >= self.majority() {
+                    outcomes[i] = Some(ClaimOutcome::Failed(format!(
+                        "the claim of job {} failed in the servers: {}",
+                        req.job,
+                        one_line(&t.errors[0])
+                    )));
+                    if !t.taken.is_empty() {
+                        give_back.push(req);
+                    }
+                    continue;
+                }
+                match self.vote(&t, req) {
+                    Vote::Ours => ours.push((i, t)),
+                    Vote::Held { holder, remaining } => {
+                        if !t.taken.is_empty() {
+                            give_back.push(req);
+                        }
+                        outcomes[i] = Some(ClaimOutcome::Lost(Lost {
+                            holder: Some(holder),
+                            remaining,
+                            last_occurrence: t.last.map(from_ms),
+                            fence: t.fence,
+                            too_early: false,
+                        }));
+                    }
+                    Vote::Split { holder } => {
+                        if !t.taken.is_empty() {
+                            give_back.push(req);
+                        }
+                        if round + 1 == SPLIT_ROUNDS {
+                            // Still split: report a short wait, so the node
+                            // claims again soon instead of giving up.
+                            outcomes[i] = Some(ClaimOutcome::Lost(Lost {
+                                holder: holder.or_else(|| Some("(split vote)".into())),
+                                remaining: jitter(),
+                                last_occurrence: t.last.map(from_ms),
+                                fence: t.fence,
+                                too_early: false,
+                            }));
+                        } else {
+                            split.push(i);
+                        }
+                    }
+                    Vote::Undecided => {
+                        if !t.taken.is_empty() {
+                            give_back.push(req);
+                        }
+                        undecided.push(i);
+                    }
+                }
+            }
+            self.give_back(&give_back).await;
+            if !undecided.is_empty() {
+                let ours_taken: Vec<&ClaimRequest> = ours
+                    .iter()
+                    .map(|(i, _)| &requests[*i])
+                    .filter(|r| !r.recheck_only)
+                    .collect();
+                self.give_back(&ours_taken).await;
+                let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+                return Err(self.unavailable(format!(
+                    "{answered} of {} Redis masters answered and could count; a majority ({}) must (a master that restarted counts for no quorum for one lease length)",
+                    self.masters.len(),
+                    self.majority()
+                )));
+            }
+            if split.is_empty() {
+                break;
+            }
+            tokio::time::sleep(jitter()).await;
+            pending = split;
+        }
+        let store_now = median(clocks).unwrap_or_default();
+
+        // Phase 2: decide on what the masters reported, write the wins.
+        let mut to_write: Vec<(usize, i64, i64, crate::store::Won)> = Vec::new();
+        let mut refused = Vec::new();
+        for (i, t) in ours {
+            let req = &requests[i];
+            let row = LockRow {
+                owner: t.fence_owner.clone(),
+                fence: i64::try_from(t.fence).unwrap_or(i64::MAX),
+                expires_at: 0,
+                last_occurrence: t.last,
+                now: store_now,
+            };
+            match decide(&row, req) {
+                // A recheck answers an earlier win as it stands.
+                Decision::Claim { won, .. } if req.recheck_only => {
+                    outcomes[i] = Some(ClaimOutcome::Won(won));
+                }
+                Decision::Claim {
+                    fence,
+                    last_occurrence,
+                    won,
+                    ..
+                } => to_write.push((i, fence, last_occurrence, won)),
+                Decision::Refuse(mut lost) => {
+                    if t.ours_before >= self.majority() {
+                        // The lease was ours before this claim: say so.
+                        lost.holder = Some(req.owner.as_str().to_string());
+                        let mut p = t.ours_pttl.clone();
+                        p.sort_unstable();
+                        let left = p.len().checked_sub(self.majority()).map_or(0, |k| p[k]);
+                        lost.remaining = Duration::from_millis(left.max(0) as u64);
+                    }
+                    if !t.taken.is_empty() && !req.recheck_only {
+                        refused.push(req);
+                    }
+                    outcomes[i] = Some(ClaimOutcome::Lost(lost));
+                }
+                Decision::FenceExhausted => {
+                    if !t.taken.is_empty() {
+                        refused.push(req);
+                    }
+                    outcomes[i] = Some(ClaimOutcome::Failed(fence_exhausted(req.job.as_str())));
+                }
+            }
+        }
+        self.give_back(&refused).await;
+        if !to_write.is_empty() {
+            let valid_before = to_write
+                .iter()
+                .all(|(i, ..)| validity(requests[*i].lease, started.elapsed()).is_some());
+            let written = if valid_before {
+                let claims: Vec<(&ClaimRequest, i64, i64)> = to_write
+                    .iter()
+                    .map(|(i, f, l, _)| (&requests[*i], *f, *l))
+                    .collect();
+                self.write_claims(&claims).await
+            } else {
+                vec![0; to_write.len()]
+            };
+            let elapsed = started.elapsed();
+            let mut short = Vec::new();
+            for ((i, _, _, won), n) in to_write.into_iter().zip(written) {
+                let req = &requests[i];
+                if n >= self.majority() && validity(req.lease, elapsed).is_some() {
+                    outcomes[i] = Some(ClaimOutcome::Won(won));
+                } else {
+                    short.push((req, n));
+                }
+            }
+            if let Some((first, n)) = short.first() {
+                let jobs: Vec<&ClaimRequest> = short.iter().map(|(r, _)| *r).collect();
+                self.give_back(&jobs).await;
+                // Written on some masters maybe: the node retries these as
+                // unanswered claims, and a win that did land is answered again.
+                return Err(self.unavailable(format!(
+                    "the claim of job {} (and {} more) was written on {n} of {} Redis masters within its lease's validity ({:?} elapsed); a majority ({}) must: its leases were given back",
+                    first.job,
+                    short.len() - 1,
+                    self.masters.len(),
+                    elapsed,
+                    self.majority()
+                )));
+            }
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .zip(requests)
+            .map(|(o, r)| {
+                o.unwrap_or_else(|| {
+                    ClaimOutcome::Failed(format!("the claim of job {} was not decided", r.job))
+                })
+            })
+            .collect();
+        Ok(Claimed {
+            store_now: from_ms(store_now),
+            outcomes,
+        })
+    }
+
+    async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
+        let answers = self.each(|m| self.cmd_on::<(i64, i64)>(m, "TIME")).await;
+        let times = self
+            .quorum(answers)?
+            .into_iter()
+            .map(|(_, (s, us))| s.saturating_mul(1000).saturating_add(us / 1000))
+            .collect();
+        Ok(from_ms(median(times).unwrap_or_default()))
+    }
+
+    async fn renew_many(
+        &self,
+        owner: &Owner,
+        renewals: &[Renewal],
+    ) -> Result<Vec<bool>, StoreError> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let started = Instant::now();
+        let keys: Vec<String> = renewals
+            .iter()
+            .map(|r| self.key(r.job.as_str(), "lease"))
+            .collect();
+        let mut args = vec![owner.as_str().to_string()];
+        args.extend(
+            renewals
+                .iter()
+                .map(|r| duration_ms(r.lease).max(1).to_string()),
+        );
+        let (k, a) = (&keys, &args);
+        let answers = self
+            .each(|m| self.eval_on::<Vec<i64>>(m, &self.renew, k, a))
+            .await;
+        let answered = self.quorum(answers)?;
+        let elapsed = started.elapsed();
+        Ok(renewals
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let extended = answered
+                    .iter()
+                    .filter(|(m, done)| {
+                        done.get(i) == Some(&1) && self.counts(&self.masters[*m], r.lease)
+                    })
+                    .count();
+                extended >= self.majority() && validity(r.lease, elapsed).is_some()
+            })
+            .collect())
+    }
+
+    async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let keys: Vec<String> = jobs.iter().map(|j| self.key(j.as_str(), "lease")).collect();
+        let args = [owner.as_str().to_string()];
+        let (k, a) = (&keys, &args);
+        let answers = self
+            .each(|m| self.eval_on::<i64>(m, &self.release, k, a))
+            .await;
+        let released = self.quorum(answers)?;
+        Ok(released
+            .into_iter()
+            .map(|(_, n)| n.max(0) as usize)
+            .max()
+            .unwrap_or(0))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let answers = self.each(|m| self.cmd_on::<String>(m, "PING")).await;
+        self.quorum(answers).map(|_| ())
+    }
+
+    async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
+        let answers = self.each(|m| self.status_of(m)).await;
+        let answered = self.quorum(answers)?;
+        let mut jobs: BTreeMap<String, Vec<MasterLock>> = BTreeMap::new();
+        for (_, locks) in answered {
+            for l in locks {
+                jobs.entry(l.job.clone()).or_default().push(l);
+            }
+        }
+        let m = self.majority();
+        Ok(jobs
+            .into_iter()
+            .map(|(job, locks)| {
+                let top = locks.iter().max_by_key(|l| l.fence);
+                let mut holders: HashMap<&str, Vec<i64>> = HashMap::new();
+                for l in &locks {
+                    if let Some(h) = &l.holder {
+                        holders.entry(h).or_default().push(l.pttl);
+                    }
+                }
+                let live = holders
+                    .into_iter()
+                    .filter(|(_, p)| p.len() >= m)
+                    .max_by_key(|(_, p)| p.len())
+                    .map(|(h, mut p)| {
+                        p.sort_unstable();
+                        (h.to_string(), p[p.len() - m].max(0) as u64)
+                    });
+                LockStatus {
+                    job,
+                    holder: live.as_ref().map(|(h, _)| h.clone()),
+                    lease_remaining_ms: live.map_or(0, |(_, left)| left),
+                    fence: top.map_or(0, |l| l.fence),
+                    last_occurrence: locks.iter().filter_map(|l| l.last).max().map(from_ms),
+                    last_owner: top.and_then(|l| l.owner.clone()),
+                }
+            })
+            .collect())
+    }
+
+    fn describe(&self) -> &str {
+        self.url.redacted()
+    }
+}
+
+/// One master's view of one job's lock, for `status`.
+struct MasterLock {
+    job: String,
+    fence: u64,
+    last: Option<i64>,
+    owner: Option<String>,
+    holder: Option<String>,
+    pttl: i64,
+}
+
+impl RedlockStore {
+    async fn scan_on(&self, master: &Master, kind: &str) -> Result<Vec<String>, StoreError> {
+        let mut conn = master.connection(self.op_timeout).await?;
+        let pattern = format!("{}{{*}}:{kind}", glob_escape(&self.prefix));
+        let mut cursor: u64 = 0;
+        let mut keys = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| store_error(&master.url, &e))?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    fn job_of(&self, key: &str, kind: &str) -> Option<String> {
+        key.strip_prefix(&self.prefix)?
+            .strip_prefix('{')?
+            .strip_suffix(&format!("}}:{kind}"))
+            .map(str::to_string)
+    }
+
+    async fn status_of(&self, master: &Master) -> Result<Vec<MasterLock>, StoreError> {
+        let jobs: Vec<String> = self
+            .scan_on(master, "state")
+            .await?
+            .iter()
+            .filter_map(|k| self.job_of(k, "state"))
+            .collect();
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for job in &jobs {
+            pipe.cmd("HMGET")
+                .arg(self.key(job, "state"))
+                .arg("fence")
+                .arg("last_occurrence")
+                .arg("owner");
+            pipe.cmd("GET").arg(self.key(job, "lease"));
+            pipe.cmd("PTTL").arg(self.key(job, "lease"));
+        }
+        let mut conn = master.connection(self.op_timeout).await?;
+        let replies: Vec<redis::Value> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| store_error(&master.url, &e))?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for (job, chunk) in jobs.into_iter().zip(replies.chunks(3)) {
+            let [state, holder, pttl] = chunk else {
+                continue;
+            };
+            let malformed = |e: redis::ParsingError| StoreError::Backend {
+                store: master.url.redacted().into(),
+                reason: format!("unexpected reply for {job}: {e}"),
+            };
+            let state: (Option<String>, Option<i64>, Option<String>) =
+                redis::from_redis_value(state.clone()).map_err(malformed)?;
+            out.push(MasterLock {
+                fence: state.0.and_then(|f| f.parse().ok()).unwrap_or(0),
+                last: state.1,
+                owner: state.2,
+                holder: redis::from_redis_value(holder.clone()).map_err(malformed)?,
+                pttl: redis::from_redis_value(pttl.clone()).map_err(malformed)?,
+                job,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn runs_on(
+        &self,
+        master: &Master,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let keys = match job {
+            Some(job) => vec![self.key(job.as_str(), "runs")],
+            None => self.scan_on(master, "runs").await?,
+        };
+        let mut conn = master.connection(self.op_timeout).await?;
+        let mut runs = Vec::new();
+        for key in keys {
+            let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+                .arg(&key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(limit)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| store_error(&master.url, &e))?;
+            let job = self.job_of(&key, "runs").unwrap_or_default();
+            runs.extend(entries.into_iter().map(|(id, fields)| {
+                run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
+            }));
+        }
+        Ok(runs)
+    }
+}
+
+#[async_trait]
+impl History for RedlockStore {
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let (keys, args) = record_args(runs, keep, &self.prefix);
+        let (k, a) = (&keys, &args);
+        let answers = self
+            .each(|m| self.eval_on::<i64>(m, &self.record, k, a))
+            .await;
+        self.quorum(answers).map(|_| ())
+    }
+
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let answers = self.each(|m| self.runs_on(m, job, limit)).await;
+        // A run is on a majority at least: the union of a majority's
+        // histories has every run, once per (job, fence).
+        let mut seen = HashSet::new();
+        let mut runs: Vec<RunRecord> = Vec::new();
+        let mut answered = self.quorum(answers)?;
+        // The most complete history first, so its copy of a run is kept.
+        answered.sort_by_key(|(_, r)| Reverse(r.len()));
+        for (_, list) in answered {
+            for run in list {
+                if seen.insert((run.job.clone(), run.fence)) {
+                    runs.push(run);
+                }
+            }
+        }
+        newest_first(&mut runs, limit);
+        Ok(runs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn validity_leaves_one_percent_and_two_ms() {
+        let lease = Duration::from_millis(2_000);
+        assert_eq!(
+            validity(lease, Duration::from_millis(1_000)),
+            Some(Duration::from_millis(978))
+        );
+        assert_eq!(
+            validity(lease, Duration::from_millis(1_978)),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(validity(lease, Duration::from_millis(1_979)), None);
+    }
+
+    #[test]
+    fn the_clock_is_the_median_master() {
+        assert_eq!(median(vec![5, 1, 9]), Some(5));
+        assert_eq!(median(vec![7, 1, 9, 3, 100]), Some(7));
+        assert_eq!(median(Vec::new()), None);
+    }
+}

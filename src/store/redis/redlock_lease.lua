@@ -1,0 +1,52 @@
+-- Redlock, phase 1 on one master (docs/protocol.md): per request, take the
+-- job's lease key where it is free (SET NX PX) and report the job's state as
+-- this master has it. Nothing else is written here: whether a claim is won
+-- is decided by the node over a majority of masters, never by one master.
+-- Per request i (from 1): KEYS[2i-1] the lease key, KEYS[2i] the state hash
+-- (fence, last_occurrence, owner); ARGV[2i-1] the owner, ARGV[2i] the lease
+-- (ms), or "0" to take nothing (a recheck only reads).
+-- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner}, ...}}:
+-- got 2 the lease was the owner's already, 1 taken now, 0 held by another
+-- (holder, pttl) or free and not taken (a recheck), -2 the request failed in
+-- the server (holder = the error). fence is a decimal string, last -1 when
+-- none, holder and state_owner false when none.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function take(lease_key, state_key, owner, lease_ms)
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner')
+  local fence = state[1] or '0'
+  local last = tonumber(state[2]) or -1
+  local holder = redis.call('GET', lease_key)
+  if holder == owner then
+    return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false}
+  end
+  if holder then
+    local pttl = redis.call('PTTL', lease_key)
+    if pttl == -1 then
+      -- A lease with no expiry (a hand SET or PERSIST) would block the job
+      -- forever: give it one lease from now.
+      redis.call('PEXPIRE', lease_key, lease_ms)
+      pttl = tonumber(lease_ms)
+    end
+    return {0, holder, pttl, fence, last, state[3] or false}
+  end
+  if lease_ms == '0' then
+    return {0, false, 0, fence, last, state[3] or false}
+  end
+  redis.call('SET', lease_key, owner, 'PX', lease_ms)
+  return {1, owner, tonumber(lease_ms), fence, last, state[3] or false}
+end
+
+local replies = {}
+for i = 1, #KEYS / 2 do
+  local ok, reply = pcall(take, KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], ARGV[2 * i])
+  if ok then
+    replies[i] = reply
+  else
+    local e = reply
+    if type(e) == 'table' then e = e.err or 'error' end
+    replies[i] = {-2, tostring(e), 0, '0', -1, false}
+  end
+end
+return {now_ms, replies}

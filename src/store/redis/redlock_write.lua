@@ -1,0 +1,31 @@
+-- Redlock, phase 2 on one master (docs/protocol.md): per claim the node won
+-- on a majority of leases, write its fence and occurrence, only where the
+-- lease is still the owner's, and extend that lease to its full length.
+-- Per request i: KEYS[2i-1] the lease key, KEYS[2i] the state hash;
+-- ARGV[4(i-1)+1..4] owner, lease (ms), fence (decimal), last occurrence (ms).
+-- A fence lower than the one stored is not written (a master that missed
+-- phase 1's read may know a newer claim): that master does not count.
+-- Reply: per request 1 written, 0 not (the lease is not the owner's here,
+-- or the stored fence is higher).
+local function greater(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local done = {}
+for i = 1, #KEYS / 2 do
+  local a = 4 * (i - 1)
+  local lease_key, state_key = KEYS[2 * i - 1], KEYS[2 * i]
+  local owner, fence = ARGV[a + 1], ARGV[a + 3]
+  done[i] = 0
+  if redis.call('GET', lease_key) == owner then
+    local stored = redis.call('HGET', state_key, 'fence') or '0'
+    if not greater(stored, fence) then
+      redis.call('PEXPIRE', lease_key, ARGV[a + 2])
+      redis.call('HSET', state_key, 'fence', fence, 'last_occurrence', ARGV[a + 4], 'owner', owner, 'modified_at', now)
+      done[i] = 1
+    end
+  end
+end
+return done
