@@ -450,6 +450,7 @@ macro_rules! per_store {
         mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
         mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
         mod sentinel { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sentinel) } )* }
+        mod redlock { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redlock) } )* }
     };
 }
 

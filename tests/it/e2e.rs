@@ -114,3 +114,8 @@ fn failover_redis() {
 fn failover_sentinel() {
     failover(Backend::Sentinel);
 }
+
+#[test]
+fn failover_redlock() {
+    failover(Backend::Redlock);
+}

@@ -516,6 +516,11 @@ impl RedisServer {
         panic!("redis-server on port {} did not start", self.port);
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     /// Kills it (SIGKILL: an abrupt outage).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -606,6 +611,11 @@ impl MariaDbServer {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("mariadbd on port {} did not start", self.port);
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
     }
 
     /// Kills it (SIGKILL: an abrupt outage).

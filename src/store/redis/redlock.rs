@@ -180,6 +180,14 @@ impl RedlockStore {
         })
     }
 
+    /// Test-only: restarted masters count in quorums at once, to show the
+    /// double run that keeping them out prevents.
+    #[cfg(feature = "failpoints")]
+    pub fn without_quarantine(mut self) -> Self {
+        self.quarantine = false;
+        self
+    }
+
     /// How many masters make a majority.
     fn majority(&self) -> usize {
         self.masters.len() / 2 + 1
@@ -271,7 +279,7 @@ impl RedlockStore {
         args: &[String],
     ) -> Result<T, StoreError> {
         let mut conn = master.connection(self.op_timeout).await?;
-        let replies: Vec<redis::Value> = eval_loading(&mut conn, &self.scripts(), || {
+        let build = || {
             let mut pipe = redis::pipe();
             pipe.cmd("INFO").arg("server");
             pipe.cmd("EVALSHA")
@@ -280,9 +288,17 @@ impl RedlockStore {
                 .arg(keys)
                 .arg(args);
             pipe
-        })
-        .await
-        .map_err(|e| store_error(&master.url, &e))?;
+        };
+        let replies: Vec<redis::Value> =
+            match eval_loading(&mut conn, &self.scripts(), build).await {
+                // The connection broke (the master restarted): the manager
+                // connects again, and every script here may run twice.
+                Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                    eval_loading(&mut conn, &self.scripts(), build).await
+                }
+                other => other,
+            }
+            .map_err(|e| store_error(&master.url, &e))?;
         let malformed = |reason: String| StoreError::Backend {
             store: master.url.redacted().into(),
             reason,
@@ -441,6 +457,13 @@ impl RedlockStore {
         } else {
             Vote::Undecided
         }
+    }
+
+    /// Whether the leases of a claim that does not go on are given back:
+    /// those this call took, unless the lease was ours on a majority before
+    /// (a run of the job may be going on under it).
+    fn takes_back(&self, t: &Tally) -> bool {
+        !t.taken.is_empty() && t.ours_before < self.majority()
     }
 
     /// Gives back the leases this call took for `jobs` (owner-checked).
@@ -624,7 +647,7 @@ impl Locks for RedlockStore {
                         req.job,
                         one_line(&t.errors[0])
                     )));
-                    if !t.taken.is_empty() {
+                    if self.takes_back(&t) {
                         give_back.push(req);
                     }
                     continue;
@@ -632,7 +655,7 @@ impl Locks for RedlockStore {
                 match self.vote(&t, req) {
                     Vote::Ours => ours.push((i, t)),
                     Vote::Held { holder, remaining } => {
-                        if !t.taken.is_empty() {
+                        if self.takes_back(&t) {
                             give_back.push(req);
                         }
                         outcomes[i] = Some(ClaimOutcome::Lost(Lost {
@@ -644,7 +667,7 @@ impl Locks for RedlockStore {
                         }));
                     }
                     Vote::Split { holder } => {
-                        if !t.taken.is_empty() {
+                        if self.takes_back(&t) {
                             give_back.push(req);
                         }
                         if round + 1 == SPLIT_ROUNDS {
@@ -662,24 +685,24 @@ impl Locks for RedlockStore {
                         }
                     }
                     Vote::Undecided => {
-                        if !t.taken.is_empty() {
+                        if self.takes_back(&t) {
                             give_back.push(req);
                         }
-                        undecided.push(i);
+                        undecided.push(t.counted);
                     }
                 }
             }
             self.give_back(&give_back).await;
-            if !undecided.is_empty() {
-                let ours_taken: Vec<&ClaimRequest> = ours
+            if let Some(counted) = undecided.iter().min() {
+                let taken: Vec<&ClaimRequest> = ours
                     .iter()
+                    .filter(|(_, t)| self.takes_back(t))
                     .map(|(i, _)| &requests[*i])
-                    .filter(|r| !r.recheck_only)
                     .collect();
-                self.give_back(&ours_taken).await;
+                self.give_back(&taken).await;
                 let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
                 return Err(self.unavailable(format!(
-                    "{answered} of {} Redis masters answered and could count; a majority ({}) must (a master that restarted counts for no quorum for one lease length)",
+                    "{answered} of {} Redis masters answered and {counted} of them count for this lease; a majority ({}) must (a master that restarted counts in no quorum for one lease length)",
                     self.masters.len(),
                     self.majority()
                 )));
@@ -693,7 +716,9 @@ impl Locks for RedlockStore {
         let store_now = median(clocks).unwrap_or_default();
 
         // Phase 2: decide on what the masters reported, write the wins.
-        let mut to_write: Vec<(usize, i64, i64, crate::store::Won)> = Vec::new();
+        // (request, fence, occurrence, answer, whether to give its leases
+        // back if the write falls short)
+        let mut to_write: Vec<(usize, i64, i64, crate::store::Won, bool)> = Vec::new();
         let mut refused = Vec::new();
         for (i, t) in ours {
             let req = &requests[i];
@@ -714,8 +739,11 @@ impl Locks for RedlockStore {
                     last_occurrence,
                     won,
                     ..
-                } => to_write.push((i, fence, last_occurrence, won)),
+                } => to_write.push((i, fence, last_occurrence, won, self.takes_back(&t))),
                 Decision::Refuse(mut lost) => {
+                    if self.takes_back(&t) {
+                        refused.push(req);
+                    }
                     if t.ours_before >= self.majority() {
                         // The lease was ours before this claim: say so.
                         lost.holder = Some(req.owner.as_str().to_string());
@@ -724,13 +752,10 @@ impl Locks for RedlockStore {
                         let left = p.len().checked_sub(self.majority()).map_or(0, |k| p[k]);
                         lost.remaining = Duration::from_millis(left.max(0) as u64);
                     }
-                    if !t.taken.is_empty() && !req.recheck_only {
-                        refused.push(req);
-                    }
                     outcomes[i] = Some(ClaimOutcome::Lost(lost));
                 }
                 Decision::FenceExhausted => {
-                    if !t.taken.is_empty() {
+                    if self.takes_back(&t) {
                         refused.push(req);
                     }
                     outcomes[i] = Some(ClaimOutcome::Failed(fence_exhausted(req.job.as_str())));
@@ -745,7 +770,7 @@ impl Locks for RedlockStore {
             let written = if valid_before {
                 let claims: Vec<(&ClaimRequest, i64, i64)> = to_write
                     .iter()
-                    .map(|(i, f, l, _)| (&requests[*i], *f, *l))
+                    .map(|(i, f, l, ..)| (&requests[*i], *f, *l))
                     .collect();
                 self.write_claims(&claims).await
             } else {
@@ -753,16 +778,20 @@ impl Locks for RedlockStore {
             };
             let elapsed = started.elapsed();
             let mut short = Vec::new();
-            for ((i, _, _, won), n) in to_write.into_iter().zip(written) {
+            for ((i, _, _, won, takes_back), n) in to_write.into_iter().zip(written) {
                 let req = &requests[i];
                 if n >= self.majority() && validity(req.lease, elapsed).is_some() {
                     outcomes[i] = Some(ClaimOutcome::Won(won));
                 } else {
-                    short.push((req, n));
+                    short.push((req, n, takes_back));
                 }
             }
-            if let Some((first, n)) = short.first() {
-                let jobs: Vec<&ClaimRequest> = short.iter().map(|(r, _)| *r).collect();
+            if let Some((first, n, _)) = short.first() {
+                let jobs: Vec<&ClaimRequest> = short
+                    .iter()
+                    .filter(|(.., takes_back)| *takes_back)
+                    .map(|(r, ..)| *r)
+                    .collect();
                 self.give_back(&jobs).await;
                 // Written on some masters maybe: the node retries these as
                 // unanswered claims, and a win that did land is answered again.

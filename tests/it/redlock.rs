@@ -1,0 +1,275 @@
+//! Redlock over five masters of the test's own, which it stops, freezes and
+//! restarts empty (no persistence):
+//! - two of five stopped, claims go on; three stopped, nothing is claimed
+//!   or run; back, they count again once a lease length has passed;
+//! - a master that came back empty counts in no quorum for one lease length:
+//!   without that, a claimer that reaches only the restarted masters and one
+//!   other wins an occurrence already won, with the same fence again;
+//! - masters restarted empty one after another during a cluster's run: every
+//!   occurrence runs once, fences in order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use cronlease::config::{JobName, Misfire, StoreConfig};
+use cronlease::store::redis::redlock::RedlockStore;
+use cronlease::store::{ClaimOutcome, ClaimRequest, Locks, Owner};
+
+use crate::cluster::{Cluster, Line, check_exactly_once};
+use crate::support::{Backend, RedisServer, store_url, unique};
+
+fn five_masters() -> Vec<RedisServer> {
+    (0..5)
+        .map(|_| {
+            let mut m = RedisServer::new(false);
+            m.start();
+            m
+        })
+        .collect()
+}
+
+fn urls(masters: &[RedisServer]) -> String {
+    masters
+        .iter()
+        .map(RedisServer::url)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Kills the master and starts it again on its port, empty.
+fn restart_empty(m: &mut RedisServer) {
+    m.stop();
+    m.start();
+}
+
+/// No occurrence twice, fences increasing with the occurrences (gaps
+/// allowed: a majority of masters was down for some of them).
+fn check_once_in_order(lines: &[Line], report: &str) {
+    let mut sorted = lines.to_vec();
+    sorted.sort_by_key(|l| l.occurrence);
+    for w in sorted.windows(2) {
+        assert_ne!(
+            w[0].occurrence, w[1].occurrence,
+            "occurrence ran twice: {:?} {:?}\n{report}",
+            w[0], w[1]
+        );
+        assert!(
+            w[0].fence < w[1].fence,
+            "fence not increasing: {:?} then {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+#[test]
+fn a_majority_of_masters_claims_and_a_minority_claims_nothing() {
+    let mut masters = five_masters();
+    let mut c = Cluster::with_url(Backend::Redlock, Some(&urls(&masters)), None, "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    c.wait_for("three runs", Duration::from_secs(20), |l| l.len() >= 3);
+
+    // Two of five stopped: the other three are a majority.
+    masters[3].stop();
+    masters[4].stop();
+    let two_down = Utc::now();
+    c.wait_for(
+        "four runs with two masters stopped",
+        Duration::from_secs(20),
+        |l| l.iter().filter(|x| x.occurrence > two_down).count() >= 4,
+    );
+
+    // Three stopped: no majority, nothing is claimed or run.
+    masters[2].stop();
+    let three_down = Utc::now();
+    std::thread::sleep(Duration::from_secs(4));
+    let during: Vec<Line> = c
+        .lines()
+        .into_iter()
+        .filter(|l| l.occurrence > three_down)
+        .collect();
+    let report = c.report();
+    assert!(
+        during.is_empty(),
+        "ran with three of five masters stopped: {during:?}\n{report}"
+    );
+
+    // Back, empty: they count again a lease length (2 s) after the nodes
+    // saw them come back.
+    for m in &mut masters[2..] {
+        m.start();
+    }
+    let back = Utc::now();
+    c.wait_for(
+        "three runs with the masters back",
+        Duration::from_secs(20),
+        |l| l.iter().filter(|x| x.occurrence > back).count() >= 3,
+    );
+    c.stop_all();
+    let report = c.report();
+    check_once_in_order(&c.lines(), &report);
+    let logs: String = ["n1", "n2", "n3"].iter().map(|n| c.log(n)).collect();
+    assert!(
+        logs.contains("Redis master does not answer"),
+        "a stopped master is logged\n{report}"
+    );
+}
+
+fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
+    ClaimRequest {
+        job: JobName::parse("j").unwrap(),
+        occurrence,
+        previous: None,
+        misfire: Misfire::RunOnce,
+        owner: Owner::from_raw(owner),
+        lease: Duration::from_secs(10),
+        fence_floor: 0,
+        max_offset: Duration::from_millis(500),
+        after_unanswered: false,
+        recheck_only: false,
+    }
+}
+
+/// Two nodes' stores over the same five masters; `quarantine` false turns
+/// the restarted masters' quarantine off (test-only).
+async fn two_stores(masters: &[RedisServer], quarantine: bool) -> [Arc<dyn Locks>; 2] {
+    let mut config = StoreConfig::new(store_url(
+        Backend::Redlock,
+        &urls(masters),
+        std::path::Path::new("/"),
+    ));
+    config.key_prefix = format!("cl:{}", unique("rl"));
+    config.op_timeout = Duration::from_millis(500);
+    let open = || -> Arc<dyn Locks> {
+        let store = RedlockStore::open(&config).unwrap();
+        if quarantine {
+            Arc::new(store)
+        } else {
+            Arc::new(store.without_quarantine())
+        }
+    };
+    let stores = [open(), open()];
+    for s in &stores {
+        // Each learns every master's run_id.
+        s.prepare().await.unwrap();
+    }
+    stores
+}
+
+/// Node a wins an occurrence while two masters are down, so its claim is on
+/// a bare majority (m0, m1, m2). m2 restarts empty and the two come back
+/// empty; m0 and m1 stop answering node b (frozen). Node b now reaches
+/// three masters, all empty: a quorum by count.
+async fn claim_after_restarts(quarantine: bool) -> (ClaimOutcome, Result<ClaimOutcome, String>) {
+    let mut masters = five_masters();
+    let [a, b] = two_stores(&masters, quarantine).await;
+    masters[3].stop();
+    masters[4].stop();
+    let t = cronlease::store::from_ms(Utc::now().timestamp_millis() / 1000 * 1000);
+    let first = a
+        .claim(&[request("a#1", t)])
+        .await
+        .unwrap()
+        .outcomes
+        .remove(0);
+    restart_empty(&mut masters[2]);
+    masters[3].start();
+    masters[4].start();
+    let frozen: Vec<Pid> = masters[..2]
+        .iter()
+        .map(|m| Pid::from_raw(m.pid().unwrap()))
+        .collect();
+    for p in &frozen {
+        kill(*p, Signal::SIGSTOP).unwrap();
+    }
+    // As a node would, b tries again after an error (its first call to a
+    // restarted master may find the old connection broken).
+    let mut second = Err(String::new());
+    for _ in 0..4 {
+        second = b
+            .claim(&[request("b#1", t)])
+            .await
+            .map(|mut c| c.outcomes.remove(0))
+            .map_err(|e| e.to_string());
+        if second.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for p in &frozen {
+        kill(*p, Signal::SIGCONT).unwrap();
+    }
+    (first, second)
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_back_empty_counts_in_no_quorum_for_a_lease_length() {
+    let (first, second) = claim_after_restarts(true).await;
+    assert!(
+        matches!(&first, ClaimOutcome::Won(w) if w.fence == 1),
+        "{first:?}"
+    );
+    // b reached the three restarted masters, and none counted.
+    assert!(
+        matches!(&second, Err(e) if e.contains("3 of 5 Redis masters answered and 0 of them count")),
+        "the occurrence a won was won again through masters that came back empty, or b did not reach them: {second:?}"
+    );
+
+    // Without the quarantine the same steps win the occurrence twice, with
+    // the same fence: what keeping restarted masters out prevents.
+    let (first, second) = claim_after_restarts(false).await;
+    assert!(
+        matches!(&first, ClaimOutcome::Won(w) if w.fence == 1),
+        "{first:?}"
+    );
+    assert!(
+        matches!(&second, Ok(ClaimOutcome::Won(w)) if w.fence == 1),
+        "without the quarantine the hazard should show: {second:?}"
+    );
+}
+
+#[test]
+fn masters_restarted_empty_one_after_another_run_nothing_twice() {
+    let mut masters = five_masters();
+    let mut c = Cluster::with_url(Backend::Redlock, Some(&urls(&masters)), None, "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    c.wait_for("three runs", Duration::from_secs(20), |l| l.len() >= 3);
+    // One restart every 1.3 s: at most two masters are kept out at once (a
+    // lease is 2 s), so three still count and nothing is missed.
+    let started = Utc::now();
+    for i in [0, 1, 2, 3, 4, 0, 1] {
+        restart_empty(&mut masters[i]);
+        std::thread::sleep(Duration::from_millis(1_300));
+    }
+    c.wait_for(
+        "three runs after the restarts",
+        Duration::from_secs(20),
+        |l| {
+            l.iter()
+                .filter(|x| x.occurrence > Utc::now() - chrono::TimeDelta::seconds(3))
+                .count()
+                >= 3
+        },
+    );
+    c.stop_all();
+    let report = c.report();
+    let lines = check_exactly_once(&c.lines(), &report);
+    assert!(
+        lines.iter().filter(|l| l.occurrence > started).count() >= 8,
+        "runs went on through the restarts\n{report}"
+    );
+    let logs: String = ["n1", "n2", "n3"].iter().map(|n| c.log(n)).collect();
+    assert!(
+        logs.contains("run_id changed"),
+        "a restart is seen and logged\n{report}"
+    );
+}
