@@ -613,11 +613,6 @@ impl MariaDbServer {
         panic!("mariadbd on port {} did not start", self.port);
     }
 
-    /// The server's process id, while it runs.
-    pub fn pid(&self) -> Option<i32> {
-        self.child.as_ref().map(|c| c.id() as i32)
-    }
-
     /// Kills it (SIGKILL: an abrupt outage).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
