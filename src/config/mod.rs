@@ -1861,6 +1861,41 @@ mod tests {
     }
 
     #[test]
+    fn redlock_masters_are_redacted_each_and_share_a_password_file() {
+        let u = StoreUrl::redlock(&[
+            "redis://:first-secret@a:6379/",
+            "redis://b:6379/",
+            "rediss://:third-secret@c:6380/",
+        ])
+        .unwrap();
+        let StoreKind::Redlock(masters) = u.kind() else {
+            panic!("{u:?}");
+        };
+        assert_eq!(masters.len(), 3);
+        assert_eq!(
+            u.to_string(),
+            "redlock[redis://:***@a:6379/,redis://b:6379/,rediss://:***@c:6380/]"
+        );
+        assert_eq!(
+            u.scrub("first-secret third-secret"),
+            "*** ***",
+            "every master's password is scrubbed"
+        );
+        let u = u.with_password("from-file").unwrap();
+        let StoreKind::Redlock(masters) = u.kind() else {
+            panic!("{u:?}");
+        };
+        assert!(masters.iter().all(|m| m.password() == Some("from-file")));
+        assert!(!u.to_string().contains("from-file"));
+        assert_eq!(u.scrub("from-file"), "***");
+        // Five is the other size; four is not a Redlock.
+        let five: Vec<String> = (1..=5).map(|i| format!("redis://h{i}:6379")).collect();
+        let five: Vec<&str> = five.iter().map(String::as_str).collect();
+        assert!(StoreUrl::redlock(&five).is_ok());
+        assert!(StoreUrl::redlock(&five[..4]).is_err());
+    }
+
+    #[test]
     fn sqlite_paths_resolve_against_the_config_dir() {
         let u = StoreUrl::parse("sqlite://locks.db", Path::new("/etc/cronlease")).unwrap();
         assert_eq!(
