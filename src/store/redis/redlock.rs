@@ -97,8 +97,10 @@ struct Life {
 
 /// One master's answer to phase 1 for one request.
 type LeaseEntry = (i64, Option<String>, i64, String, i64, Option<String>);
-/// Each master's phase-1 answer: its clock and an entry per request.
-type LeaseAnswers = Vec<Option<Result<(i64, Vec<LeaseEntry>), StoreError>>>;
+/// A master's phase-1 answer: its clock and an entry per request.
+type LeaseAnswer = Option<Result<(i64, Vec<LeaseEntry>), StoreError>>;
+/// Every master's phase-1 answer.
+type LeaseAnswers = Vec<LeaseAnswer>;
 
 /// What the masters said of one request in phase 1.
 #[derive(Debug, Default)]
@@ -162,10 +164,6 @@ impl RedlockStore {
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        #[cfg(feature = "failpoints")]
-        let quarantine = std::env::var_os("CRONLEASE_FAILPOINT_REDLOCK_NO_QUARANTINE").is_none();
-        #[cfg(not(feature = "failpoints"))]
-        let quarantine = true;
         Ok(RedlockStore {
             masters,
             url: config.url.clone(),
@@ -176,7 +174,7 @@ impl RedlockStore {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             record: Script::new(super::RECORD),
-            quarantine,
+            quarantine: true,
         })
     }
 
@@ -233,6 +231,22 @@ impl RedlockStore {
         F: Fn(&'a Master) -> Fut,
         Fut: Future<Output = Result<T, StoreError>> + 'a,
     {
+        self.each_until(call, |_| true).await
+    }
+
+    /// [`RedlockStore::each`], with the wait for stragglers starting only
+    /// once a majority answered **and** `settled` says the answers so far
+    /// decide everything the call asked (a master whose answer could still
+    /// change an outcome is waited for, up to `op_timeout`).
+    async fn each_until<'a, T, F, Fut>(
+        &'a self,
+        call: F,
+        settled: impl Fn(&[Option<Result<T, StoreError>>]) -> bool,
+    ) -> Vec<Option<Result<T, StoreError>>>
+    where
+        F: Fn(&'a Master) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + 'a,
+    {
         let mut pending: FuturesUnordered<_> = self
             .masters
             .iter()
@@ -244,8 +258,10 @@ impl RedlockStore {
             .collect();
         let mut answers: Vec<Option<Result<T, StoreError>>> =
             self.masters.iter().map(|_| None).collect();
-        let mut deadline = Instant::now() + self.op_timeout;
+        let started = Instant::now();
+        let mut deadline = started + self.op_timeout;
         let mut ok = 0;
+        let mut straggling = false;
         loop {
             tokio::select! {
                 next = pending.next() => {
@@ -255,16 +271,22 @@ impl RedlockStore {
                         Ok(_) => {
                             master.answered();
                             ok += 1;
-                            if ok == self.majority() {
-                                deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
-                            }
                         }
                         Err(e) if e.is_unreachable() => master.failed(e),
                         Err(_) => {}
                     }
                     answers[i] = Some(answer);
+                    if !straggling && ok >= self.majority() && settled(&answers) {
+                        straggling = true;
+                        deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
+                    }
                 }
                 () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        for (master, answer) in self.masters.iter().zip(&answers) {
+            if answer.is_none() {
+                master.failed(&StoreError::Timeout(started.elapsed()));
             }
         }
         answers
@@ -368,12 +390,26 @@ impl RedlockStore {
             });
         }
         let (keys, args) = (&keys, &args);
-        self.each(|m| self.eval_on(m, &self.lease, keys, args))
+        // Settled when each request has a majority for one owner.
+        let settled = |answers: &[LeaseAnswer]| {
+            which.iter().enumerate().all(|(slot, &i)| {
+                let t = self.tally(answers, slot, &requests[i]);
+                t.ours >= self.majority() || {
+                    let mut by_owner: HashMap<&str, usize> = HashMap::new();
+                    t.others.iter().any(|(o, _)| {
+                        let n = by_owner.entry(o).or_default();
+                        *n += 1;
+                        *n >= self.majority()
+                    })
+                }
+            })
+        };
+        self.each_until(|m| self.eval_on(m, &self.lease, keys, args), settled)
             .await
     }
 
     /// Counts the masters' phase-1 answers for request `slot` of the call.
-    fn tally(&self, answers: &LeaseAnswers, slot: usize, req: &ClaimRequest) -> Tally {
+    fn tally(&self, answers: &[LeaseAnswer], slot: usize, req: &ClaimRequest) -> Tally {
         let mut t = Tally::default();
         let mut best: Option<i128> = None;
         for (m, answer) in answers.iter().enumerate() {
@@ -494,19 +530,37 @@ impl RedlockStore {
             ]);
         }
         let (k, a) = (&keys, &args);
+        let leases: Vec<Duration> = claims.iter().map(|(r, ..)| r.lease).collect();
         let answers = self
-            .each(|m| self.eval_on::<Vec<i64>>(m, &self.write, k, a))
+            .each_until(
+                |m| self.eval_on::<Vec<i64>>(m, &self.write, k, a),
+                |answers| {
+                    self.done_counts(answers, &leases)
+                        .iter()
+                        .all(|n| *n >= self.majority())
+                },
+            )
             .await;
-        claims
+        self.done_counts(&answers, &leases)
+    }
+
+    /// Per request (of lease `leases[i]`), how many counted masters answered
+    /// 1 for it.
+    fn done_counts(
+        &self,
+        answers: &[Option<Result<Vec<i64>, StoreError>>],
+        leases: &[Duration],
+    ) -> Vec<usize> {
+        leases
             .iter()
             .enumerate()
-            .map(|(i, (r, _, _))| {
+            .map(|(i, lease)| {
                 answers
                     .iter()
                     .zip(&self.masters)
                     .filter(|(a, m)| {
                         matches!(a, Some(Ok(done)) if done.get(i) == Some(&1))
-                            && self.counts(m, r.lease)
+                            && self.counts(m, *lease)
                     })
                     .count()
             })
@@ -850,23 +904,24 @@ impl Locks for RedlockStore {
                 .map(|r| duration_ms(r.lease).max(1).to_string()),
         );
         let (k, a) = (&keys, &args);
+        let leases: Vec<Duration> = renewals.iter().map(|r| r.lease).collect();
         let answers = self
-            .each(|m| self.eval_on::<Vec<i64>>(m, &self.renew, k, a))
+            .each_until(
+                |m| self.eval_on::<Vec<i64>>(m, &self.renew, k, a),
+                |answers| {
+                    self.done_counts(answers, &leases)
+                        .iter()
+                        .all(|n| *n >= self.majority())
+                },
+            )
             .await;
-        let answered = self.quorum(answers)?;
+        let extended = self.done_counts(&answers, &leases);
+        self.quorum(answers)?;
         let elapsed = started.elapsed();
         Ok(renewals
             .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let extended = answered
-                    .iter()
-                    .filter(|(m, done)| {
-                        done.get(i) == Some(&1) && self.counts(&self.masters[*m], r.lease)
-                    })
-                    .count();
-                extended >= self.majority() && validity(r.lease, elapsed).is_some()
-            })
+            .zip(extended)
+            .map(|(r, n)| n >= self.majority() && validity(r.lease, elapsed).is_some())
             .collect())
     }
 
