@@ -136,6 +136,21 @@ pub enum StoreKind {
     /// Redlock over independent Redis masters (`store.urls`): each a
     /// `redis://` or `rediss://` URL of its own.
     Redlock(Vec<StoreUrl>),
+    /// A ZooKeeper ensemble (`zk://`).
+    ZooKeeper(ZkTarget),
+}
+
+/// Where a `zk://` URL points: the ensemble's servers and the node under
+/// which cronlease keeps its nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZkTarget {
+    /// The servers, `(host, port)` (port 2181 when not given).
+    pub servers: Vec<(String, u16)>,
+    /// The URL's path (`/` when none): cronlease's nodes go below it.
+    pub chroot: String,
+    /// The user for digest authentication, if any (its password is the
+    /// URL's or `password_file`'s).
+    pub username: Option<String>,
 }
 
 /// How many independent masters a Redlock store may have.
@@ -163,6 +178,92 @@ pub struct SentinelTarget {
 /// The most replicas `?wait=` may ask for: more is a typo, not a topology.
 const MAX_WAIT_REPLICAS: u32 = 64;
 
+/// `host[:port],host[:port]` (IPv6 as `[addr]:port`), `default_port` where
+/// none is given; `what` names a server in messages.
+fn parse_servers(hosts: &str, default_port: u16, what: &str) -> Result<Vec<(String, u16)>, String> {
+    let mut servers = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = if let Some(v6) = h.strip_prefix('[') {
+            let (host, after) = v6.split_once(']').ok_or_else(|| {
+                format!("{what} address {h:?}: an IPv6 address needs its closing ]")
+            })?;
+            (host, after.strip_prefix(':'))
+        } else {
+            match h.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (h, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!(
+                "expected a {what} address (host or host:port) before each comma and before the /"
+            ));
+        }
+        let port =
+            match port {
+                None => default_port,
+                Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                    format!("{what} address {h:?}: expected a port from 1 to 65535")
+                })?,
+            };
+        servers.push((host.to_string(), port));
+    }
+    Ok(servers)
+}
+
+/// `user[:password]` of a URL's userinfo, percent-decoded; empty parts are none.
+fn parse_userinfo(userinfo: Option<&str>) -> (Option<String>, Option<String>) {
+    match userinfo {
+        None => (None, None),
+        Some(u) => {
+            let (user, pass) = u.split_once(':').map_or((u, None), |(a, b)| (a, Some(b)));
+            let user = Some(percent_decode(user)).filter(|u| !u.is_empty());
+            (user, pass.map(percent_decode).filter(|p| !p.is_empty()))
+        }
+    }
+}
+
+/// Parses the part of `zk://[user[:password]@]host[:port],host[:port][/chroot]`
+/// after the scheme; returns the target and the password.
+fn parse_zk(rest: &str) -> Result<(ZkTarget, Option<String>), String> {
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if path.contains('?') || authority.contains('?') {
+        return Err("zk:// URLs take no query parameters".into());
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (username, password) = parse_userinfo(userinfo);
+    let servers = parse_servers(hosts, 2181, "ZooKeeper server")?;
+    let chroot = percent_decode(path.trim_end_matches('/'));
+    if chroot
+        .split('/')
+        .skip(1)
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
+        return Err(format!(
+            "invalid ZooKeeper path {chroot:?}: expected /name/name (no empty, . or .. parts)"
+        ));
+    }
+    let chroot = if chroot.is_empty() {
+        "/".to_string()
+    } else {
+        chroot
+    };
+    Ok((
+        ZkTarget {
+            servers,
+            chroot,
+            username,
+        },
+        password,
+    ))
+}
+
 /// Parses the part of `redis+sentinel://[user[:password]@]host[:port],host[:port]/MASTER[?wait=N&wait_timeout=D]`
 /// after the scheme; returns the target and the password.
 fn parse_sentinel(rest: &str) -> Result<(SentinelTarget, Option<String>), String> {
@@ -173,38 +274,8 @@ fn parse_sentinel(rest: &str) -> Result<(SentinelTarget, Option<String>), String
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
-    let (username, password) = match userinfo {
-        None => (None, None),
-        Some(u) => {
-            let (user, pass) = u.split_once(':').map_or((u, None), |(a, b)| (a, Some(b)));
-            let user = Some(percent_decode(user)).filter(|u| !u.is_empty());
-            (user, pass.map(percent_decode).filter(|p| !p.is_empty()))
-        }
-    };
-    let mut sentinels = Vec::new();
-    for h in hosts.split(',') {
-        let (host, port) = if let Some(v6) = h.strip_prefix('[') {
-            let (host, after) = v6.split_once(']').ok_or_else(|| {
-                format!("sentinel address {h:?}: an IPv6 address needs its closing ]")
-            })?;
-            (host, after.strip_prefix(':'))
-        } else {
-            match h.rsplit_once(':') {
-                Some((host, port)) => (host, Some(port)),
-                None => (h, None),
-            }
-        };
-        if host.is_empty() {
-            return Err("expected a sentinel address (host or host:port) before each comma and before the /".into());
-        }
-        let port = match port {
-            None => 26379,
-            Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                format!("sentinel address {h:?}: expected a port from 1 to 65535")
-            })?,
-        };
-        sentinels.push((host.to_string(), port));
-    }
+    let (username, password) = parse_userinfo(userinfo);
+    let sentinels = parse_servers(hosts, 26379, "sentinel")?;
     let (master, query) = tail.split_once('?').unwrap_or((tail, ""));
     let master = percent_decode(master);
     if master.is_empty() || master.contains('/') {
@@ -310,13 +381,33 @@ impl StoreUrl {
                 secret,
             });
         }
+        if scheme == "zk" {
+            let rest = raw["zk:".len()..].strip_prefix("//").ok_or_else(|| {
+                format!(
+                    "invalid store URL {redacted_input:?}: expected zk://host:2181,host:2181/path"
+                )
+            })?;
+            let (target, secret) =
+                parse_zk(rest).map_err(|m| format!("invalid store URL {redacted_input:?}: {m}"))?;
+            if secret.is_some() && target.username.is_none() {
+                return Err(format!(
+                    "invalid store URL {redacted_input:?}: a password needs a user (zk://user:password@host/...)"
+                ));
+            }
+            return Ok(StoreUrl {
+                kind: StoreKind::ZooKeeper(target),
+                url: raw.to_string(),
+                redacted: redacted_input,
+                secret,
+            });
+        }
         let kind = match scheme.as_str() {
             "mysql" | "mariadb" => StoreKind::Mysql,
             "postgres" | "postgresql" => StoreKind::Postgres,
             "redis" | "rediss" => StoreKind::Redis,
             other => {
                 return Err(format!(
-                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres://, redis:// or redis+sentinel://"
+                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres://, redis://, redis+sentinel:// or zk://"
                 ));
             }
         };
@@ -414,6 +505,16 @@ impl StoreUrl {
                 .collect::<Vec<_>>()
                 .join(",");
             self.kind = StoreKind::Redlock(masters);
+            self.secret = Some(password.to_string());
+            return Ok(self);
+        }
+        if let StoreKind::ZooKeeper(t) = &self.kind {
+            if t.username.is_none() {
+                return Err(
+                    "password_file is set but the zk:// URL names no user (zk://user@host/...)"
+                        .into(),
+                );
+            }
             self.secret = Some(password.to_string());
             return Ok(self);
         }
@@ -583,13 +684,14 @@ pub fn redact_url(raw: &str) -> String {
     redact_unparsed(raw)
 }
 
-/// A `redis+sentinel://` URL (several hosts: not one the url crate reads)
-/// with its password hidden and its sentinels kept; `None` for any other.
+/// A `redis+sentinel://` or `zk://` URL (several hosts: not one the url
+/// crate reads) with its password hidden and its hosts kept; `None` for any
+/// other.
 fn redact_sentinel_url(raw: &str) -> Option<String> {
-    let scheme = raw.get(.."redis+sentinel://".len())?;
-    if !scheme.eq_ignore_ascii_case("redis+sentinel://") {
-        return None;
-    }
+    let scheme = ["redis+sentinel://", "zk://"].into_iter().find_map(|s| {
+        raw.get(..s.len())
+            .filter(|head| head.eq_ignore_ascii_case(s))
+    })?;
     let rest = &raw[scheme.len()..];
     let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let authority = match authority.rsplit_once('@') {
@@ -1733,6 +1835,10 @@ fn tls_files(
                 "TLS settings need rediss:// URLs for every master in store.urls",
             ))
         }
+        Some(StoreKind::ZooKeeper(_)) => errors.push(src.error_at(
+            first.map(Spanned::span),
+            "TLS to ZooKeeper is not supported yet: use zk:// on a trusted network",
+        )),
         Some(StoreKind::RedisSentinel(_)) => errors.push(src.error_at(
             first.map(Spanned::span),
             "TLS to Redis through Sentinel is not supported yet: use redis+sentinel:// on a trusted network, or rediss:// to one master",

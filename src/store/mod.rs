@@ -25,6 +25,8 @@ pub mod memory;
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub mod sql;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 use std::fmt;
 use std::sync::Arc;
@@ -441,7 +443,21 @@ const BACKENDS: &[Backend] = &[
         #[cfg(not(feature = "redlock"))]
         open: None,
     },
+    Backend {
+        serves: |k| matches!(k, StoreKind::ZooKeeper(_)),
+        feature: "zookeeper",
+        schemes: "zk://",
+        #[cfg(feature = "zookeeper")]
+        open: Some(open_zookeeper),
+        #[cfg(not(feature = "zookeeper"))]
+        open: None,
+    },
 ];
+
+#[cfg(feature = "zookeeper")]
+fn open_zookeeper(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(zookeeper::ZkStore::open(config)?))
+}
 
 #[cfg(feature = "redlock")]
 fn open_redlock(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
@@ -484,6 +500,17 @@ pub fn fence_exhausted(job: &str) -> String {
         "the fence of job {job} is at its maximum ({}): it cannot be claimed without repeating or wrapping; rename the job (a new lock) after checking what consumes its fences",
         i64::MAX
     )
+}
+
+/// Orders runs as `History::history` answers: newest first by end, then
+/// by fence; at most `limit`.
+pub(crate) fn newest_first(runs: &mut Vec<RunRecord>, limit: u32) {
+    runs.sort_by(|a, b| {
+        b.finished_at
+            .cmp(&a.finished_at)
+            .then(b.fence.cmp(&a.fence))
+    });
+    runs.truncate(limit as usize);
 }
 
 /// Milliseconds since the Unix epoch: how every store keeps instants.

@@ -36,7 +36,7 @@ use tokio::sync::OnceCell;
 
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner, Renewal,
-    RunRecord, StoreError, Won, duration_ms, from_ms, to_ms,
+    RunRecord, StoreError, Won, duration_ms, from_ms, newest_first, to_ms,
 };
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, TlsFiles, one_line};
 
@@ -459,16 +459,6 @@ fn record_args(runs: &[RunRecord], keep: u32, prefix: &str) -> (Vec<String>, Vec
         args.extend(fields);
     }
     (keys, args)
-}
-
-/// Newest first by end, then fence; at most `limit`.
-fn newest_first(runs: &mut Vec<RunRecord>, limit: u32) {
-    runs.sort_by(|a, b| {
-        b.finished_at
-            .cmp(&a.finished_at)
-            .then(b.fence.cmp(&a.fence))
-    });
-    runs.truncate(limit as usize);
 }
 
 fn glob_escape(s: &str) -> String {

@@ -864,6 +864,7 @@ conformance!(postgres, Backend::Postgres);
 conformance!(redis, Backend::Redis);
 conformance!(sentinel, Backend::Sentinel);
 conformance!(redlock, Backend::Redlock);
+conformance!(zookeeper, Backend::ZooKeeper);
 #[cfg(feature = "memory")]
 conformance!(memory, Backend::Memory);
 

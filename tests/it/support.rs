@@ -26,6 +26,8 @@ pub enum Backend {
     /// Redlock over five independent masters (`.ci/services` starts them
     /// on 6401-6405); its "URL" is their URLs joined by commas.
     Redlock,
+    /// ZooKeeper (`.ci/services` starts one on 2181).
+    ZooKeeper,
     /// The in-memory store (in-process only: no URL, no daemon).
     Memory,
 }
@@ -64,6 +66,10 @@ impl Backend {
             Backend::Redis => env("CRONLEASE_TEST_REDIS_URL", "redis://127.0.0.1:6379/"),
             Backend::Sentinel => env("CRONLEASE_TEST_SENTINEL_URL", SENTINEL_URL),
             Backend::Redlock => env("CRONLEASE_TEST_REDLOCK_URLS", REDLOCK_URLS),
+            Backend::ZooKeeper => env(
+                "CRONLEASE_TEST_ZOOKEEPER_URL",
+                "zk://127.0.0.1:2181/cronlease-test",
+            ),
             // Unused: the harness hands out the in-memory store itself.
             Backend::Memory => format!("sqlite://{}", dir.join("unused.db").display()),
         }
@@ -92,6 +98,11 @@ impl Backend {
                 "127.0.0.1:6379",
                 "Redis",
                 "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no",
+            ),
+            Backend::ZooKeeper => (
+                "127.0.0.1:2181",
+                "ZooKeeper",
+                "bash .ci/services (installs the Debian package zookeeper and starts it on 2181)",
             ),
             Backend::Redlock => {
                 for port in 6401..=6405 {
@@ -174,6 +185,7 @@ impl Harness {
             cronlease::config::StoreKind::Redis => Backend::Redis,
             cronlease::config::StoreKind::RedisSentinel(_) => Backend::Sentinel,
             cronlease::config::StoreKind::Redlock(_) => Backend::Redlock,
+            cronlease::config::StoreKind::ZooKeeper(_) => Backend::ZooKeeper,
         };
         Harness {
             backend,
@@ -248,6 +260,21 @@ impl Harness {
             });
             return;
         }
+        if self.backend == Backend::ZooKeeper {
+            let zk = self.zk().await;
+            let dir = format!("{}/runs/{job}", self.zk_base());
+            let opts = zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            zk.mkdir(&dir, &opts).await.unwrap();
+            let future = r#"{"job":"JOB","fence":90,"owner":"future#1","node":"future","occurrence":1790000000000,"started_at":1790000000000,"finished_at":1790000000000,"outcome":"exploded","exit_code":null,"takeover":false,"delay_ms":0}"#.replace("JOB", job);
+            zk.create(&format!("{dir}/{:020}", 90), future.as_bytes(), &opts)
+                .await
+                .unwrap();
+            zk.create(&format!("{dir}/{:020}", 91), b"{\"garbage\":1", &opts)
+                .await
+                .unwrap();
+            return;
+        }
         match self.backend {
             Backend::Redis | Backend::Sentinel | Backend::Redlock => {
                 for client in self.redis_clients().await {
@@ -297,6 +324,11 @@ impl Harness {
             memory.set_fence(job, fence.parse().unwrap());
             return;
         }
+        if self.backend == Backend::ZooKeeper {
+            self.zk_edit_lock(job, |lock, _| lock["fence"] = fence.into())
+                .await;
+            return;
+        }
         match self.backend {
             Backend::Redis | Backend::Sentinel | Backend::Redlock => {
                 for client in self.redis_clients().await {
@@ -319,6 +351,52 @@ impl Harness {
                 self.raw_sql(&sql).await;
             }
         }
+    }
+
+    /// A ZooKeeper session of the harness's own (no chroot).
+    pub async fn zk(&self) -> zookeeper_client::Client {
+        let cronlease::config::StoreKind::ZooKeeper(t) = self.config.url.kind() else {
+            panic!("not a ZooKeeper store");
+        };
+        let servers: Vec<String> = t.servers.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+        zookeeper_client::Client::connect(&servers.join(","))
+            .await
+            .unwrap()
+    }
+
+    /// The node under which the ZooKeeper store keeps this harness's nodes.
+    pub fn zk_base(&self) -> String {
+        let cronlease::config::StoreKind::ZooKeeper(t) = self.config.url.kind() else {
+            panic!("not a ZooKeeper store");
+        };
+        let node = self
+            .config
+            .key_prefix
+            .trim_end_matches(':')
+            .replace('/', "_");
+        format!("{}/{node}", t.chroot.trim_end_matches('/'))
+    }
+
+    /// Rewrites a job's ZooKeeper lock node with `edit(json, store_now_ms)`.
+    async fn zk_edit_lock(&self, job: &str, edit: impl FnOnce(&mut serde_json::Value, i64)) {
+        let zk = self.zk().await;
+        let base = self.zk_base();
+        let now = zk
+            .set_data(&format!("{base}/clock"), b"", None)
+            .await
+            .unwrap()
+            .mtime;
+        let path = format!("{base}/locks/{job}");
+        let (data, stat) = zk.get_data(&path).await.unwrap();
+        let mut lock: serde_json::Value = serde_json::from_slice(&data).unwrap();
+        edit(&mut lock, now);
+        zk.set_data(
+            &path,
+            &serde_json::to_vec(&lock).unwrap(),
+            Some(stat.version),
+        )
+        .await
+        .unwrap();
     }
 
     /// Runs one SQL statement on the harness's database, bypassing cronlease.
@@ -353,6 +431,14 @@ impl Harness {
         } else {
             ms
         };
+        if self.backend == Backend::ZooKeeper {
+            self.zk_edit_lock(job, |lock, now| lock["expires_at"] = (now + ms).into())
+                .await;
+            if ms <= 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            return;
+        }
         match self.backend {
             Backend::Redis | Backend::Sentinel | Backend::Redlock => {
                 for client in self.redis_clients().await {

@@ -42,12 +42,13 @@ use tokio::time::Instant;
 
 use super::{
     RELEASE, RENEW, client_for, eval_loading, glob_escape, job_key, malformed_run, manager_config,
-    newest_first, record_args, run_from_fields, store_error,
+    record_args, run_from_fields, store_error,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
     Owner, Renewal, RunRecord, StoreError, decide, duration_ms, fence_exhausted, from_ms,
+    newest_first,
 };
 
 static LEASE: &str = include_str!("redlock_lease.lua");

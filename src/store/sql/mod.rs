@@ -366,7 +366,7 @@ impl SqlStore {
                 StoreKind::Sqlite { path } => sqlite_parts(path)?,
                 StoreKind::Mysql => mysql_parts(&url, op_ms, config.tls.as_ref())?,
                 StoreKind::Postgres => postgres_parts(&url, op_ms, config.tls.as_ref())?,
-                StoreKind::Redis | StoreKind::RedisSentinel(_) | StoreKind::Redlock(_) => {
+                _ => {
                     return Err(StoreError::Backend {
                         store: url.redacted().into(),
                         reason: "not an SQL URL".into(),

@@ -1,0 +1,702 @@
+//! The ZooKeeper store (`zk://host:2181,host:2181/path`, ZooKeeper 3.5+):
+//! one persistent node per job, changed only by compare-and-set on its
+//! version (docs/protocol.md, "ZooKeeper").
+//!
+//! Nodes, below the URL's path and a node named after `store.key_prefix`:
+//! - `locks/<job>`: JSON with owner, fence (a decimal string), lease end,
+//!   last occurrence and modification time, all instants in milliseconds
+//!   of the store's clock;
+//! - `clock`: written at the start of every claim, renewal and release
+//!   batch; its `mtime` (the leader's clock when it committed the write) is
+//!   the store's now;
+//! - `runs/<job>/<fence>`: one finished run each, the fence zero-padded so
+//!   names sort by fence; created once, so a retried write records nothing
+//!   twice.
+//!
+//! A batch of claims is one read of every job's node (`multi` read) beside
+//! the clock write, then one `multi` write of every won claim, each
+//! conditional on the version read. The claim rule is the shared one
+//! ([`super::decide`]). A multi is all or nothing: when one job's node
+//! changed under it (a peer's claim), that job is read and decided again and
+//! the others are written again, so each request is still decided on its
+//! own.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use zookeeper_client as zk;
+
+use super::{
+    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Outcome,
+    Owner, Renewal, RunRecord, StoreError, decide, duration_ms, fence_exhausted, from_ms,
+    newest_first, to_ms,
+};
+use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
+
+/// The session timeout asked for; the server clamps it to its
+/// `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20 ticks).
+const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
+/// (`jute.maxbuffer`) with job nodes of a few hundred bytes.
+const MULTI_OPS: usize = 500;
+
+/// The ZooKeeper implementation of [`crate::store::Store`].
+pub struct ZkStore {
+    target: ZkTarget,
+    url: StoreUrl,
+    /// Where cronlease's nodes are: the URL's path plus the key prefix.
+    base: String,
+    op_timeout: Duration,
+    client: tokio::sync::Mutex<Option<zk::Client>>,
+    /// Run directories known to exist.
+    run_dirs: std::sync::Mutex<HashSet<String>>,
+}
+
+/// A job's lock node, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LockData {
+    owner: Option<String>,
+    /// Decimal: a JSON number would not keep 64 bits everywhere.
+    fence: String,
+    expires_at: i64,
+    last_occurrence: Option<i64>,
+    modified_at: i64,
+}
+
+/// A finished run, as stored.
+#[derive(Debug, Serialize, Deserialize)]
+struct RunData {
+    job: String,
+    fence: u64,
+    owner: String,
+    node: String,
+    occurrence: i64,
+    started_at: i64,
+    finished_at: i64,
+    outcome: String,
+    exit_code: Option<i32>,
+    takeover: bool,
+    delay_ms: u64,
+    #[serde(default)]
+    decision_ms: u64,
+}
+
+/// A job's lock node as read: absent, readable (with its version), or not.
+enum Node {
+    Absent,
+    Present(LockData, i32),
+    Unreadable(String),
+}
+
+impl ZkStore {
+    /// Connections are made on first use.
+    pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        let StoreKind::ZooKeeper(target) = config.url.kind() else {
+            return Err(StoreError::Backend {
+                store: config.url.redacted().into(),
+                reason: "not a zk:// URL".into(),
+            });
+        };
+        let node = config.key_prefix.trim_end_matches(':').replace('/', "_");
+        let node = if node.is_empty() {
+            "cronlease".into()
+        } else {
+            node
+        };
+        let base = format!("{}/{node}", target.chroot.trim_end_matches('/'));
+        Ok(ZkStore {
+            target: target.clone(),
+            url: config.url.clone(),
+            base,
+            op_timeout: config.op_timeout,
+            client: tokio::sync::Mutex::new(None),
+            run_dirs: std::sync::Mutex::new(HashSet::new()),
+        })
+    }
+
+    fn lock_path(&self, job: &str) -> String {
+        format!("{}/locks/{job}", self.base)
+    }
+
+    fn runs_path(&self, job: &str) -> String {
+        format!("{}/runs/{job}", self.base)
+    }
+
+    fn err(&self, e: zk::Error) -> StoreError {
+        let store = self.url.redacted().to_string();
+        let reason = one_line(&self.url.scrub(&e.to_string()));
+        match e {
+            zk::Error::NoHosts
+            | zk::Error::Timeout
+            | zk::Error::ConnectionLoss
+            | zk::Error::SessionExpired
+            | zk::Error::SessionMoved
+            | zk::Error::ClientClosed => StoreError::Unavailable { store, reason },
+            zk::Error::NoNode => StoreError::NotMigrated { store },
+            _ => StoreError::Backend { store, reason },
+        }
+    }
+
+    /// `fut` within `op_timeout`.
+    async fn timed<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, zk::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.op_timeout, fut).await {
+            Ok(r) => r.map_err(|e| self.err(e)),
+            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+        }
+    }
+
+    /// A create or delete within `op_timeout` whose `done` error (the node
+    /// exists already, or is gone already) means it was done before.
+    async fn idempotent<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, zk::Error>>,
+        done: zk::Error,
+    ) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.op_timeout, fut).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if e == done => Ok(()),
+            Ok(Err(e)) => Err(self.err(e)),
+            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+        }
+    }
+
+    /// The session's client, connecting (again) when there is none or its
+    /// session ended.
+    async fn client(&self) -> Result<zk::Client, StoreError> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = slot.as_ref() {
+            if !c.state().is_terminated() {
+                return Ok(c.clone());
+            }
+        }
+        let servers: Vec<String> = self
+            .target
+            .servers
+            .iter()
+            .map(|(h, p)| {
+                if h.contains(':') {
+                    format!("[{h}]:{p}")
+                } else {
+                    format!("{h}:{p}")
+                }
+            })
+            .collect();
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(SESSION_TIMEOUT)
+            .with_connection_timeout(self.op_timeout)
+            .with_fail_eagerly();
+        if let Some(user) = &self.target.username {
+            let secret = format!("{user}:{}", self.url.password().unwrap_or_default());
+            connector = connector.with_auth("digest", secret.as_bytes());
+        }
+        let client = self.timed(connector.connect(&servers.join(","))).await?;
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Writes the clock node; its `mtime` is the store's now (ms).
+    async fn tick(&self, client: &zk::Client) -> Result<i64, StoreError> {
+        let stat = self
+            .timed(client.set_data(&format!("{}/clock", self.base), b"", None))
+            .await?;
+        Ok(stat.mtime)
+    }
+
+    /// Every job's lock node, in one multi read per [`MULTI_OPS`] jobs.
+    async fn read_locks(
+        &self,
+        client: &zk::Client,
+        jobs: &[&str],
+    ) -> Result<Vec<Node>, StoreError> {
+        let mut nodes = Vec::with_capacity(jobs.len());
+        for chunk in jobs.chunks(MULTI_OPS) {
+            let mut reader = client.new_multi_reader();
+            for job in chunk {
+                reader
+                    .add_get_data(&self.lock_path(job))
+                    .map_err(|e| self.err(e))?;
+            }
+            let results = self.timed(reader.commit()).await?;
+            if results.len() != chunk.len() {
+                return Err(StoreError::Backend {
+                    store: self.url.redacted().into(),
+                    reason: format!("{} answers to {} reads", results.len(), chunk.len()),
+                });
+            }
+            for (job, r) in chunk.iter().zip(results) {
+                nodes.push(match r {
+                    zk::MultiReadResult::Data { data, stat } => {
+                        match serde_json::from_slice::<LockData>(&data) {
+                            Ok(d) => Node::Present(d, stat.version),
+                            Err(e) => Node::Unreadable(format!(
+                                "the lock node of job {job} is unreadable ({e}); delete {} to start the job afresh",
+                                self.lock_path(job)
+                            )),
+                        }
+                    }
+                    zk::MultiReadResult::Error {
+                        err: zk::Error::NoNode,
+                    } => Node::Absent,
+                    zk::MultiReadResult::Error { err } => return Err(self.err(err)),
+                    _ => Node::Unreadable(format!(
+                        "unexpected answer reading the lock node of job {job}"
+                    )),
+                });
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// Writes `writes` (job, new data, version read or none when absent) as
+    /// one multi per chunk. `Ok(None)` when all went through, `Ok(Some(i))`
+    /// when write `i` found its node changed (nothing of its chunk was
+    /// applied, earlier chunks were).
+    async fn write_locks(
+        &self,
+        client: &zk::Client,
+        writes: &[(&str, &LockData, Option<i32>)],
+    ) -> Result<Option<usize>, StoreError> {
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        for (c, chunk) in writes.chunks(MULTI_OPS).enumerate() {
+            let mut writer = client.new_multi_writer();
+            for (job, data, version) in chunk {
+                let json = serde_json::to_vec(data).map_err(|e| StoreError::Backend {
+                    store: self.url.redacted().into(),
+                    reason: e.to_string(),
+                })?;
+                let path = self.lock_path(job);
+                match version {
+                    Some(v) => writer.add_set_data(&path, &json, Some(*v)),
+                    None => writer.add_create(&path, &json, &persistent),
+                }
+                .map_err(|e| self.err(e))?;
+            }
+            match tokio::time::timeout(self.op_timeout, writer.commit()).await {
+                Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
+                Ok(Ok(_)) => {}
+                Ok(Err(zk::MultiWriteError::OperationFailed {
+                    index,
+                    source: zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode,
+                })) => return Ok(Some(c * MULTI_OPS + index)),
+                Ok(Err(e)) => return Err(self.err(e.into())),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads, decides with `decide_one` and writes by compare-and-set until
+    /// every job's write went through or none is left to write: a job whose
+    /// node changed between read and write is read and decided again.
+    /// `decide_one(i, node, now)` answers `(new data to write, or none)`.
+    async fn read_decide_write<A>(
+        &self,
+        jobs: &[&str],
+        mut decide_one: impl FnMut(usize, &Node, i64) -> (Option<LockData>, A),
+    ) -> Result<(i64, Vec<A>), StoreError> {
+        let client = self.client().await?;
+        let (now, nodes) = tokio::join!(self.tick(&client), self.read_locks(&client, jobs));
+        let (now, mut nodes) = (now?, nodes?);
+        let deadline = tokio::time::Instant::now() + self.op_timeout;
+        loop {
+            let mut answers = Vec::with_capacity(jobs.len());
+            let mut datas = Vec::new();
+            for (i, node) in nodes.iter().enumerate() {
+                let (data, answer) = decide_one(i, node, now);
+                answers.push(answer);
+                if let Some(d) = data {
+                    let version = match node {
+                        Node::Present(_, v) => Some(*v),
+                        _ => None,
+                    };
+                    datas.push((i, d, version));
+                }
+            }
+            let writes: Vec<(&str, &LockData, Option<i32>)> =
+                datas.iter().map(|(i, d, v)| (jobs[*i], d, *v)).collect();
+            match self.write_locks(&client, &writes).await? {
+                None => return Ok((now, answers)),
+                Some(failed) => {
+                    // That job changed under us: read it again, decide all
+                    // again (the others' writes were not applied).
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(StoreError::Timeout(self.op_timeout));
+                    }
+                    let i = datas[failed].0;
+                    let fresh = self.read_locks(&client, &[jobs[i]]).await?;
+                    if let Some(node) = fresh.into_iter().next() {
+                        nodes[i] = node;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ensure_run_dir(&self, client: &zk::Client, job: &str) -> Result<(), StoreError> {
+        let path = self.runs_path(job);
+        if self.known_dir(&path) {
+            return Ok(());
+        }
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        self.timed(client.mkdir(&path, &persistent)).await?;
+        self.run_dirs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(path);
+        Ok(())
+    }
+
+    fn known_dir(&self, path: &str) -> bool {
+        self.run_dirs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(path)
+    }
+
+    async fn job_runs(
+        &self,
+        client: &zk::Client,
+        job: &str,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let mut names = match self.timed(client.list_children(&self.runs_path(job))).await {
+            Ok(n) => n,
+            Err(StoreError::NotMigrated { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        names.sort_unstable_by(|a, b| b.cmp(a));
+        names.truncate(limit as usize);
+        let mut runs = Vec::with_capacity(names.len());
+        for chunk in names.chunks(MULTI_OPS) {
+            let mut reader = client.new_multi_reader();
+            for name in chunk {
+                reader
+                    .add_get_data(&format!("{}/{name}", self.runs_path(job)))
+                    .map_err(|e| self.err(e))?;
+            }
+            let results = self.timed(reader.commit()).await?;
+            for (name, r) in chunk.iter().zip(results) {
+                match r {
+                    zk::MultiReadResult::Data { data, stat } => {
+                        runs.push(run_from_json(job, name, &data, stat.mtime));
+                    }
+                    zk::MultiReadResult::Error {
+                        err: zk::Error::NoNode,
+                    } => {}
+                    zk::MultiReadResult::Error { err } => return Err(self.err(err)),
+                    _ => {}
+                }
+            }
+        }
+        Ok(runs)
+    }
+}
+
+/// A run node read back; one this version cannot read is shown as
+/// `unknown(malformed entry NAME)`, at the node's modification time.
+fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> RunRecord {
+    match serde_json::from_slice::<RunData>(data) {
+        Ok(r) => RunRecord {
+            job: r.job,
+            fence: r.fence,
+            owner: r.owner,
+            node: r.node,
+            occurrence: from_ms(r.occurrence),
+            started_at: from_ms(r.started_at),
+            finished_at: from_ms(r.finished_at),
+            outcome: Outcome::parse(&r.outcome),
+            exit_code: r.exit_code,
+            takeover: r.takeover,
+            delay_ms: r.delay_ms,
+            decision_ms: r.decision_ms,
+        },
+        Err(_) => RunRecord {
+            job: job.to_string(),
+            fence: name.parse().unwrap_or(0),
+            owner: String::new(),
+            node: String::new(),
+            occurrence: from_ms(mtime),
+            started_at: from_ms(mtime),
+            finished_at: from_ms(mtime),
+            outcome: Outcome::Unknown(format!("malformed entry {name}")),
+            exit_code: None,
+            takeover: false,
+            delay_ms: 0,
+            decision_ms: 0,
+        },
+    }
+}
+
+/// The shared claim rule's view of a lock node.
+fn row_of(node: &Node, now: i64) -> LockRow {
+    match node {
+        Node::Present(d, _) => LockRow {
+            owner: d.owner.clone(),
+            fence: d.fence.parse().unwrap_or(i64::MAX),
+            expires_at: d.expires_at,
+            last_occurrence: d.last_occurrence,
+            now,
+        },
+        _ => LockRow {
+            owner: None,
+            fence: 0,
+            expires_at: 0,
+            last_occurrence: None,
+            now,
+        },
+    }
+}
+
+#[async_trait]
+impl Locks for ZkStore {
+    async fn prepare(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        for dir in ["locks", "runs", "live"] {
+            self.timed(client.mkdir(&format!("{}/{dir}", self.base), &persistent))
+                .await?;
+        }
+        self.idempotent(
+            client.create(&format!("{}/clock", self.base), b"", &persistent),
+            zk::Error::NodeExists,
+        )
+        .await
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
+        if requests.is_empty() {
+            return self.clock().await.map(|store_now| Claimed {
+                store_now,
+                outcomes: Vec::new(),
+            });
+        }
+        let jobs: Vec<&str> = requests.iter().map(|r| r.job.as_str()).collect();
+        let (now, outcomes) = self
+            .read_decide_write(&jobs, |i, node, now| {
+                let req = &requests[i];
+                if let Node::Unreadable(why) = node {
+                    return (None, ClaimOutcome::Failed(why.clone()));
+                }
+                match decide(&row_of(node, now), req) {
+                    // A recheck answers an earlier win as it stands.
+                    Decision::Claim { won, .. } if req.recheck_only => {
+                        (None, ClaimOutcome::Won(won))
+                    }
+                    Decision::Claim {
+                        fence,
+                        expires_at,
+                        last_occurrence,
+                        won,
+                    } => (
+                        Some(LockData {
+                            owner: Some(req.owner.as_str().to_string()),
+                            fence: fence.to_string(),
+                            expires_at,
+                            last_occurrence: Some(last_occurrence),
+                            modified_at: now,
+                        }),
+                        ClaimOutcome::Won(won),
+                    ),
+                    Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
+                    Decision::FenceExhausted => (
+                        None,
+                        ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
+                    ),
+                }
+            })
+            .await?;
+        Ok(Claimed {
+            store_now: from_ms(now),
+            outcomes,
+        })
+    }
+
+    async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
+        let client = self.client().await?;
+        self.tick(&client).await.map(from_ms)
+    }
+
+    async fn renew_many(
+        &self,
+        owner: &Owner,
+        renewals: &[Renewal],
+    ) -> Result<Vec<bool>, StoreError> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let jobs: Vec<&str> = renewals.iter().map(|r| r.job.as_str()).collect();
+        let (_, done) = self
+            .read_decide_write(&jobs, |i, node, now| match node {
+                Node::Present(d, _)
+                    if d.owner.as_deref() == Some(owner.as_str()) && d.expires_at > now =>
+                {
+                    let mut d = d.clone();
+                    d.expires_at = now.saturating_add(duration_ms(renewals[i].lease));
+                    d.modified_at = now;
+                    (Some(d), true)
+                }
+                _ => (None, false),
+            })
+            .await?;
+        Ok(done)
+    }
+
+    async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
+        let (_, done) = self
+            .read_decide_write(&names, |_, node, now| match node {
+                Node::Present(d, _)
+                    if d.owner.as_deref() == Some(owner.as_str()) && d.expires_at > now =>
+                {
+                    let mut d = d.clone();
+                    d.expires_at = now;
+                    d.modified_at = now;
+                    (Some(d), true)
+                }
+                _ => (None, false),
+            })
+            .await?;
+        Ok(done.into_iter().filter(|d| *d).count())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        self.timed(client.check_stat("/")).await.map(|_| ())
+    }
+
+    async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
+        let client = self.client().await?;
+        let mut jobs = self
+            .timed(client.list_children(&format!("{}/locks", self.base)))
+            .await?;
+        jobs.sort();
+        let names: Vec<&str> = jobs.iter().map(String::as_str).collect();
+        let now = self.tick(&client).await?;
+        let nodes = self.read_locks(&client, &names).await?;
+        Ok(jobs
+            .into_iter()
+            .zip(nodes)
+            .filter_map(|(job, node)| match node {
+                Node::Present(d, _) => {
+                    let live = d.owner.is_some() && d.expires_at > now;
+                    Some(LockStatus {
+                        job,
+                        holder: if live { d.owner.clone() } else { None },
+                        lease_remaining_ms: if live {
+                            (d.expires_at - now).max(0) as u64
+                        } else {
+                            0
+                        },
+                        fence: d.fence.parse().unwrap_or(0),
+                        last_occurrence: d.last_occurrence.map(from_ms),
+                        last_owner: d.owner,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn describe(&self) -> &str {
+        self.url.redacted()
+    }
+}
+
+#[async_trait]
+impl History for ZkStore {
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let client = &self.client().await?;
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let mut jobs: Vec<&str> = runs.iter().map(|r| r.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        for job in &jobs {
+            self.ensure_run_dir(client, job).await?;
+        }
+        let mut writes = Vec::with_capacity(runs.len());
+        for run in runs {
+            let data = serde_json::to_vec(&RunData {
+                job: run.job.clone(),
+                fence: run.fence,
+                owner: run.owner.clone(),
+                node: run.node.clone(),
+                occurrence: to_ms(run.occurrence),
+                started_at: to_ms(run.started_at),
+                finished_at: to_ms(run.finished_at),
+                outcome: run.outcome.as_str().to_string(),
+                exit_code: run.exit_code,
+                takeover: run.takeover,
+                delay_ms: run.delay_ms,
+                decision_ms: run.decision_ms,
+            })
+            .map_err(|e| StoreError::Backend {
+                store: self.url.redacted().into(),
+                reason: e.to_string(),
+            })?;
+            let path = format!("{}/{:020}", self.runs_path(&run.job), run.fence);
+            writes.push((path, data));
+        }
+        // One request each, sent together; a fence recorded already is
+        // left as it is.
+        let created = futures_util::future::join_all(writes.iter().map(|(path, data)| {
+            self.idempotent(
+                client.create(path, data, &persistent),
+                zk::Error::NodeExists,
+            )
+        }))
+        .await;
+        created.into_iter().collect::<Result<Vec<()>, _>>()?;
+        for job in jobs {
+            let mut names = self
+                .timed(client.list_children(&self.runs_path(job)))
+                .await?;
+            if names.len() <= keep.max(1) as usize {
+                continue;
+            }
+            names.sort_unstable();
+            let surplus = names.len() - keep.max(1) as usize;
+            let deleted = futures_util::future::join_all(names[..surplus].iter().map(|n| {
+                let path = format!("{}/{n}", self.runs_path(job));
+                async move {
+                    self.idempotent(client.delete(&path, None), zk::Error::NoNode)
+                        .await
+                }
+            }))
+            .await;
+            deleted.into_iter().collect::<Result<Vec<()>, _>>()?;
+        }
+        Ok(())
+    }
+
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let client = self.client().await?;
+        let jobs = match job {
+            Some(j) => vec![j.as_str().to_string()],
+            None => {
+                self.timed(client.list_children(&format!("{}/runs", self.base)))
+                    .await?
+            }
+        };
+        let mut runs = Vec::new();
+        for j in &jobs {
+            runs.extend(self.job_runs(&client, j, limit).await?);
+        }
+        newest_first(&mut runs, limit);
+        Ok(runs)
+    }
+}
