@@ -451,6 +451,7 @@ macro_rules! per_store {
         mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
         mod sentinel { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sentinel) } )* }
         mod redlock { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redlock) } )* }
+        mod zookeeper { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::ZooKeeper) } )* }
     };
 }
 

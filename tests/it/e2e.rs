@@ -119,3 +119,8 @@ fn failover_sentinel() {
 fn failover_redlock() {
     failover(Backend::Redlock);
 }
+
+#[test]
+fn failover_zookeeper() {
+    failover(Backend::ZooKeeper);
+}

@@ -1,9 +1,9 @@
 //! Integration tests: one binary, shared helpers in `support`.
 //!
 //! They talk to real services on loopback (MariaDB 3306, PostgreSQL 5432,
-//! Redis 6379, Redis Sentinel 26379-26381, five Redlock masters 6401-6405
-//! (`.ci/services` starts them all); URLs can be overridden with
-//! CRONLEASE_TEST_{MYSQL,POSTGRES,REDIS,SENTINEL}_URL and
+//! Redis 6379, Redis Sentinel 26379-26381, five Redlock masters 6401-6405,
+//! ZooKeeper 2181 (`.ci/services` starts them all); URLs can be overridden
+//! with CRONLEASE_TEST_{MYSQL,POSTGRES,REDIS,SENTINEL,ZOOKEEPER}_URL and
 //! CRONLEASE_TEST_REDLOCK_URLS (comma-separated). A service that is not there fails its tests with a message
 //! saying how to start it. Every test uses its own table or key prefix, so
 //! they run in parallel.
@@ -30,3 +30,4 @@ mod redlock;
 mod sentinel;
 mod service;
 mod support;
+mod zookeeper;
