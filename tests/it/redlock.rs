@@ -20,16 +20,21 @@ use cronlease::store::redis::redlock::RedlockStore;
 use cronlease::store::{ClaimOutcome, ClaimRequest, Locks, Owner};
 
 use crate::cluster::{Cluster, Line, check_exactly_once};
-use crate::support::{Backend, RedisServer, store_url, unique};
+use crate::support::{Backend, RedisServer, store_url, unique, wait_for_uptime};
 
-fn five_masters() -> Vec<RedisServer> {
-    (0..5)
+/// Five masters, up long enough to count for a lease of `lease_secs`.
+fn five_masters(lease_secs: u64) -> Vec<RedisServer> {
+    let masters: Vec<RedisServer> = (0..5)
         .map(|_| {
             let mut m = RedisServer::new(false);
             m.start();
             m
         })
-        .collect()
+        .collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    wait_for_uptime(&urls, lease_secs + 1);
+    masters
 }
 
 fn urls(masters: &[RedisServer]) -> String {
@@ -68,7 +73,8 @@ fn check_once_in_order(lines: &[Line], report: &str) {
 
 #[test]
 fn a_majority_of_masters_claims_and_a_minority_claims_nothing() {
-    let mut masters = five_masters();
+    // Leases of 2 s: a job every second, margin 1 s.
+    let mut masters = five_masters(2);
     let mut c = Cluster::with_url(Backend::Redlock, Some(&urls(&masters)), None, "");
     for n in ["n1", "n2", "n3"] {
         c.start(n);
@@ -121,6 +127,9 @@ fn a_majority_of_masters_claims_and_a_minority_claims_nothing() {
     );
 }
 
+/// The lease of the store-level claims below.
+const LEASE_SECS: u64 = 6;
+
 fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
     ClaimRequest {
         job: JobName::parse("j").unwrap(),
@@ -128,7 +137,7 @@ fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
         previous: None,
         misfire: Misfire::RunOnce,
         owner: Owner::from_raw(owner),
-        lease: Duration::from_secs(10),
+        lease: Duration::from_secs(LEASE_SECS),
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
         after_unanswered: false,
@@ -166,8 +175,14 @@ async fn two_stores(masters: &[RedisServer], quarantine: bool) -> [Arc<dyn Locks
 /// a bare majority (m0, m1, m2). m2 restarts empty and the two come back
 /// empty; m0 and m1 stop answering node b (frozen). Node b now reaches
 /// three masters, all empty: a quorum by count.
-async fn claim_after_restarts(quarantine: bool) -> (ClaimOutcome, Result<ClaimOutcome, String>) {
-    let mut masters = five_masters();
+async fn claim_after_restarts(
+    quarantine: bool,
+) -> (
+    ClaimOutcome,
+    Result<ClaimOutcome, String>,
+    Result<ClaimOutcome, String>,
+) {
+    let mut masters = five_masters(LEASE_SECS);
     let [a, b] = two_stores(&masters, quarantine).await;
     masters[3].stop();
     masters[4].stop();
@@ -202,29 +217,39 @@ async fn claim_after_restarts(quarantine: bool) -> (ClaimOutcome, Result<ClaimOu
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // A node started after the restarts never saw the old run_ids.
+    let [late, _] = two_stores(&masters, quarantine).await;
+    let third = late
+        .claim(&[request("c#1", t)])
+        .await
+        .map(|mut c| c.outcomes.remove(0))
+        .map_err(|e| e.to_string());
     for p in &frozen {
         kill(*p, Signal::SIGCONT).unwrap();
     }
-    (first, second)
+    (first, second, third)
 }
 
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_back_empty_counts_in_no_quorum_for_a_lease_length() {
-    let (first, second) = claim_after_restarts(true).await;
+    let (first, second, third) = claim_after_restarts(true).await;
     assert!(
         matches!(&first, ClaimOutcome::Won(w) if w.fence == 1),
         "{first:?}"
     );
-    // b reached the three restarted masters, and none counted.
-    assert!(
-        matches!(&second, Err(e) if e.contains("3 of 5 Redis masters answered and 0 of them count")),
-        "the occurrence a won was won again through masters that came back empty, or b did not reach them: {second:?}"
-    );
+    // b reached the three restarted masters, and none counted; nor for a
+    // node that started after the restarts.
+    for (who, claim) in [("b", &second), ("a node started later", &third)] {
+        assert!(
+            matches!(claim, Err(e) if e.contains("3 of 5 Redis masters answered and 0 of them count")),
+            "{who}: the occurrence a won was won again through masters that came back empty, or they were not reached: {claim:?}"
+        );
+    }
 
     // Without the quarantine the same steps win the occurrence twice, with
     // the same fence: what keeping restarted masters out prevents.
-    let (first, second) = claim_after_restarts(false).await;
+    let (first, second, _) = claim_after_restarts(false).await;
     assert!(
         matches!(&first, ClaimOutcome::Won(w) if w.fence == 1),
         "{first:?}"
@@ -237,7 +262,7 @@ async fn a_master_back_empty_counts_in_no_quorum_for_a_lease_length() {
 
 #[test]
 fn masters_restarted_empty_one_after_another_run_nothing_twice() {
-    let mut masters = five_masters();
+    let mut masters = five_masters(2);
     let mut c = Cluster::with_url(Backend::Redlock, Some(&urls(&masters)), None, "");
     for n in ["n1", "n2", "n3"] {
         c.start(n);

@@ -112,6 +112,11 @@ impl Backend {
                         "Redlock master on 127.0.0.1:{port} is not reachable; these tests need five (6401-6405). Start them with: bash .ci/services"
                     );
                 }
+                // A master counts in no quorum until it has been up for a
+                // lease length: the longest lease of the suite is 60 s.
+                let urls = self.url(Path::new("/"));
+                let urls: Vec<&str> = urls.split(',').collect();
+                wait_for_uptime(&urls, 61);
                 return;
             }
         };
@@ -124,6 +129,27 @@ impl Backend {
             reachable,
             "{name} is not reachable on {addr}; these tests need it. Start it with: {start}"
         );
+    }
+}
+
+/// Waits until every Redis server of `urls` has been up for `secs` seconds
+/// (a Redlock master counts in no quorum before it has been up for a lease).
+pub fn wait_for_uptime(urls: &[&str], secs: u64) {
+    let uptime = |url: &str| -> u64 {
+        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let info: String = redis::cmd("INFO").arg("server").query(&mut c).unwrap();
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix("uptime_in_seconds:"))
+            .and_then(|u| u.parse().ok())
+            .unwrap_or(0)
+    };
+    let least = urls.iter().map(|u| uptime(u)).min().unwrap_or(secs);
+    if least < secs {
+        eprintln!(
+            "waiting {} s for the Redis masters to have been up {secs} s",
+            secs - least
+        );
+        std::thread::sleep(Duration::from_secs(secs - least));
     }
 }
 

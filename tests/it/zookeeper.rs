@@ -136,9 +136,7 @@ fn a_zookeeper_restart_during_a_run_loses_nothing() {
     assert!(before >= 3 && after >= 4, "{report}");
     // What the store had acknowledged before the restart is still there:
     // the runs recorded before it are in its history, with their fences.
-    let history = c
-        .cli_json("n1", &["history", "--limit", "100000"])
-        .unwrap();
+    let history = c.cli_json("n1", &["history", "--limit", "100000"]).unwrap();
     let recorded: Vec<u64> = history
         .as_array()
         .unwrap()

@@ -47,7 +47,7 @@ use super::{
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
-    Owner, Renewal, RunRecord, StoreError, decide, duration_ms, fence_exhausted, from_ms,
+    Owner, Renewal, RunRecord, StoreError, Won, decide, duration_ms, fence_exhausted, from_ms,
     newest_first,
 };
 
@@ -90,8 +90,9 @@ struct Master {
 #[derive(Default)]
 struct Life {
     run_id: Option<String>,
-    /// When this node saw the run_id change.
-    restarted_at: Option<Instant>,
+    /// When the master started, by its `uptime_in_seconds` (rounded down, so
+    /// never earlier than it did): whoever started after it knows too.
+    started_at: Option<Instant>,
     /// Since when calls to it fail (logged once when it starts and ends).
     failing_since: Option<Instant>,
 }
@@ -207,12 +208,13 @@ impl RedlockStore {
     }
 
     /// Whether `master` may count in a quorum for a lease of `lease`: not
-    /// while it restarted less than that long ago.
+    /// while it has been up for less than that (it may have restarted and
+    /// lost leases and fences).
     fn counts(&self, master: &Master, lease: Duration) -> bool {
         !self.quarantine
             || master
                 .life()
-                .restarted_at
+                .started_at
                 .is_none_or(|t| t.elapsed() >= lease)
     }
 
@@ -395,14 +397,8 @@ impl RedlockStore {
         let settled = |answers: &[LeaseAnswer]| {
             which.iter().enumerate().all(|(slot, &i)| {
                 let t = self.tally(answers, slot, &requests[i]);
-                t.ours >= self.majority() || {
-                    let mut by_owner: HashMap<&str, usize> = HashMap::new();
-                    t.others.iter().any(|(o, _)| {
-                        let n = by_owner.entry(o).or_default();
-                        *n += 1;
-                        *n >= self.majority()
-                    })
-                }
+                t.ours >= self.majority()
+                    || top_holder(&t.others).is_some_and(|(_, p)| p.len() >= self.majority())
             })
         };
         self.each_until(|m| self.eval_on(m, &self.lease, keys, args), settled)
@@ -432,6 +428,10 @@ impl RedlockStore {
                 best = Some(i128::from(fence));
                 t.fence = fence;
                 t.fence_owner = state_owner.clone();
+            } else if best == Some(i128::from(fence)) && t.fence_owner != *state_owner {
+                // Two claims with the same fence (one only ever reached a
+                // minority): the owner of the last claim is not known.
+                t.fence_owner = None;
             }
             if *last >= 0 {
                 t.last = Some(t.last.map_or(*last, |l| l.max(*last)));
@@ -459,60 +459,252 @@ impl RedlockStore {
         if t.ours >= m {
             return Vote::Ours;
         }
-        let mut by_owner: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
-        for (owner, pttl) in &t.others {
-            by_owner.entry(owner).or_default().push(*pttl);
-        }
-        let top = by_owner
-            .iter()
-            .max_by_key(|(_, p)| p.len())
-            .map(|(o, p)| (o.to_string(), p.clone()));
-        if let Some((holder, mut pttls)) = top {
-            if pttls.len() >= m {
-                // It holds a majority until all but m - 1 of its leases ended.
-                pttls.sort_unstable();
-                let left = pttls[pttls.len() - m].max(0) as u64;
+        let top = top_holder(&t.others);
+        if let Some((holder, pttls)) = &top {
+            if let Some(left) = majority_left(pttls.clone(), m) {
                 return Vote::Held {
-                    holder,
+                    holder: holder.to_string(),
                     remaining: Duration::from_millis(left),
                 };
             }
-            if req.recheck_only && t.counted >= m {
-                // A recheck takes nothing: it reads a majority's state.
-                return Vote::Ours;
-            }
-            if t.counted >= m {
-                return Vote::Split {
-                    holder: Some(holder),
-                };
-            }
         }
-        if req.recheck_only && t.counted >= m {
-            Vote::Ours
-        } else if t.counted >= m {
-            Vote::Split { holder: None }
-        } else {
-            Vote::Undecided
+        match (t.counted >= m, req.recheck_only) {
+            // A recheck takes nothing: it reads a majority's state.
+            (true, true) => Vote::Ours,
+            (true, false) => Vote::Split {
+                holder: top.map(|(h, _)| h.to_string()),
+            },
+            (false, _) => Vote::Undecided,
         }
     }
 
-    /// Whether the leases of a claim that does not go on are given back:
-    /// those this call took, unless the lease was ours on a majority before
-    /// (a run of the job may be going on under it).
-    fn takes_back(&self, t: &Tally) -> bool {
-        !t.taken.is_empty() && t.ours_before < self.majority()
-    }
-
-    /// Gives back the leases this call took for `jobs` (owner-checked).
-    async fn give_back(&self, jobs: &[&ClaimRequest]) {
-        if jobs.is_empty() {
+    /// Gives back the leases this call took (`SET NX`) for claims that do
+    /// not go on, each only on the masters where it took it: a lease that
+    /// was ours before the call may protect a running job and stays.
+    async fn give_back(&self, taken: &[(&ClaimRequest, &[usize])]) {
+        let Some((first, _)) = taken.first() else {
             return;
+        };
+        let owner = [first.owner.as_str().to_string()];
+        let per_master: Vec<Vec<String>> = (0..self.masters.len())
+            .map(|m| {
+                taken
+                    .iter()
+                    .filter(|(_, on)| on.contains(&m))
+                    .map(|(r, _)| self.key(r.job.as_str(), "lease"))
+                    .collect()
+            })
+            .collect();
+        let calls = self
+            .masters
+            .iter()
+            .zip(&per_master)
+            .filter(|(_, keys)| !keys.is_empty())
+            .map(|(m, keys)| self.eval_on::<i64>(m, &self.release, keys, &owner));
+        for r in futures_util::future::join_all(calls).await {
+            if let Err(e) = r {
+                tracing::debug!(store = %self.url, "giving back the leases of a claim that did not go on failed ({e}); they expire");
+            }
         }
-        let owner = jobs[0].owner.clone();
-        let names: Vec<JobName> = jobs.iter().map(|r| r.job.clone()).collect();
-        if let Err(e) = self.release(&names, &owner).await {
-            tracing::debug!(store = %self.url, "giving back leases of an undecided claim failed ({e}); they expire");
+    }
+
+    /// Phase 1 with its split votes tried again: the requests whose lease
+    /// is ours on a majority (with what the masters reported), and the
+    /// store's clock; the others' answers go into `outcomes`.
+    async fn lease_rounds(
+        &self,
+        requests: &[ClaimRequest],
+        outcomes: &mut [Option<ClaimOutcome>],
+    ) -> Result<(Vec<(usize, Tally)>, i64), StoreError> {
+        let mut ours: Vec<(usize, Tally)> = Vec::new();
+        let mut pending: Vec<usize> = (0..requests.len()).collect();
+        let mut store_now = None;
+        for round in 0..SPLIT_ROUNDS {
+            let answers = self.take_leases(requests, &pending).await;
+            let clocks = answers
+                .iter()
+                .filter_map(|a| {
+                    a.as_ref()
+                        .and_then(|r| r.as_ref().ok())
+                        .map(|(now, _)| *now)
+                })
+                .collect();
+            store_now = median(clocks).or(store_now);
+            let mut split = Vec::new();
+            let mut undecided = Vec::new();
+            let mut give_back: Vec<(&ClaimRequest, Vec<usize>)> = Vec::new();
+            for (slot, &i) in pending.iter().enumerate() {
+                let req = &requests[i];
+                let mut t = self.tally(&answers, slot, req);
+                if t.errors.len() >= self.majority() {
+                    outcomes[i] = Some(ClaimOutcome::Failed(format!(
+                        "the claim of job {} failed in the servers: {}",
+                        req.job,
+                        one_line(&t.errors[0])
+                    )));
+                    give_back.push((req, std::mem::take(&mut t.taken)));
+                    continue;
+                }
+                let vote = self.vote(&t, req);
+                if !matches!(vote, Vote::Ours) {
+                    give_back.push((req, std::mem::take(&mut t.taken)));
+                }
+                match vote {
+                    Vote::Ours => ours.push((i, t)),
+                    Vote::Held { holder, remaining } => {
+                        outcomes[i] = Some(ClaimOutcome::Lost(Lost {
+                            holder: Some(holder),
+                            remaining,
+                            last_occurrence: t.last.map(from_ms),
+                            fence: t.fence,
+                            too_early: false,
+                        }));
+                    }
+                    // Still split after the last round: a short wait, so the
+                    // node claims again soon instead of giving up.
+                    Vote::Split { holder } if round + 1 == SPLIT_ROUNDS => {
+                        outcomes[i] = Some(ClaimOutcome::Lost(Lost {
+                            holder: holder.or_else(|| Some("(split vote)".into())),
+                            remaining: jitter(),
+                            last_occurrence: t.last.map(from_ms),
+                            fence: t.fence,
+                            too_early: false,
+                        }));
+                    }
+                    Vote::Split { .. } => split.push(i),
+                    Vote::Undecided => undecided.push((i, t.counted)),
+                }
+            }
+            let taken: Vec<(&ClaimRequest, &[usize])> =
+                give_back.iter().map(|(r, m)| (*r, m.as_slice())).collect();
+            self.give_back(&taken).await;
+            let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+            let why = |counted: usize| {
+                format!(
+                    "{answered} of {} Redis masters answered and {counted} of them count for this lease; a majority ({}) must (a master counts in no quorum until it has been up for one lease length)",
+                    self.masters.len(),
+                    self.majority()
+                )
+            };
+            if undecided.len() == requests.len() {
+                // Nothing could be decided: the store is out of reach.
+                return Err(self.unavailable(why(undecided
+                    .iter()
+                    .map(|u| u.1)
+                    .min()
+                    .unwrap_or(0))));
+            }
+            for (i, counted) in undecided {
+                outcomes[i] = Some(ClaimOutcome::Failed(format!(
+                    "the claim of job {} could not be decided: {}",
+                    requests[i].job,
+                    why(counted)
+                )));
+            }
+            if split.is_empty() {
+                break;
+            }
+            tokio::time::sleep(jitter()).await;
+            pending = split;
         }
+        Ok((ours, store_now.unwrap_or_default()))
+    }
+
+    /// Phase 2: the claim rule on what the masters reported, then the wins
+    /// written to the masters. A win written short of a majority, or past
+    /// its lease's validity, makes the call fail: the node retries it as an
+    /// unanswered claim, and a win that did land is answered again.
+    async fn decide_and_write(
+        &self,
+        requests: &[ClaimRequest],
+        ours: Vec<(usize, Tally)>,
+        store_now: i64,
+        started: Instant,
+        outcomes: &mut [Option<ClaimOutcome>],
+    ) -> Result<(), StoreError> {
+        let mut to_write: Vec<(usize, i64, i64, Won, Vec<usize>)> = Vec::new();
+        let mut refused: Vec<(&ClaimRequest, Vec<usize>)> = Vec::new();
+        for (i, t) in ours {
+            let req = &requests[i];
+            let row = LockRow {
+                owner: t.fence_owner.clone(),
+                fence: i64::try_from(t.fence).unwrap_or(i64::MAX),
+                expires_at: 0,
+                last_occurrence: t.last,
+                now: store_now,
+            };
+            match decide(&row, req) {
+                // A recheck answers an earlier win as it stands.
+                Decision::Claim { won, .. } if req.recheck_only => {
+                    outcomes[i] = Some(ClaimOutcome::Won(won));
+                }
+                Decision::Claim {
+                    fence,
+                    last_occurrence,
+                    won,
+                    ..
+                } => to_write.push((i, fence, last_occurrence, won, t.taken)),
+                Decision::Refuse(mut lost) => {
+                    if t.ours_before >= self.majority()
+                        && t.fence_owner.as_deref() == Some(req.owner.as_str())
+                    {
+                        // Our own lease and our own last claim: say so.
+                        lost.holder = Some(req.owner.as_str().to_string());
+                        lost.remaining = Duration::from_millis(
+                            majority_left(t.ours_pttl, self.majority()).unwrap_or(0),
+                        );
+                    }
+                    outcomes[i] = Some(ClaimOutcome::Lost(lost));
+                    refused.push((req, t.taken));
+                }
+                Decision::FenceExhausted => {
+                    outcomes[i] = Some(ClaimOutcome::Failed(fence_exhausted(req.job.as_str())));
+                    refused.push((req, t.taken));
+                }
+            }
+        }
+        let taken: Vec<(&ClaimRequest, &[usize])> =
+            refused.iter().map(|(r, m)| (*r, m.as_slice())).collect();
+        self.give_back(&taken).await;
+        if to_write.is_empty() {
+            return Ok(());
+        }
+        let valid_before = to_write
+            .iter()
+            .all(|(i, ..)| validity(requests[*i].lease, started.elapsed()).is_some());
+        let written = if valid_before {
+            let claims: Vec<(&ClaimRequest, i64, i64)> = to_write
+                .iter()
+                .map(|(i, f, l, ..)| (&requests[*i], *f, *l))
+                .collect();
+            self.write_claims(&claims).await
+        } else {
+            vec![0; to_write.len()]
+        };
+        let elapsed = started.elapsed();
+        let mut short: Vec<(&ClaimRequest, usize, Vec<usize>)> = Vec::new();
+        for ((i, _, _, won, taken), n) in to_write.into_iter().zip(written) {
+            let req = &requests[i];
+            if n >= self.majority() && validity(req.lease, elapsed).is_some() {
+                outcomes[i] = Some(ClaimOutcome::Won(won));
+            } else {
+                short.push((req, n, taken));
+            }
+        }
+        let Some((first, n, _)) = short.first() else {
+            return Ok(());
+        };
+        let message = format!(
+            "the claim of job {} (and {} more) was written on {n} of {} Redis masters within its lease's validity ({elapsed:?} elapsed); a majority ({}) must: the leases it took were given back",
+            first.job,
+            short.len() - 1,
+            self.masters.len(),
+            self.majority()
+        );
+        let taken: Vec<(&ClaimRequest, &[usize])> =
+            short.iter().map(|(r, _, m)| (*r, m.as_slice())).collect();
+        self.give_back(&taken).await;
+        Err(self.unavailable(message))
     }
 
     /// Phase 2: writes each decided claim; per claim, how many counted
@@ -569,9 +761,31 @@ impl RedlockStore {
     }
 }
 
-/// The lease's validity after `elapsed`: lease − elapsed − (1% + 2 ms).
+/// The lease's validity after `elapsed`: lease − elapsed − (1% + 2 ms),
+/// if any is left.
 fn validity(lease: Duration, elapsed: Duration) -> Option<Duration> {
-    lease.checked_sub(elapsed + lease / 100 + Duration::from_millis(2))
+    lease
+        .checked_sub(elapsed + lease / 100 + Duration::from_millis(2))
+        .filter(|v| !v.is_zero())
+}
+
+/// The owner holding the most leases in `leases` (owner, time left in ms),
+/// with those times left.
+fn top_holder(leases: &[(String, i64)]) -> Option<(&str, Vec<i64>)> {
+    let mut by_owner: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (owner, pttl) in leases {
+        by_owner.entry(owner).or_default().push(*pttl);
+    }
+    by_owner.into_iter().max_by_key(|(_, p)| p.len())
+}
+
+/// How long (ms) leases with these times left still make a majority of
+/// `majority`: until all but `majority - 1` of them ended. `None` when they
+/// are fewer than a majority.
+fn majority_left(mut pttls: Vec<i64>, majority: usize) -> Option<u64> {
+    let k = pttls.len().checked_sub(majority)?;
+    pttls.sort_unstable();
+    Some(pttls[k].max(0) as u64)
 }
 
 /// The median of the masters' clocks.
@@ -609,25 +823,30 @@ impl Master {
         Ok(c)
     }
 
-    /// Reads `run_id` from `INFO server`: a new one is a restart.
+    /// Reads `run_id` and `uptime_in_seconds` from `INFO server`: when the
+    /// master started, and whether it restarted since last seen.
     fn observe(&self, info: &str) {
-        let Some(run_id) = info.lines().find_map(|l| l.trim().strip_prefix("run_id:")) else {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name).map(str::to_string))
+        };
+        let run_id = field("run_id:");
+        let uptime = field("uptime_in_seconds:").and_then(|u| u.parse::<u64>().ok());
+        let mut life = self.life();
+        if let Some(up) = uptime {
+            let now = Instant::now();
+            life.started_at = Some(now.checked_sub(Duration::from_secs(up)).unwrap_or(now));
+        }
+        let Some(run_id) = run_id else {
             return;
         };
-        let mut life = self.life();
-        match life.run_id.as_deref() {
-            Some(known) if known != run_id => {
-                tracing::warn!(
-                    master = %self.url,
-                    "Redis master restarted (its run_id changed): it may have lost leases and fences, so it counts in no quorum for one lease length of each job"
-                );
-                life.restarted_at = Some(Instant::now());
-            }
-            _ => {}
+        if life.run_id.as_deref().is_some_and(|known| known != run_id) {
+            tracing::warn!(
+                master = %self.url,
+                "Redis master restarted (its run_id changed): it may have lost leases and fences, so it counts in no quorum until it has been up for one lease length of each job"
+            );
         }
-        if life.run_id.as_deref() != Some(run_id) {
-            life.run_id = Some(run_id.to_string());
-        }
+        life.run_id = Some(run_id);
     }
 
     fn answered(&self) {
@@ -679,187 +898,9 @@ impl Locks for RedlockStore {
         }
         let started = Instant::now();
         let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
-        // Requests whose lease is ours on a majority, with their tallies.
-        let mut ours: Vec<(usize, Tally)> = Vec::new();
-        let mut pending: Vec<usize> = (0..requests.len()).collect();
-        let mut clocks = Vec::new();
-        for round in 0..SPLIT_ROUNDS {
-            let answers = self.take_leases(requests, &pending).await;
-            clocks.extend(answers.iter().filter_map(|a| {
-                a.as_ref()
-                    .and_then(|r| r.as_ref().ok())
-                    .map(|(now, _)| *now)
-            }));
-            let mut split = Vec::new();
-            let mut undecided = Vec::new();
-            let mut give_back = Vec::new();
-            for (slot, &i) in pending.iter().enumerate() {
-                let req = &requests[i];
-                let t = self.tally(&answers, slot, req);
-                if t.errors.len() >= self.majority() {
-                    outcomes[i] = Some(ClaimOutcome::Failed(format!(
-                        "the claim of job {} failed in the servers: {}",
-                        req.job,
-                        one_line(&t.errors[0])
-                    )));
-                    if self.takes_back(&t) {
-                        give_back.push(req);
-                    }
-                    continue;
-                }
-                match self.vote(&t, req) {
-                    Vote::Ours => ours.push((i, t)),
-                    Vote::Held { holder, remaining } => {
-                        if self.takes_back(&t) {
-                            give_back.push(req);
-                        }
-                        outcomes[i] = Some(ClaimOutcome::Lost(Lost {
-                            holder: Some(holder),
-                            remaining,
-                            last_occurrence: t.last.map(from_ms),
-                            fence: t.fence,
-                            too_early: false,
-                        }));
-                    }
-                    Vote::Split { holder } => {
-                        if self.takes_back(&t) {
-                            give_back.push(req);
-                        }
-                        if round + 1 == SPLIT_ROUNDS {
-                            // Still split: report a short wait, so the node
-                            // claims again soon instead of giving up.
-                            outcomes[i] = Some(ClaimOutcome::Lost(Lost {
-                                holder: holder.or_else(|| Some("(split vote)".into())),
-                                remaining: jitter(),
-                                last_occurrence: t.last.map(from_ms),
-                                fence: t.fence,
-                                too_early: false,
-                            }));
-                        } else {
-                            split.push(i);
-                        }
-                    }
-                    Vote::Undecided => {
-                        if self.takes_back(&t) {
-                            give_back.push(req);
-                        }
-                        undecided.push(t.counted);
-                    }
-                }
-            }
-            self.give_back(&give_back).await;
-            if let Some(counted) = undecided.iter().min() {
-                let taken: Vec<&ClaimRequest> = ours
-                    .iter()
-                    .filter(|(_, t)| self.takes_back(t))
-                    .map(|(i, _)| &requests[*i])
-                    .collect();
-                self.give_back(&taken).await;
-                let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
-                return Err(self.unavailable(format!(
-                    "{answered} of {} Redis masters answered and {counted} of them count for this lease; a majority ({}) must (a master that restarted counts in no quorum for one lease length)",
-                    self.masters.len(),
-                    self.majority()
-                )));
-            }
-            if split.is_empty() {
-                break;
-            }
-            tokio::time::sleep(jitter()).await;
-            pending = split;
-        }
-        let store_now = median(clocks).unwrap_or_default();
-
-        // Phase 2: decide on what the masters reported, write the wins.
-        // (request, fence, occurrence, answer, whether to give its leases
-        // back if the write falls short)
-        let mut to_write: Vec<(usize, i64, i64, crate::store::Won, bool)> = Vec::new();
-        let mut refused = Vec::new();
-        for (i, t) in ours {
-            let req = &requests[i];
-            let row = LockRow {
-                owner: t.fence_owner.clone(),
-                fence: i64::try_from(t.fence).unwrap_or(i64::MAX),
-                expires_at: 0,
-                last_occurrence: t.last,
-                now: store_now,
-            };
-            match decide(&row, req) {
-                // A recheck answers an earlier win as it stands.
-                Decision::Claim { won, .. } if req.recheck_only => {
-                    outcomes[i] = Some(ClaimOutcome::Won(won));
-                }
-                Decision::Claim {
-                    fence,
-                    last_occurrence,
-                    won,
-                    ..
-                } => to_write.push((i, fence, last_occurrence, won, self.takes_back(&t))),
-                Decision::Refuse(mut lost) => {
-                    if self.takes_back(&t) {
-                        refused.push(req);
-                    }
-                    if t.ours_before >= self.majority() {
-                        // The lease was ours before this claim: say so.
-                        lost.holder = Some(req.owner.as_str().to_string());
-                        let mut p = t.ours_pttl.clone();
-                        p.sort_unstable();
-                        let left = p.len().checked_sub(self.majority()).map_or(0, |k| p[k]);
-                        lost.remaining = Duration::from_millis(left.max(0) as u64);
-                    }
-                    outcomes[i] = Some(ClaimOutcome::Lost(lost));
-                }
-                Decision::FenceExhausted => {
-                    if self.takes_back(&t) {
-                        refused.push(req);
-                    }
-                    outcomes[i] = Some(ClaimOutcome::Failed(fence_exhausted(req.job.as_str())));
-                }
-            }
-        }
-        self.give_back(&refused).await;
-        if !to_write.is_empty() {
-            let valid_before = to_write
-                .iter()
-                .all(|(i, ..)| validity(requests[*i].lease, started.elapsed()).is_some());
-            let written = if valid_before {
-                let claims: Vec<(&ClaimRequest, i64, i64)> = to_write
-                    .iter()
-                    .map(|(i, f, l, ..)| (&requests[*i], *f, *l))
-                    .collect();
-                self.write_claims(&claims).await
-            } else {
-                vec![0; to_write.len()]
-            };
-            let elapsed = started.elapsed();
-            let mut short = Vec::new();
-            for ((i, _, _, won, takes_back), n) in to_write.into_iter().zip(written) {
-                let req = &requests[i];
-                if n >= self.majority() && validity(req.lease, elapsed).is_some() {
-                    outcomes[i] = Some(ClaimOutcome::Won(won));
-                } else {
-                    short.push((req, n, takes_back));
-                }
-            }
-            if let Some((first, n, _)) = short.first() {
-                let jobs: Vec<&ClaimRequest> = short
-                    .iter()
-                    .filter(|(.., takes_back)| *takes_back)
-                    .map(|(r, ..)| *r)
-                    .collect();
-                self.give_back(&jobs).await;
-                // Written on some masters maybe: the node retries these as
-                // unanswered claims, and a win that did land is answered again.
-                return Err(self.unavailable(format!(
-                    "the claim of job {} (and {} more) was written on {n} of {} Redis masters within its lease's validity ({:?} elapsed); a majority ({}) must: its leases were given back",
-                    first.job,
-                    short.len() - 1,
-                    self.masters.len(),
-                    elapsed,
-                    self.majority()
-                )));
-            }
-        }
+        let (ours, store_now) = self.lease_rounds(requests, &mut outcomes).await?;
+        self.decide_and_write(requests, ours, store_now, started, &mut outcomes)
+            .await?;
         let outcomes = outcomes
             .into_iter()
             .zip(requests)
@@ -963,20 +1004,12 @@ impl Locks for RedlockStore {
             .into_iter()
             .map(|(job, locks)| {
                 let top = locks.iter().max_by_key(|l| l.fence);
-                let mut holders: HashMap<&str, Vec<i64>> = HashMap::new();
-                for l in &locks {
-                    if let Some(h) = &l.holder {
-                        holders.entry(h).or_default().push(l.pttl);
-                    }
-                }
-                let live = holders
-                    .into_iter()
-                    .filter(|(_, p)| p.len() >= m)
-                    .max_by_key(|(_, p)| p.len())
-                    .map(|(h, mut p)| {
-                        p.sort_unstable();
-                        (h.to_string(), p[p.len() - m].max(0) as u64)
-                    });
+                let leases: Vec<(String, i64)> = locks
+                    .iter()
+                    .filter_map(|l| l.holder.clone().map(|h| (h, l.pttl)))
+                    .collect();
+                let live = top_holder(&leases)
+                    .and_then(|(h, p)| majority_left(p, m).map(|left| (h.to_string(), left)));
                 LockStatus {
                     job,
                     holder: live.as_ref().map(|(h, _)| h.clone()),
@@ -1169,10 +1202,117 @@ mod tests {
             Some(Duration::from_millis(978))
         );
         assert_eq!(
-            validity(lease, Duration::from_millis(1_978)),
-            Some(Duration::ZERO)
+            validity(lease, Duration::from_millis(1_977)),
+            Some(Duration::from_millis(1))
         );
+        // Used up exactly is gone.
+        assert_eq!(validity(lease, Duration::from_millis(1_978)), None);
         assert_eq!(validity(lease, Duration::from_millis(1_979)), None);
+    }
+
+    #[test]
+    fn a_majority_holds_until_all_but_majority_minus_one_leases_end() {
+        assert_eq!(majority_left(vec![900, 300, 600], 2), Some(600));
+        assert_eq!(majority_left(vec![900, 300], 2), Some(300));
+        assert_eq!(majority_left(vec![900], 2), None);
+        assert_eq!(majority_left(vec![5, 1, 4, 2, 3], 3), Some(3));
+        let leases = [
+            ("b".to_string(), 100),
+            ("a".to_string(), 400),
+            ("b".to_string(), 200),
+        ];
+        assert_eq!(top_holder(&leases), Some(("b", vec![100, 200])));
+        assert_eq!(top_holder(&[]), None);
+    }
+
+    fn store() -> RedlockStore {
+        let url = StoreUrl::redlock(&["redis://h1:1", "redis://h2:1", "redis://h3:1"]).unwrap();
+        RedlockStore::open(&StoreConfig::new(url)).unwrap()
+    }
+
+    fn request(recheck_only: bool) -> ClaimRequest {
+        ClaimRequest {
+            job: JobName::parse("j").unwrap(),
+            occurrence: from_ms(1_000),
+            previous: None,
+            misfire: crate::config::Misfire::RunOnce,
+            owner: Owner::from_raw("me#1"),
+            lease: Duration::from_secs(2),
+            fence_floor: 0,
+            max_offset: Duration::from_millis(500),
+            after_unanswered: recheck_only,
+            recheck_only,
+        }
+    }
+
+    fn tally(ours: usize, others: &[(&str, i64)], counted: usize) -> Tally {
+        Tally {
+            ours,
+            counted,
+            others: others.iter().map(|(o, p)| (o.to_string(), *p)).collect(),
+            ..Tally::default()
+        }
+    }
+
+    #[test]
+    fn votes_need_a_majority_for_one_owner() {
+        let s = store();
+        let claim = request(false);
+        assert!(matches!(
+            s.vote(&tally(2, &[("b", 900)], 3), &claim),
+            Vote::Ours
+        ));
+        assert!(matches!(
+            s.vote(&tally(1, &[("b", 900), ("b", 400)], 3), &claim),
+            Vote::Held { ref holder, remaining } if holder == "b" && remaining == Duration::from_millis(400)
+        ));
+        // One each: nobody may give up, nobody has won.
+        assert!(matches!(
+            s.vote(&tally(1, &[("b", 900), ("c", 900)], 3), &claim),
+            Vote::Split { .. }
+        ));
+        // Two masters counted of three: not enough to tell.
+        assert!(matches!(
+            s.vote(&tally(1, &[("b", 900)], 2), &claim),
+            Vote::Split { .. }
+        ));
+        assert!(matches!(s.vote(&tally(1, &[], 1), &claim), Vote::Undecided));
+        // A recheck takes nothing and reads a majority, unless another
+        // holds the lease.
+        let recheck = request(true);
+        assert!(matches!(
+            s.vote(&tally(0, &[("b", 900)], 3), &recheck),
+            Vote::Ours
+        ));
+        assert!(matches!(
+            s.vote(&tally(0, &[("b", 900), ("b", 900)], 3), &recheck),
+            Vote::Held { .. }
+        ));
+    }
+
+    #[test]
+    fn ties_at_the_highest_fence_leave_the_last_owner_unknown() {
+        let s = store();
+        let entry = |fence: &str, owner: &str| -> LeaseAnswer {
+            Some(Ok((
+                0,
+                vec![(
+                    2,
+                    Some("me#1".into()),
+                    900,
+                    fence.into(),
+                    5,
+                    Some(owner.into()),
+                )],
+            )))
+        };
+        let answers = [entry("7", "me#1"), entry("7", "b#1"), entry("6", "me#1")];
+        let t = s.tally(&answers, 0, &request(false));
+        assert_eq!((t.fence, t.fence_owner.as_deref()), (7, None));
+        let answers = [entry("7", "me#1"), entry("7", "me#1"), entry("6", "b#1")];
+        let t = s.tally(&answers, 0, &request(false));
+        assert_eq!((t.fence, t.fence_owner.as_deref()), (7, Some("me#1")));
+        assert_eq!((t.ours, t.ours_before, t.counted), (3, 3, 3));
     }
 
     #[test]

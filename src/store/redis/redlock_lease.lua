@@ -23,7 +23,7 @@ local function take(lease_key, state_key, owner, lease_ms)
   end
   if holder then
     local pttl = redis.call('PTTL', lease_key)
-    if pttl == -1 then
+    if pttl == -1 and lease_ms ~= '0' then
       -- A lease with no expiry (a hand SET or PERSIST) would block the job
       -- forever: give it one lease from now.
       redis.call('PEXPIRE', lease_key, lease_ms)
