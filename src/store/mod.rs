@@ -11,7 +11,8 @@
 //!
 //! Backends: [`sql`] (SQLite, MySQL/MariaDB, PostgreSQL through sqlx) and
 //! [`redis`] (Lua scripts; also a master found through Sentinel, and
-//! Redlock over independent masters); `memory` (feature `memory`) is an in-process one
+//! Redlock over independent masters), [`zookeeper`] (compare-and-set on a
+//! node per job); `memory` (feature `memory`) is an in-process one
 //! for tests, held to the same suite. Which one runs is decided at run time from the
 //! URL by [`connect`] from one table of backends by scheme; a backend left
 //! out of the build answers with a clear "not built in" error. A store is

@@ -290,56 +290,82 @@ impl RedisStore {
 
     async fn scan(&self, kind: &str) -> Result<Vec<String>, StoreError> {
         let mut conn = self.conn().await?;
-        let pattern = format!("{}{{*}}:{kind}", glob_escape(&self.prefix));
-        let mut cursor: u64 = 0;
-        let mut keys = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            keys.extend(batch);
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        keys.sort();
-        keys.dedup();
-        Ok(keys)
+        scan_keys(&mut conn, &self.prefix, kind)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     fn job_of(&self, key: &str, kind: &str) -> Option<String> {
-        key.strip_prefix(&self.prefix)?
-            .strip_prefix('{')?
-            .strip_suffix(&format!("}}:{kind}"))
-            .map(str::to_string)
+        job_of(&self.prefix, key, kind)
     }
 
     async fn read_runs(&self, key: &str, limit: u32) -> Result<Vec<RunRecord>, StoreError> {
         let mut conn = self.conn().await?;
-        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
-            .arg(key)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(limit)
-            .query_async(&mut conn)
+        stream_runs(&mut conn, &self.prefix, key, limit)
             .await
-            .map_err(|e| self.err(e))?;
-        let job = self.job_of(key, "runs").unwrap_or_default();
-        Ok(entries
-            .into_iter()
-            .map(|(id, fields)| {
-                run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
-            })
-            .collect())
+            .map_err(|e| self.err(e))
     }
+}
+
+/// Every job's key of `kind` under `prefix` (SCAN), sorted.
+async fn scan_keys(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    kind: &str,
+) -> redis::RedisResult<Vec<String>> {
+    let pattern = format!("{}{{*}}:{kind}", glob_escape(prefix));
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        keys.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
+}
+
+/// The job a key of `kind` under `prefix` belongs to.
+fn job_of(prefix: &str, key: &str, kind: &str) -> Option<String> {
+    key.strip_prefix(prefix)?
+        .strip_prefix('{')?
+        .strip_suffix(&format!("}}:{kind}"))
+        .map(str::to_string)
+}
+
+/// The newest `limit` runs of one job's stream `key`.
+async fn stream_runs(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    key: &str,
+    limit: u32,
+) -> redis::RedisResult<Vec<RunRecord>> {
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+        .arg(key)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(limit)
+        .query_async(conn)
+        .await?;
+    let job = job_of(prefix, key, "runs").unwrap_or_default();
+    Ok(entries
+        .into_iter()
+        .map(|(id, fields)| {
+            run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
+        })
+        .collect())
 }
 
 /// How a connection to one server behaves: a call slower than `op_timeout`

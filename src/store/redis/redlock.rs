@@ -28,7 +28,7 @@
 //! as the union. The clock is the median of the masters' `TIME`.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
@@ -41,8 +41,8 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::{
-    RELEASE, RENEW, client_for, eval_loading, glob_escape, job_key, malformed_run, manager_config,
-    record_args, run_from_fields, store_error,
+    RELEASE, RENEW, client_for, eval_loading, job_key, job_of, manager_config, record_args,
+    scan_keys, store_error, stream_runs,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 use crate::store::{
@@ -1040,35 +1040,9 @@ struct MasterLock {
 impl RedlockStore {
     async fn scan_on(&self, master: &Master, kind: &str) -> Result<Vec<String>, StoreError> {
         let mut conn = master.connection(self.op_timeout).await?;
-        let pattern = format!("{}{{*}}:{kind}", glob_escape(&self.prefix));
-        let mut cursor: u64 = 0;
-        let mut keys = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| store_error(&master.url, &e))?;
-            keys.extend(batch);
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        keys.sort();
-        keys.dedup();
-        Ok(keys)
-    }
-
-    fn job_of(&self, key: &str, kind: &str) -> Option<String> {
-        key.strip_prefix(&self.prefix)?
-            .strip_prefix('{')?
-            .strip_suffix(&format!("}}:{kind}"))
-            .map(str::to_string)
+        scan_keys(&mut conn, &self.prefix, kind)
+            .await
+            .map_err(|e| store_error(&master.url, &e))
     }
 
     async fn status_of(&self, master: &Master) -> Result<Vec<MasterLock>, StoreError> {
@@ -1076,7 +1050,7 @@ impl RedlockStore {
             .scan_on(master, "state")
             .await?
             .iter()
-            .filter_map(|k| self.job_of(k, "state"))
+            .filter_map(|k| job_of(&self.prefix, k, "state"))
             .collect();
         if jobs.is_empty() {
             return Ok(Vec::new());
@@ -1132,19 +1106,11 @@ impl RedlockStore {
         let mut conn = master.connection(self.op_timeout).await?;
         let mut runs = Vec::new();
         for key in keys {
-            let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
-                .arg(&key)
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(limit)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| store_error(&master.url, &e))?;
-            let job = self.job_of(&key, "runs").unwrap_or_default();
-            runs.extend(entries.into_iter().map(|(id, fields)| {
-                run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
-            }));
+            runs.extend(
+                stream_runs(&mut conn, &self.prefix, &key, limit)
+                    .await
+                    .map_err(|e| store_error(&master.url, &e))?,
+            );
         }
         Ok(runs)
     }
