@@ -295,16 +295,74 @@ impl RedisStore {
             .map_err(|e| self.err(e))
     }
 
-    fn job_of(&self, key: &str, kind: &str) -> Option<String> {
-        job_of(&self.prefix, key, kind)
-    }
-
     async fn read_runs(&self, key: &str, limit: u32) -> Result<Vec<RunRecord>, StoreError> {
         let mut conn = self.conn().await?;
         stream_runs(&mut conn, &self.prefix, key, limit)
             .await
             .map_err(|e| self.err(e))
     }
+}
+
+/// One server's view of one job's lock, for `status`.
+struct ServerLock {
+    job: String,
+    fence: u64,
+    last: Option<i64>,
+    /// The last claimer (the state hash's owner).
+    owner: Option<String>,
+    /// The live lease's owner and its time left (ms).
+    holder: Option<String>,
+    pttl: i64,
+}
+
+/// Every job's lock on one server: its keys found by SCAN, then read in one
+/// pipeline. `err` turns a driver error into the store's.
+async fn server_locks(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    url: &StoreUrl,
+    err: impl Fn(redis::RedisError) -> StoreError,
+) -> Result<Vec<ServerLock>, StoreError> {
+    let keys = scan_keys(conn, prefix, "state").await.map_err(&err)?;
+    let jobs: Vec<String> = keys
+        .iter()
+        .filter_map(|k| job_of(prefix, k, "state"))
+        .collect();
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for job in &jobs {
+        pipe.cmd("HMGET")
+            .arg(job_key(prefix, job, "state"))
+            .arg("fence")
+            .arg("last_occurrence")
+            .arg("owner");
+        pipe.cmd("GET").arg(job_key(prefix, job, "lease"));
+        pipe.cmd("PTTL").arg(job_key(prefix, job, "lease"));
+    }
+    let replies: Vec<redis::Value> = pipe.query_async(conn).await.map_err(&err)?;
+    let mut out = Vec::with_capacity(jobs.len());
+    for (job, chunk) in jobs.into_iter().zip(replies.chunks(3)) {
+        let [state, holder, pttl] = chunk else {
+            continue;
+        };
+        let malformed = |e: redis::ParsingError| StoreError::Backend {
+            store: url.redacted().into(),
+            reason: format!("unexpected reply for {job}: {e}"),
+        };
+        let state: (Option<String>, Option<i64>, Option<String>) =
+            redis::from_redis_value(state.clone()).map_err(malformed)?;
+        out.push(ServerLock {
+            fence: state.0.and_then(|f| f.parse().ok()).unwrap_or(0),
+            last: state.1,
+            owner: state.2,
+            holder: redis::from_redis_value(holder.clone()).map_err(malformed)?,
+            pttl: redis::from_redis_value(pttl.clone()).map_err(malformed)?,
+            job,
+        });
+    }
+    Ok(out)
 }
 
 /// Every job's key of `kind` under `prefix` (SCAN), sorted.
@@ -705,55 +763,23 @@ impl Locks for RedisStore {
     }
 
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
-        let keys = self.scan("state").await?;
-        let jobs: Vec<String> = keys
-            .iter()
-            .filter_map(|k| self.job_of(k, "state"))
-            .collect();
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
         let mut conn = self.conn().await?;
-        let mut pipe = redis::pipe();
-        for job in &jobs {
-            pipe.cmd("HMGET")
-                .arg(self.key(job, "state"))
-                .arg("fence")
-                .arg("last_occurrence")
-                .arg("owner");
-            pipe.cmd("GET").arg(self.key(job, "lease"));
-            pipe.cmd("PTTL").arg(self.key(job, "lease"));
-        }
-        let replies: Vec<redis::Value> =
-            pipe.query_async(&mut conn).await.map_err(|e| self.err(e))?;
-        let mut out = Vec::with_capacity(jobs.len());
-        for (job, chunk) in jobs.into_iter().zip(replies.chunks(3)) {
-            let [state, holder, pttl] = chunk else {
-                continue;
-            };
-            let malformed = |e: redis::ParsingError| StoreError::Backend {
-                store: self.url.redacted().into(),
-                reason: format!("unexpected reply for {job}: {e}"),
-            };
-            let state: (Option<i64>, Option<i64>, Option<String>) =
-                redis::from_redis_value(state.clone()).map_err(malformed)?;
-            let holder: Option<String> =
-                redis::from_redis_value(holder.clone()).map_err(malformed)?;
-            let pttl: i64 = redis::from_redis_value(pttl.clone()).map_err(malformed)?;
-            out.push(LockStatus {
-                job,
-                lease_remaining_ms: if holder.is_some() {
-                    pttl.max(0) as u64
+        let locks = server_locks(&mut conn, &self.prefix, &self.url, |e| self.err(e)).await?;
+        Ok(locks
+            .into_iter()
+            .map(|l| LockStatus {
+                lease_remaining_ms: if l.holder.is_some() {
+                    l.pttl.max(0) as u64
                 } else {
                     0
                 },
-                holder,
-                fence: state.0.unwrap_or(0).max(0) as u64,
-                last_occurrence: state.1.map(from_ms),
-                last_owner: state.2,
-            });
-        }
-        Ok(out)
+                job: l.job,
+                holder: l.holder,
+                fence: l.fence,
+                last_occurrence: l.last.map(from_ms),
+                last_owner: l.owner,
+            })
+            .collect())
     }
 
     fn describe(&self) -> &str {

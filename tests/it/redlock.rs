@@ -19,7 +19,7 @@ use cronlease::config::{JobName, Misfire, StoreConfig};
 use cronlease::store::redis::redlock::RedlockStore;
 use cronlease::store::{ClaimOutcome, ClaimRequest, Locks, Owner};
 
-use crate::cluster::{Cluster, Line, check_exactly_once};
+use crate::cluster::{Cluster, Line, check_exactly_once, check_once_in_order};
 use crate::support::{Backend, RedisServer, store_url, unique, wait_for_uptime};
 
 /// Five masters, up long enough to count for a lease of `lease_secs`.
@@ -49,26 +49,6 @@ fn urls(masters: &[RedisServer]) -> String {
 fn restart_empty(m: &mut RedisServer) {
     m.stop();
     m.start();
-}
-
-/// No occurrence twice, fences increasing with the occurrences (gaps
-/// allowed: a majority of masters was down for some of them).
-fn check_once_in_order(lines: &[Line], report: &str) {
-    let mut sorted = lines.to_vec();
-    sorted.sort_by_key(|l| l.occurrence);
-    for w in sorted.windows(2) {
-        assert_ne!(
-            w[0].occurrence, w[1].occurrence,
-            "occurrence ran twice: {:?} {:?}\n{report}",
-            w[0], w[1]
-        );
-        assert!(
-            w[0].fence < w[1].fence,
-            "fence not increasing: {:?} then {:?}\n{report}",
-            w[0],
-            w[1]
-        );
-    }
 }
 
 #[test]

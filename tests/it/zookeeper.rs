@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::cluster::{Cluster, Line};
+use crate::cluster::{Cluster, Line, check_once_in_order};
 use crate::support::{Backend, free_port, wait_until};
 
 /// The jars Debian's zookeeper package installs (log4j for its logging).
@@ -116,21 +116,7 @@ fn a_zookeeper_restart_during_a_run_loses_nothing() {
     );
     c.stop_all();
     let report = c.report();
-    let mut lines: Vec<Line> = c.lines();
-    lines.sort_by_key(|l| l.occurrence);
-    for w in lines.windows(2) {
-        assert_ne!(
-            w[0].occurrence, w[1].occurrence,
-            "occurrence ran twice: {:?} {:?}\n{report}",
-            w[0], w[1]
-        );
-        assert!(
-            w[0].fence < w[1].fence,
-            "fence not increasing across the restart: {:?} then {:?}\n{report}",
-            w[0],
-            w[1]
-        );
-    }
+    let lines: Vec<Line> = check_once_in_order(&c.lines(), &report);
     let before = lines.iter().filter(|l| l.occurrence < down).count();
     let after = lines.iter().filter(|l| l.occurrence > up).count();
     assert!(before >= 3 && after >= 4, "{report}");

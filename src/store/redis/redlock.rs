@@ -41,8 +41,8 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::{
-    RELEASE, RENEW, client_for, eval_loading, job_key, job_of, manager_config, record_args,
-    scan_keys, store_error, stream_runs,
+    RELEASE, RENEW, ServerLock, client_for, eval_loading, job_key, manager_config, record_args,
+    scan_keys, server_locks, store_error, stream_runs,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 use crate::store::{
@@ -997,7 +997,7 @@ impl Locks for RedlockStore {
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
         let answers = self.each(|m| self.status_of(m)).await;
         let answered = self.quorum(answers)?;
-        let mut jobs: BTreeMap<String, Vec<MasterLock>> = BTreeMap::new();
+        let mut jobs: BTreeMap<String, Vec<ServerLock>> = BTreeMap::new();
         for (_, locks) in answered {
             for l in locks {
                 jobs.entry(l.job.clone()).or_default().push(l);
@@ -1031,16 +1031,6 @@ impl Locks for RedlockStore {
     }
 }
 
-/// One master's view of one job's lock, for `status`.
-struct MasterLock {
-    job: String,
-    fence: u64,
-    last: Option<i64>,
-    owner: Option<String>,
-    holder: Option<String>,
-    pttl: i64,
-}
-
 impl RedlockStore {
     async fn scan_on(&self, master: &Master, kind: &str) -> Result<Vec<String>, StoreError> {
         let mut conn = master.connection(self.op_timeout).await?;
@@ -1049,52 +1039,12 @@ impl RedlockStore {
             .map_err(|e| store_error(&master.url, &e))
     }
 
-    async fn status_of(&self, master: &Master) -> Result<Vec<MasterLock>, StoreError> {
-        let jobs: Vec<String> = self
-            .scan_on(master, "state")
-            .await?
-            .iter()
-            .filter_map(|k| job_of(&self.prefix, k, "state"))
-            .collect();
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for job in &jobs {
-            pipe.cmd("HMGET")
-                .arg(self.key(job, "state"))
-                .arg("fence")
-                .arg("last_occurrence")
-                .arg("owner");
-            pipe.cmd("GET").arg(self.key(job, "lease"));
-            pipe.cmd("PTTL").arg(self.key(job, "lease"));
-        }
+    async fn status_of(&self, master: &Master) -> Result<Vec<ServerLock>, StoreError> {
         let mut conn = master.connection(self.op_timeout).await?;
-        let replies: Vec<redis::Value> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| store_error(&master.url, &e))?;
-        let mut out = Vec::with_capacity(jobs.len());
-        for (job, chunk) in jobs.into_iter().zip(replies.chunks(3)) {
-            let [state, holder, pttl] = chunk else {
-                continue;
-            };
-            let malformed = |e: redis::ParsingError| StoreError::Backend {
-                store: master.url.redacted().into(),
-                reason: format!("unexpected reply for {job}: {e}"),
-            };
-            let state: (Option<String>, Option<i64>, Option<String>) =
-                redis::from_redis_value(state.clone()).map_err(malformed)?;
-            out.push(MasterLock {
-                fence: state.0.and_then(|f| f.parse().ok()).unwrap_or(0),
-                last: state.1,
-                owner: state.2,
-                holder: redis::from_redis_value(holder.clone()).map_err(malformed)?,
-                pttl: redis::from_redis_value(pttl.clone()).map_err(malformed)?,
-                job,
-            });
-        }
-        Ok(out)
+        server_locks(&mut conn, &self.prefix, &master.url, |e| {
+            store_error(&master.url, &e)
+        })
+        .await
     }
 
     async fn runs_on(
