@@ -512,6 +512,21 @@ async fn eval_loading<T: redis::FromRedisValue>(
     }
 }
 
+/// The keys and arguments of `renew.lua` for `owner`'s `renewals`.
+fn renew_args(prefix: &str, owner: &Owner, renewals: &[Renewal]) -> (Vec<String>, Vec<String>) {
+    let keys = renewals
+        .iter()
+        .map(|r| job_key(prefix, r.job.as_str(), "lease"))
+        .collect();
+    let mut args = vec![owner.as_str().to_string()];
+    args.extend(
+        renewals
+            .iter()
+            .map(|r| duration_ms(r.lease).max(1).to_string()),
+    );
+    (keys, args)
+}
+
 /// The keys and arguments of `record.lua` for `runs`, keeping `keep` per job.
 fn record_args(runs: &[RunRecord], keep: u32, prefix: &str) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(2 * runs.len());
@@ -726,16 +741,7 @@ impl Locks for RedisStore {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<String> = renewals
-            .iter()
-            .map(|r| self.key(r.job.as_str(), "lease"))
-            .collect();
-        let mut args = vec![owner.as_str().to_string()];
-        args.extend(
-            renewals
-                .iter()
-                .map(|r| duration_ms(r.lease).max(1).to_string()),
-        );
+        let (keys, args) = renew_args(&self.prefix, owner, renewals);
         let done: Vec<i64> = self.eval(&self.renew, &keys, &args).await?;
         Ok((0..renewals.len())
             .map(|i| done.get(i) == Some(&1))

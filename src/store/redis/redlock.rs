@@ -42,7 +42,7 @@ use tokio::time::Instant;
 
 use super::{
     RELEASE, RENEW, ServerLock, client_for, eval_loading, job_key, manager_config, record_args,
-    scan_keys, server_locks, store_error, stream_runs,
+    renew_args, scan_keys, server_locks, store_error, stream_runs,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 use crate::store::{
@@ -726,19 +726,33 @@ impl RedlockStore {
                 last.to_string(),
             ]);
         }
-        let (k, a) = (&keys, &args);
         let leases: Vec<Duration> = claims.iter().map(|(r, ..)| r.lease).collect();
+        let (done, _) = self.each_request(&self.write, &keys, &args, &leases).await;
+        done
+    }
+
+    /// Runs a script that answers 1 or 0 per request (of lease `leases[i]`)
+    /// on every master, waiting until each request has a majority of 1s or
+    /// the masters answered: per request, how many counted masters answered
+    /// 1, and every master's answer.
+    async fn each_request(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        leases: &[Duration],
+    ) -> (Vec<usize>, Vec<Option<Result<Vec<i64>, StoreError>>>) {
         let answers = self
             .each_until(
-                |m| self.eval_on::<Vec<i64>>(m, &self.write, k, a),
+                |m| self.eval_on::<Vec<i64>>(m, script, keys, args),
                 |answers| {
-                    self.done_counts(answers, &leases)
+                    self.done_counts(answers, leases)
                         .iter()
                         .all(|n| *n >= self.majority())
                 },
             )
             .await;
-        self.done_counts(&answers, &leases)
+        (self.done_counts(&answers, leases), answers)
     }
 
     /// Per request (of lease `leases[i]`), how many counted masters answered
@@ -939,29 +953,9 @@ impl Locks for RedlockStore {
             return Ok(Vec::new());
         }
         let started = Instant::now();
-        let keys: Vec<String> = renewals
-            .iter()
-            .map(|r| self.key(r.job.as_str(), "lease"))
-            .collect();
-        let mut args = vec![owner.as_str().to_string()];
-        args.extend(
-            renewals
-                .iter()
-                .map(|r| duration_ms(r.lease).max(1).to_string()),
-        );
-        let (k, a) = (&keys, &args);
+        let (keys, args) = renew_args(&self.prefix, owner, renewals);
         let leases: Vec<Duration> = renewals.iter().map(|r| r.lease).collect();
-        let answers = self
-            .each_until(
-                |m| self.eval_on::<Vec<i64>>(m, &self.renew, k, a),
-                |answers| {
-                    self.done_counts(answers, &leases)
-                        .iter()
-                        .all(|n| *n >= self.majority())
-                },
-            )
-            .await;
-        let extended = self.done_counts(&answers, &leases);
+        let (extended, answers) = self.each_request(&self.renew, &keys, &args, &leases).await;
         self.quorum(answers)?;
         let elapsed = started.elapsed();
         Ok(renewals
