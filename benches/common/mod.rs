@@ -7,7 +7,7 @@ pub fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "options: --stores sqlite,mysql,postgres,redis,sentinel,redlock,zookeeper  and the benchmark's own (see its source header)"
+            "options: --stores sqlite,mysql,postgres,redis,sentinel,redlock,zookeeper,etcd  and the benchmark's own (see its source header)"
         );
         std::process::exit(0);
     }
@@ -29,6 +29,7 @@ pub fn stores() -> Vec<Backend> {
             "sentinel" => Backend::Sentinel,
             "redlock" => Backend::Redlock,
             "zookeeper" | "zk" => Backend::ZooKeeper,
+            "etcd" => Backend::Etcd,
             other => panic!("unknown store {other}"),
         })
         .collect()

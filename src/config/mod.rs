@@ -138,7 +138,26 @@ pub enum StoreKind {
     Redlock(Vec<StoreUrl>),
     /// A ZooKeeper ensemble (`zk://`).
     ZooKeeper(ZkTarget),
+    /// An etcd cluster (`etcd://`, or `etcds://` for TLS).
+    Etcd(EtcdTarget),
 }
+
+/// Where an `etcd://` or `etcds://` URL points: the cluster's members.
+/// Keys go under `store.key_prefix`; the URL has no path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTarget {
+    /// The members to reach, `(host, port)` (port 2379 when not given).
+    pub servers: Vec<(String, u16)>,
+    /// `etcds://`: TLS, trusting `store.tls_ca_file` if set, else the
+    /// system's roots.
+    pub tls: bool,
+    /// The user for etcd's authentication, if any (its password is the
+    /// URL's or `password_file`'s).
+    pub username: Option<String>,
+}
+
+/// The port of an etcd member's client URL when the store URL names none.
+pub const ETCD_PORT: u16 = 2379;
 
 /// Where a `zk://` URL points: the ensemble's servers and the node under
 /// which cronlease keeps its nodes.
@@ -151,7 +170,14 @@ pub struct ZkTarget {
     /// The user for digest authentication, if any (its password is the
     /// URL's or `password_file`'s).
     pub username: Option<String>,
+    /// The session timeout asked for (`?session_timeout=`, default 10 s);
+    /// the server clamps it to its `minSessionTimeout`..`maxSessionTimeout`.
+    /// A dead holder's jobs are free once its session ends.
+    pub session_timeout: Duration,
 }
+
+/// The ZooKeeper session timeout asked for when the URL names none.
+pub const ZK_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many independent masters a Redlock store may have.
 pub const REDLOCK_MASTERS: [usize; 2] = [3, 5];
@@ -223,15 +249,33 @@ fn parse_userinfo(userinfo: Option<&str>) -> (Option<String>, Option<String>) {
     }
 }
 
-/// Parses the part of `zk://[user[:password]@]host[:port],host[:port][/chroot]`
+/// Parses the part of `zk://[user[:password]@]host[:port],host[:port][/chroot][?session_timeout=D]`
 /// after the scheme; returns the target and the password.
 fn parse_zk(rest: &str) -> Result<(ZkTarget, Option<String>), String> {
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
-    if path.contains('?') || authority.contains('?') {
-        return Err("zk:// URLs take no query parameters".into());
+    let mut session_timeout = ZK_SESSION_TIMEOUT;
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "session_timeout" => {
+                session_timeout = humantime::parse_duration(&v)
+                    .ok()
+                    .filter(|d| *d >= Duration::from_millis(100) && *d <= Duration::from_secs(600))
+                    .ok_or_else(|| {
+                        format!(
+                            "session_timeout={v}: expected a duration from 100ms to 10m such as \"4s\""
+                        )
+                    })?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown parameter {other:?}: expected session_timeout"
+                ));
+            }
+        }
     }
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
@@ -258,6 +302,41 @@ fn parse_zk(rest: &str) -> Result<(ZkTarget, Option<String>), String> {
         ZkTarget {
             servers,
             chroot,
+            username,
+            session_timeout,
+        },
+        password,
+    ))
+}
+
+/// Parses the part of `etcd://[user[:password]@]host[:port],host[:port][/]`
+/// (or `etcds://`) after the scheme; returns the target and the password.
+/// Neither a path nor a query is valid, so the userinfo ends at the last `@`
+/// wherever it stands (a password may hold a `/` or a `?`).
+fn parse_etcd(rest: &str, tls: bool) -> Result<(EtcdTarget, Option<String>), String> {
+    let (userinfo, after) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let (hosts, tail) = after.split_at(after.find(['/', '?', '#']).unwrap_or(after.len()));
+    if tail.contains('?') {
+        return Err(
+            "etcd URLs take no query parameters: keys go under store.key_prefix, a password in the URL's userinfo or in store.password_file"
+                .into(),
+        );
+    }
+    if !tail.is_empty() && tail != "/" {
+        return Err(
+            "etcd URLs take no path: they name the cluster's members only (etcd://host:2379,host:2379), keys go under store.key_prefix"
+                .into(),
+        );
+    }
+    let (username, password) = parse_userinfo(userinfo);
+    let servers = parse_servers(hosts, ETCD_PORT, "server")?;
+    Ok((
+        EtcdTarget {
+            servers,
+            tls,
             username,
         },
         password,
@@ -401,13 +480,33 @@ impl StoreUrl {
                 secret,
             });
         }
+        if scheme == "etcd" || scheme == "etcds" {
+            let rest = raw[scheme.len() + 1..].strip_prefix("//").ok_or_else(|| {
+                format!(
+                    "invalid store URL {redacted_input:?}: expected {scheme}://host:2379,host:2379"
+                )
+            })?;
+            let (target, secret) = parse_etcd(rest, scheme == "etcds")
+                .map_err(|m| format!("invalid store URL {redacted_input:?}: {m}"))?;
+            if secret.is_some() && target.username.is_none() {
+                return Err(format!(
+                    "invalid store URL {redacted_input:?}: a password needs a user ({scheme}://user:password@host)"
+                ));
+            }
+            return Ok(StoreUrl {
+                kind: StoreKind::Etcd(target),
+                url: raw.to_string(),
+                redacted: redacted_input,
+                secret,
+            });
+        }
         let kind = match scheme.as_str() {
             "mysql" | "mariadb" => StoreKind::Mysql,
             "postgres" | "postgresql" => StoreKind::Postgres,
             "redis" | "rediss" => StoreKind::Redis,
             other => {
                 return Err(format!(
-                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres://, redis://, redis+sentinel:// or zk://"
+                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres://, redis://, redis+sentinel://, zk://, etcd:// or etcds://"
                 ));
             }
         };
@@ -515,6 +614,18 @@ impl StoreUrl {
                         .into(),
                 );
             }
+            self.secret = Some(password.to_string());
+            return Ok(self);
+        }
+        if let StoreKind::Etcd(t) = &self.kind {
+            if t.username.is_none() {
+                return Err(
+                    "password_file is set but the etcd:// URL names no user (etcd://user@host)"
+                        .into(),
+                );
+            }
+            // Not a URL the url crate reads (several hosts): the store
+            // takes the password from here.
             self.secret = Some(password.to_string());
             return Ok(self);
         }
@@ -684,16 +795,31 @@ pub fn redact_url(raw: &str) -> String {
     redact_unparsed(raw)
 }
 
-/// A `redis+sentinel://` or `zk://` URL (several hosts: not one the url
-/// crate reads) with its password hidden and its hosts kept; `None` for any
-/// other.
+/// A `redis+sentinel://`, `zk://`, `etcd://` or `etcds://` URL (several
+/// hosts: not one the url crate reads) with its password hidden and its
+/// hosts kept; `None` for any other.
 fn redact_sentinel_url(raw: &str) -> Option<String> {
-    let scheme = ["redis+sentinel://", "zk://"].into_iter().find_map(|s| {
-        raw.get(..s.len())
-            .filter(|head| head.eq_ignore_ascii_case(s))
-    })?;
+    let scheme = ["redis+sentinel://", "zk://", "etcd://", "etcds://"]
+        .into_iter()
+        .find_map(|s| {
+            raw.get(..s.len())
+                .filter(|head| head.eq_ignore_ascii_case(s))
+        })?;
     let rest = &raw[scheme.len()..];
-    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let etcd = scheme
+        .get(..4)
+        .is_some_and(|s| s.eq_ignore_ascii_case("etcd"));
+    let authority_end = if etcd {
+        // No path or query is valid in an etcd URL: the userinfo ends at the
+        // last `@`, so a password holding a `/` or a `?` is hidden too.
+        let from = rest.rfind('@').unwrap_or(0);
+        rest[from..]
+            .find(['/', '?', '#'])
+            .map_or(rest.len(), |i| from + i)
+    } else {
+        rest.find('/').unwrap_or(rest.len())
+    };
+    let (authority, tail) = rest.split_at(authority_end);
     let authority = match authority.rsplit_once('@') {
         Some((userinfo, hosts)) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{user}:***@{hosts}"),
@@ -742,7 +868,7 @@ pub struct StoreConfig {
     pub url: StoreUrl,
     /// SQL: tables are `{prefix}lock_info` and `{prefix}job_runs`.
     pub table_prefix: String,
-    /// Redis: every key starts with it.
+    /// Redis and etcd: every key starts with it.
     pub key_prefix: String,
     /// A store call slower than this counts as failed.
     pub op_timeout: Duration,
@@ -751,7 +877,7 @@ pub struct StoreConfig {
     /// Connections per node: the SQL pool's size (SQLite: at most 2, one
     /// file has one writer). Redis uses one multiplexed connection.
     pub max_connections: u32,
-    /// TLS trust and client identity (`rediss://`, MySQL, PostgreSQL).
+    /// TLS trust and client identity (`rediss://`, `etcds://`, MySQL, PostgreSQL).
     pub tls: Option<TlsFiles>,
 }
 
@@ -1839,6 +1965,10 @@ fn tls_files(
             first.map(Spanned::span),
             "TLS to ZooKeeper is not supported yet: use zk:// on a trusted network",
         )),
+        Some(StoreKind::Etcd(t)) if !t.tls => errors.push(src.error_at(
+            first.map(Spanned::span),
+            "TLS settings need an etcds:// URL",
+        )),
         Some(StoreKind::RedisSentinel(_)) => errors.push(src.error_at(
             first.map(Spanned::span),
             "TLS to Redis through Sentinel is not supported yet: use redis+sentinel:// on a trusted network, or rediss:// to one master",
@@ -2029,5 +2159,92 @@ mod tests {
         assert!(u.expose().contains("p%40ss"));
         assert_eq!(u.redacted(), "mysql://app@db/x");
         assert_eq!(u.scrub("p@ss"), "***");
+    }
+
+    #[test]
+    fn etcd_urls_name_members_user_and_tls() {
+        let u = StoreUrl::parse(
+            "etcd://app:s%40cret@10.0.0.1:2380,etcd-b,[::1]:5000",
+            Path::new("/"),
+        )
+        .unwrap();
+        let StoreKind::Etcd(t) = u.kind() else {
+            panic!("{:?}", u.kind());
+        };
+        assert_eq!(
+            t.servers,
+            vec![
+                ("10.0.0.1".to_string(), 2380),
+                ("etcd-b".to_string(), 2379),
+                ("::1".to_string(), 5000)
+            ]
+        );
+        assert!(!t.tls);
+        assert_eq!(t.username.as_deref(), Some("app"));
+        assert_eq!(u.password(), Some("s@cret"));
+        assert_eq!(
+            format!("{u} {u:?}"),
+            "etcd://app:***@10.0.0.1:2380,etcd-b,[::1]:5000 etcd://app:***@10.0.0.1:2380,etcd-b,[::1]:5000"
+        );
+        assert_eq!(u.scrub("auth s@cret failed"), "auth *** failed");
+
+        let s = StoreUrl::parse("etcds://etcd-a:2379,etcd-b/", Path::new("/")).unwrap();
+        let StoreKind::Etcd(t) = s.kind() else {
+            panic!("{:?}", s.kind());
+        };
+        assert!(t.tls);
+        assert_eq!(
+            t.servers,
+            vec![
+                ("etcd-a".to_string(), 2379),
+                ("etcd-b".to_string(), ETCD_PORT)
+            ]
+        );
+        assert_eq!((t.username.as_deref(), s.password()), (None, None));
+        assert_eq!(s.redacted(), "etcds://etcd-a:2379,etcd-b/");
+        let upper = StoreUrl::parse("ETCD://h", Path::new("/")).unwrap();
+        assert!(matches!(upper.kind(), StoreKind::Etcd(t) if !t.tls));
+
+        // A password holding a / or a ? is taken whole and hidden whole.
+        let odd = StoreUrl::parse("etcd://app:pa/ss?wd@h", Path::new("/")).unwrap();
+        assert_eq!(odd.password(), Some("pa/ss?wd"));
+        assert_eq!(odd.redacted(), "etcd://app:***@h");
+
+        for (bad, says) in [
+            ("etcd://h:2379/cronlease", "no path"),
+            ("etcds://h#x", "no path"),
+            ("etcd://h?timeout=1s", "no query"),
+            ("etcd://h/?password=hunter2", "no query"),
+            ("etcd://h:0", "port"),
+            ("etcd://h:x", "port"),
+            ("etcd://[::1:2379", "closing ]"),
+            ("etcd://h,,g", "server address"),
+            ("etcd://", "server address"),
+            ("etcd://:hunter2@h", "needs a user"),
+            ("etcd:h", "etcd://host:2379"),
+            ("etcds:/h", "etcds://host:2379"),
+        ] {
+            let e = StoreUrl::parse(bad, Path::new("/")).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        let e = StoreUrl::parse("consul://h", Path::new("/")).unwrap_err();
+        assert!(e.contains("etcd:// or etcds://"), "{e}");
+    }
+
+    #[test]
+    fn a_password_file_needs_an_etcd_user() {
+        let u = StoreUrl::parse("etcd://app@h", Path::new("/"))
+            .unwrap()
+            .with_password("from-file")
+            .unwrap();
+        assert_eq!(u.password(), Some("from-file"));
+        assert_eq!(u.redacted(), "etcd://app@h");
+        assert_eq!(u.scrub("from-file"), "***");
+        let e = StoreUrl::parse("etcd://h", Path::new("/"))
+            .unwrap()
+            .with_password("from-file")
+            .unwrap_err();
+        assert!(e.contains("names no user"), "{e}");
     }
 }

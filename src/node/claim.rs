@@ -525,9 +525,12 @@ impl Node {
                     // Another owner's live lease: wait it out and try again
                     // (an earlier unanswered claim did not win).
                     unanswered = None;
-                    let retry_at = Instant::now()
-                        + lost.remaining.max(Duration::from_millis(10))
-                        + EXPIRY_SLACK;
+                    // (Sooner where the store can end it early.)
+                    let wait = match self.store.recheck_within() {
+                        Some(within) if within < lost.remaining => within,
+                        _ => lost.remaining.max(Duration::from_millis(10)) + EXPIRY_SLACK,
+                    };
+                    let retry_at = Instant::now() + wait;
                     // A takeover that could only start in the last stretch
                     // of the window is left to the next occurrence's claim,
                     // which catches this one up first (misfire = "run_once")
@@ -540,8 +543,15 @@ impl Node {
                         return false;
                     }
                     tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, "lease held; retrying in {:?}", lost.remaining);
-                    if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                        return false;
+                    tokio::select! {
+                        go = self.sleep_within(retry_at, give_up_at, &stop) => {
+                            if !go {
+                                return false;
+                            }
+                        }
+                        () = self.store.lease_freed(&job.name) => {
+                            tracing::debug!(job = %job.name, %occurrence, "lease released; claiming again");
+                        }
                     }
                 }
                 ClaimOutcome::Failed(_) => {}

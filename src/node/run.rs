@@ -6,7 +6,9 @@
 //! or renewal was *sent* + lease − margin/2 − 0.1% of the lease); at that
 //! deadline without a renewal, or when a renewal is refused, the run is
 //! killed and recorded `lease_lost`. SIGKILL comes no later than the moment
-//! the store could let a peer in.
+//! the store could let a peer in. A store that can end leases early (a
+//! ZooKeeper holder's session) bounds runs further ([`crate::store::Locks::run_bound`]):
+//! the earlier of the two applies.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use chrono::{DateTime, Utc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{JobState, Node};
+use super::{JobState, LeaseClock, Node};
 use crate::exec::{Finished, RunSpec, StopReason};
 use crate::metrics::Metrics;
 use crate::store::{Outcome, Renewal, RunRecord, StoreError};
@@ -70,7 +72,7 @@ impl Node {
         let job = state.job();
         let provable = state
             .lease_clock()
-            .is_some_and(|c| Instant::now() < c.deadline(self.margin));
+            .is_some_and(|c| Instant::now() < self.stop_and_kill(&c).0);
         if !provable {
             // Paused between claim and start: the lease may be gone already.
             tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "lease deadline passed before the run could start: not starting it");
@@ -129,12 +131,16 @@ impl Node {
             let Some(clock) = state.lease_clock() else {
                 return Duration::ZERO;
             };
-            let deadline = clock.deadline(self.margin);
+            let (deadline, kill_by) = self.stop_and_kill(&clock);
             let renew_at = clock.renew_at(self.margin);
             let now = Instant::now();
             if now >= deadline {
-                tracing::warn!(job = %job.name, "lease deadline reached without a renewal");
-                return clock.expiry().saturating_duration_since(now);
+                if deadline < clock.deadline(self.margin) {
+                    tracing::warn!(job = %job.name, "the store's session is no longer confirmed: stopping the run before a peer may take the job over");
+                } else {
+                    tracing::warn!(job = %job.name, "lease deadline reached without a renewal");
+                }
+                return kill_by.saturating_duration_since(now);
             }
             if now < renew_at {
                 tokio::time::sleep_until(renew_at.min(deadline)).await;
@@ -165,6 +171,16 @@ impl Node {
                     tokio::time::sleep_until(retry).await;
                 }
             }
+        }
+    }
+
+    /// When a run on `clock`'s lease must stop and when it must be gone: the
+    /// local deadline and the lease's expiry, or the store's earlier bound.
+    fn stop_and_kill(&self, clock: &LeaseClock) -> (Instant, Instant) {
+        let (stop, kill) = (clock.deadline(self.margin), clock.expiry());
+        match self.store.run_bound(clock.sent) {
+            Some(b) => (stop.min(b.stop_by), kill.min(b.kill_by)),
+            None => (stop, kill),
         }
     }
 

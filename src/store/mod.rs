@@ -12,7 +12,8 @@
 //! Backends: [`sql`] (SQLite, MySQL/MariaDB, PostgreSQL through sqlx) and
 //! [`redis`] (Lua scripts; also a master found through Sentinel, and
 //! Redlock over independent masters), [`zookeeper`] (compare-and-set on a
-//! node per job); `memory` (feature `memory`) is an in-process one
+//! node per job), [`etcd`] (transactions on a state key and a leased key
+//! per job); `memory` (feature `memory`) is an in-process one
 //! for tests, held to the same suite. Which one runs is decided at run time from the
 //! URL by [`connect`] from one table of backends by scheme; a backend left
 //! out of the build answers with a clear "not built in" error. A store is
@@ -20,6 +21,8 @@
 //! (finished runs); [`Store`] is both, what a backend implements. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -262,6 +265,16 @@ pub struct RunRecord {
     pub decision_ms: u64,
 }
 
+/// How long a run on a lease may go when the store can end leases before
+/// their time ([`Locks::run_bound`]): monotonic instants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunBound {
+    /// Stop the run (SIGTERM) once this passes without a newer bound.
+    pub stop_by: tokio::time::Instant,
+    /// The run must be gone (SIGKILL) by then: a peer may take over after.
+    pub kill_by: tokio::time::Instant,
+}
+
 /// A store call that did not give an answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -344,6 +357,32 @@ pub trait Locks: Send + Sync + 'static {
 
     /// The URL with secrets redacted, for messages.
     fn describe(&self) -> &str;
+
+    /// For a store where a holder's leases can end before their length, the
+    /// bound on a run whose claim or last renewal was sent at `sent`:
+    /// ZooKeeper frees a holder's jobs once its session ends, so runs must
+    /// end before the server could end it. `None` (the default): the lease
+    /// alone bounds runs. Asked again whenever the bound is reached, since it
+    /// moves on while the store keeps confirming its session.
+    fn run_bound(&self, _sent: tokio::time::Instant) -> Option<RunBound> {
+        None
+    }
+
+    /// For a store where another owner's live lease can end before its
+    /// time (ZooKeeper: with the holder's session), how soon a claimer
+    /// waiting for it should ask again. `None` (the default): when the
+    /// remaining lease has passed.
+    fn recheck_within(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Returns when another owner's lease on `job` may have ended before
+    /// its time ran out (etcd: its lease key was deleted, as a release
+    /// does), so a claimer waiting it out claims again at once. Never, by
+    /// default: the claimer waits the remaining lease.
+    async fn lease_freed(&self, _job: &JobName) {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The history half of a store: finished runs, one record per (job, fence).
@@ -453,11 +492,25 @@ const BACKENDS: &[Backend] = &[
         #[cfg(not(feature = "zookeeper"))]
         open: None,
     },
+    Backend {
+        serves: |k| matches!(k, StoreKind::Etcd(_)),
+        feature: "etcd",
+        schemes: "etcd:// and etcds://",
+        #[cfg(feature = "etcd")]
+        open: Some(open_etcd),
+        #[cfg(not(feature = "etcd"))]
+        open: None,
+    },
 ];
 
 #[cfg(feature = "zookeeper")]
 fn open_zookeeper(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     Ok(Arc::new(zookeeper::ZkStore::open(config)?))
+}
+
+#[cfg(feature = "etcd")]
+fn open_etcd(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(etcd::EtcdStore::open(config)?))
 }
 
 #[cfg(feature = "redlock")]
@@ -512,6 +565,84 @@ pub(crate) fn newest_first(runs: &mut Vec<RunRecord>, limit: u32) {
             .then(b.fence.cmp(&a.fence))
     });
     runs.truncate(limit as usize);
+}
+
+/// A finished run as the key-value stores (ZooKeeper, etcd) keep it: JSON,
+/// instants in milliseconds of the recording node's clock.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub(crate) struct RunData {
+    pub(crate) job: String,
+    pub(crate) fence: u64,
+    pub(crate) owner: String,
+    pub(crate) node: String,
+    pub(crate) occurrence: i64,
+    pub(crate) started_at: i64,
+    pub(crate) finished_at: i64,
+    pub(crate) outcome: String,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) takeover: bool,
+    pub(crate) delay_ms: u64,
+    #[serde(default)]
+    pub(crate) decision_ms: u64,
+}
+
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+impl From<&RunRecord> for RunData {
+    fn from(run: &RunRecord) -> Self {
+        RunData {
+            job: run.job.clone(),
+            fence: run.fence,
+            owner: run.owner.clone(),
+            node: run.node.clone(),
+            occurrence: to_ms(run.occurrence),
+            started_at: to_ms(run.started_at),
+            finished_at: to_ms(run.finished_at),
+            outcome: run.outcome.as_str().to_string(),
+            exit_code: run.exit_code,
+            takeover: run.takeover,
+            delay_ms: run.delay_ms,
+            decision_ms: run.decision_ms,
+        }
+    }
+}
+
+/// A stored run read back (`name` is its entry's name, the zero-padded
+/// fence); one this version cannot read is shown as
+/// `unknown(malformed entry NAME)`, at `mtime` (ms; the entry's modification
+/// time where the store keeps one).
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> RunRecord {
+    match serde_json::from_slice::<RunData>(data) {
+        Ok(r) => RunRecord {
+            job: r.job,
+            fence: r.fence,
+            owner: r.owner,
+            node: r.node,
+            occurrence: from_ms(r.occurrence),
+            started_at: from_ms(r.started_at),
+            finished_at: from_ms(r.finished_at),
+            outcome: Outcome::parse(&r.outcome),
+            exit_code: r.exit_code,
+            takeover: r.takeover,
+            delay_ms: r.delay_ms,
+            decision_ms: r.decision_ms,
+        },
+        Err(_) => RunRecord {
+            job: job.to_string(),
+            fence: name.parse().unwrap_or(0),
+            owner: String::new(),
+            node: String::new(),
+            occurrence: from_ms(mtime),
+            started_at: from_ms(mtime),
+            finished_at: from_ms(mtime),
+            outcome: Outcome::Unknown(format!("malformed entry {name}")),
+            exit_code: None,
+            takeover: false,
+            delay_ms: 0,
+            decision_ms: 0,
+        },
+    }
 }
 
 /// Milliseconds since the Unix epoch: how every store keeps instants.

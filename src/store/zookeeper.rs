@@ -13,6 +13,13 @@
 //!   names sort by fence; created once, so a retried write records nothing
 //!   twice.
 //!
+//! - `live/<owner>~<session>`: an ephemeral node per owner and session. A
+//!   lock node names the session its lease was taken or renewed in; while
+//!   that session's live node is gone, the lease counts as ended, so a
+//!   dead holder's jobs are free once the server ends its session (its
+//!   session timeout after the last word from it), not only when the lease
+//!   runs out.
+//!
 //! A batch of claims is one read of every job's node (`multi` read) beside
 //! the clock write, then one `multi` write of every won claim, each
 //! conditional on the version read. The claim rule is the shared one
@@ -20,25 +27,31 @@
 //! changed under it (a peer's claim), that job is read and decided again and
 //! the others are written again, so each request is still decided on its
 //! own.
+//!
+//! The holder's side of the session: a lease is only as good as the session
+//! it names. The store confirms its session with a request every quarter of
+//! the session timeout and answers [`Locks::run_bound`] from the send time
+//! of the newest confirmed one: a run stops two thirds of a session timeout
+//! after it and is gone before the server could end the session, so no peer
+//! takes a job over while its run still goes. A lease taken in an earlier
+//! session is over for the holder too.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Outcome,
-    Owner, Renewal, RunRecord, StoreError, decide, duration_ms, fence_exhausted, from_ms,
-    newest_first, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
+    Renewal, RunBound, RunData, RunRecord, StoreError, decide, duration_ms, fence_exhausted,
+    from_ms, newest_first, run_from_json, to_ms,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
-
-/// The session timeout asked for; the server clamps it to its
-/// `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20 ticks).
-const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
 /// (`jute.maxbuffer`) with job nodes of a few hundred bytes.
 const MULTI_OPS: usize = 500;
@@ -51,8 +64,39 @@ pub struct ZkStore {
     base: String,
     op_timeout: Duration,
     client: tokio::sync::Mutex<Option<zk::Client>>,
+    /// The current session, as far as this process can prove it alive.
+    session: Arc<Mutex<Option<Session>>>,
     /// Run directories known to exist.
-    run_dirs: std::sync::Mutex<HashSet<String>>,
+    run_dirs: Mutex<HashSet<String>>,
+}
+
+/// A session of this store, for [`Locks::run_bound`].
+struct Session {
+    id: zk::SessionId,
+    /// The negotiated session timeout.
+    timeout: Duration,
+    /// When the connect that made it was started: leases claimed before
+    /// were claimed in an earlier session.
+    started: Instant,
+    /// Send time of the newest request the session got an answer to: the
+    /// server heard from it no earlier, so it cannot end the session before
+    /// this plus the timeout.
+    confirmed: Instant,
+    /// Owners whose live node this session made.
+    live: HashSet<String>,
+}
+
+impl Session {
+    fn confirm(&mut self, id: zk::SessionId, sent: Instant) {
+        if self.id == id && sent > self.confirmed {
+            self.confirmed = sent;
+        }
+    }
+}
+
+/// The live node's name of `owner` in session `id`.
+fn live_name(owner: &str, id: zk::SessionId) -> String {
+    format!("{owner}~{:016x}", id.0 as u64)
 }
 
 /// A job's lock node, as stored.
@@ -64,24 +108,10 @@ struct LockData {
     expires_at: i64,
     last_occurrence: Option<i64>,
     modified_at: i64,
-}
-
-/// A finished run, as stored.
-#[derive(Debug, Serialize, Deserialize)]
-struct RunData {
-    job: String,
-    fence: u64,
-    owner: String,
-    node: String,
-    occurrence: i64,
-    started_at: i64,
-    finished_at: i64,
-    outcome: String,
-    exit_code: Option<i32>,
-    takeover: bool,
-    delay_ms: u64,
-    #[serde(default)]
-    decision_ms: u64,
+    /// The session the lease was taken or renewed in (hex); none in nodes
+    /// written by earlier versions, whose leases end with their time alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
 }
 
 /// A job's lock node as read: absent, readable (with its version), or not.
@@ -113,8 +143,16 @@ impl ZkStore {
             base,
             op_timeout: config.op_timeout,
             client: tokio::sync::Mutex::new(None),
-            run_dirs: std::sync::Mutex::new(HashSet::new()),
+            session: Arc::new(Mutex::new(None)),
+            run_dirs: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// The negotiated session timeout (the one asked for before a session).
+    fn session_timeout(&self) -> Duration {
+        lock(&self.session)
+            .as_ref()
+            .map_or(self.target.session_timeout, |s| s.timeout)
     }
 
     fn lock_path(&self, job: &str) -> String {
@@ -188,52 +226,123 @@ impl ZkStore {
             })
             .collect();
         let mut connector = zk::Client::connector()
-            .with_session_timeout(SESSION_TIMEOUT)
+            .with_session_timeout(self.target.session_timeout)
             .with_connection_timeout(self.op_timeout)
             .with_fail_eagerly();
         if let Some(user) = &self.target.username {
             let secret = format!("{user}:{}", self.url.password().unwrap_or_default());
             connector = connector.with_auth("digest", secret.as_bytes());
         }
+        let started = Instant::now();
         let client = self.timed(connector.connect(&servers.join(","))).await?;
+        *lock(&self.session) = Some(Session {
+            id: client.session_id(),
+            timeout: client.session_timeout(),
+            started,
+            confirmed: started,
+            live: HashSet::new(),
+        });
+        tokio::spawn(keep_confirming(
+            Arc::downgrade(&self.session),
+            client.clone(),
+        ));
         *slot = Some(client.clone());
         Ok(client)
     }
 
+    /// Makes the live node of each of `owners` in the client's session, once
+    /// per session, before any lock node names that session.
+    async fn ensure_live(&self, client: &zk::Client, owners: &[&str]) -> Result<(), StoreError> {
+        let id = client.session_id();
+        let missing: Vec<&str> = {
+            let guard = lock(&self.session);
+            owners
+                .iter()
+                .copied()
+                .filter(|o| {
+                    guard
+                        .as_ref()
+                        .is_none_or(|s| s.id != id || !s.live.contains(*o))
+                })
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        for owner in missing {
+            let path = format!("{}/live/{}", self.base, live_name(owner, id));
+            self.idempotent(client.create(&path, b"", &ephemeral), zk::Error::NodeExists)
+                .await?;
+            if let Some(s) = lock(&self.session).as_mut().filter(|s| s.id == id) {
+                s.live.insert(owner.to_string());
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the clock node; its `mtime` is the store's now (ms).
     async fn tick(&self, client: &zk::Client) -> Result<i64, StoreError> {
+        let sent = Instant::now();
         let stat = self
             .timed(client.set_data(&format!("{}/clock", self.base), b"", None))
             .await?;
+        self.confirmed(client, sent);
         Ok(stat.mtime)
     }
 
-    /// Every job's lock node, in one multi read per [`MULTI_OPS`] jobs.
+    /// Every job's lock node, in one multi read per [`MULTI_OPS`] jobs, and
+    /// the live nodes (read with the first chunk): a lease whose session's
+    /// live node is gone is read as ended.
     async fn read_locks(
         &self,
         client: &zk::Client,
         jobs: &[&str],
     ) -> Result<Vec<Node>, StoreError> {
         let mut nodes = Vec::with_capacity(jobs.len());
+        let mut live = None;
         for chunk in jobs.chunks(MULTI_OPS) {
             let mut reader = client.new_multi_reader();
+            if live.is_none() {
+                reader
+                    .add_get_children(&format!("{}/live", self.base))
+                    .map_err(|e| self.err(e))?;
+            }
             for job in chunk {
                 reader
                     .add_get_data(&self.lock_path(job))
                     .map_err(|e| self.err(e))?;
             }
-            let results = self.timed(reader.commit()).await?;
-            if results.len() != chunk.len() {
-                return Err(StoreError::Backend {
-                    store: self.url.redacted().into(),
-                    reason: format!("{} answers to {} reads", results.len(), chunk.len()),
+            let sent = Instant::now();
+            let mut results = self.timed(reader.commit()).await?;
+            self.confirmed(client, sent);
+            if live.is_none() {
+                if results.is_empty() {
+                    return Err(self.short_answer(0, chunk.len() + 1));
+                }
+                live = Some(match results.remove(0) {
+                    zk::MultiReadResult::Children { children } => {
+                        children.into_iter().collect::<HashSet<String>>()
+                    }
+                    zk::MultiReadResult::Error { err } => return Err(self.err(err)),
+                    _ => return Err(self.short_answer(0, chunk.len() + 1)),
                 });
+            }
+            if results.len() != chunk.len() {
+                return Err(self.short_answer(results.len(), chunk.len()));
             }
             for (job, r) in chunk.iter().zip(results) {
                 nodes.push(match r {
                     zk::MultiReadResult::Data { data, stat } => {
                         match serde_json::from_slice::<LockData>(&data) {
-                            Ok(d) => Node::Present(d, stat.version),
+                            Ok(mut d) => {
+                                if !session_alive(&d, live.as_ref()) {
+                                    // The holder's session ended: so did
+                                    // its lease.
+                                    d.expires_at = d.expires_at.min(stat.mtime);
+                                }
+                                Node::Present(d, stat.version)
+                            }
                             Err(e) => Node::Unreadable(format!(
                                 "the lock node of job {job} is unreadable ({e}); delete {} to start the job afresh",
                                 self.lock_path(job)
@@ -251,6 +360,25 @@ impl ZkStore {
             }
         }
         Ok(nodes)
+    }
+
+    fn short_answer(&self, got: usize, sent: usize) -> StoreError {
+        StoreError::Backend {
+            store: self.url.redacted().into(),
+            reason: format!("{got} answers to {sent} reads"),
+        }
+    }
+
+    /// A request sent at `sent` in the client's session was answered.
+    fn confirmed(&self, client: &zk::Client, sent: Instant) {
+        if let Some(s) = lock(&self.session).as_mut() {
+            s.confirm(client.session_id(), sent);
+        }
+    }
+
+    /// The session the client is in, as a lock node names it.
+    fn session_tag(client: &zk::Client) -> String {
+        format!("{:016x}", client.session_id().0 as u64)
     }
 
     /// Writes `writes` (job, new data, version read or none when absent) as
@@ -293,13 +421,18 @@ impl ZkStore {
     /// Reads, decides with `decide_one` and writes by compare-and-set until
     /// every job's write went through or none is left to write: a job whose
     /// node changed between read and write is read and decided again.
-    /// `decide_one(i, node, now)` answers `(new data to write, or none)`.
+    /// `decide_one(i, node, now, session)` answers `(new data to write, or
+    /// none)`; `session` is this client's, for the data to name. The live
+    /// nodes of `owners` are made first.
     async fn read_decide_write<A>(
         &self,
         jobs: &[&str],
-        mut decide_one: impl FnMut(usize, &Node, i64) -> (Option<LockData>, A),
+        owners: &[&str],
+        mut decide_one: impl FnMut(usize, &Node, i64, &str) -> (Option<LockData>, A),
     ) -> Result<(i64, Vec<A>), StoreError> {
         let client = self.client().await?;
+        self.ensure_live(&client, owners).await?;
+        let session = Self::session_tag(&client);
         let (now, nodes) = tokio::join!(self.tick(&client), self.read_locks(&client, jobs));
         let (now, mut nodes) = (now?, nodes?);
         let deadline = tokio::time::Instant::now() + self.op_timeout;
@@ -307,7 +440,7 @@ impl ZkStore {
             let mut answers = Vec::with_capacity(jobs.len());
             let mut datas = Vec::new();
             for (i, node) in nodes.iter().enumerate() {
-                let (data, answer) = decide_one(i, node, now);
+                let (data, answer) = decide_one(i, node, now, &session);
                 answers.push(answer);
                 if let Some(d) = data {
                     let version = match node {
@@ -344,18 +477,12 @@ impl ZkStore {
         }
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         self.timed(client.mkdir(&path, &persistent)).await?;
-        self.run_dirs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(path);
+        lock(&self.run_dirs).insert(path);
         Ok(())
     }
 
     fn known_dir(&self, path: &str) -> bool {
-        self.run_dirs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(path)
+        lock(&self.run_dirs).contains(path)
     }
 
     async fn job_runs(
@@ -397,38 +524,48 @@ impl ZkStore {
     }
 }
 
-/// A run node read back; one this version cannot read is shown as
-/// `unknown(malformed entry NAME)`, at the node's modification time.
-fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> RunRecord {
-    match serde_json::from_slice::<RunData>(data) {
-        Ok(r) => RunRecord {
-            job: r.job,
-            fence: r.fence,
-            owner: r.owner,
-            node: r.node,
-            occurrence: from_ms(r.occurrence),
-            started_at: from_ms(r.started_at),
-            finished_at: from_ms(r.finished_at),
-            outcome: Outcome::parse(&r.outcome),
-            exit_code: r.exit_code,
-            takeover: r.takeover,
-            delay_ms: r.delay_ms,
-            decision_ms: r.decision_ms,
-        },
-        Err(_) => RunRecord {
-            job: job.to_string(),
-            fence: name.parse().unwrap_or(0),
-            owner: String::new(),
-            node: String::new(),
-            occurrence: from_ms(mtime),
-            started_at: from_ms(mtime),
-            finished_at: from_ms(mtime),
-            outcome: Outcome::Unknown(format!("malformed entry {name}")),
-            exit_code: None,
-            takeover: false,
-            delay_ms: 0,
-            decision_ms: 0,
-        },
+/// The session a lock node names is alive: its live node is in `live`
+/// (the children of `live/`). A node naming no session counts by its lease
+/// alone.
+fn session_alive(d: &LockData, live: Option<&HashSet<String>>) -> bool {
+    match (&d.session, &d.owner, live) {
+        (Some(session), Some(owner), Some(live)) => live.contains(&format!("{owner}~{session}")),
+        _ => true,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Confirms the client's session every quarter of its timeout, for as long
+/// as the store and the session last.
+async fn keep_confirming(session: Weak<Mutex<Option<Session>>>, client: zk::Client) {
+    let id = client.session_id();
+    let every = client.session_timeout() / 4;
+    loop {
+        tokio::time::sleep(every).await;
+        if client.state().is_terminated() {
+            return;
+        }
+        let sent = Instant::now();
+        let answered = matches!(
+            tokio::time::timeout(every, client.check_stat("/")).await,
+            Ok(Ok(_))
+        );
+        let Some(slot) = session.upgrade() else {
+            return;
+        };
+        let mut guard = lock(&slot);
+        match guard.as_mut() {
+            Some(s) if s.id == id => {
+                if answered {
+                    s.confirm(id, sent);
+                }
+            }
+            // The store moved on to another session.
+            _ => return,
+        }
     }
 }
 
@@ -476,8 +613,11 @@ impl Locks for ZkStore {
             });
         }
         let jobs: Vec<&str> = requests.iter().map(|r| r.job.as_str()).collect();
+        let mut owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
+        owners.sort_unstable();
+        owners.dedup();
         let (now, outcomes) = self
-            .read_decide_write(&jobs, |i, node, now| {
+            .read_decide_write(&jobs, &owners, |i, node, now, session| {
                 let req = &requests[i];
                 if let Node::Unreadable(why) = node {
                     return (None, ClaimOutcome::Failed(why.clone()));
@@ -499,6 +639,7 @@ impl Locks for ZkStore {
                             expires_at,
                             last_occurrence: Some(last_occurrence),
                             modified_at: now,
+                            session: Some(session.to_string()),
                         }),
                         ClaimOutcome::Won(won),
                     ),
@@ -530,18 +671,25 @@ impl Locks for ZkStore {
             return Ok(Vec::new());
         }
         let jobs: Vec<&str> = renewals.iter().map(|r| r.job.as_str()).collect();
+        // A lease taken in an ended session (read as ended) is not renewed:
+        // a peer may have seen that session end.
         let (_, done) = self
-            .read_decide_write(&jobs, |i, node, now| match node {
-                Node::Present(d, _)
-                    if d.owner.as_deref() == Some(owner.as_str()) && d.expires_at > now =>
-                {
-                    let mut d = d.clone();
-                    d.expires_at = now.saturating_add(duration_ms(renewals[i].lease));
-                    d.modified_at = now;
-                    (Some(d), true)
-                }
-                _ => (None, false),
-            })
+            .read_decide_write(
+                &jobs,
+                &[owner.as_str()],
+                |i, node, now, session| match node {
+                    Node::Present(d, _)
+                        if d.owner.as_deref() == Some(owner.as_str()) && d.expires_at > now =>
+                    {
+                        let mut d = d.clone();
+                        d.expires_at = now.saturating_add(duration_ms(renewals[i].lease));
+                        d.modified_at = now;
+                        d.session = Some(session.to_string());
+                        (Some(d), true)
+                    }
+                    _ => (None, false),
+                },
+            )
             .await?;
         Ok(done)
     }
@@ -552,7 +700,7 @@ impl Locks for ZkStore {
         }
         let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
         let (_, done) = self
-            .read_decide_write(&names, |_, node, now| match node {
+            .read_decide_write(&names, &[], |_, node, now, _| match node {
                 Node::Present(d, _)
                     if d.owner.as_deref() == Some(owner.as_str()) && d.expires_at > now =>
                 {
@@ -569,7 +717,37 @@ impl Locks for ZkStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
-        self.timed(client.check_stat("/")).await.map(|_| ())
+        let sent = Instant::now();
+        self.timed(client.check_stat("/")).await?;
+        self.confirmed(&client, sent);
+        Ok(())
+    }
+
+    /// A peer's live lease ends early when its session does: asked about
+    /// again within half a session timeout, its jobs move soon after.
+    fn recheck_within(&self) -> Option<Duration> {
+        Some(self.session_timeout() / 2)
+    }
+
+    fn run_bound(&self, sent: Instant) -> Option<RunBound> {
+        let guard = lock(&self.session);
+        Some(match guard.as_ref() {
+            // Claimed in this session: until the server could end it.
+            Some(s) if sent >= s.started => {
+                let allowance = s.timeout / 1000 + Duration::from_millis(1);
+                RunBound {
+                    stop_by: s.confirmed + s.timeout * 2 / 3,
+                    kill_by: (s.confirmed + s.timeout)
+                        .checked_sub(allowance)
+                        .unwrap_or(s.confirmed),
+                }
+            }
+            // Claimed in an earlier session, or none yet: nothing proves it.
+            _ => RunBound {
+                stop_by: sent,
+                kill_by: sent,
+            },
+        })
     }
 
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {

@@ -123,6 +123,17 @@ impl Cluster {
         }
     }
 
+    /// Replaces `from` by `to` in every node's main config (e.g. the
+    /// lease margin, which [`Cluster::build`] sets).
+    pub fn edit_configs(&self, from: &str, to: &str) {
+        for n in 1..=5 {
+            let path = self.dir.path().join(format!("n{n}.toml"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(text.contains(from), "{from:?} not in {}", path.display());
+            std::fs::write(&path, text.replace(from, to)).unwrap();
+        }
+    }
+
     pub fn config(&self, node: &str) -> PathBuf {
         self.dir.path().join(format!("{node}.toml"))
     }

@@ -865,6 +865,7 @@ conformance!(redis, Backend::Redis);
 conformance!(sentinel, Backend::Sentinel);
 conformance!(redlock, Backend::Redlock);
 conformance!(zookeeper, Backend::ZooKeeper);
+conformance!(etcd, Backend::Etcd);
 #[cfg(feature = "memory")]
 conformance!(memory, Backend::Memory);
 

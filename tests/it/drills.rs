@@ -452,6 +452,7 @@ macro_rules! per_store {
         mod sentinel { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sentinel) } )* }
         mod redlock { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redlock) } )* }
         mod zookeeper { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::ZooKeeper) } )* }
+        mod etcd { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Etcd) } )* }
     };
 }
 

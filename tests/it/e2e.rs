@@ -124,3 +124,8 @@ fn failover_redlock() {
 fn failover_zookeeper() {
     failover(Backend::ZooKeeper);
 }
+
+#[test]
+fn failover_etcd() {
+    failover(Backend::Etcd);
+}

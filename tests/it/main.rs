@@ -2,8 +2,8 @@
 //!
 //! They talk to real services on loopback (MariaDB 3306, PostgreSQL 5432,
 //! Redis 6379, Redis Sentinel 26379-26381, five Redlock masters 6401-6405,
-//! ZooKeeper 2181 (`.ci/services` starts them all); URLs can be overridden
-//! with CRONLEASE_TEST_{MYSQL,POSTGRES,REDIS,SENTINEL,ZOOKEEPER}_URL and
+//! ZooKeeper 2181, etcd 2379 (`.ci/services` starts them all); URLs can be overridden
+//! with CRONLEASE_TEST_{MYSQL,POSTGRES,REDIS,SENTINEL,ZOOKEEPER,ETCD}_URL and
 //! CRONLEASE_TEST_REDLOCK_URLS (comma-separated). A service that is not there fails its tests with a message
 //! saying how to start it. Every test uses its own table or key prefix, so
 //! they run in parallel.
@@ -19,6 +19,7 @@ mod disk;
 mod drill;
 mod drills;
 mod e2e;
+mod etcd;
 #[cfg(feature = "memory")]
 mod inprocess;
 mod jobs;

@@ -28,6 +28,8 @@ pub enum Backend {
     Redlock,
     /// ZooKeeper (`.ci/services` starts one on 2181).
     ZooKeeper,
+    /// etcd (`.ci/services` starts one member on 2379).
+    Etcd,
     /// The in-memory store (in-process only: no URL, no daemon).
     Memory,
 }
@@ -70,6 +72,7 @@ impl Backend {
                 "CRONLEASE_TEST_ZOOKEEPER_URL",
                 "zk://127.0.0.1:2181/cronlease-test",
             ),
+            Backend::Etcd => env("CRONLEASE_TEST_ETCD_URL", "etcd://127.0.0.1:2379"),
             // Unused: the harness hands out the in-memory store itself.
             Backend::Memory => format!("sqlite://{}", dir.join("unused.db").display()),
         }
@@ -103,6 +106,11 @@ impl Backend {
                 "127.0.0.1:2181",
                 "ZooKeeper",
                 "bash .ci/services (installs the Debian package zookeeper and starts it on 2181)",
+            ),
+            Backend::Etcd => (
+                "127.0.0.1:2379",
+                "etcd",
+                "bash .ci/services (installs the Debian package etcd-server and starts it on 2379)",
             ),
             Backend::Redlock => {
                 for port in 6401..=6405 {
@@ -212,6 +220,7 @@ impl Harness {
             cronlease::config::StoreKind::RedisSentinel(_) => Backend::Sentinel,
             cronlease::config::StoreKind::Redlock(_) => Backend::Redlock,
             cronlease::config::StoreKind::ZooKeeper(_) => Backend::ZooKeeper,
+            cronlease::config::StoreKind::Etcd(_) => Backend::Etcd,
         };
         Harness {
             backend,
@@ -286,6 +295,18 @@ impl Harness {
             });
             return;
         }
+        if self.backend == Backend::Etcd {
+            let mut etcd = self.etcd().await;
+            let runs = format!("{}runs/{job}/", self.config.key_prefix);
+            let future = r#"{"job":"JOB","fence":90,"owner":"future#1","node":"future","occurrence":1790000000000,"started_at":1790000000000,"finished_at":1790000000000,"outcome":"exploded","exit_code":null,"takeover":false,"delay_ms":0}"#.replace("JOB", job);
+            etcd.put(format!("{runs}{:020}", 90), future, None)
+                .await
+                .unwrap();
+            etcd.put(format!("{runs}{:020}", 91), "{\"garbage\":1", None)
+                .await
+                .unwrap();
+            return;
+        }
         if self.backend == Backend::ZooKeeper {
             let zk = self.zk().await;
             let dir = format!("{}/runs/{job}", self.zk_base());
@@ -355,6 +376,11 @@ impl Harness {
                 .await;
             return;
         }
+        if self.backend == Backend::Etcd {
+            self.etcd_edit_lock(job, |lock, _| lock["fence"] = fence.into())
+                .await;
+            return;
+        }
         match self.backend {
             Backend::Redis | Backend::Sentinel | Backend::Redlock => {
                 for client in self.redis_clients().await {
@@ -377,6 +403,32 @@ impl Harness {
                 self.raw_sql(&sql).await;
             }
         }
+    }
+
+    /// An etcd client of the harness's own.
+    pub async fn etcd(&self) -> etcd_client::Client {
+        let cronlease::config::StoreKind::Etcd(t) = self.config.url.kind() else {
+            panic!("not an etcd store");
+        };
+        let endpoints: Vec<String> = t
+            .servers
+            .iter()
+            .map(|(h, p)| format!("http://{h}:{p}"))
+            .collect();
+        etcd_client::Client::connect(endpoints, None).await.unwrap()
+    }
+
+    /// Rewrites a job's etcd state key with `edit(json, now_ms)`.
+    async fn etcd_edit_lock(&self, job: &str, edit: impl FnOnce(&mut serde_json::Value, i64)) {
+        let mut etcd = self.etcd().await;
+        let key = format!("{}lock/{job}", self.config.key_prefix);
+        let got = etcd.get(key.as_str(), None).await.unwrap();
+        let kv = &got.kvs()[0];
+        let mut lock: serde_json::Value = serde_json::from_slice(kv.value()).unwrap();
+        edit(&mut lock, chrono::Utc::now().timestamp_millis());
+        etcd.put(key, serde_json::to_vec(&lock).unwrap(), None)
+            .await
+            .unwrap();
     }
 
     /// A ZooKeeper session of the harness's own (no chroot).
@@ -457,6 +509,23 @@ impl Harness {
         } else {
             ms
         };
+        if self.backend == Backend::Etcd {
+            // The lease key records the lease's end; its etcd lease must
+            // outlive that (it was granted for the old one).
+            let mut etcd = self.etcd().await;
+            let key = format!("{}lease/{job}", self.config.key_prefix);
+            let got = etcd.get(key.as_str(), None).await.unwrap();
+            let mut lease: serde_json::Value =
+                serde_json::from_slice(got.kvs()[0].value()).unwrap();
+            lease["expires_at"] = (chrono::Utc::now().timestamp_millis() + ms).into();
+            let ttl = ((ms + 999) / 1000).max(2);
+            let id = etcd.lease_grant(ttl, None).await.unwrap().id();
+            let opts = etcd_client::PutOptions::new().with_lease(id);
+            etcd.put(key, serde_json::to_vec(&lease).unwrap(), Some(opts))
+                .await
+                .unwrap();
+            return;
+        }
         if self.backend == Backend::ZooKeeper {
             self.zk_edit_lock(job, |lock, now| lock["expires_at"] = (now + ms).into())
                 .await;

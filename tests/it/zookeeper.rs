@@ -1,8 +1,13 @@
-//! ZooKeeper of the test's own (standalone, tickTime 200 ms, data on disk),
-//! which it kills and starts again: a restart during a cluster's run loses
-//! nothing the store acknowledged. No occurrence runs twice and fences keep
-//! rising across the restart; occurrences due while it was down are caught
-//! up once.
+//! ZooKeeper's sessions and restarts, with real processes:
+//! - a holder killed with SIGKILL loses its jobs when the server ends its
+//!   session, well before its lease would have run out;
+//! - a holder that cannot confirm its session stops its run before the
+//!   server could end the session (and a peer take the job over);
+//! - a ZooKeeper of the test's own (standalone, tickTime 200 ms, data on
+//!   disk), killed and started again: a restart during a cluster's run
+//!   loses nothing the store acknowledged. No occurrence runs twice and
+//!   fences keep rising across the restart; occurrences due while it was
+//!   down are caught up once.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -11,7 +16,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::cluster::{Cluster, Line, check_once_in_order};
+use nix::sys::signal::Signal;
+
+use crate::cluster::{Cluster, Line, at_fraction_of_second, check_once_in_order};
 use crate::support::{Backend, free_port, wait_until};
 
 /// The jars Debian's zookeeper package installs (log4j for its logging).
@@ -46,6 +53,10 @@ impl ZkServer {
 
     fn url(&self) -> String {
         format!("zk://127.0.0.1:{}/restart", self.port)
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap()
     }
 
     fn answers(&self) -> bool {
@@ -137,4 +148,133 @@ fn a_zookeeper_restart_during_a_run_loses_nothing() {
             l.fence
         );
     }
+}
+
+/// The shared ZooKeeper with a session timeout of 400 ms (its minimum with
+/// tickTime 200) and a lease margin of 4 s.
+fn short_session_cluster(jobs: Option<&str>) -> Cluster {
+    let url = format!(
+        "{}?session_timeout=400ms",
+        Backend::ZooKeeper.url(std::path::Path::new("."))
+    );
+    Backend::ZooKeeper.require();
+    let c = Cluster::with_url(Backend::ZooKeeper, Some(&url), jobs, "");
+    c.edit_configs("margin = \"1s\"", "margin = \"4s\"");
+    c
+}
+
+#[test]
+fn a_killed_holders_jobs_move_when_its_session_ends_before_its_lease() {
+    let mut c = short_session_cluster(None);
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    c.wait_for("three runs", Duration::from_secs(30), |l| l.len() >= 3);
+    at_fraction_of_second(0.4);
+    let holder = c.lines().last().unwrap().node.clone();
+    let killed_at = Utc::now();
+    c.signal(&holder, Signal::SIGKILL);
+    c.wait_exit(&holder, Duration::from_secs(5))
+        .expect("killed node exits");
+    let after = |l: &[Line]| -> Vec<Line> {
+        l.iter()
+            .filter(|x| x.occurrence > killed_at)
+            .cloned()
+            .collect()
+    };
+    c.wait_for("five runs after kill -9", Duration::from_secs(30), |l| {
+        after(l).len() >= 5
+    });
+    c.stop_all();
+    let report = c.report();
+    let lines = check_once_in_order(&c.lines(), &report);
+    let post = after(&lines);
+    assert!(post.iter().all(|l| l.node != holder), "{report}");
+    // The killed holder's lease (1 s + 4 s margin) still had about 4.6 s
+    // to go; its session ended 0.4 to 0.6 s after its last word, so the
+    // first occurrence after the kill (0.6 s after it) moves at once or
+    // after a recheck, and none is missed.
+    let first = &post[0];
+    let killed = killed_at.timestamp_micros() as f64 / 1e6;
+    assert!(
+        first.started - killed >= 0.4,
+        "taken over {:.3}s after the kill, before the session could end\n{report}",
+        first.started - killed
+    );
+    assert!(
+        first.lateness() < 1.5,
+        "the first occurrence after the kill started {:.3}s late: the session's end did not free the job (the lease would have lasted {:.1}s more)\n{report}",
+        first.lateness(),
+        5.0 - 0.4
+    );
+    let every: Vec<i64> = post.iter().map(|l| l.occurrence.timestamp()).collect();
+    assert!(
+        every.windows(2).all(|w| w[1] == w[0] + 1),
+        "an occurrence after the kill was missed: {every:?}\n{report}"
+    );
+    eprintln!(
+        "ZooKeeper, session 400 ms, margin 4 s: first run after kill -9 started {:.3}s after the kill, {:.3}s late",
+        first.started - killed,
+        first.lateness()
+    );
+}
+
+#[test]
+fn a_run_stops_when_its_session_cannot_be_confirmed() {
+    let mut server = ZkServer::new();
+    server.start();
+    let url = format!("{}?session_timeout=1s", server.url());
+    let job = "[[job]]\nname = \"long\"\nschedule = \"*/30 * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE start $(date +%s.%N)\\\" >> '{out}'; sleep 20; echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE end $(date +%s.%N)\\\" >> '{out}'\"\n";
+    let mut c = Cluster::with_url(Backend::ZooKeeper, Some(&url), Some(job), "");
+    c.edit_configs("margin = \"1s\"", "margin = \"10s\"");
+    c.start("n1");
+    let runs = crate::support::wait_until(
+        "a run going",
+        Duration::from_secs(40),
+        || c.report(),
+        || Some(c.runs()).filter(|r| !r.is_empty()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // The server freezes: no request of the holder is answered. Its lease
+    // has 30 s + 10 s, but the session it names could end 1 s after the
+    // holder's last answered request.
+    let frozen_at = std::time::Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.pid()), Signal::SIGSTOP).unwrap();
+    let killed = crate::support::wait_until(
+        "the run stopped",
+        Duration::from_secs(10),
+        || c.report(),
+        || {
+            c.log("n1")
+                .contains("session is no longer confirmed")
+                .then_some(frozen_at.elapsed())
+        },
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.pid()), Signal::SIGCONT).unwrap();
+    let report = c.report();
+    let history = crate::support::wait_until(
+        "the run recorded",
+        Duration::from_secs(20),
+        || c.report(),
+        || {
+            let h = c.cli_json("n1", &["history", "--limit", "10"]).ok()?;
+            let outcome = h.as_array()?.first()?["outcome"].as_str()?.to_string();
+            Some(outcome)
+        },
+    );
+    c.stop_all();
+    assert!(
+        killed < Duration::from_secs(3),
+        "stopped {killed:?} after the freeze\n{report}"
+    );
+    assert_eq!(history, "lease_lost", "{report}");
+    let run = &runs[0];
+    let after = c.runs();
+    assert!(
+        after
+            .iter()
+            .all(|r| r.fence != run.fence || r.end.is_none()),
+        "the run went on to its end: {after:?}\n{report}"
+    );
 }

@@ -1,0 +1,1440 @@
+//! The etcd store (`etcd://host:2379,host:2379`, `etcds://` for TLS; etcd
+//! 3.4+): per job, a state key changed by compare-and-set on its revision
+//! and a key attached to an etcd lease that says who holds the job.
+//!
+//! Keys, below `store.key_prefix` (`{p}`):
+//! - `{p}lock/<job>`: JSON with the last owner, the fence (a decimal
+//!   string), the last occurrence claimed and the modification time,
+//!   instants in milliseconds;
+//! - `{p}lease/<job>`: JSON with the holder's owner string and the lease's
+//!   end (ms), put with an etcd lease. The job is held while this key
+//!   exists and its end has not passed: etcd deletes the key when its lease
+//!   ends, and lease TTLs are whole seconds: a lease of L is asked for as
+//!   `max(ceil(L), 2 s)` ([`lease_ttl_secs`]), and etcd may grant more. The
+//!   recorded end keeps a lease to its length below that (a 300 ms lease
+//!   ends after 300 ms, not 2 s);
+//! - `{p}runs/<job>/<fence>`: one finished run each (JSON), the fence
+//!   zero-padded so keys sort by fence; created only while absent, so a
+//!   retried write records nothing twice. Each job keeps its newest
+//!   `store.history_limit` runs.
+//!
+//! A batch of claims reads every job's two keys (transactions of gets, sent
+//! together), decides each job with the shared rule ([`super::decide`]),
+//! grants one lease per distinct TTL among the wins, and writes each win as
+//! a nested transaction conditional on both keys' revisions as read. The
+//! outer transactions have no compares of their own, so each job goes
+//! through or not on its own: a job changed under the batch (a peer's
+//! claim) is read and decided again. Renewals put the lease key again with a
+//! fresh lease, on the same condition; releases delete it, compared on its
+//! value (the owner). Every transaction stays within etcd's default
+//! `--max-txn-ops` (128), counted as etcd counts nested transactions
+//! (`MAX_TXN_OPS`).
+//!
+//! etcd gives clients no clock: the store's now is this host's clock, and a
+//! lease's recorded end is on the clock of the node that took it. So a
+//! lease ends at the earlier of its etcd lease (timed by the etcd leader)
+//! and its recorded end by the reader's clock: nodes must agree on the time
+//! to within the margin's half, as the holder's local deadline assumes, and
+//! the claim rule's bound on early claims (`cluster.max_clock_offset`) only
+//! holds as well as this host's clock agrees with its peers', until nodes
+//! compare clocks through the node registry (not built yet).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use etcd_client as etcd;
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+};
+use futures_util::future::try_join_all;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::{
+    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
+    Renewal, RunData, RunRecord, StoreError, decide, fence_exhausted, from_ms, newest_first,
+    run_from_json, to_ms,
+};
+use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
+
+/// Operations in one transaction: etcd's default `--max-txn-ops`. etcd
+/// counts a transaction as its longest list (compares, success or failure
+/// operations), and lets each transaction nested in it have only what the
+/// parent left: a parent of N operations holds nested transactions of at
+/// most 128 − N each (`checkTxnRequest` in etcd's `api/v3rpc/key.go`).
+const MAX_TXN_OPS: usize = 128;
+/// The shortest lease TTL asked for: etcd's minimum with its default timing
+/// (1.5 election timeouts, rounded up); it would raise a shorter one anyway.
+const MIN_TTL_SECS: i64 = 2;
+/// The longest lease TTL etcd grants (`MaxLeaseTTL`).
+const MAX_TTL_SECS: i64 = 9_000_000_000;
+/// HTTP/2 pings while a call is going: etcd refuses pings more often than
+/// every 5 s (`--grpc-keepalive-min-time`), and any on an idle connection.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Keys per page when listing runs: a page of keys stays far below gRPC's
+/// 4 MiB message limit.
+const KEYS_PAGE: i64 = 10_000;
+
+/// gRPC status codes (tonic's `Code` as numbers; etcd-client does not
+/// re-export the type).
+const CANCELLED: i32 = 1;
+const DEADLINE_EXCEEDED: i32 = 4;
+const RESOURCE_EXHAUSTED: i32 = 8;
+const UNAVAILABLE: i32 = 14;
+
+/// The etcd implementation of [`crate::store::Store`].
+pub struct EtcdStore {
+    target: EtcdTarget,
+    url: StoreUrl,
+    tls: Option<TlsFiles>,
+    /// `store.key_prefix`: every key starts with it.
+    prefix: String,
+    op_timeout: Duration,
+    client: tokio::sync::Mutex<Option<etcd::Client>>,
+    /// Claimers waiting for a lease key to go, and the watch that wakes them.
+    releases: Arc<Releases>,
+}
+
+/// Claimers waiting for lease keys to be deleted (by key), woken by one
+/// watch per store on every lease key, deletions only.
+#[derive(Default)]
+struct Releases {
+    waiters: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
+    watch: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        if let Some(w) = lock(&self.releases.watch).take() {
+            w.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A job's state key, as stored. Who holds the job now is the lease key's
+/// business; this keeps what outlives a lease.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LockState {
+    /// The last owner (live or not).
+    owner: String,
+    /// Decimal: a JSON number would not keep 64 bits everywhere.
+    fence: String,
+    #[serde(default)]
+    last_occurrence: Option<i64>,
+    modified_at: i64,
+}
+
+/// A lease key's value: who holds the job, until when (ms, the clock of
+/// the node that took or renewed it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LeaseValue {
+    owner: String,
+    expires_at: i64,
+}
+
+/// A lease key's value as read. One that is not ours (written by hand)
+/// names its whole value as holder for a second at a time: its etcd
+/// lease still ends it.
+fn read_lease(entry: &Entry, now: i64) -> LeaseValue {
+    serde_json::from_slice(&entry.value).unwrap_or_else(|_| LeaseValue {
+        owner: String::from_utf8_lossy(&entry.value).into_owned(),
+        expires_at: now.saturating_add(1_000),
+    })
+}
+
+/// A key as read: its value, the revision it last changed at, its lease.
+#[derive(Debug, Clone)]
+struct Entry {
+    value: Vec<u8>,
+    mod_revision: i64,
+    lease: i64,
+}
+
+impl Entry {
+    fn of(kv: &KeyValue) -> Self {
+        Entry {
+            value: kv.value().to_vec(),
+            mod_revision: kv.mod_revision(),
+            lease: kv.lease(),
+        }
+    }
+}
+
+/// A job's two keys as read (`None`: absent, or not read).
+#[derive(Debug, Clone, Default)]
+struct JobKeys {
+    lock: Option<Entry>,
+    lease: Option<Entry>,
+}
+
+/// A job as a batch sees it.
+#[derive(Debug, Clone)]
+struct JobView {
+    keys: JobKeys,
+    /// This host's clock (ms) once the keys were read.
+    now: i64,
+}
+
+/// What a batch reads of each job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Both keys: claims.
+    LockAndLease,
+    /// The lease key only: renewals and releases.
+    Lease,
+}
+
+/// One job's conditional write, before the leases it needs are granted.
+struct Plan {
+    when: Vec<Compare>,
+    ops: Vec<PlanOp>,
+}
+
+enum PlanOp {
+    Put(String, Vec<u8>),
+    /// A put attached to a fresh lease of this many seconds.
+    PutLeased(String, Vec<u8>, i64),
+    Delete(String),
+}
+
+impl PlanOp {
+    fn key(&self) -> &str {
+        match self {
+            PlanOp::Put(key, _) | PlanOp::PutLeased(key, _, _) | PlanOp::Delete(key) => key,
+        }
+    }
+}
+
+impl Plan {
+    /// Its longest list, as etcd counts a transaction's operations.
+    fn width(&self) -> usize {
+        self.when.len().max(self.ops.len())
+    }
+
+    /// The key that names it: the first it writes.
+    fn ident(&self) -> &str {
+        self.ops.first().map_or("", PlanOp::key)
+    }
+
+    /// The TTLs of the leases it puts keys with.
+    fn ttls(&self) -> impl Iterator<Item = i64> + '_ {
+        self.ops.iter().filter_map(|op| match op {
+            PlanOp::PutLeased(_, _, ttl) => Some(*ttl),
+            _ => None,
+        })
+    }
+
+    /// The nested transaction, with `leases` (TTL → granted lease id).
+    fn into_txn(self, leases: &HashMap<i64, i64>) -> Result<Txn, String> {
+        let ops = self
+            .ops
+            .into_iter()
+            .map(|op| match op {
+                PlanOp::Put(key, value) => Ok(TxnOp::put(key, value, None)),
+                PlanOp::PutLeased(key, value, ttl) => match leases.get(&ttl) {
+                    Some(id) => Ok(TxnOp::put(
+                        key,
+                        value,
+                        Some(PutOptions::new().with_lease(*id)),
+                    )),
+                    None => Err(format!("no lease of {ttl} s was granted for {key}")),
+                },
+                PlanOp::Delete(key) => Ok(TxnOp::delete(key, None)),
+            })
+            .collect::<Result<Vec<TxnOp>, String>>()?;
+        Ok(Txn::new().when(self.when).and_then(ops))
+    }
+}
+
+impl EtcdStore {
+    /// Connections are made on first use.
+    pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        let StoreKind::Etcd(target) = config.url.kind() else {
+            return Err(StoreError::Backend {
+                store: config.url.redacted().into(),
+                reason: "not an etcd:// or etcds:// URL".into(),
+            });
+        };
+        Ok(EtcdStore {
+            target: target.clone(),
+            url: config.url.clone(),
+            tls: config.tls.clone(),
+            prefix: config.key_prefix.clone(),
+            op_timeout: config.op_timeout,
+            client: tokio::sync::Mutex::new(None),
+            releases: Arc::new(Releases::default()),
+        })
+    }
+
+    fn lock_key(&self, job: &str) -> String {
+        format!("{}lock/{job}", self.prefix)
+    }
+
+    fn lease_key(&self, job: &str) -> String {
+        format!("{}lease/{job}", self.prefix)
+    }
+
+    fn runs_root(&self) -> String {
+        format!("{}runs/", self.prefix)
+    }
+
+    fn runs_prefix(&self, job: &str) -> String {
+        format!("{}{job}/", self.runs_root())
+    }
+
+    /// A run's key: the fence zero-padded to 20 digits, so keys sort by fence.
+    fn run_key(&self, job: &str, fence: u64) -> String {
+        format!("{}{fence:020}", self.runs_prefix(job))
+    }
+
+    fn backend(&self, reason: impl Into<String>) -> StoreError {
+        StoreError::Backend {
+            store: self.url.redacted().into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn err(&self, e: &etcd::Error) -> StoreError {
+        let store = self.url.redacted().to_string();
+        let reason = one_line(&self.url.scrub(&error_text(e)));
+        if is_transient(e) {
+            StoreError::Unavailable { store, reason }
+        } else {
+            StoreError::Backend { store, reason }
+        }
+    }
+
+    /// The error for `e`, forgetting the client when its connection broke,
+    /// so the next call connects afresh.
+    async fn failed(&self, e: etcd::Error) -> StoreError {
+        let err = self.err(&e);
+        let broken = breaks_connection(&e);
+        drop(e);
+        if broken {
+            self.client.lock().await.take();
+        }
+        err
+    }
+
+    /// `fut` within `op_timeout`.
+    async fn timed<T>(
+        &self,
+        fut: impl Future<Output = Result<T, etcd::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.op_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.failed(e).await),
+            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+        }
+    }
+
+    /// The client, connecting when there is none (first use, or after its
+    /// connection broke).
+    async fn client(&self) -> Result<etcd::Client, StoreError> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let options = self.connect_options()?;
+        let connect = etcd::Client::connect(endpoints(&self.target), Some(options));
+        let client = match tokio::time::timeout(self.op_timeout, connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(self.err(&e)),
+            Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
+        };
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    fn connect_options(&self) -> Result<etcd::ConnectOptions, StoreError> {
+        let mut options = etcd::ConnectOptions::new()
+            .with_timeout(self.op_timeout)
+            .with_connect_timeout(self.op_timeout)
+            .with_keep_alive(
+                KEEP_ALIVE_INTERVAL,
+                self.op_timeout.max(Duration::from_secs(1)),
+            )
+            // etcd answers pings on an idle connection with GOAWAY.
+            .with_keep_alive_while_idle(false)
+            // A member cut off from its leader answers at once instead of
+            // letting the call hang.
+            .with_require_leader(true);
+        if let Some(user) = &self.target.username {
+            options = options
+                .with_user(user.as_str(), self.url.password().unwrap_or_default())
+                // etcd's tokens expire (after 5 idle minutes by default).
+                .with_auto_token_refresh(true);
+        }
+        if self.target.tls {
+            options = options.with_tls(self.tls_options()?);
+        }
+        Ok(options)
+    }
+
+    /// TLS for `etcds://`: the server's certificate must chain to
+    /// `store.tls_ca_file` when set, else to the system's roots; the client
+    /// pair (`store.tls_cert_file`, `store.tls_key_file`) when set.
+    fn tls_options(&self) -> Result<etcd::TlsOptions, StoreError> {
+        let read = |path: &Path| {
+            std::fs::read(path)
+                .map_err(|e| self.backend(format!("cannot read {}: {e}", path.display())))
+        };
+        let files = self.tls.as_ref();
+        let mut tls = etcd::TlsOptions::new();
+        tls = match files.and_then(|f| f.ca.as_deref()) {
+            Some(ca) => tls.ca_certificate(etcd::Certificate::from_pem(read(ca)?)),
+            None => tls.with_native_roots(),
+        };
+        if let Some((cert, key)) = files.and_then(|f| f.client.as_ref()) {
+            tls = tls.identity(etcd::Identity::from_pem(
+                read(cert.as_path())?,
+                read(key.as_path())?,
+            ));
+        }
+        Ok(tls)
+    }
+
+    /// Each chunk as one transaction without compares, all sent together:
+    /// every operation's answer, in order.
+    async fn send(
+        &self,
+        client: &etcd::Client,
+        chunks: Vec<Vec<TxnOp>>,
+    ) -> Result<Vec<TxnOpResponse>, StoreError> {
+        let expected: usize = chunks.iter().map(Vec::len).sum();
+        let sends = chunks.into_iter().map(|ops| {
+            let mut kv = client.kv_client();
+            async move { self.timed(kv.txn(Txn::new().and_then(ops))).await }
+        });
+        let answers: Vec<TxnResponse> = try_join_all(sends).await?;
+        let responses: Vec<TxnOpResponse> =
+            answers.iter().flat_map(TxnResponse::op_responses).collect();
+        if responses.len() != expected {
+            return Err(self.backend(format!(
+                "{} answers to {expected} operations",
+                responses.len()
+            )));
+        }
+        Ok(responses)
+    }
+
+    /// `ops` as transactions of at most [`MAX_TXN_OPS`], sent together.
+    async fn batch(
+        &self,
+        client: &etcd::Client,
+        ops: Vec<TxnOp>,
+    ) -> Result<Vec<TxnOpResponse>, StoreError> {
+        self.send(client, chunked(ops, MAX_TXN_OPS)).await
+    }
+
+    /// `keys` as they are now, one get each (keys of one job stay in one
+    /// transaction when a job has one or two: 128 is even).
+    async fn read_keys(
+        &self,
+        client: &etcd::Client,
+        keys: &[String],
+    ) -> Result<Vec<Option<Entry>>, StoreError> {
+        let ops = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
+        let answers = self.batch(client, ops).await?;
+        answers
+            .iter()
+            .map(|answer| match answer {
+                TxnOpResponse::Get(got) => Ok(got.kvs().first().map(Entry::of)),
+                _ => Err(self.backend("a read answered with something other than its key")),
+            })
+            .collect()
+    }
+
+    /// Every key under `prefix` (keys only, in key order), page by page.
+    async fn keys_under(
+        &self,
+        client: &etcd::Client,
+        prefix: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut from = prefix.as_bytes().to_vec();
+        let mut keys = Vec::new();
+        let mut kv = client.kv_client();
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_keys_only()
+                .with_limit(KEYS_PAGE);
+            let page = self.timed(kv.get(from.clone(), Some(options))).await?;
+            let mut last = None;
+            for item in page.kvs() {
+                last = Some(item.key().to_vec());
+                if let Ok(key) = String::from_utf8(item.key().to_vec()) {
+                    keys.push(key);
+                }
+            }
+            match last {
+                Some(mut next) if page.more() => {
+                    next.push(0);
+                    from = next;
+                }
+                _ => return Ok(keys),
+            }
+        }
+    }
+
+    /// One fresh lease per distinct TTL of `ttls`: TTL → lease id. A lease
+    /// left unused (its claim lost) just expires.
+    async fn grant(
+        &self,
+        client: &etcd::Client,
+        mut ttls: Vec<i64>,
+    ) -> Result<HashMap<i64, i64>, StoreError> {
+        ttls.sort_unstable();
+        ttls.dedup();
+        let grants = ttls.into_iter().map(|ttl| {
+            let mut leases = client.lease_client();
+            async move {
+                let granted = self.timed(leases.grant(ttl, None)).await?;
+                if !granted.error().is_empty() {
+                    return Err(self.backend(format!(
+                        "etcd refused a lease of {ttl} s: {}",
+                        granted.error()
+                    )));
+                }
+                Ok::<(i64, i64), StoreError>((ttl, granted.id()))
+            }
+        });
+        Ok(try_join_all(grants).await?.into_iter().collect())
+    }
+
+    /// Every job's keys (and, for claims, the time left on its lease).
+    async fn view(
+        &self,
+        client: &etcd::Client,
+        jobs: &[&str],
+        want: Want,
+    ) -> Result<Vec<JobView>, StoreError> {
+        let mut keys = Vec::with_capacity(jobs.len() * 2);
+        for job in jobs {
+            if want == Want::LockAndLease {
+                keys.push(self.lock_key(job));
+            }
+            keys.push(self.lease_key(job));
+        }
+        let mut entries = self.read_keys(client, &keys).await?.into_iter();
+        let mut read = Vec::with_capacity(jobs.len());
+        for _ in jobs {
+            let lock = if want == Want::LockAndLease {
+                entries.next().flatten()
+            } else {
+                None
+            };
+            let lease = entries.next().flatten();
+            read.push(JobKeys { lock, lease });
+        }
+        let now = now_ms();
+        Ok(read.into_iter().map(|keys| JobView { keys, now }).collect())
+    }
+
+    /// Applies each plan as a nested transaction, after granting the leases
+    /// they put keys with. Nested transactions go in transactions with no
+    /// compares of their own, as many as [`MAX_TXN_OPS`] allows, sent
+    /// together; two plans for the same key go in different ones (etcd
+    /// refuses a transaction that writes a key twice). Answers the indexes
+    /// of the plans whose compares failed: their keys changed since read.
+    async fn write(
+        &self,
+        client: &etcd::Client,
+        plans: Vec<(usize, Plan)>,
+    ) -> Result<Vec<usize>, StoreError> {
+        if plans.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ttls = plans.iter().flat_map(|(_, p)| p.ttls()).collect();
+        let leases = self.grant(client, ttls).await?;
+        let widest = plans.iter().map(|(_, p)| p.width()).max().unwrap_or(1);
+        // Wave k holds the k-th plan of each key.
+        let mut waves: Vec<Vec<(usize, TxnOp)>> = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, plan) in plans {
+            let count = seen.entry(plan.ident().to_string()).or_insert(0);
+            let wave = *count;
+            *count += 1;
+            let item = (
+                i,
+                TxnOp::txn(plan.into_txn(&leases).map_err(|m| self.backend(m))?),
+            );
+            match waves.get_mut(wave) {
+                Some(w) => w.push(item),
+                None => waves.push(vec![item]),
+            }
+        }
+        let mut order = Vec::new();
+        let mut chunks = Vec::new();
+        for wave in waves {
+            for chunk in chunked(wave, nested_per_txn(widest)) {
+                let (idx, ops): (Vec<usize>, Vec<TxnOp>) = chunk.into_iter().unzip();
+                order.extend(idx);
+                chunks.push(ops);
+            }
+        }
+        let answers = self.send(client, chunks).await?;
+        let mut changed = Vec::new();
+        for (i, answer) in order.into_iter().zip(answers) {
+            match answer {
+                TxnOpResponse::Txn(t) if t.succeeded() => {}
+                TxnOpResponse::Txn(_) => changed.push(i),
+                _ => {
+                    return Err(self.backend(
+                        "a nested transaction answered with something other than a transaction",
+                    ));
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Reads, decides with `decide_one` and writes until every job's write
+    /// went through or none is left to write: a job whose keys changed
+    /// between read and write is read and decided again, within
+    /// `op_timeout`. `decide_one(i, view)` answers the write wanted, if any,
+    /// and the answer. Returns this host's clock at the first read.
+    async fn read_decide_write<A>(
+        &self,
+        client: &etcd::Client,
+        jobs: &[&str],
+        want: Want,
+        mut decide_one: impl FnMut(usize, &JobView) -> (Option<Plan>, A),
+    ) -> Result<(i64, Vec<A>), StoreError> {
+        let deadline = tokio::time::Instant::now() + self.op_timeout;
+        let views = self.view(client, jobs, want).await?;
+        let now = views.first().map_or_else(now_ms, |v| v.now);
+        let mut answers = Vec::with_capacity(jobs.len());
+        let mut plans = Vec::new();
+        for (i, view) in views.iter().enumerate() {
+            let (plan, answer) = decide_one(i, view);
+            answers.push(answer);
+            if let Some(p) = plan {
+                plans.push((i, p));
+            }
+        }
+        loop {
+            let changed = self.write(client, plans).await?;
+            if changed.is_empty() {
+                return Ok((now, answers));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::Timeout(self.op_timeout));
+            }
+            let names: Vec<&str> = changed.iter().map(|&i| jobs[i]).collect();
+            let fresh = self.view(client, &names, want).await?;
+            plans = Vec::new();
+            for (i, view) in changed.into_iter().zip(fresh) {
+                let (plan, answer) = decide_one(i, &view);
+                answers[i] = answer;
+                if let Some(p) = plan {
+                    plans.push((i, p));
+                }
+            }
+        }
+    }
+
+    /// One claim decided on its job's keys: the write it wants, if any.
+    fn decide_claim(&self, req: &ClaimRequest, view: &JobView) -> (Option<Plan>, ClaimOutcome) {
+        let job = req.job.as_str();
+        let state = match read_state(view.keys.lock.as_ref()) {
+            Ok(state) => state,
+            Err(why) => {
+                return (
+                    None,
+                    ClaimOutcome::Failed(format!(
+                        "the lock key {} of job {job} is unreadable ({why}); delete it (etcdctl del) to start the job afresh",
+                        self.lock_key(job)
+                    )),
+                );
+            }
+        };
+        if view.keys.lease.as_ref().is_some_and(|e| e.lease == 0) {
+            return (
+                None,
+                ClaimOutcome::Failed(format!(
+                    "the lease key {} of job {job} has no etcd lease, so it never ends (written by hand?); delete it (etcdctl del) to free the job",
+                    self.lease_key(job)
+                )),
+            );
+        }
+        match decide(&row_of(state.as_ref(), view), req) {
+            // A recheck answers an earlier win as it stands.
+            Decision::Claim { won, .. } if req.recheck_only => (None, ClaimOutcome::Won(won)),
+            Decision::Claim {
+                fence,
+                expires_at,
+                last_occurrence,
+                won,
+            } => {
+                let state = LockState {
+                    owner: req.owner.as_str().to_string(),
+                    fence: fence.to_string(),
+                    last_occurrence: Some(last_occurrence),
+                    modified_at: view.now,
+                };
+                let lease = LeaseValue {
+                    owner: req.owner.as_str().to_string(),
+                    expires_at,
+                };
+                match serde_json::to_vec(&state).and_then(|s| Ok((s, serde_json::to_vec(&lease)?)))
+                {
+                    Ok((json, lease_json)) => {
+                        let (lock, lease) = (self.lock_key(job), self.lease_key(job));
+                        let plan = Plan {
+                            when: vec![
+                                unchanged(&lock, view.keys.lock.as_ref()),
+                                unchanged(&lease, view.keys.lease.as_ref()),
+                            ],
+                            ops: vec![
+                                PlanOp::Put(lock, json),
+                                PlanOp::PutLeased(lease, lease_json, lease_ttl_secs(req.lease)),
+                            ],
+                        };
+                        (Some(plan), ClaimOutcome::Won(won))
+                    }
+                    Err(e) => (None, ClaimOutcome::Failed(e.to_string())),
+                }
+            }
+            Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
+            Decision::FenceExhausted => (None, ClaimOutcome::Failed(fence_exhausted(job))),
+        }
+    }
+
+    /// Deletes each job's runs older than its `keep` newest: one read of
+    /// the keep-th newest key per job, then one range delete below it.
+    async fn trim(
+        &self,
+        client: &etcd::Client,
+        jobs: &[&str],
+        keep: u32,
+    ) -> Result<(), StoreError> {
+        let newest = jobs
+            .iter()
+            .map(|job| {
+                let options = GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(SortTarget::Key, SortOrder::Descend)
+                    .with_limit(i64::from(keep));
+                TxnOp::get(self.runs_prefix(job), Some(options))
+            })
+            .collect();
+        let answers = self.batch(client, newest).await?;
+        let mut deletes = Vec::new();
+        for (job, answer) in jobs.iter().zip(&answers) {
+            let TxnOpResponse::Get(got) = answer else {
+                return Err(self.backend("a read answered with something other than its keys"));
+            };
+            if got.count() <= i64::from(keep) {
+                continue;
+            }
+            if let Some(oldest_kept) = got.kvs().last() {
+                let below = DeleteOptions::new().with_range(oldest_kept.key().to_vec());
+                deletes.push(TxnOp::delete(self.runs_prefix(job), Some(below)));
+            }
+        }
+        if !deletes.is_empty() {
+            self.batch(client, deletes).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts the watch on every lease key unless it runs: deletions wake
+    /// the claimers waiting on those keys.
+    async fn watch_releases(&self) {
+        if lock(&self.releases.watch)
+            .as_ref()
+            .is_some_and(|w| !w.is_finished())
+        {
+            return;
+        }
+        let Ok(client) = self.client().await else {
+            // The claimer's own wait still ends; the next one tries again.
+            return;
+        };
+        let mut slot = lock(&self.releases.watch);
+        if slot.as_ref().is_some_and(|w| !w.is_finished()) {
+            return;
+        }
+        *slot = Some(tokio::spawn(wake_on_deletions(
+            Arc::downgrade(&self.releases),
+            client,
+            self.lease_key(""),
+        )));
+    }
+}
+
+/// Watches every lease key under `prefix` for deletions (a release, an
+/// etcd lease's end) and wakes the claimers waiting on each; watches again
+/// after a second when the watch breaks, for as long as the store lasts.
+async fn wake_on_deletions(releases: Weak<Releases>, client: etcd::Client, prefix: String) {
+    let options = WatchOptions::new()
+        .with_range(prefix_end(prefix.as_bytes()))
+        .with_filters([WatchFilterType::NoPut]);
+    loop {
+        let mut watch = client.watch_client();
+        if let Ok(mut stream) = watch.watch(prefix.as_str(), Some(options.clone())).await {
+            while let Ok(Some(answer)) = stream.message().await {
+                let Some(releases) = releases.upgrade() else {
+                    return;
+                };
+                if answer.canceled() {
+                    break;
+                }
+                let waiters = lock(&releases.waiters);
+                for event in answer.events() {
+                    if !matches!(event.event_type(), EventType::Delete) {
+                        continue;
+                    }
+                    let key = event
+                        .kv()
+                        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                    if let Some(n) = key.and_then(|k| waiters.get(&k)) {
+                        n.notify_waiters();
+                    }
+                }
+            }
+        }
+        if releases.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A lease TTL for etcd, which counts leases in whole seconds: the lease
+/// rounded up, and at least 2 s (etcd's own minimum with its default
+/// timing; it would raise a shorter one anyway). Never shorter than asked, so
+/// a lease ends no earlier on etcd than its holder counts it.
+pub fn lease_ttl_secs(lease: Duration) -> i64 {
+    let secs = i64::try_from(lease.as_millis().div_ceil(1000)).unwrap_or(MAX_TTL_SECS);
+    secs.clamp(MIN_TTL_SECS, MAX_TTL_SECS)
+}
+
+/// This host's clock, in milliseconds: etcd has none to offer.
+fn now_ms() -> i64 {
+    to_ms(Utc::now())
+}
+
+/// The compare that holds while `key` is as it was read: changed last at
+/// the same revision, or still absent.
+fn unchanged(key: &str, read: Option<&Entry>) -> Compare {
+    match read {
+        Some(e) => Compare::mod_revision(key, CompareOp::Equal, e.mod_revision),
+        None => Compare::create_revision(key, CompareOp::Equal, 0),
+    }
+}
+
+/// A job's state (with its fence as a number) when its key exists; `Err`
+/// saying why when it cannot be read.
+fn read_state(entry: Option<&Entry>) -> Result<Option<(LockState, i64)>, String> {
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
+    let state: LockState = serde_json::from_slice(&entry.value).map_err(|e| e.to_string())?;
+    let fence = state
+        .fence
+        .parse::<i64>()
+        .ok()
+        .filter(|f| *f >= 0)
+        .ok_or_else(|| {
+            format!(
+                "its fence {:?} is not a number from 0 to 2^63 - 1",
+                state.fence
+            )
+        })?;
+    Ok(Some((state, fence)))
+}
+
+/// The shared claim rule's view of a job: held while its lease key exists,
+/// until the end it records, by the key's owner; otherwise free, the last
+/// owner from the state.
+fn row_of(state: Option<&(LockState, i64)>, view: &JobView) -> LockRow {
+    let now = view.now;
+    let (owner, expires_at) = match &view.keys.lease {
+        Some(e) => {
+            let lease = read_lease(e, now);
+            (Some(lease.owner), lease.expires_at)
+        }
+        None => (state.map(|(s, _)| s.owner.clone()), 0),
+    };
+    LockRow {
+        owner,
+        fence: state.map_or(0, |(_, fence)| *fence),
+        expires_at,
+        last_occurrence: state.and_then(|(s, _)| s.last_occurrence),
+        now,
+    }
+}
+
+/// The client URLs of the cluster's members.
+fn endpoints(target: &EtcdTarget) -> Vec<String> {
+    let scheme = if target.tls { "https" } else { "http" };
+    target
+        .servers
+        .iter()
+        .map(|(host, port)| {
+            if host.contains(':') {
+                format!("{scheme}://[{host}]:{port}")
+            } else {
+                format!("{scheme}://{host}:{port}")
+            }
+        })
+        .collect()
+}
+
+/// `items` in chunks of at most `size` (at least 1), in order.
+fn chunked<T>(items: Vec<T>, size: usize) -> Vec<Vec<T>> {
+    let size = size.max(1);
+    let mut chunks = Vec::with_capacity(items.len().div_ceil(size));
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        chunks.push(items.by_ref().take(size).collect());
+    }
+    chunks
+}
+
+/// Nested transactions per transaction when each is `width` operations
+/// wide: the parent's own count plus a child's must stay within
+/// [`MAX_TXN_OPS`].
+fn nested_per_txn(width: usize) -> usize {
+    MAX_TXN_OPS.saturating_sub(width).max(1)
+}
+
+/// The first key after every key that starts with `prefix` (etcd's range
+/// end for a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    for (i, byte) in prefix.iter().enumerate().rev() {
+        if *byte < 0xff {
+            let mut end = prefix[..=i].to_vec();
+            end[i] = byte + 1;
+            return end;
+        }
+    }
+    // No key follows them all: to the end of the key space.
+    vec![0]
+}
+
+/// etcd 3.4 or later (nested transactions came with 3.3); a version this
+/// cannot read is let through.
+fn is_supported_version(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split('.')
+        .map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (3, 4),
+        _ => true,
+    }
+}
+
+fn status_code(e: &etcd::Error) -> Option<i32> {
+    match e {
+        etcd::Error::GRpcStatus(status) => Some(i32::from(status.code())),
+        _ => None,
+    }
+}
+
+/// Unreachable, too slow or between leaders, as opposed to a refused request.
+fn is_transient(e: &etcd::Error) -> bool {
+    matches!(e, etcd::Error::TransportError(_) | etcd::Error::IoError(_))
+        || matches!(
+            status_code(e),
+            Some(CANCELLED | DEADLINE_EXCEEDED | RESOURCE_EXHAUSTED | UNAVAILABLE)
+        )
+}
+
+/// The connection itself failed, not the request.
+fn breaks_connection(e: &etcd::Error) -> bool {
+    matches!(e, etcd::Error::TransportError(_) | etcd::Error::IoError(_))
+        || status_code(e) == Some(UNAVAILABLE)
+}
+
+/// `e` with its causes: tonic's transport errors say little on their own.
+fn error_text(e: &etcd::Error) -> String {
+    match e {
+        etcd::Error::GRpcStatus(status) => {
+            let mut text = format!("{:?}: {}", status.code(), status.message());
+            if let Some(cause) = std::error::Error::source(status) {
+                text.push_str(": ");
+                text.push_str(&with_causes(cause));
+            }
+            text
+        }
+        etcd::Error::TransportError(t) => with_causes(t),
+        etcd::Error::IoError(io) => with_causes(io),
+        other => other.to_string(),
+    }
+}
+
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+#[async_trait]
+impl Locks for EtcdStore {
+    /// Nothing to create: checks that the cluster answers, is recent
+    /// enough, and lets this user read.
+    async fn prepare(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let mut maintenance = client.maintenance_client();
+        let status = self.timed(maintenance.status()).await?;
+        if !is_supported_version(status.version()) {
+            return Err(self.backend(format!(
+                "etcd {} is too old: cronlease needs etcd 3.4 or later",
+                status.version()
+            )));
+        }
+        self.ping().await
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
+        if requests.is_empty() {
+            return Ok(Claimed {
+                store_now: Utc::now(),
+                outcomes: Vec::new(),
+            });
+        }
+        let client = self.client().await?;
+        let jobs: Vec<&str> = requests.iter().map(|r| r.job.as_str()).collect();
+        let (now, outcomes) = self
+            .read_decide_write(&client, &jobs, Want::LockAndLease, |i, view| {
+                self.decide_claim(&requests[i], view)
+            })
+            .await?;
+        Ok(Claimed {
+            store_now: from_ms(now),
+            outcomes,
+        })
+    }
+
+    /// A deletion of the job's lease key (a release, an etcd lease's end)
+    /// comes through the store's watch on lease keys. One between the
+    /// claim's read and this wait is not seen: the claimer then waits the
+    /// lease out as elsewhere.
+    async fn lease_freed(&self, job: &JobName) {
+        let key = self.lease_key(job.as_str());
+        let notify = lock(&self.releases.waiters).entry(key).or_default().clone();
+        let freed = notify.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        self.watch_releases().await;
+        freed.await;
+    }
+
+    /// This host's clock: etcd has none for clients.
+    async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
+        Ok(Utc::now())
+    }
+
+    async fn renew_many(
+        &self,
+        owner: &Owner,
+        renewals: &[Renewal],
+    ) -> Result<Vec<bool>, StoreError> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let jobs: Vec<&str> = renewals.iter().map(|r| r.job.as_str()).collect();
+        let (_, done) = self
+            .read_decide_write(&client, &jobs, Want::Lease, |i, view| {
+                let Some(e) = view.keys.lease.as_ref() else {
+                    return (None, false);
+                };
+                let lease = read_lease(e, view.now);
+                // Gone (expired, released) or another owner's: refused.
+                if lease.owner != owner.as_str() || lease.expires_at <= view.now {
+                    return (None, false);
+                }
+                let renewed = LeaseValue {
+                    owner: lease.owner,
+                    expires_at: view
+                        .now
+                        .saturating_add(super::duration_ms(renewals[i].lease)),
+                };
+                let Ok(value) = serde_json::to_vec(&renewed) else {
+                    return (None, false);
+                };
+                let key = self.lease_key(jobs[i]);
+                let plan = Plan {
+                    when: vec![unchanged(&key, Some(e))],
+                    ops: vec![PlanOp::PutLeased(
+                        key,
+                        value,
+                        lease_ttl_secs(renewals[i].lease),
+                    )],
+                };
+                (Some(plan), true)
+            })
+            .await?;
+        Ok(done)
+    }
+
+    async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let client = self.client().await?;
+        let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
+        let (_, done) = self
+            .read_decide_write(&client, &names, Want::Lease, |i, view| {
+                match &view.keys.lease {
+                    Some(e) => {
+                        let lease = read_lease(e, view.now);
+                        if lease.owner != owner.as_str() || lease.expires_at <= view.now {
+                            return (None, false);
+                        }
+                        let key = self.lease_key(names[i]);
+                        let plan = Plan {
+                            when: vec![unchanged(&key, Some(e))],
+                            ops: vec![PlanOp::Delete(key)],
+                        };
+                        (Some(plan), true)
+                    }
+                    None => (None, false),
+                }
+            })
+            .await?;
+        Ok(done.into_iter().filter(|d| *d).count())
+    }
+
+    /// A linearizable read: it needs the cluster's quorum, and this user's
+    /// permission on the keys.
+    async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let mut kv = client.kv_client();
+        let options = GetOptions::new().with_count_only();
+        self.timed(kv.get(self.lock_key(""), Some(options)))
+            .await
+            .map(|_| ())
+    }
+
+    async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
+        let client = self.client().await?;
+        let (lock_prefix, lease_prefix) = (self.lock_key(""), self.lease_key(""));
+        // Both ranges in one transaction: one revision.
+        let reads = vec![
+            TxnOp::get(lock_prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(lease_prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        ];
+        let answers = self.batch(&client, reads).await?;
+        let [TxnOpResponse::Get(locks), TxnOpResponse::Get(leases)] = answers.as_slice() else {
+            return Err(self.backend("the status read answered with something other than its keys"));
+        };
+        let now = now_ms();
+        let holders: HashMap<Vec<u8>, LeaseValue> = leases
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let job = kv.key().strip_prefix(lease_prefix.as_bytes())?;
+                let lease = read_lease(&Entry::of(kv), now);
+                (lease.expires_at > now).then(|| (job.to_vec(), lease))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for kv in locks.kvs() {
+            let Some(job) = kv.key().strip_prefix(lock_prefix.as_bytes()) else {
+                continue;
+            };
+            let Ok(state) = serde_json::from_slice::<LockState>(kv.value()) else {
+                continue;
+            };
+            let holder = holders.get(job);
+            out.push(LockStatus {
+                job: String::from_utf8_lossy(job).into_owned(),
+                holder: holder.map(|l| l.owner.clone()),
+                lease_remaining_ms: holder
+                    .map_or(0, |l| u64::try_from(l.expires_at - now).unwrap_or(0)),
+                fence: state.fence.parse().unwrap_or(0),
+                last_occurrence: state.last_occurrence.map(from_ms),
+                last_owner: Some(state.owner),
+            });
+        }
+        out.sort_by(|a, b| a.job.cmp(&b.job));
+        Ok(out)
+    }
+
+    fn describe(&self) -> &str {
+        self.url.redacted()
+    }
+}
+
+#[async_trait]
+impl History for EtcdStore {
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        let mut seen = HashSet::new();
+        let mut plans = Vec::with_capacity(runs.len());
+        for (i, run) in runs.iter().enumerate() {
+            let key = self.run_key(&run.job, run.fence);
+            // One write per (job, fence): etcd refuses a transaction that
+            // writes a key twice.
+            if !seen.insert(key.clone()) {
+                continue;
+            }
+            let data =
+                serde_json::to_vec(&RunData::from(run)).map_err(|e| self.backend(e.to_string()))?;
+            let plan = Plan {
+                when: vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)],
+                ops: vec![PlanOp::Put(key, data)],
+            };
+            plans.push((i, plan));
+        }
+        // A fence recorded already fails its compare and stays as it was.
+        self.write(&client, plans).await?;
+        let mut jobs: Vec<&str> = runs.iter().map(|r| r.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        self.trim(&client, &jobs, keep.max(1)).await
+    }
+
+    /// The newest `limit` runs (by fence) of each job read, then ordered
+    /// as every store answers. An entry this version cannot read shows at
+    /// the epoch: etcd keeps no time with a key.
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let root = self.runs_root();
+        let under = match job {
+            Some(j) => self.runs_prefix(j.as_str()),
+            None => root.clone(),
+        };
+        let keys = self.keys_under(&client, &under).await?;
+        // Keys come in key order: per job, by fence.
+        let mut by_job: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for key in &keys {
+            if let Some((job, name)) = key
+                .strip_prefix(root.as_str())
+                .and_then(|rest| rest.split_once('/'))
+            {
+                by_job.entry(job).or_default().push(name);
+            }
+        }
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        for (job, names) in by_job {
+            let skip = names.len().saturating_sub(limit as usize);
+            for name in &names[skip..] {
+                wanted.push((job.to_string(), (*name).to_string()));
+            }
+        }
+        let run_keys: Vec<String> = wanted
+            .iter()
+            .map(|(job, name)| format!("{root}{job}/{name}"))
+            .collect();
+        let values = self.read_keys(&client, &run_keys).await?;
+        let mut runs: Vec<RunRecord> = wanted
+            .iter()
+            .zip(values)
+            .filter_map(|((job, name), entry)| entry.map(|e| run_from_json(job, name, &e.value, 0)))
+            .collect();
+        newest_first(&mut runs, limit);
+        Ok(runs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn store(url: &str, prefix: &str) -> EtcdStore {
+        let mut config = StoreConfig::new(StoreUrl::parse(url, Path::new("/")).unwrap());
+        config.key_prefix = prefix.into();
+        EtcdStore::open(&config).unwrap()
+    }
+
+    #[test]
+    fn lease_ttls_are_whole_seconds_rounded_up_and_at_least_two() {
+        let ttl = |ms| lease_ttl_secs(Duration::from_millis(ms));
+        assert_eq!(ttl(0), 2);
+        assert_eq!(ttl(1), 2);
+        assert_eq!(ttl(1500), 2);
+        assert_eq!(ttl(2000), 2);
+        assert_eq!(ttl(2001), 3);
+        assert_eq!(ttl(61_000), 61);
+        assert_eq!(lease_ttl_secs(Duration::from_secs(61)), 61);
+        assert_eq!(lease_ttl_secs(Duration::MAX), MAX_TTL_SECS);
+    }
+
+    #[test]
+    fn keys_sit_under_the_prefix_and_runs_sort_by_fence() {
+        let s = store("etcd://h", "cronlease:");
+        assert_eq!(s.lock_key("backup"), "cronlease:lock/backup");
+        assert_eq!(s.lease_key("backup"), "cronlease:lease/backup");
+        assert_eq!(s.runs_prefix("backup"), "cronlease:runs/backup/");
+        assert_eq!(
+            s.run_key("backup", 42),
+            "cronlease:runs/backup/00000000000000000042"
+        );
+        assert!(s.run_key("j", 9) < s.run_key("j", 10));
+        assert_eq!(
+            s.run_key("j", u64::MAX),
+            format!("cronlease:runs/j/{}", u64::MAX)
+        );
+        let bare = store("etcd://h", "");
+        assert_eq!(bare.lock_key("j"), "lock/j");
+    }
+
+    #[test]
+    fn transactions_keep_within_etcds_operation_limit() {
+        let items: Vec<u32> = (0..300).collect();
+        let chunks = chunked(items.clone(), MAX_TXN_OPS);
+        assert_eq!(
+            chunks.iter().map(Vec::len).collect::<Vec<_>>(),
+            [128, 128, 44]
+        );
+        assert_eq!(chunks.concat(), items);
+        assert!(chunked(Vec::<u8>::new(), MAX_TXN_OPS).is_empty());
+        assert_eq!(chunked(vec![1, 2, 3], 0), vec![vec![1], vec![2], vec![3]]);
+        // A claim's nested transaction: two compares, two puts; the parent
+        // holds 126 of them, 126 + 2 = 128.
+        assert_eq!(nested_per_txn(2), 126);
+        assert_eq!(nested_per_txn(1), 127);
+        assert_eq!(nested_per_txn(500), 1);
+        let claim = Plan {
+            when: vec![
+                unchanged("l", None),
+                unchanged(
+                    "k",
+                    Some(&Entry {
+                        value: Vec::new(),
+                        mod_revision: 7,
+                        lease: 1,
+                    }),
+                ),
+            ],
+            ops: vec![
+                PlanOp::Put("l".into(), Vec::new()),
+                PlanOp::PutLeased("k".into(), Vec::new(), 3),
+            ],
+        };
+        assert_eq!((claim.width(), claim.ident()), (2, "l"));
+        assert_eq!(claim.ttls().collect::<Vec<_>>(), [3]);
+        assert!(claim.into_txn(&HashMap::new()).is_err());
+    }
+
+    #[test]
+    fn prefix_ends_are_the_next_key() {
+        assert_eq!(prefix_end(b"cronlease:runs/"), b"cronlease:runs0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+
+    #[test]
+    fn endpoints_follow_the_scheme() {
+        let plain = store("etcd://a,b:2380", "");
+        assert_eq!(endpoints(&plain.target), ["http://a:2379", "http://b:2380"]);
+        let tls = store("etcds://a:2379,[::1]:2379", "");
+        assert_eq!(
+            endpoints(&tls.target),
+            ["https://a:2379", "https://[::1]:2379"]
+        );
+    }
+
+    #[test]
+    fn versions_before_3_4_are_refused() {
+        assert!(is_supported_version("3.5.17"));
+        assert!(is_supported_version("3.4.0"));
+        assert!(is_supported_version("4.0.0"));
+        assert!(!is_supported_version("3.3.27"));
+        assert!(is_supported_version("unknown"));
+    }
+
+    #[test]
+    fn a_job_is_held_while_its_lease_key_exists_until_its_recorded_end() {
+        let state = LockState {
+            owner: "a#1".into(),
+            fence: "7".into(),
+            last_occurrence: Some(19_000),
+            modified_at: 19_000,
+        };
+        let lease = Entry {
+            value: br##"{"owner":"b#2","expires_at":20300}"##.to_vec(),
+            mod_revision: 9,
+            lease: 42,
+        };
+        // Held until the end the key records, by the key's owner.
+        let held = JobView {
+            keys: JobKeys {
+                lock: None,
+                lease: Some(lease.clone()),
+            },
+            now: 20_000,
+        };
+        let row = row_of(Some(&(state.clone(), 7)), &held);
+        assert_eq!(row.owner.as_deref(), Some("b#2"));
+        assert_eq!(row.expires_at, 20_300);
+        assert_eq!((row.fence, row.last_occurrence), (7, Some(19_000)));
+        // A value written by hand: held for a second at a time.
+        let hand = JobView {
+            keys: JobKeys {
+                lock: None,
+                lease: Some(Entry {
+                    value: b"ghost".to_vec(),
+                    ..lease
+                }),
+            },
+            now: 20_000,
+        };
+        let row = row_of(None, &hand);
+        assert_eq!(
+            (row.owner.as_deref(), row.expires_at),
+            (Some("ghost"), 21_000)
+        );
+        let free = JobView {
+            keys: JobKeys::default(),
+            now: 20_000,
+        };
+        let row = row_of(Some(&(state, 7)), &free);
+        assert_eq!((row.owner.as_deref(), row.expires_at), (Some("a#1"), 0));
+        let fresh = row_of(None, &free);
+        assert_eq!((fresh.owner, fresh.fence, fresh.expires_at), (None, 0, 0));
+    }
+
+    #[test]
+    fn unreadable_state_is_named_not_guessed() {
+        let entry = |value: &str| Entry {
+            value: value.as_bytes().to_vec(),
+            mod_revision: 1,
+            lease: 0,
+        };
+        assert!(read_state(None).unwrap().is_none());
+        let ok = entry(r#"{"owner":"a#1","fence":"3","last_occurrence":5,"modified_at":6}"#);
+        assert_eq!(read_state(Some(&ok)).unwrap().unwrap().1, 3);
+        assert!(read_state(Some(&entry("{"))).is_err());
+        let bad_fence = entry(r#"{"owner":"a#1","fence":"x","modified_at":6}"#);
+        assert!(read_state(Some(&bad_fence)).unwrap_err().contains("fence"));
+    }
+}
