@@ -196,6 +196,14 @@ fn a_killed_holders_jobs_move_when_its_session_ends_before_its_lease() {
     // after a recheck, and none is missed.
     let first = &post[0];
     let killed = killed_at.timestamp_micros() as f64 / 1e6;
+    // Waited out, the lease would have let the next three occurrences go
+    // by and a peer caught up only the last of them.
+    let next_instant = killed_at.timestamp() + 1;
+    assert_eq!(
+        first.occurrence.timestamp(),
+        next_instant,
+        "the first occurrence after the kill was not run: the session's end did not free the job\n{report}"
+    );
     assert!(
         first.started - killed >= 0.4,
         "taken over {:.3}s after the kill, before the session could end\n{report}",
