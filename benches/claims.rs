@@ -4,7 +4,7 @@
 //! (store, batch): what a claim costs the store, apart from everything a
 //! node does around it.
 //!
-//! cargo bench --bench claims -- [--stores sqlite,mysql,postgres,redis,sentinel,redlock,zookeeper] [--batches 1,1000] [--rounds 200]
+//! cargo bench --bench claims -- [--stores sqlite,mysql,postgres,redis,sentinel,redlock,zookeeper,etcd] [--batches 1,1000] [--rounds 200]
 //!
 //! The 1,000-job batch runs `rounds / 10` times (at least 10).
 

@@ -9,7 +9,7 @@
 //! - [`schedule`]: cron expression + IANA zone → occurrences (croner; Vixie
 //!   cron's DST rule).
 //! - [`store`]: the lock store trait and its backends (SQLite, MySQL/MariaDB,
-//!   PostgreSQL, Redis, Redis with Sentinel, Redlock, ZooKeeper), chosen by
+//!   PostgreSQL, Redis, Redis with Sentinel, Redlock, ZooKeeper, etcd), chosen by
 //!   URL scheme; the claim rule of docs/protocol.md.
 //! - [`node`]: the daemon: a loop per job, a task per occurrence, the claim
 //!   and takeover protocol, the lease watchdog, step-down, reload, shutdown.
