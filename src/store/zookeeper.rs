@@ -75,9 +75,11 @@ struct Session {
     id: zk::SessionId,
     /// The negotiated session timeout.
     timeout: Duration,
-    /// When the connect that made it was started: leases claimed before
-    /// were claimed in an earlier session.
-    started: Instant,
+    /// The last confirmation of the session it replaced, if any. A lease
+    /// taken in that session was sent no later (the claim's own reads
+    /// confirmed it), so a lease sent by then may be that session's, whose
+    /// live node is gone; one sent after is this session's.
+    earlier: Option<Instant>,
     /// Send time of the newest request the session got an answer to: the
     /// server heard from it no earlier, so it cannot end the session before
     /// this plus the timeout.
@@ -235,13 +237,16 @@ impl ZkStore {
         }
         let started = Instant::now();
         let client = self.timed(connector.connect(&servers.join(","))).await?;
-        *lock(&self.session) = Some(Session {
+        let mut session = lock(&self.session);
+        let earlier = session.as_ref().map(|s| s.confirmed);
+        *session = Some(Session {
             id: client.session_id(),
             timeout: client.session_timeout(),
-            started,
+            earlier,
             confirmed: started,
             live: HashSet::new(),
         });
+        drop(session);
         tokio::spawn(keep_confirming(
             Arc::downgrade(&self.session),
             client.clone(),
@@ -733,7 +738,7 @@ impl Locks for ZkStore {
         let guard = lock(&self.session);
         Some(match guard.as_ref() {
             // Claimed in this session: until the server could end it.
-            Some(s) if sent >= s.started => {
+            Some(s) if s.earlier.is_none_or(|e| sent > e) => {
                 let allowance = s.timeout / 1000 + Duration::from_millis(1);
                 RunBound {
                     stop_by: s.confirmed + s.timeout * 2 / 3,
