@@ -237,6 +237,20 @@ fn parse_servers(hosts: &str, default_port: u16, what: &str) -> Result<Vec<(Stri
     Ok(servers)
 }
 
+/// Splits `[userinfo@]rest` at the last `@` (a password may hold any
+/// character, percent-encoded or not). A user part with `/`, `?`, `#` or `,`
+/// means the `@` was not in the userinfo: refused, without echoing it (it
+/// may hold a password).
+fn split_userinfo(rest: &str) -> Result<(Option<&str>, &str), String> {
+    match rest.rsplit_once('@') {
+        None => Ok((None, rest)),
+        Some((u, _)) if u.split(':').next().is_some_and(|user| user.contains(['/', '?', '#', ','])) => {
+            Err("an @ after the hosts: percent-encode it (%40), or put the user and password before the hosts (user:password@host)".into())
+        }
+        Some((u, h)) => Ok((Some(u), h)),
+    }
+}
+
 /// `user[:password]` of a URL's userinfo, percent-decoded; empty parts are none.
 fn parse_userinfo(userinfo: Option<&str>) -> (Option<String>, Option<String>) {
     match userinfo {
@@ -252,8 +266,9 @@ fn parse_userinfo(userinfo: Option<&str>) -> (Option<String>, Option<String>) {
 /// Parses the part of `zk://[user[:password]@]host[:port],host[:port][/chroot][?session_timeout=D]`
 /// after the scheme; returns the target and the password.
 fn parse_zk(rest: &str) -> Result<(ZkTarget, Option<String>), String> {
+    let (userinfo, rest) = split_userinfo(rest)?;
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
+    let (hosts, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
@@ -277,10 +292,6 @@ fn parse_zk(rest: &str) -> Result<(ZkTarget, Option<String>), String> {
             }
         }
     }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
     let (username, password) = parse_userinfo(userinfo);
     let servers = parse_servers(hosts, 2181, "ZooKeeper server")?;
     let chroot = percent_decode(path.trim_end_matches('/'));
@@ -314,10 +325,7 @@ fn parse_zk(rest: &str) -> Result<(ZkTarget, Option<String>), String> {
 /// Neither a path nor a query is valid, so the userinfo ends at the last `@`
 /// wherever it stands (a password may hold a `/` or a `?`).
 fn parse_etcd(rest: &str, tls: bool) -> Result<(EtcdTarget, Option<String>), String> {
-    let (userinfo, after) = match rest.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, rest),
-    };
+    let (userinfo, after) = split_userinfo(rest)?;
     let (hosts, tail) = after.split_at(after.find(['/', '?', '#']).unwrap_or(after.len()));
     if tail.contains('?') {
         return Err(
@@ -2159,6 +2167,34 @@ mod tests {
         assert!(u.expose().contains("p%40ss"));
         assert_eq!(u.redacted(), "mysql://app@db/x");
         assert_eq!(u.scrub("p@ss"), "***");
+    }
+
+    #[test]
+    fn a_password_never_shows_in_a_url_error_and_an_at_sign_after_the_hosts_is_refused() {
+        // A password holding ? or / is still the userinfo's.
+        let u =
+            StoreUrl::parse("zk://u:pa?ss/x@h:2181/p?session_timeout=1s", Path::new("/")).unwrap();
+        let StoreKind::ZooKeeper(t) = u.kind() else {
+            panic!("{u:?}")
+        };
+        assert_eq!(
+            (t.servers[0].0.as_str(), t.session_timeout),
+            ("h", Duration::from_secs(1))
+        );
+        assert_eq!(u.password(), Some("pa?ss/x"));
+        for bad in ["etcd://h/?x=a@b", "zk://h/p?x=a@b"] {
+            let e = StoreUrl::parse(bad, Path::new("/")).unwrap_err();
+            assert!(e.contains("an @ after the hosts"), "{bad}: {e}");
+        }
+        for bad in ["zk://u:secret@h?bogus=1", "zk://u:sec?ret@h/p?bogus=1"] {
+            let e = StoreUrl::parse(bad, Path::new("/")).unwrap_err();
+            assert!(
+                !e.contains("secret") && !e.contains("sec") && e.contains("bogus"),
+                "{bad}: {e}"
+            );
+        }
+        let e = StoreUrl::parse("zk://h/p?session_timeout=1ms", Path::new("/")).unwrap_err();
+        assert!(e.contains("session_timeout=1ms"), "{e}");
     }
 
     #[test]

@@ -542,7 +542,7 @@ impl Node {
                         tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
                         return false;
                     }
-                    tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, "lease held; retrying in {:?}", lost.remaining);
+                    tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, remaining = ?lost.remaining, "lease held; retrying in {wait:?}");
                     tokio::select! {
                         go = self.sleep_within(retry_at, give_up_at, &stop) => {
                             if !go {

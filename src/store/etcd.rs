@@ -25,8 +25,8 @@
 //! outer transactions have no compares of their own, so each job goes
 //! through or not on its own: a job changed under the batch (a peer's
 //! claim) is read and decided again. Renewals put the lease key again with a
-//! fresh lease, on the same condition; releases delete it, compared on its
-//! value (the owner). Every transaction stays within etcd's default
+//! fresh lease, on the same condition; releases delete the owner's, compared
+//! on its revision. Every transaction stays within etcd's default
 //! `--max-txn-ops` (128), counted as etcd counts nested transactions
 //! (`MAX_TXN_OPS`).
 //!
@@ -58,7 +58,7 @@ use tokio::sync::Notify;
 
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
-    Renewal, RunData, RunRecord, StoreError, decide, fence_exhausted, from_ms, newest_first,
+    Renewal, RunData, RunRecord, StoreError, decide, fence_exhausted, from_ms, lock, newest_first,
     run_from_json, to_ms,
 };
 use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
@@ -115,10 +115,6 @@ impl Drop for EtcdStore {
             w.abort();
         }
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A job's state key, as stored. Who holds the job now is the lease key's
@@ -760,8 +756,14 @@ impl EtcdStore {
         {
             return;
         }
-        let Ok(client) = self.client().await else {
-            // The claimer's own wait still ends; the next one tries again.
+        // Only with the connection claims made: a claimer never waits to
+        // connect here (claims and renewals would queue behind it).
+        let Some(client) = self
+            .client
+            .try_lock()
+            .ok()
+            .and_then(|slot| slot.as_ref().cloned())
+        else {
             return;
         };
         let mut slot = lock(&self.releases.watch);
@@ -772,37 +774,61 @@ impl EtcdStore {
             Arc::downgrade(&self.releases),
             client,
             self.lease_key(""),
+            self.url.clone(),
         )));
     }
 }
 
 /// Watches every lease key under `prefix` for deletions (a release, an
 /// etcd lease's end) and wakes the claimers waiting on each; watches again
-/// after a second when the watch breaks, for as long as the store lasts.
-async fn wake_on_deletions(releases: Weak<Releases>, client: etcd::Client, prefix: String) {
+/// when the watch breaks (after 1 s, doubling to 30 s while it keeps
+/// failing; logged once when that starts and once when it ends), for as
+/// long as the store lasts.
+async fn wake_on_deletions(
+    releases: Weak<Releases>,
+    client: etcd::Client,
+    prefix: String,
+    url: StoreUrl,
+) {
     let options = WatchOptions::new()
         .with_range(prefix_end(prefix.as_bytes()))
         .with_filters([WatchFilterType::NoPut]);
+    let mut pause = Duration::from_secs(1);
+    let mut failing = false;
     loop {
         let mut watch = client.watch_client();
-        if let Ok(mut stream) = watch.watch(prefix.as_str(), Some(options.clone())).await {
-            while let Ok(Some(answer)) = stream.message().await {
-                let Some(releases) = releases.upgrade() else {
-                    return;
-                };
-                if answer.canceled() {
-                    break;
+        match watch.watch(prefix.as_str(), Some(options.clone())).await {
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(store = %url.redacted(), "cannot watch lease keys (a peer's release is then noticed when its lease would have ended): {}", one_line(&url.scrub(&e.to_string())));
+                    failing = true;
                 }
-                let waiters = lock(&releases.waiters);
-                for event in answer.events() {
-                    if !matches!(event.event_type(), EventType::Delete) {
-                        continue;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+            Ok(mut stream) => {
+                if failing {
+                    tracing::info!(store = %url.redacted(), "watching lease keys again");
+                    failing = false;
+                }
+                pause = Duration::from_secs(1);
+                while let Ok(Some(answer)) = stream.message().await {
+                    let Some(releases) = releases.upgrade() else {
+                        return;
+                    };
+                    if answer.canceled() {
+                        break;
                     }
-                    let key = event
-                        .kv()
-                        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
-                    if let Some(n) = key.and_then(|k| waiters.get(&k)) {
-                        n.notify_waiters();
+                    let waiters = lock(&releases.waiters);
+                    for event in answer.events() {
+                        if !matches!(event.event_type(), EventType::Delete) {
+                            continue;
+                        }
+                        let key = event
+                            .kv()
+                            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                        if let Some(n) = key.and_then(|k| waiters.get(&k)) {
+                            n.notify_waiters();
+                        }
                     }
                 }
             }
@@ -810,7 +836,7 @@ async fn wake_on_deletions(releases: Weak<Releases>, client: etcd::Client, prefi
         if releases.strong_count() == 0 {
             return;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -1104,15 +1130,18 @@ impl Locks for EtcdStore {
                 match &view.keys.lease {
                     Some(e) => {
                         let lease = read_lease(e, view.now);
-                        if lease.owner != owner.as_str() || lease.expires_at <= view.now {
+                        if lease.owner != owner.as_str() {
                             return (None, false);
                         }
+                        // Past its end the key is deleted too (peers whose
+                        // clocks lag see it end now, and the watch tells
+                        // them), but only a live lease counts as ended.
                         let key = self.lease_key(names[i]);
                         let plan = Plan {
                             when: vec![unchanged(&key, Some(e))],
                             ops: vec![PlanOp::Delete(key)],
                         };
-                        (Some(plan), true)
+                        (Some(plan), lease.expires_at > view.now)
                     }
                     None => (None, false),
                 }

@@ -556,6 +556,12 @@ pub fn fence_exhausted(job: &str) -> String {
     )
 }
 
+/// A std mutex's guard, also after a panic while it was held: every value
+/// kept behind one in the stores is whole after each write.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Orders runs as `History::history` answers: newest first by end, then
 /// by fence; at most `limit`.
 pub(crate) fn newest_first(runs: &mut Vec<RunRecord>, limit: u32) {

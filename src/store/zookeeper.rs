@@ -37,7 +37,7 @@
 //! session is over for the holder too.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -49,7 +49,7 @@ use zookeeper_client as zk;
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
     Renewal, RunBound, RunData, RunRecord, StoreError, decide, duration_ms, fence_exhausted,
-    from_ms, newest_first, run_from_json, to_ms,
+    from_ms, lock, newest_first, run_from_json, to_ms,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
 /// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
@@ -297,45 +297,39 @@ impl ZkStore {
     }
 
     /// Every job's lock node, in one multi read per [`MULTI_OPS`] jobs, and
-    /// the live nodes (read with the first chunk): a lease whose session's
-    /// live node is gone is read as ended.
+    /// the live nodes, read in each multi after its lock nodes: a lease
+    /// whose session's live node is gone is read as ended. (A live node is
+    /// made before any lock node names its session, so a list read with or
+    /// after a lock node has the live node of that lock's session.)
     async fn read_locks(
         &self,
         client: &zk::Client,
         jobs: &[&str],
     ) -> Result<Vec<Node>, StoreError> {
         let mut nodes = Vec::with_capacity(jobs.len());
-        let mut live = None;
         for chunk in jobs.chunks(MULTI_OPS) {
             let mut reader = client.new_multi_reader();
-            if live.is_none() {
-                reader
-                    .add_get_children(&format!("{}/live", self.base))
-                    .map_err(|e| self.err(e))?;
-            }
             for job in chunk {
                 reader
                     .add_get_data(&self.lock_path(job))
                     .map_err(|e| self.err(e))?;
             }
+            reader
+                .add_get_children(&format!("{}/live", self.base))
+                .map_err(|e| self.err(e))?;
             let sent = Instant::now();
             let mut results = self.timed(reader.commit()).await?;
             self.confirmed(client, sent);
-            if live.is_none() {
-                if results.is_empty() {
-                    return Err(self.short_answer(0, chunk.len() + 1));
+            if results.len() != chunk.len() + 1 {
+                return Err(self.short_answer(results.len(), chunk.len() + 1));
+            }
+            let live = match results.pop() {
+                Some(zk::MultiReadResult::Children { children }) => {
+                    Some(children.into_iter().collect::<HashSet<String>>())
                 }
-                live = Some(match results.remove(0) {
-                    zk::MultiReadResult::Children { children } => {
-                        children.into_iter().collect::<HashSet<String>>()
-                    }
-                    zk::MultiReadResult::Error { err } => return Err(self.err(err)),
-                    _ => return Err(self.short_answer(0, chunk.len() + 1)),
-                });
-            }
-            if results.len() != chunk.len() {
-                return Err(self.short_answer(results.len(), chunk.len()));
-            }
+                Some(zk::MultiReadResult::Error { err }) => return Err(self.err(err)),
+                _ => return Err(self.short_answer(0, chunk.len() + 1)),
+            };
             for (job, r) in chunk.iter().zip(results) {
                 nodes.push(match r {
                     zk::MultiReadResult::Data { data, stat } => {
@@ -539,15 +533,11 @@ fn session_alive(d: &LockData, live: Option<&HashSet<String>>) -> bool {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Confirms the client's session every quarter of its timeout, for as long
 /// as the store and the session last.
 async fn keep_confirming(session: Weak<Mutex<Option<Session>>>, client: zk::Client) {
     let id = client.session_id();
-    let every = client.session_timeout() / 4;
+    let every = (client.session_timeout() / 4).max(Duration::from_millis(10));
     loop {
         tokio::time::sleep(every).await;
         if client.state().is_terminated() {

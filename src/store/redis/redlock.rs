@@ -824,9 +824,7 @@ fn jitter() -> Duration {
 
 impl Master {
     fn life(&self) -> std::sync::MutexGuard<'_, Life> {
-        self.life
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::store::lock(&self.life)
     }
 
     async fn connection(&self, op_timeout: Duration) -> Result<ConnectionManager, StoreError> {

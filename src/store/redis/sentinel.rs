@@ -113,8 +113,7 @@ impl Master {
 }
 
 fn lock(slot: &Slot) -> std::sync::MutexGuard<'_, Option<ConnectionManager>> {
-    slot.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    crate::store::lock(slot)
 }
 
 /// Listens to the sentinels (one at a time, the next when one fails) for
