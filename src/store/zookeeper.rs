@@ -49,7 +49,7 @@ use zookeeper_client as zk;
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
     Renewal, RunBound, RunData, RunRecord, StoreError, decide, duration_ms, fence_exhausted,
-    from_ms, lock, newest_first, run_from_json, to_ms,
+    from_ms, lock, newest_first, run_from_json,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
 /// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
@@ -799,24 +799,11 @@ impl History for ZkStore {
         }
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
-            let data = serde_json::to_vec(&RunData {
-                job: run.job.clone(),
-                fence: run.fence,
-                owner: run.owner.clone(),
-                node: run.node.clone(),
-                occurrence: to_ms(run.occurrence),
-                started_at: to_ms(run.started_at),
-                finished_at: to_ms(run.finished_at),
-                outcome: run.outcome.as_str().to_string(),
-                exit_code: run.exit_code,
-                takeover: run.takeover,
-                delay_ms: run.delay_ms,
-                decision_ms: run.decision_ms,
-            })
-            .map_err(|e| StoreError::Backend {
-                store: self.url.redacted().into(),
-                reason: e.to_string(),
-            })?;
+            let data =
+                serde_json::to_vec(&RunData::from(run)).map_err(|e| StoreError::Backend {
+                    store: self.url.redacted().into(),
+                    reason: e.to_string(),
+                })?;
             let path = format!("{}/{:020}", self.runs_path(&run.job), run.fence);
             writes.push((path, data));
         }
