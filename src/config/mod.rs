@@ -213,9 +213,19 @@ fn parse_servers(hosts: &str, default_port: u16, what: &str) -> Result<Vec<(Stri
             let (host, after) = v6.split_once(']').ok_or_else(|| {
                 format!("{what} address {h:?}: an IPv6 address needs its closing ]")
             })?;
+            if !after.is_empty() && !after.starts_with(':') {
+                return Err(format!(
+                    "{what} address {h:?}: expected :port or nothing after the ]"
+                ));
+            }
             (host, after.strip_prefix(':'))
         } else {
             match h.rsplit_once(':') {
+                Some((host, _)) if host.contains(':') => {
+                    return Err(format!(
+                        "{what} address {h:?}: an IPv6 address goes in brackets ([::1]:2379)"
+                    ));
+                }
                 Some((host, port)) => (host, Some(port)),
                 None => (h, None),
             }
@@ -2195,6 +2205,14 @@ mod tests {
         }
         let e = StoreUrl::parse("zk://h/p?session_timeout=1ms", Path::new("/")).unwrap_err();
         assert!(e.contains("session_timeout=1ms"), "{e}");
+        for (bad, says) in [
+            ("etcd://[::1]x", "after the ]"),
+            ("etcd://::1", "in brackets"),
+            ("zk://[::1]2181/p", "after the ]"),
+        ] {
+            let e = StoreUrl::parse(bad, Path::new("/")).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -77,6 +77,8 @@ const MAX_TTL_SECS: i64 = 9_000_000_000;
 /// HTTP/2 pings while a call is going: etcd refuses pings more often than
 /// every 5 s (`--grpc-keepalive-min-time`), and any on an idle connection.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Surplus runs deleted per job and trim: their keys are read first.
+const TRIM_PAGE: i64 = 10_000;
 /// Keys per page when listing runs: a page of keys stays far below gRPC's
 /// 4 MiB message limit.
 const KEYS_PAGE: i64 = 10_000;
@@ -708,36 +710,61 @@ impl EtcdStore {
         }
     }
 
-    /// Deletes each job's runs older than its `keep` newest: one read of
-    /// the keep-th newest key per job, then one range delete below it.
+    /// Deletes each job's oldest runs beyond `keep`: a count of each job's
+    /// runs, then the keys of the surplus only (oldest first, at most
+    /// [`TRIM_PAGE`] per job and call, so an answer stays small whatever
+    /// `keep` is; a larger surplus, after `history_limit` was lowered, goes
+    /// over the next writes), then one range delete per job up to its newest
+    /// surplus key.
     async fn trim(
         &self,
         client: &etcd::Client,
         jobs: &[&str],
         keep: u32,
     ) -> Result<(), StoreError> {
-        let newest = jobs
+        let keep = i64::from(keep.max(1));
+        let counts = jobs
             .iter()
             .map(|job| {
-                let options = GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only()
-                    .with_sort(SortTarget::Key, SortOrder::Descend)
-                    .with_limit(i64::from(keep));
+                let options = GetOptions::new().with_prefix().with_count_only();
                 TxnOp::get(self.runs_prefix(job), Some(options))
             })
             .collect();
-        let answers = self.batch(client, newest).await?;
-        let mut deletes = Vec::new();
+        let answers = self.batch(client, counts).await?;
+        let mut over = Vec::new();
         for (job, answer) in jobs.iter().zip(&answers) {
+            let TxnOpResponse::Get(got) = answer else {
+                return Err(self.backend("a count answered with something other than a count"));
+            };
+            if got.count() > keep {
+                over.push((*job, (got.count() - keep).min(TRIM_PAGE)));
+            }
+        }
+        if over.is_empty() {
+            return Ok(());
+        }
+        let oldest = over
+            .iter()
+            .map(|(job, surplus)| {
+                let options = GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(SortTarget::Key, SortOrder::Ascend)
+                    .with_limit(*surplus);
+                TxnOp::get(self.runs_prefix(job), Some(options))
+            })
+            .collect();
+        let answers = self.batch(client, oldest).await?;
+        let mut deletes = Vec::new();
+        for ((job, _), answer) in over.iter().zip(&answers) {
             let TxnOpResponse::Get(got) = answer else {
                 return Err(self.backend("a read answered with something other than its keys"));
             };
-            if got.count() <= i64::from(keep) {
-                continue;
-            }
-            if let Some(oldest_kept) = got.kvs().last() {
-                let below = DeleteOptions::new().with_range(oldest_kept.key().to_vec());
+            if let Some(newest_surplus) = got.kvs().last() {
+                // The range ends just after that key.
+                let mut end = newest_surplus.key().to_vec();
+                end.push(0);
+                let below = DeleteOptions::new().with_range(end);
                 deletes.push(TxnOp::delete(self.runs_prefix(job), Some(below)));
             }
         }
