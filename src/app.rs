@@ -42,6 +42,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Commands::Check { config, next } => check(&config.config, next),
         Commands::Run(c) => with_runtime(|| run(c.config)),
         Commands::Status { config, json } => with_runtime(|| status(config.config, json)),
+        Commands::Nodes { config, json } => with_runtime(|| nodes(config.config, json)),
         Commands::History {
             config,
             job,
@@ -347,6 +348,8 @@ struct JobStatus {
     configured: bool,
     holder: Option<String>,
     holder_node: Option<String>,
+    /// The holder has a live record in the node registry (`None`: no holder).
+    holder_alive: Option<bool>,
     lease_remaining_ms: u64,
     fence: u64,
     last_occurrence: Option<DateTime<Utc>>,
@@ -365,6 +368,10 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
     };
     let locks = match within(&config, store.status()).await {
         Ok(l) => l,
+        Err(e) => return store_failure(&e),
+    };
+    let live: std::collections::HashSet<String> = match within(&config, store.nodes()).await {
+        Ok(nodes) => nodes.into_iter().map(|n| n.owner).collect(),
         Err(e) => return store_failure(&e),
     };
     let sent = Utc::now();
@@ -395,6 +402,10 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
                 .as_ref()
                 .and_then(|l| l.holder.as_deref())
                 .map(|h| Owner::node_of(h).to_string()),
+            holder_alive: lock
+                .as_ref()
+                .and_then(|l| l.holder.as_ref())
+                .map(|h| live.contains(h)),
             holder: lock.as_ref().and_then(|l| l.holder.clone()),
             lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
             fence: lock.as_ref().map_or(0, |l| l.fence),
@@ -430,6 +441,11 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
                     }
                 ),
                 r.holder.clone().unwrap_or_else(|| "-".into()),
+                match r.holder_alive {
+                    Some(true) => "yes".into(),
+                    Some(false) => "no heartbeat".into(),
+                    None => "-".into(),
+                },
                 if r.holder.is_some() {
                     format!("{:.1}s", r.lease_remaining_ms as f64 / 1000.0)
                 } else {
@@ -446,6 +462,7 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
         &[
             "JOB",
             "HOLDER",
+            "ALIVE",
             "LEASE LEFT",
             "FENCE",
             "LAST OCCURRENCE",
@@ -462,6 +479,76 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
     let _ = writeln!(
         out,
         "\nclock offset of this host: {clock_offset:+} ms (store - local; cluster.max_clock_offset {bound} ms): {verdict}"
+    );
+    ExitCode::SUCCESS
+}
+
+/// `cronlease nodes`: the live records of the node registry.
+async fn nodes(path: PathBuf, json: bool) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init_default();
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    let nodes = match within(&config, store.nodes()).await {
+        Ok(n) => n,
+        Err(e) => return store_failure(&e),
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&nodes).unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let bound = config.max_clock_offset;
+    let table: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            let offset = n.clock_offset_ms.map_or("-".to_string(), |ms| {
+                let flag = if crate::node::clock::beyond_bound(ms, bound) {
+                    " OUT OF BOUNDS"
+                } else {
+                    ""
+                };
+                format!("{ms:+} ms{flag}")
+            });
+            vec![
+                n.node.clone(),
+                n.owner.clone(),
+                n.version.clone(),
+                rfc3339(n.started_at),
+                rfc3339(n.last_seen),
+                offset,
+                n.jobs_held.to_string(),
+            ]
+        })
+        .collect();
+    print_table(
+        &mut out,
+        &[
+            "NODE",
+            "OWNER",
+            "VERSION",
+            "STARTED",
+            "LAST SEEN",
+            "CLOCK OFFSET",
+            "JOBS HELD",
+        ],
+        &table,
+    );
+    let _ = writeln!(
+        out,
+        "\n{} live node{} (clock offset: store - node; cluster.max_clock_offset {} ms)",
+        nodes.len(),
+        if nodes.len() == 1 { "" } else { "s" },
+        bound.as_millis()
     );
     ExitCode::SUCCESS
 }

@@ -43,6 +43,14 @@ pub enum Commands {
         #[arg(long)]
         json: bool,
     },
+    /// List the live nodes of the store's node registry, with version and clock offset
+    Nodes {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
     /// List recorded runs, newest first
     History {
         #[command(flatten)]

@@ -76,6 +76,8 @@ pub struct Metrics {
     pub store_call: Histograms<OpLabel>,
     pub leases_held: Gauge,
     pub jobs: Gauge,
+    /// Live nodes in the store's node registry, at this node's last heartbeat.
+    pub nodes_alive: Gauge,
     pub store_up: Gauge,
     /// store − local clock, seconds, from the last claim reply.
     pub clock_offset: Gauge<f64, AtomicU64>,
@@ -101,6 +103,7 @@ impl Metrics {
             store_call: Family::new_with_constructor(store_call_buckets),
             leases_held: Gauge::default(),
             jobs: Gauge::default(),
+            nodes_alive: Gauge::default(),
             store_up: Gauge::default(),
             clock_offset: Gauge::default(),
             registry: Registry::default(),
@@ -152,9 +155,19 @@ impl Metrics {
             m.leases_held.clone(),
         );
         registry.register(
+            "cronlease_jobs_held",
+            "Job leases this node holds now (the same as cronlease_leases_held)",
+            m.leases_held.clone(),
+        );
+        registry.register(
             "cronlease_jobs",
             "Jobs configured on this node",
             m.jobs.clone(),
+        );
+        registry.register(
+            "cronlease_nodes_alive",
+            "Live nodes in the store's node registry, at this node's last heartbeat",
+            m.nodes_alive.clone(),
         );
         registry.register(
             "cronlease_store_up",

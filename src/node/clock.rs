@@ -123,6 +123,11 @@ impl ClockWatch {
         offset
     }
 
+    /// The last offset read (store − local, ms), if any.
+    pub fn last_offset_ms(&self) -> Option<i64> {
+        self.state.lock().ok()?.offset_ms
+    }
+
     /// `cluster.max_clock_offset`.
     pub fn bound(&self) -> Duration {
         Duration::from_millis(self.bound_ms.load(Ordering::SeqCst))

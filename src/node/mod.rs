@@ -30,6 +30,7 @@ mod batch;
 mod claim;
 pub mod clock;
 pub mod health;
+mod membership;
 mod run;
 
 use std::collections::BTreeMap;
@@ -331,6 +332,10 @@ pub struct Node {
     root: CancellationToken,
     /// Ping the store when it has been quiet for half a margin (`/healthz`).
     keep_health_fresh: bool,
+    /// When this incarnation started (wall clock), for the node registry.
+    started_at: DateTime<Utc>,
+    /// The live nodes as of the last heartbeat ([`membership`]).
+    live_nodes: Mutex<Vec<crate::store::NodeRecord>>,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -406,6 +411,7 @@ impl Node {
             runner,
         } = parts;
         let root = CancellationToken::new();
+        let started_at = wall.now();
         Arc::new(Node {
             owner: Owner::new(&config.node),
             name: config.node.clone(),
@@ -437,6 +443,8 @@ impl Node {
             record_queue: Batcher::new(RECORD_WINDOW),
             root,
             keep_health_fresh: config.metrics_listen.is_some(),
+            started_at,
+            live_nodes: Mutex::new(Vec::new()),
         })
     }
 
@@ -557,6 +565,9 @@ impl Node {
         let node = self.clone();
         self.handlers
             .spawn(async move { node.supervise_service().await });
+        let node = self.clone();
+        self.handlers
+            .spawn(async move { node.keep_registered().await });
         self.start_batchers();
         self.apply_jobs(jobs);
         let node = self.clone();
@@ -800,6 +811,7 @@ impl Node {
             }
         }
         let released = self.release(&self.job_names()).await;
+        self.leave_registry().await;
         tracing::info!(released, "leases released; stopped");
     }
 

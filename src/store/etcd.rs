@@ -56,6 +56,7 @@ use futures_util::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
     Renewal, RunData, RunRecord, StoreError, decide, fence_exhausted, from_ms, lock, newest_first,
@@ -280,6 +281,11 @@ impl EtcdStore {
 
     fn lease_key(&self, job: &str) -> String {
         format!("{}lease/{job}", self.prefix)
+    }
+
+    /// The registry's key of `owner` (`""`: the registry's prefix).
+    fn node_key(&self, owner: &str) -> String {
+        format!("{}node/{owner}", self.prefix)
     }
 
     fn runs_root(&self) -> String {
@@ -1235,6 +1241,74 @@ impl Locks for EtcdStore {
 
     fn describe(&self) -> &str {
         self.url.redacted()
+    }
+}
+
+/// The live records among a range read of the registry, by this host's
+/// clock (etcd has none): a record is live while its key exists (its etcd
+/// lease did not run out) and its recorded end is ahead of `now`.
+fn live_records(kvs: &[KeyValue], prefix: &str, now: i64) -> Vec<NodeRecord> {
+    registry::sorted(
+        kvs.iter()
+            .filter_map(|kv| {
+                let owner = std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()?;
+                let data = BeatData::parse(kv.value())?;
+                let seen = data.last_seen?;
+                let ends = seen.saturating_add(data.ttl_ms);
+                (ends > now).then(|| data.record(owner, seen, ends, now))
+            })
+            .collect(),
+    )
+}
+
+#[async_trait]
+impl Registry for EtcdStore {
+    /// The record is put with an etcd lease of its ttl (whole seconds, at
+    /// least 2 s), so a dead node's key goes away by itself; the read of
+    /// every record rides in the same transaction.
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        let client = self.client().await?;
+        let ttl = lease_ttl_secs(beat.ttl);
+        let leases = self.grant(&client, vec![ttl]).await?;
+        let id = leases
+            .get(&ttl)
+            .copied()
+            .ok_or_else(|| self.backend("etcd granted no lease for a heartbeat"))?;
+        let mut data = BeatData::from(beat);
+        let now = now_ms();
+        data.last_seen = Some(now);
+        let prefix = self.node_key("");
+        let ops = vec![
+            TxnOp::put(
+                self.node_key(beat.owner.as_str()),
+                data.to_json(),
+                Some(PutOptions::new().with_lease(id)),
+            ),
+            TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        ];
+        let answers = self.batch(&client, ops).await?;
+        let [_, TxnOpResponse::Get(read)] = answers.as_slice() else {
+            return Err(self.backend("a heartbeat answered with something other than its keys"));
+        };
+        Ok(live_records(read.kvs(), &prefix, now))
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let client = self.client().await?;
+        let prefix = self.node_key("");
+        let mut kv = client.kv_client();
+        let read = self
+            .timed(kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
+            .await?;
+        Ok(live_records(read.kvs(), &prefix, now_ms()))
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let mut kv = client.kv_client();
+        self.timed(kv.delete(self.node_key(owner.as_str()), None))
+            .await
+            .map(|_| ())
     }
 }
 

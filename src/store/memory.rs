@@ -23,6 +23,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use super::registry::{BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry, sorted};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
     Renewal, RunRecord, Store, StoreError, decide, duration_ms, from_ms, to_ms,
@@ -49,6 +50,8 @@ struct State {
     log: Vec<Call>,
     /// The next this many claim calls take effect, then fail as unanswered.
     lose_replies: usize,
+    /// The node registry by owner: the record, last seen and end (ms).
+    nodes: BTreeMap<String, (BeatData, i64, i64)>,
 }
 
 /// One store call, as [`MemoryStore::call_log`] lists it.
@@ -371,4 +374,40 @@ impl History for MemoryStore {
             .map(|(_, r)| r.clone())
             .collect())
     }
+}
+
+#[async_trait]
+impl Registry for MemoryStore {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        let now = self.now_ms();
+        let mut s = self.count("heartbeat", 1)?;
+        let forget_before = now.saturating_sub(duration_ms(FORGET_AFTER));
+        s.nodes.retain(|_, (_, _, end)| *end >= forget_before);
+        let end = now.saturating_add(duration_ms(beat.ttl));
+        s.nodes
+            .insert(beat.owner.to_string(), (BeatData::from(beat), now, end));
+        Ok(live_nodes(&s, now))
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let now = self.now_ms();
+        let s = self.count("nodes", 0)?;
+        Ok(live_nodes(&s, now))
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
+        let mut s = self.count("leave", 1)?;
+        s.nodes.remove(owner.as_str());
+        Ok(())
+    }
+}
+
+fn live_nodes(s: &State, now: i64) -> Vec<NodeRecord> {
+    sorted(
+        s.nodes
+            .iter()
+            .filter(|(_, (_, _, end))| *end > now)
+            .map(|(owner, (data, seen, end))| data.clone().record(owner, *seen, *end, now))
+            .collect(),
+    )
 }

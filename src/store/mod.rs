@@ -17,8 +17,9 @@
 //! for tests, held to the same suite. Which one runs is decided at run time from the
 //! URL by [`connect`] from one table of backends by scheme; a backend left
 //! out of the build answers with a clear "not built in" error. A store is
-//! two concerns, [`Locks`] (claims, leases, the clock) and [`History`]
-//! (finished runs); [`Store`] is both, what a backend implements. Every backend is checked by the same conformance
+//! three concerns, [`Locks`] (claims, leases, the clock), [`History`]
+//! (finished runs) and [`Registry`] (the live nodes); [`Store`] is all
+//! three, what a backend implements. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
 #[cfg(feature = "etcd")]
@@ -27,6 +28,7 @@ pub mod etcd;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod registry;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub mod sql;
 #[cfg(feature = "zookeeper")]
@@ -41,6 +43,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 
 use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
+pub use registry::{Heartbeat, NodeRecord, Registry};
 
 /// Who holds a lease: the node name plus a random suffix, unique per process
 /// incarnation, so a restarted node never inherits its previous life's lease.
@@ -409,10 +412,11 @@ pub trait History: Send + Sync + 'static {
     ) -> Result<Vec<RunRecord>, StoreError>;
 }
 
-/// A whole store, what a backend is: its locks and its history.
-pub trait Store: Locks + History {}
+/// A whole store, what a backend is: its locks, its history and the node
+/// registry.
+pub trait Store: Locks + History + Registry {}
 
-impl<T: Locks + History + ?Sized> Store for T {}
+impl<T: Locks + History + Registry + ?Sized> Store for T {}
 
 /// Opens a backend's store for a config.
 type Open = fn(&StoreConfig) -> Result<Arc<dyn Store>, StoreError>;

@@ -34,6 +34,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 use tokio::sync::OnceCell;
 
+use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner, Renewal,
     RunRecord, StoreError, Won, duration_ms, from_ms, newest_first, to_ms,
@@ -44,6 +45,7 @@ static CLAIM: &str = include_str!("redis/claim.lua");
 static RENEW: &str = include_str!("redis/renew.lua");
 static RELEASE: &str = include_str!("redis/release.lua");
 static RECORD: &str = include_str!("redis/record.lua");
+static REGISTRY: &str = include_str!("redis/registry.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
@@ -58,6 +60,7 @@ pub struct RedisStore {
     renew: Script,
     release: Script,
     record: Script,
+    registry: Script,
     warned_persistence: AtomicBool,
 }
 
@@ -128,12 +131,19 @@ impl RedisStore {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             record: Script::new(RECORD),
+            registry: Script::new(REGISTRY),
             warned_persistence: AtomicBool::new(false),
         }
     }
 
-    fn scripts(&self) -> [&Script; 4] {
-        [&self.claim, &self.renew, &self.release, &self.record]
+    fn scripts(&self) -> [&Script; 5] {
+        [
+            &self.claim,
+            &self.renew,
+            &self.release,
+            &self.record,
+            &self.registry,
+        ]
     }
 
     /// Runs one script (`EVALSHA`), loading the scripts first if the server
@@ -191,6 +201,11 @@ impl RedisStore {
             .pop()
             .ok_or_else(|| malformed("empty reply to a script".into()))?;
         redis::from_redis_value(reply).map_err(|e| malformed(format!("unexpected reply: {e}")))
+    }
+
+    /// The node registry's hash.
+    fn registry_key(&self) -> String {
+        format!("{}nodes", self.prefix)
     }
 
     fn key(&self, job: &str, kind: &str) -> String {
@@ -819,5 +834,65 @@ impl History for RedisStore {
         }
         newest_first(&mut runs, limit);
         Ok(runs)
+    }
+}
+
+/// The arguments of `registry.lua` for `op` (`beat`, `list`, `leave`).
+pub(crate) fn registry_args(op: &str, owner: &str, beat: Option<&Heartbeat>) -> Vec<String> {
+    let (ttl, data) = beat.map_or((0, String::new()), |b| {
+        (duration_ms(b.ttl), BeatData::from(b).to_json())
+    });
+    vec![
+        op.to_string(),
+        owner.to_string(),
+        ttl.to_string(),
+        data,
+        duration_ms(registry::FORGET_AFTER).to_string(),
+    ]
+}
+
+/// The live records in a reply of `registry.lua`; a record that does not
+/// parse (a hand edit) is left out.
+pub(crate) fn nodes_from_reply(reply: &[String]) -> Vec<NodeRecord> {
+    let Some((now, records)) = reply.split_first() else {
+        return Vec::new();
+    };
+    let now: i64 = now.parse().unwrap_or(0);
+    registry::sorted(
+        records
+            .chunks_exact(4)
+            .filter_map(|r| {
+                let seen = r[1].parse().ok()?;
+                let ends = r[2].parse().ok()?;
+                BeatData::parse(r[3].as_bytes()).map(|d| d.record(&r[0], seen, ends, now))
+            })
+            .collect(),
+    )
+}
+
+#[async_trait]
+impl Registry for RedisStore {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        let args = registry_args("beat", beat.owner.as_str(), Some(beat));
+        let reply: Vec<String> = self
+            .eval(&self.registry, &[self.registry_key()], &args)
+            .await?;
+        Ok(nodes_from_reply(&reply))
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let args = registry_args("list", "", None);
+        let reply: Vec<String> = self
+            .eval(&self.registry, &[self.registry_key()], &args)
+            .await?;
+        Ok(nodes_from_reply(&reply))
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
+        let args = registry_args("leave", owner.as_str(), None);
+        let _: Vec<String> = self
+            .eval(&self.registry, &[self.registry_key()], &args)
+            .await?;
+        Ok(())
     }
 }

@@ -20,6 +20,10 @@
 //!   session timeout after the last word from it), not only when the lease
 //!   runs out.
 //!
+//! - `nodes/<owner>`: the node registry, one persistent node per daemon
+//!   incarnation holding its heartbeat (JSON); live while its `mtime` plus
+//!   the heartbeat's ttl is ahead of the store's now.
+//!
 //! A batch of claims is one read of every job's node (`multi` read) beside
 //! the clock write, then one `multi` write of every won claim, each
 //! conditional on the version read. The claim rule is the shared one
@@ -46,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
     Renewal, RunBound, RunData, RunRecord, StoreError, decide, duration_ms, fence_exhausted,
@@ -589,7 +594,7 @@ impl Locks for ZkStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        for dir in ["locks", "runs", "live"] {
+        for dir in ["locks", "runs", "live", "nodes"] {
             self.timed(client.mkdir(&format!("{}/{dir}", self.base), &persistent))
                 .await?;
         }
@@ -780,6 +785,118 @@ impl Locks for ZkStore {
 
     fn describe(&self) -> &str {
         self.url.redacted()
+    }
+}
+
+impl ZkStore {
+    /// The registry's records live at the store's `now` (ms), read in
+    /// multis of [`MULTI_OPS`]; with `forget`, records dead for
+    /// [`FORGET_AFTER`] are deleted (each only at the version read).
+    async fn live_nodes(
+        &self,
+        client: &zk::Client,
+        now: i64,
+        forget: bool,
+    ) -> Result<Vec<NodeRecord>, StoreError> {
+        let dir = format!("{}/nodes", self.base);
+        let owners = match tokio::time::timeout(self.op_timeout, client.list_children(&dir)).await {
+            Ok(Ok(owners)) => owners,
+            // Never prepared by a version with a registry: nobody in it.
+            Ok(Err(zk::Error::NoNode)) => return Ok(Vec::new()),
+            Ok(Err(e)) => return Err(self.err(e)),
+            Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
+        };
+        let forget_before = now.saturating_sub(duration_ms(FORGET_AFTER));
+        let mut nodes = Vec::new();
+        let mut dead = Vec::new();
+        for chunk in owners.chunks(MULTI_OPS) {
+            let mut reader = client.new_multi_reader();
+            for owner in chunk {
+                reader
+                    .add_get_data(&format!("{dir}/{owner}"))
+                    .map_err(|e| self.err(e))?;
+            }
+            let results = self.timed(reader.commit()).await?;
+            for (owner, r) in chunk.iter().zip(results) {
+                // Gone since the list (a node left): not listed.
+                let zk::MultiReadResult::Data { data, stat } = r else {
+                    continue;
+                };
+                let Some(d) = BeatData::parse(&data) else {
+                    continue;
+                };
+                let ends = stat.mtime.saturating_add(d.ttl_ms);
+                if ends > now {
+                    nodes.push(d.record(owner, stat.mtime, ends, now));
+                } else if ends < forget_before {
+                    dead.push((owner.clone(), stat.version));
+                }
+            }
+        }
+        if forget {
+            for (owner, version) in dead {
+                // Best effort: a node that beat again since keeps its record.
+                let _ = tokio::time::timeout(
+                    self.op_timeout,
+                    client.delete(&format!("{dir}/{owner}"), Some(version)),
+                )
+                .await;
+            }
+        }
+        Ok(registry::sorted(nodes))
+    }
+}
+
+#[async_trait]
+impl Registry for ZkStore {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        let client = self.client().await?;
+        let path = format!("{}/nodes/{}", self.base, beat.owner);
+        let data = BeatData::from(beat).to_json();
+        let sent = Instant::now();
+        let written = tokio::time::timeout(
+            self.op_timeout,
+            client.set_data(&path, data.as_bytes(), None),
+        )
+        .await;
+        let stat = match written {
+            Ok(Ok(stat)) => stat,
+            Ok(Err(zk::Error::NoNode)) => {
+                let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                match tokio::time::timeout(
+                    self.op_timeout,
+                    client.create(&path, data.as_bytes(), &persistent),
+                )
+                .await
+                {
+                    Ok(Ok((stat, _))) => stat,
+                    // Made meanwhile by a retry of this very beat.
+                    Ok(Err(zk::Error::NodeExists)) => {
+                        self.timed(client.set_data(&path, data.as_bytes(), None))
+                            .await?
+                    }
+                    Ok(Err(e)) => return Err(self.err(e)),
+                    Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
+                }
+            }
+            Ok(Err(e)) => return Err(self.err(e)),
+            Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
+        };
+        self.confirmed(&client, sent);
+        self.live_nodes(&client, stat.mtime, true).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let client = self.client().await?;
+        let now = self.tick(&client).await?;
+        self.live_nodes(&client, now, false).await
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let path = format!("{}/nodes/{owner}", self.base);
+        self.idempotent(client.delete(&path, None), zk::Error::NoNode)
+            .await
     }
 }
 

@@ -88,7 +88,7 @@ fn status_and_migrate_exit_69_when_the_store_is_unreachable() {
         "mysql://root:83/s3cretpw@127.0.0.1:1/test",
     ] {
         let config = write_config(dir.path(), url);
-        for cmd in ["status", "migrate", "history"] {
+        for cmd in ["status", "migrate", "history", "nodes"] {
             let out = cronlease(&[cmd], &config);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {stderr}");
@@ -159,6 +159,18 @@ fn migrate_then_status_on_each_store() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v[0]["job"], "tick");
         assert_eq!(v[0]["fence"], 0);
+        assert_eq!(v[0]["holder_alive"], serde_json::Value::Null, "no holder");
+        // No daemon ran: the registry is empty, and says so.
+        let out = cronlease(&["nodes"], &config);
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.starts_with("NODE") && stdout.contains("0 live nodes"),
+            "{stdout}"
+        );
+        let out = cronlease(&["nodes", "--json"], &config);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v, serde_json::json!([]), "{backend:?}");
     }
 }
 
@@ -175,7 +187,15 @@ fn malformed_store_urls_are_redacted_everywhere() {
         "mysql://root:s3cretpw",
     ] {
         let config = write_config(dir.path(), url);
-        for cmd in ["run", "check", "status", "migrate", "history", "step-down"] {
+        for cmd in [
+            "run",
+            "check",
+            "status",
+            "migrate",
+            "history",
+            "step-down",
+            "nodes",
+        ] {
             let out = cronlease(&[cmd], &config);
             let all = format!(
                 "{}{}",

@@ -149,6 +149,40 @@ impl Cluster {
         serde_json::from_slice(&out.stdout)
     }
 
+    /// The node names `cronlease nodes --json` lists, asked with `via`'s
+    /// config, sorted; panics when the command fails.
+    pub fn registry(&self, via: &str) -> Vec<String> {
+        let listed = self.cli_json(via, &["nodes"]).unwrap_or_else(|e| {
+            panic!("`cronlease nodes` printed no JSON ({e})\n{}", self.report())
+        });
+        let mut names: Vec<String> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["node"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Polls [`Cluster::registry`] until it lists exactly `want`; returns
+    /// when the first poll that saw it ended, or panics after `limit`.
+    pub fn wait_registry(&self, via: &str, want: &[&str], limit: Duration) -> Instant {
+        let start = Instant::now();
+        let mut last = Vec::new();
+        while start.elapsed() < limit {
+            last = self.registry(via);
+            if last == want {
+                return Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "the node registry listed {last:?}, not {want:?}, for {limit:?}\n{}",
+            self.report()
+        );
+    }
+
     /// Starts (or restarts) a node; its output is appended to `{node}.log`.
     pub fn start(&mut self, node: &str) {
         self.start_with_env(node, &[]);

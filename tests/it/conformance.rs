@@ -9,7 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
-    ClaimOutcome, ClaimRequest, Lost, Outcome, Owner, Renewal, RunRecord, Store, Won, from_ms,
+    ClaimOutcome, ClaimRequest, Heartbeat, Lost, Outcome, Owner, Renewal, RunRecord, Store, Won,
+    from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -815,6 +816,93 @@ pub async fn renewals_together_each_on_its_own(h: &Harness) {
     assert_eq!(done, [true, false, false, false]);
 }
 
+fn beat(owner: &str, ttl_ms: u64, offset: Option<i64>, held: u32) -> Heartbeat {
+    Heartbeat {
+        owner: Owner::from_raw(owner),
+        node: Owner::node_of(owner).to_string(),
+        version: "9.8.7".into(),
+        started_at: occ(-100),
+        clock_offset_ms: offset,
+        jobs_held: held,
+        ttl: Duration::from_millis(ttl_ms),
+    }
+}
+
+/// The node registry: a heartbeat answers with every live record, a record
+/// ends by itself once its ttl passes without another beat, and a node
+/// leaving deletes its own at once (and only its own).
+pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) {
+    let (a, b, reader) = (h.store().await, h.store().await, h.store().await);
+    assert_eq!(reader.nodes().await.unwrap(), vec![], "empty at first");
+    let first = a
+        .heartbeat(&beat("web-2#a1", 30_000, Some(-3), 2))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1, "{first:?}");
+    let listed = b.heartbeat(&beat("web-1#b1", 700, None, 0)).await.unwrap();
+    let owners: Vec<&str> = listed.iter().map(|n| n.owner.as_str()).collect();
+    assert_eq!(owners, ["web-1#b1", "web-2#a1"], "sorted by node");
+    let web2 = &listed[1];
+    assert_eq!(
+        (
+            web2.node.as_str(),
+            web2.version.as_str(),
+            web2.started_at,
+            web2.clock_offset_ms,
+            web2.jobs_held
+        ),
+        ("web-2", "9.8.7", occ(-100), Some(-3), 2)
+    );
+    assert!(
+        web2.expires_in_ms > 25_000 && web2.expires_in_ms <= 30_000,
+        "{web2:?}"
+    );
+    assert!(listed[0].expires_in_ms <= 700, "{listed:?}");
+    // Another handle reads the same records (only the time left moved on;
+    // Redlock's masters each have a clock of their own for last seen).
+    let without_time = |nodes: Vec<cronlease::store::NodeRecord>| {
+        nodes
+            .into_iter()
+            .map(|mut n| {
+                n.expires_in_ms = 0;
+                n.last_seen = occ(0);
+                n
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        without_time(reader.nodes().await.unwrap()),
+        without_time(listed.clone())
+    );
+    let before = reader.nodes().await.unwrap();
+    assert_eq!(before.len(), 2, "{before:?}");
+    // web-1 stops beating: its record ends after its 700 ms.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let after = reader.nodes().await.unwrap();
+    let owners: Vec<&str> = after.iter().map(|n| n.owner.as_str()).collect();
+    assert_eq!(owners, ["web-2#a1"], "{after:?}");
+    // It beats again: back, seen later than before.
+    b.heartbeat(&beat("web-1#b1", 30_000, Some(12), 5))
+        .await
+        .unwrap();
+    let again = reader.nodes().await.unwrap();
+    assert_eq!(again.len(), 2, "{again:?}");
+    assert!(
+        again[0].last_seen > listed[0].last_seen,
+        "{again:?} vs {listed:?}"
+    );
+    assert_eq!(
+        (again[0].clock_offset_ms, again[0].jobs_held),
+        (Some(12), 5)
+    );
+    // Leaving deletes only the leaver's record; leaving twice is fine.
+    b.leave(&Owner::from_raw("web-1#b1")).await.unwrap();
+    b.leave(&Owner::from_raw("web-1#b1")).await.unwrap();
+    let left = reader.nodes().await.unwrap();
+    let owners: Vec<&str> = left.iter().map(|n| n.owner.as_str()).collect();
+    assert_eq!(owners, ["web-2#a1"], "{left:?}");
+}
+
 macro_rules! conformance {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -843,7 +931,8 @@ macro_rules! conformance {
                 history_is_recorded_once_per_fence,
                 retried_claim_keeps_its_lost_win,
                 recheck_takes_nothing,
-                renewals_together_each_on_its_own
+                renewals_together_each_on_its_own,
+                node_registry_lists_live_nodes_until_their_beats_stop
             );
         }
     };

@@ -19,14 +19,32 @@ fn failover(backend: Backend) {
         c.start(n);
     }
     c.wait_for("three runs", Duration::from_secs(20), |l| l.len() >= 3);
+    c.wait_registry("n1", &["n1", "n2", "n3"], Duration::from_secs(5));
+    let status = c.cli_json("n2", &["status"]).unwrap();
+    assert_eq!(
+        status[0]["holder_alive"], true,
+        "status: the holder's node is alive\n{status}"
+    );
 
     // kill -9 the holder half-way between two instants.
     at_fraction_of_second(0.4);
     let holder = c.lines().last().unwrap().node.clone();
     let killed_at = Utc::now();
+    let killed = std::time::Instant::now();
     c.signal(&holder, Signal::SIGKILL);
     c.wait_exit(&holder, Duration::from_secs(5))
         .expect("killed node exits");
+    // Its record ends by itself, within two margins of the kill.
+    let survivors: Vec<&str> = ["n1", "n2", "n3"]
+        .into_iter()
+        .filter(|n| *n != holder)
+        .collect();
+    let gone = c.wait_registry(survivors[0], &survivors, Duration::from_secs(10)) - killed;
+    assert!(
+        gone <= Duration::from_secs_f64(2.0 * MARGIN),
+        "the killed node stayed in the registry for {gone:?}\n{}",
+        c.report()
+    );
     let after_kill =
         |l: &[crate::cluster::Line]| l.iter().filter(|x| x.occurrence > killed_at).count();
     c.wait_for("five runs after kill -9", Duration::from_secs(20), |l| {
@@ -43,6 +61,14 @@ fn failover(backend: Backend) {
         .wait_exit(&second, Duration::from_secs(10))
         .expect("SIGTERM ends the daemon");
     assert_eq!(status.code(), Some(0), "graceful exit\n{}", c.report());
+    // A node shutting down leaves the registry at once.
+    let last: Vec<&str> = survivors.iter().copied().filter(|n| *n != second).collect();
+    assert_eq!(
+        c.registry(last[0]),
+        last,
+        "left the registry on SIGTERM\n{}",
+        c.report()
+    );
     let after_term =
         |l: &[crate::cluster::Line]| l.iter().filter(|x| x.occurrence > termed_at).count();
     c.wait_for("three runs after SIGTERM", Duration::from_secs(20), |l| {
@@ -83,7 +109,7 @@ fn failover(backend: Backend) {
         post_term[0].lateness()
     );
     eprintln!(
-        "{backend:?}: {} occurrences; takeover after kill -9: first run {:.3}s late; after SIGTERM: {:.3}s late",
+        "{backend:?}: {} occurrences; takeover after kill -9: first run {:.3}s late; killed node out of the registry after {gone:?}; after SIGTERM: {:.3}s late",
         lines.len(),
         post_kill[0].lateness(),
         post_term[0].lateness()

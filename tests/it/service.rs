@@ -156,6 +156,12 @@ fn metrics_and_healthz() {
     );
     assert_eq!(sample(&text, "cronlease_store_up"), Some(1.0), "{text}");
     assert_eq!(sample(&text, "cronlease_leases_held"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "cronlease_jobs_held"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, "cronlease_nodes_alive"),
+        Some(1.0),
+        "this node, from its heartbeat\n{text}"
+    );
     assert_eq!(
         sample(&text, "cronlease_store_errors_total"),
         Some(0.0),
@@ -257,6 +263,8 @@ fn passwords_never_appear_in_any_output() {
         for args in [
             &["status"][..],
             &["status", "--json"],
+            &["nodes"],
+            &["nodes", "--json"],
             &["history"],
             &["migrate"],
             &["check"],

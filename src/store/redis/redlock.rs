@@ -45,6 +45,7 @@ use super::{
     renew_args, scan_keys, server_locks, store_error, stream_runs,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
+use crate::store::registry::{self, Heartbeat, NodeRecord, Registry};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
     Owner, Renewal, RunRecord, StoreError, Won, decide, duration_ms, fence_exhausted, from_ms,
@@ -74,6 +75,7 @@ pub struct RedlockStore {
     renew: Script,
     release: Script,
     record: Script,
+    registry: Script,
     /// Keep restarted masters out of quorums; off only through a test's
     /// failpoint, to show what it prevents.
     quarantine: bool,
@@ -176,6 +178,7 @@ impl RedlockStore {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             record: Script::new(super::RECORD),
+            registry: Script::new(super::REGISTRY),
             quarantine: true,
         })
     }
@@ -193,13 +196,14 @@ impl RedlockStore {
         self.masters.len() / 2 + 1
     }
 
-    fn scripts(&self) -> [&Script; 5] {
+    fn scripts(&self) -> [&Script; 6] {
         [
             &self.lease,
             &self.write,
             &self.renew,
             &self.release,
             &self.record,
+            &self.registry,
         ]
     }
 
@@ -1098,6 +1102,55 @@ impl History for RedlockStore {
         }
         newest_first(&mut runs, limit);
         Ok(runs)
+    }
+}
+
+impl RedlockStore {
+    /// `registry.lua` on every master; the union of a majority's live
+    /// records (a heartbeat that counted reached a majority, and a dead
+    /// node's record ends on every master by its own clock), per owner the
+    /// freshest copy.
+    async fn registry_call(&self, args: Vec<String>) -> Result<Vec<NodeRecord>, StoreError> {
+        let keys = [format!("{}nodes", self.prefix)];
+        let (k, a) = (&keys, &args);
+        let answers = self
+            .each(|m| self.eval_on::<Vec<String>>(m, &self.registry, k, a))
+            .await;
+        let mut freshest: BTreeMap<String, NodeRecord> = BTreeMap::new();
+        for (_, reply) in self.quorum(answers)? {
+            for record in super::nodes_from_reply(&reply) {
+                match freshest.get(&record.owner) {
+                    Some(kept) if kept.expires_in_ms >= record.expires_in_ms => {}
+                    _ => {
+                        freshest.insert(record.owner.clone(), record);
+                    }
+                }
+            }
+        }
+        Ok(registry::sorted(freshest.into_values().collect()))
+    }
+}
+
+#[async_trait]
+impl Registry for RedlockStore {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        self.registry_call(super::registry_args(
+            "beat",
+            beat.owner.as_str(),
+            Some(beat),
+        ))
+        .await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        self.registry_call(super::registry_args("list", "", None))
+            .await
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
+        self.registry_call(super::registry_args("leave", owner.as_str(), None))
+            .await
+            .map(|_| ())
     }
 }
 

@@ -29,6 +29,7 @@ use chrono::{DateTime, Utc};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
+use super::registry::{self, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Outcome,
     Owner, Renewal, RunRecord, StoreError, decide, duration_ms, from_ms, to_ms,
@@ -50,6 +51,8 @@ pub struct Dialect {
     pub ignore_conflict: &'static str,
     /// Appended to an `INSERT` of lock rows to update the existing ones.
     pub upsert_lock: &'static str,
+    /// Appended to the `INSERT` of a node registry row to update an existing one.
+    pub upsert_node: &'static str,
     /// Placeholders are `$1, $2...` instead of `?`.
     pub numbered_params: bool,
     /// A row source reading lock rows (the lock columns, by name) from one
@@ -1006,7 +1009,7 @@ impl SqlStore {
         // schema table still lists their version: apply the scripts again
         // (they create only what is missing) instead of failing every call.
         let mut tables_present = true;
-        for table in ["lock_info", "job_runs"] {
+        for table in ["lock_info", "job_runs", "nodes"] {
             let present = if self.dialect.name == "postgres" {
                 // A failed statement would abort the migration's transaction.
                 let probe = format!(
@@ -1280,6 +1283,120 @@ impl History for SqlStore {
             .map(run_from_row)
             .collect::<Result<_, _>>()
             .map_err(|e| self.err(e))
+    }
+}
+
+/// The columns of a node registry row, as `nodes` reads them.
+const NODE_COLUMNS: &str =
+    "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held";
+
+impl SqlStore {
+    /// The live registry rows, read on `conn` at the store's `now`.
+    async fn live_nodes(
+        &self,
+        conn: &mut AnyConnection,
+        now: Option<i64>,
+    ) -> Result<Vec<NodeRecord>, sqlx::Error> {
+        let p = &self.prefix;
+        let rows = sqlx::query(self.sql(
+            format!(
+                "SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes WHERE expires_at > {{now}}"
+            ),
+            now,
+        )?)
+        .fetch_all(&mut *conn)
+        .await?;
+        let nodes = rows
+            .iter()
+            .map(|r| -> Result<NodeRecord, sqlx::Error> {
+                let expires_at: i64 = r.try_get(5)?;
+                let now: i64 = r.try_get(8)?;
+                Ok(NodeRecord {
+                    owner: r.try_get(0)?,
+                    node: r.try_get(1)?,
+                    version: r.try_get(2)?,
+                    started_at: from_ms(r.try_get(3)?),
+                    last_seen: from_ms(r.try_get(4)?),
+                    expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
+                    clock_offset_ms: r.try_get(6)?,
+                    jobs_held: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(registry::sorted(nodes))
+    }
+
+    /// Writes a heartbeat's row, forgets long-dead ones, reads the live ones.
+    async fn beat_on(
+        &self,
+        conn: &mut AnyConnection,
+        beat: &Heartbeat,
+    ) -> Result<Vec<NodeRecord>, sqlx::Error> {
+        let p = &self.prefix;
+        // One reading of SQLite's clock for the three statements.
+        let now = self.file_clock_now()?;
+        sqlx::query(self.sql(
+            format!(
+                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?){}",
+                self.dialect.upsert_node
+            ),
+            now,
+        )?)
+        .bind(beat.owner.as_str().to_string())
+        .bind(beat.node.clone())
+        .bind(beat.version.clone())
+        .bind(to_ms(beat.started_at))
+        .bind(duration_ms(beat.ttl))
+        .bind(beat.clock_offset_ms)
+        .bind(i64::from(beat.jobs_held))
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query(self.sql(
+            format!("DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"),
+            now,
+        )?)
+        .bind(duration_ms(registry::FORGET_AFTER))
+        .execute(&mut *conn)
+        .await?;
+        self.live_nodes(conn, now).await
+    }
+}
+
+#[async_trait]
+impl Registry for SqlStore {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        self.retrying(|| async {
+            let mut conn = self.pool().acquire().await?;
+            let nodes = self.beat_on(&mut conn, beat).await;
+            if nodes.is_err() {
+                conn.close_on_drop();
+            }
+            nodes
+        })
+        .await
+        .map_err(|e| self.err(e))
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        self.retrying(|| async {
+            let mut conn = self.pool().acquire().await?;
+            self.live_nodes(&mut conn, None).await
+        })
+        .await
+        .map_err(|e| self.err(e))
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
+        let p = &self.prefix;
+        self.retrying(|| async {
+            sqlx::query(self.sql(format!("DELETE FROM {p}nodes WHERE owner = ?"), None)?)
+                .bind(owner.as_str().to_string())
+                .execute(&self.pool())
+                .await
+        })
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@ pub static DIALECT: Dialect = Dialect {
     insert_ignore: "INSERT IGNORE INTO",
     ignore_conflict: "",
     upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at)",
+    upsert_node: " ON DUPLICATE KEY UPDATE node = VALUES(node), version = VALUES(version), started_at = VALUES(started_at), last_seen = VALUES(last_seen), expires_at = VALUES(expires_at), clock_offset_ms = VALUES(clock_offset_ms), jobs_held = VALUES(jobs_held)",
     numbered_params: false,
     json_lock_rows: None,
     json_names: None,
@@ -24,6 +25,7 @@ pub static DIALECT: Dialect = Dialect {
             2,
             include_str!("../../../migrations/mysql/0002_history_once.sql"),
         ),
+        (4, include_str!("../../../migrations/mysql/0004_nodes.sql")),
     ],
 };
 

@@ -1,0 +1,111 @@
+//! The node's record in the store's node registry (docs/protocol.md, "Node
+//! registry"): a heartbeat at least three times per lease margin, with the
+//! node's name, version, start, clock offset and leases held; the record
+//! lives a margin plus one heartbeat period on the store's clock, so a
+//! killed node drops out of `cronlease nodes` within that time. A node
+//! shutting down deletes its record. Each heartbeat answers with the live
+//! nodes, kept for `cronlease_nodes_alive`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::{Heartbeat, NodeRecord};
+
+use super::Node;
+
+/// The shortest heartbeat period, whatever the margin.
+const MIN_BEAT: Duration = Duration::from_millis(100);
+
+/// How often a node with lease margin `margin` beats, and how long each
+/// beat keeps its record alive: a third of the margin (at least
+/// [`MIN_BEAT`]), and the margin plus one period, so two beats may be lost
+/// or late before the record ends.
+pub(super) fn beat_timing(margin: Duration) -> (Duration, Duration) {
+    let every = (margin / 3).max(MIN_BEAT);
+    (every, margin + every)
+}
+
+impl Node {
+    /// Keeps this node's record fresh until claiming stops; the first beat
+    /// goes once the store is prepared (it may create the registry).
+    pub(super) async fn keep_registered(self: Arc<Self>) {
+        let (every, _) = beat_timing(self.margin);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = self.claims.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if self.ensure_prepared().await.is_err() {
+                continue;
+            }
+            let beat = self.heartbeat();
+            if let Ok(nodes) = self
+                .call("heartbeat", self.op_timeout, self.store.heartbeat(&beat))
+                .await
+            {
+                self.metrics.nodes_alive.set(nodes.len() as i64);
+                if let Ok(mut live) = self.live_nodes.lock() {
+                    *live = nodes;
+                }
+            }
+        }
+    }
+
+    /// What this node says of itself now.
+    fn heartbeat(&self) -> Heartbeat {
+        let (_, ttl) = beat_timing(self.margin);
+        let (_, held) = self.job_and_lease_counts();
+        Heartbeat {
+            owner: self.owner.clone(),
+            node: self.name.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: self.started_at,
+            clock_offset_ms: self.clock.last_offset_ms(),
+            jobs_held: u32::try_from(held).unwrap_or(u32::MAX),
+            ttl,
+        }
+    }
+
+    /// The live nodes as of this node's last heartbeat.
+    pub fn live_nodes(&self) -> Vec<NodeRecord> {
+        self.live_nodes
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default()
+    }
+
+    /// Deletes this node's record (shutdown), so it leaves the registry at
+    /// once instead of when its record ends; a failure only leaves it there
+    /// until then.
+    pub(super) async fn leave_registry(&self) {
+        if let Err(e) = self
+            .call("leave", self.op_timeout, self.store.leave(&self.owner))
+            .await
+        {
+            tracing::debug!(
+                "could not delete this node's registry record ({e}); it ends by itself"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_outlives_two_lost_beats_and_ends_within_two_margins() {
+        for margin_ms in [100u64, 300, 1_000, 60_000] {
+            let margin = Duration::from_millis(margin_ms);
+            let (every, ttl) = beat_timing(margin);
+            assert!(
+                every <= margin.max(MIN_BEAT),
+                "{margin:?}: beats every {every:?}"
+            );
+            assert!(ttl > every * 2, "{margin:?}: {ttl:?} vs {every:?}");
+            assert!(ttl <= margin * 2, "{margin:?}: lives {ttl:?}");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The node registry: which nodes of the cluster are alive, and what they
+//! say of themselves (docs/protocol.md, "Node registry").
+//!
+//! Every node keeps one record per owner (process incarnation) in the store
+//! and refreshes it with a [`Heartbeat`] at least every lease margin. A
+//! record lives for the heartbeat's `ttl` **on the store's clock** (etcd,
+//! which has no clock, on the recorded end as the lease keys do), so a
+//! killed node disappears from `cronlease nodes` within that time without
+//! anyone deleting it; a node shutting down deletes its own record at once.
+//! A heartbeat answers with the live records, so a node learns the
+//! membership in the same round trip.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{Owner, StoreError, from_ms, to_ms};
+
+/// A record expired this long ago is deleted by the next heartbeat of any
+/// node; until then it is kept, but never listed.
+pub const FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// What a node says of itself, refreshed at least every lease margin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub owner: Owner,
+    /// The node's name (`node` in the config).
+    pub node: String,
+    /// The cronlease version it runs.
+    pub version: String,
+    /// When this incarnation started (its own clock).
+    pub started_at: DateTime<Utc>,
+    /// Its clock's offset from the store's (store − local), when measured.
+    pub clock_offset_ms: Option<i64>,
+    /// Leases it holds now.
+    pub jobs_held: u32,
+    /// The record lives this long on the store's clock unless refreshed.
+    pub ttl: Duration,
+}
+
+/// A live node as the registry lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeRecord {
+    pub node: String,
+    pub owner: String,
+    pub version: String,
+    pub started_at: DateTime<Utc>,
+    /// The store's clock at its last heartbeat (etcd: the node's own).
+    pub last_seen: DateTime<Utc>,
+    /// Time its record has left without another heartbeat.
+    pub expires_in_ms: u64,
+    pub clock_offset_ms: Option<i64>,
+    pub jobs_held: u32,
+}
+
+/// The registry half of a store. Every backend keeps it next to its locks.
+#[async_trait]
+pub trait Registry: Send + Sync + 'static {
+    /// Writes (or refreshes) `beat`'s record, then answers with every live
+    /// record, this one included, sorted by node and owner.
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError>;
+
+    /// Every live record, sorted by node and owner.
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
+
+    /// Deletes `owner`'s record (a node shutting down).
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError>;
+}
+
+/// A record's fields as key-value stores keep them (JSON); the instants
+/// that decide liveness are kept apart, where the store's clock sets them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BeatData {
+    pub node: String,
+    pub version: String,
+    pub started_at: i64,
+    #[serde(default)]
+    pub clock_offset_ms: Option<i64>,
+    #[serde(default)]
+    pub jobs_held: u32,
+    /// How long the record lives after `last_seen` (ZooKeeper reads liveness
+    /// from the node's mtime and this).
+    #[serde(default)]
+    pub ttl_ms: i64,
+    /// Set only where no store clock sets it (etcd): the writer's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<i64>,
+}
+
+impl From<&Heartbeat> for BeatData {
+    fn from(beat: &Heartbeat) -> Self {
+        BeatData {
+            node: beat.node.clone(),
+            version: beat.version.clone(),
+            started_at: to_ms(beat.started_at),
+            clock_offset_ms: beat.clock_offset_ms,
+            jobs_held: beat.jobs_held,
+            ttl_ms: super::duration_ms(beat.ttl),
+            last_seen: None,
+        }
+    }
+}
+
+impl BeatData {
+    /// The JSON kept in the store.
+    pub fn to_json(&self) -> String {
+        // A struct of strings and numbers always serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// A stored record read back; `None` when it is not one of ours (a hand
+    /// edit, a newer version's shape): such a record is not listed.
+    pub fn parse(data: &[u8]) -> Option<BeatData> {
+        serde_json::from_slice(data).ok()
+    }
+
+    /// The listed record, seen at `last_seen` and living until
+    /// `expires_at`, read at `now` (all on one clock, ms).
+    pub fn record(self, owner: &str, last_seen: i64, expires_at: i64, now: i64) -> NodeRecord {
+        NodeRecord {
+            node: self.node,
+            owner: owner.to_string(),
+            version: self.version,
+            started_at: from_ms(self.started_at),
+            last_seen: from_ms(last_seen),
+            expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
+            clock_offset_ms: self.clock_offset_ms,
+            jobs_held: self.jobs_held,
+        }
+    }
+}
+
+/// Sorts records the way [`Registry::nodes`] lists them.
+pub(crate) fn sorted(mut nodes: Vec<NodeRecord>) -> Vec<NodeRecord> {
+    nodes.sort_by(|a, b| (&a.node, &a.owner).cmp(&(&b.node, &b.owner)));
+    nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips_through_its_stored_form() {
+        let beat = Heartbeat {
+            owner: Owner::from_raw("a#1"),
+            node: "a".into(),
+            version: "1.2.3".into(),
+            started_at: from_ms(1_000),
+            clock_offset_ms: Some(-7),
+            jobs_held: 3,
+            ttl: Duration::from_millis(1500),
+        };
+        let stored = BeatData::from(&beat).to_json();
+        let read = BeatData::parse(stored.as_bytes()).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
+        assert_eq!(
+            read,
+            Some(NodeRecord {
+                node: "a".into(),
+                owner: "a#1".into(),
+                version: "1.2.3".into(),
+                started_at: from_ms(1_000),
+                last_seen: from_ms(5_000),
+                expires_in_ms: 500,
+                clock_offset_ms: Some(-7),
+                jobs_held: 3,
+            })
+        );
+        assert!(BeatData::parse(b"{\"node\": 3}").is_none());
+    }
+}
