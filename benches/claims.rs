@@ -76,6 +76,7 @@ async fn measure(backend: support::Backend, batch: usize, rounds: usize) -> Vec<
                 lease: Duration::from_secs(10),
                 fence_floor: 0,
                 max_offset: Duration::from_millis(500),
+                head_start: None,
                 after_unanswered: false,
                 recheck_only: false,
             })

@@ -1024,6 +1024,9 @@ pub struct Config {
     /// `cluster.max_clock_offset`: beyond it a node claims nothing, and the
     /// store refuses occurrences later than its now plus this.
     pub max_clock_offset: Duration,
+    /// `cluster.head_start`: how long after an occurrence's instant (store
+    /// clock) an idle holder keeps it to itself before a peer may claim it.
+    pub head_start: Duration,
     pub shutdown_grace: Duration,
     /// Where `run` writes its pid, for `cronlease step-down`.
     pub pid_file: PathBuf,
@@ -1056,6 +1059,7 @@ impl Config {
             store,
             lease_margin,
             max_clock_offset,
+            head_start,
             shutdown_grace,
             pid_file,
             metrics_listen,
@@ -1119,6 +1123,7 @@ impl Config {
             "cluster.max_clock_offset",
             true,
         );
+        note(*head_start != self.head_start, "cluster.head_start", false);
         note(
             *shutdown_grace != self.shutdown_grace,
             "shutdown_grace",
@@ -1313,6 +1318,9 @@ fn bounded_duration(
     }
 }
 
+/// `cluster.head_start` unless set (or half the margin, if that is less).
+pub const DEFAULT_HEAD_START: Duration = Duration::from_millis(50);
+
 fn bounded_duration_or(
     src: &Source,
     v: &Option<Spanned<String>>,
@@ -1413,6 +1421,16 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         "cluster.max_clock_offset",
         Duration::from_millis(500),
         Duration::from_secs(60),
+        &mut errors,
+    );
+    // At most half the margin: a peer's takeover from an idle holder must
+    // come well before the lease would have let it in anyway.
+    let head_start = bounded_duration_or(
+        &src,
+        &raw.cluster.head_start,
+        "cluster.head_start",
+        DEFAULT_HEAD_START.min(lease_margin / 2),
+        lease_margin / 2,
         &mut errors,
     );
     let shutdown_grace = duration_or(
@@ -1532,6 +1550,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             store,
             lease_margin,
             max_clock_offset,
+            head_start,
             shutdown_grace,
             pid_file: raw.pid_file.as_ref().map_or_else(
                 || PathBuf::from(DEFAULT_PID_FILE),

@@ -58,6 +58,7 @@ pub struct RawLease {
 #[serde(deny_unknown_fields)]
 pub struct RawCluster {
     pub max_clock_offset: Option<Spanned<String>>,
+    pub head_start: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -228,6 +228,7 @@ impl Node {
             lease: self.lease_for(occurrence, next),
             fence_floor: state.fence_floor(),
             max_offset: self.clock.bound(),
+            head_start: Some(self.head_start),
             after_unanswered,
             recheck_only: false,
         }
@@ -526,10 +527,16 @@ impl Node {
                     // (an earlier unanswered claim did not win).
                     unanswered = None;
                     // (Sooner where the store can end it early.)
-                    let wait = match self.store.recheck_within() {
+                    let mut wait = match self.store.recheck_within() {
                         Some(within) if within < lost.remaining => within,
                         _ => lost.remaining.max(Duration::from_millis(10)) + EXPIRY_SLACK,
                     };
+                    // An idle holder keeps the occurrence only for its head
+                    // start (store time, counted from the reply's arrival,
+                    // which comes after the store read its clock).
+                    if let Some(idle_wait) = lost.idle_wait {
+                        wait = wait.min(idle_wait + Duration::from_millis(1));
+                    }
                     let retry_at = Instant::now() + wait;
                     // A takeover that could only start in the last stretch
                     // of the window is left to the next occurrence's claim,

@@ -292,6 +292,8 @@ pub struct Node {
     name: NodeName,
     store: Arc<dyn Store>,
     margin: Duration,
+    /// `cluster.head_start` (docs/protocol.md, "Fast takeover").
+    head_start: Duration,
     clock: ClockWatch,
     op_timeout: Duration,
     /// Settings a SIGHUP changes live (see [`Node::apply_settings`]).
@@ -418,6 +420,7 @@ impl Node {
             health: StoreHealth::new(store.describe()),
             store,
             margin: config.lease_margin,
+            head_start: config.head_start,
             clock: ClockWatch::new(config.max_clock_offset),
             op_timeout: config.store.op_timeout,
             shutdown_grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),

@@ -131,6 +131,14 @@ struct LockState {
     #[serde(default)]
     last_occurrence: Option<i64>,
     modified_at: i64,
+    /// The run of the last claim is not recorded yet; states written by
+    /// earlier versions count as running (their holders never clear it).
+    #[serde(default = "unknown_is_running")]
+    running: bool,
+}
+
+fn unknown_is_running() -> bool {
+    true
 }
 
 /// A lease key's value: who holds the job, until when (ms, the clock of
@@ -687,6 +695,7 @@ impl EtcdStore {
                     fence: fence.to_string(),
                     last_occurrence: Some(last_occurrence),
                     modified_at: view.now,
+                    running: true,
                 };
                 let lease = LeaseValue {
                     owner: req.owner.as_str().to_string(),
@@ -934,6 +943,7 @@ fn row_of(state: Option<&(LockState, i64)>, view: &JobView) -> LockRow {
         fence: state.map_or(0, |(_, fence)| *fence),
         expires_at,
         last_occurrence: state.and_then(|(s, _)| s.last_occurrence),
+        running: state.is_some_and(|(s, _)| s.running),
         now,
     }
 }
@@ -1244,6 +1254,43 @@ impl Locks for EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// Clears the running mark of each lock whose last claim's run is among
+    /// `runs` (recorded already), compared on the state's revision as read:
+    /// a lock claimed again meanwhile has a new mark of its own.
+    async fn end_running_marks(
+        &self,
+        client: &etcd::Client,
+        runs: &[RunRecord],
+    ) -> Result<(), StoreError> {
+        let ended: Vec<&RunRecord> = runs.iter().filter(|r| super::ends_a_run(r)).collect();
+        let keys: Vec<String> = ended.iter().map(|r| self.lock_key(&r.job)).collect();
+        let read = self.read_keys(client, &keys).await?;
+        let mut plans = Vec::new();
+        let mut planned = HashSet::new();
+        for (i, ((run, key), entry)) in ended.iter().zip(&keys).zip(&read).enumerate() {
+            let Ok(Some((mut state, fence))) = read_state(entry.as_ref()) else {
+                continue;
+            };
+            if !state.running || !super::clears_running(run, fence) || !planned.insert(key) {
+                continue;
+            }
+            state.running = false;
+            let Ok(value) = serde_json::to_vec(&state) else {
+                continue;
+            };
+            plans.push((
+                i,
+                Plan {
+                    when: vec![unchanged(key, entry.as_ref())],
+                    ops: vec![PlanOp::Put(key.clone(), value)],
+                },
+            ));
+        }
+        self.write(client, plans).await.map(|_| ())
+    }
+}
+
 /// The live records among a range read of the registry, by this host's
 /// clock (etcd has none): a record is live while its key exists (its etcd
 /// lease did not run out) and its recorded end is ahead of `now`.
@@ -1338,6 +1385,7 @@ impl History for EtcdStore {
         }
         // A fence recorded already fails its compare and stays as it was.
         self.write(&client, plans).await?;
+        self.end_running_marks(&client, runs).await?;
         let mut jobs: Vec<&str> = runs.iter().map(|r| r.job.as_str()).collect();
         jobs.sort_unstable();
         jobs.dedup();
@@ -1509,6 +1557,7 @@ mod tests {
             fence: "7".into(),
             last_occurrence: Some(19_000),
             modified_at: 19_000,
+            running: true,
         };
         let lease = Entry {
             value: br##"{"owner":"b#2","expires_at":20300}"##.to_vec(),

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use super::registry::{BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry, sorted};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
-    Renewal, RunRecord, Store, StoreError, decide, duration_ms, from_ms, to_ms,
+    Renewal, RunRecord, Store, StoreError, clears_running, decide, duration_ms, from_ms, to_ms,
 };
 use crate::config::JobName;
 
@@ -36,6 +36,8 @@ struct Lock {
     fence: i64,
     expires_at: i64,
     last_occurrence: Option<i64>,
+    /// The last claim's run has not been recorded yet.
+    running: bool,
 }
 
 #[derive(Default)]
@@ -230,6 +232,7 @@ impl Locks for MemoryStore {
                 fence: lock.fence,
                 expires_at: lock.expires_at,
                 last_occurrence: lock.last_occurrence,
+                running: lock.running,
                 now,
             };
             outcomes.push(match decide(&row, req) {
@@ -244,6 +247,7 @@ impl Locks for MemoryStore {
                         fence,
                         expires_at,
                         last_occurrence: Some(last_occurrence),
+                        running: true,
                     };
                     ClaimOutcome::Won(won)
                 }
@@ -345,6 +349,11 @@ impl History for MemoryStore {
                 .is_some_and(|rs| rs.iter().any(|(_, r)| r.fence == run.fence));
             if seen {
                 continue;
+            }
+            if let Some(lock) = s.locks.get_mut(&run.job) {
+                if clears_running(run, lock.fence) {
+                    lock.running = false;
+                }
             }
             s.next_id += 1;
             let id = s.next_id;

@@ -102,6 +102,11 @@ pub struct ClaimRequest {
     /// plus this is refused, so a node whose clock runs ahead never runs a
     /// job early.
     pub max_offset: Duration,
+    /// `cluster.head_start`: another owner's live lease whose last claimed
+    /// run has finished (an idle holder) is taken over once the store's
+    /// clock is this far past the occurrence. `None`: a live lease is
+    /// waited out whatever its holder does.
+    pub head_start: Option<Duration>,
     /// An earlier claim of this occurrence by this owner got no answer (a
     /// timeout, a dropped link): it may have won. If the store shows this
     /// owner holding the job with a fence above `fence_floor` and the
@@ -150,6 +155,11 @@ pub struct Lost {
     /// Refused because the occurrence is later than the store's now plus
     /// the allowed clock offset: the claimer's clock runs ahead.
     pub too_early: bool,
+    /// The live holder is idle (its last claimed run finished) and has not
+    /// claimed this occurrence: a claim may win it after this much more
+    /// store time (the rest of the head start). `None`: the holder is busy,
+    /// or the request asked for no head start rule.
+    pub idle_wait: Option<Duration>,
 }
 
 /// The answer to a [`ClaimRequest`].
@@ -679,6 +689,10 @@ pub struct LockRow {
     pub fence: i64,
     pub expires_at: i64,
     pub last_occurrence: Option<i64>,
+    /// The holder's last claimed run has not finished: set by every claim,
+    /// cleared by the history write of that claim's run. `true` where a
+    /// store cannot tell (the holder keeps its whole lease).
+    pub running: bool,
     /// The store's clock when the row was read.
     pub now: i64,
 }
@@ -715,6 +729,20 @@ fn unanswered_win(row: &LockRow, req: &ClaimRequest, floor: i64) -> Option<i64> 
     (last == to_ms(req.occurrence) || caught_up).then_some(last)
 }
 
+/// Whether recording `run` ends the running mark of a lock whose fence is
+/// `lock_fence`: the run of the lock's last claim is over. A skipped
+/// occurrence ran nothing (the run before it may still go), and the run of
+/// an older claim says nothing about the newest one.
+pub fn clears_running(run: &RunRecord, lock_fence: i64) -> bool {
+    ends_a_run(run) && i64::try_from(run.fence).is_ok_and(|f| f == lock_fence)
+}
+
+/// `run` is the end of a run its claim started (a skipped occurrence
+/// started none), so it may end its claim's running mark.
+pub fn ends_a_run(run: &RunRecord) -> bool {
+    run.outcome != Outcome::Skipped
+}
+
 /// Applies the claim rule to one lock row.
 pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
@@ -738,9 +766,21 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         };
     }
     let live = row.owner.is_some() && row.expires_at > row.now;
-    let held_by_other = live && row.owner.as_deref() != Some(req.owner.as_str());
     let occurrence = to_ms(req.occurrence);
     let already_claimed = row.last_occurrence.is_some_and(|last| last >= occurrence);
+    // An idle holder keeps an occurrence only for its head start: its lease
+    // protects no running job (docs/protocol.md, "Fast takeover").
+    let idle_wait = match req.head_start {
+        Some(head_start) if live && !row.running && !already_claimed => Some(
+            occurrence
+                .saturating_add(duration_ms(head_start))
+                .saturating_sub(row.now),
+        ),
+        _ => None,
+    };
+    let head_start_over = idle_wait.is_some_and(|w| w <= 0);
+    let held_by_other =
+        live && row.owner.as_deref() != Some(req.owner.as_str()) && !head_start_over;
     let too_early = occurrence > row.now.saturating_add(duration_ms(req.max_offset));
     if held_by_other || already_claimed || too_early || req.recheck_only {
         return Decision::Refuse(Lost {
@@ -753,6 +793,9 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
             last_occurrence: row.last_occurrence.map(from_ms),
             fence: row.fence.max(0) as u64,
             too_early: too_early && !held_by_other && !already_claimed,
+            idle_wait: idle_wait
+                .filter(|_| held_by_other)
+                .map(|w| Duration::from_millis(w.max(0) as u64)),
         });
     }
     let missed = match (req.misfire, req.previous, row.last_occurrence) {
@@ -792,6 +835,7 @@ mod tests {
             lease: Duration::from_millis(1500),
             fence_floor: floor,
             max_offset: Duration::from_millis(500),
+            head_start: None,
             after_unanswered: false,
             recheck_only: false,
         }
@@ -803,6 +847,7 @@ mod tests {
             fence,
             expires_at,
             last_occurrence: last,
+            running: true,
             now: 19_900,
         }
     }
@@ -841,6 +886,7 @@ mod tests {
                 last_occurrence: Some(from_ms(19_000)),
                 fence: 7,
                 too_early: false,
+                idle_wait: None,
             })
         );
     }
@@ -1040,6 +1086,50 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_holder_keeps_an_occurrence_only_for_its_head_start() {
+        // a holds a live lease; the occurrence 1_000 is unclaimed.
+        let mut idle = row(Some("a#1"), 4, 60_000, Some(900));
+        idle.running = false;
+        let mut peer = req("b#1", 1_000, Some(900), Misfire::Skip, 0);
+        peer.head_start = Some(Duration::from_millis(50));
+        let at = |now: i64, r: &LockRow| LockRow { now, ..r.clone() };
+        // Within the head start: refused, told how much of it is left.
+        match decide(&at(1_020, &idle), &peer) {
+            Decision::Refuse(l) => assert_eq!(
+                (l.holder.as_deref(), l.idle_wait),
+                (Some("a#1"), Some(Duration::from_millis(30)))
+            ),
+            other => panic!("{other:?}"),
+        }
+        // From instant + head start: won, with a fence of its own.
+        match decide(&at(1_050, &idle), &peer) {
+            Decision::Claim { fence, won, .. } => {
+                assert_eq!((fence, won.previous_owner.as_deref()), (5, Some("a#1")))
+            }
+            other => panic!("{other:?}"),
+        }
+        // A busy holder, a claim without the rule, and an occurrence the
+        // holder claimed already: the lease holds.
+        let busy = at(1_050, &row(Some("a#1"), 4, 60_000, Some(900)));
+        let mut no_rule = peer.clone();
+        no_rule.head_start = None;
+        let mut claimed = at(1_050, &idle);
+        claimed.last_occurrence = Some(1_000);
+        for (r, q) in [
+            (&busy, &peer),
+            (&at(1_050, &idle), &no_rule),
+            (&claimed, &peer),
+        ] {
+            match decide(r, q) {
+                Decision::Refuse(l) => {
+                    assert_eq!((l.holder.as_deref(), l.idle_wait), (Some("a#1"), None))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn an_occurrence_beyond_the_clock_bound_is_refused() {
         // now 19_900, bound 500: 20_400 is the latest claimable instant.
         let d = decide(
@@ -1059,6 +1149,7 @@ mod tests {
                 last_occurrence: Some(from_ms(19_000)),
                 fence: 3,
                 too_early: true,
+                idle_wait: None,
             })
         );
     }

@@ -65,7 +65,8 @@ pub struct RedisStore {
 }
 
 /// `{won, fence, occurrence, catch_up, holder/previous owner (or the error
-/// when won is -2), remaining, last, now, too_early, repaired}`.
+/// when won is -2), remaining, last, now, too_early, repaired, idle_wait}`
+/// (idle_wait -1 unless an idle holder's head start kept the claim out).
 /// The fence comes as a decimal string: Lua numbers are doubles.
 /// How the store reaches its master.
 enum Link {
@@ -85,6 +86,7 @@ type ClaimReply = (
     i64,
     i64,
     Option<String>,
+    i64,
     i64,
     i64,
     i64,
@@ -544,11 +546,12 @@ fn renew_args(prefix: &str, owner: &Owner, renewals: &[Renewal]) -> (Vec<String>
 
 /// The keys and arguments of `record.lua` for `runs`, keeping `keep` per job.
 fn record_args(runs: &[RunRecord], keep: u32, prefix: &str) -> (Vec<String>, Vec<String>) {
-    let mut keys = Vec::with_capacity(2 * runs.len());
+    let mut keys = Vec::with_capacity(3 * runs.len());
     let mut args = vec![keep.max(1).to_string()];
     for run in runs {
         keys.push(job_key(prefix, &run.job, "runs"));
         keys.push(job_key(prefix, &run.job, "fences"));
+        keys.push(job_key(prefix, &run.job, "state"));
         let mut fields: Vec<String> = [
             ("job", run.job.clone()),
             ("fence", run.fence.to_string()),
@@ -569,6 +572,7 @@ fn record_args(runs: &[RunRecord], keep: u32, prefix: &str) -> (Vec<String>, Vec
             fields.extend(["exit_code".to_string(), code.to_string()]);
         }
         args.push(run.fence.to_string());
+        args.push(if super::ends_a_run(run) { "1" } else { "0" }.to_string());
         args.push(fields.len().to_string());
         args.extend(fields);
     }
@@ -632,7 +636,8 @@ fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord 
 }
 
 fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
-    let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early, _repaired) = r;
+    let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early, _repaired, idle) =
+        r;
     let fence = fence.parse::<u64>().unwrap_or(0);
     if won == -1 {
         ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
@@ -660,6 +665,7 @@ fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
             last_occurrence: (last >= 0).then(|| from_ms(last)),
             fence,
             too_early: too_early == 1,
+            idle_wait: (idle >= 0).then(|| Duration::from_millis(idle as u64)),
         })
     }
 }
@@ -687,7 +693,7 @@ impl Locks for RedisStore {
             });
         }
         let mut keys = Vec::with_capacity(2 * requests.len());
-        let mut args = Vec::with_capacity(9 * requests.len());
+        let mut args = Vec::with_capacity(10 * requests.len());
         for r in requests {
             let job = r.job.as_str();
             keys.push(self.key(job, "lease"));
@@ -706,6 +712,9 @@ impl Locks for RedisStore {
                 duration_ms(r.max_offset).to_string(),
                 if r.after_unanswered { "1" } else { "0" }.to_string(),
                 if r.recheck_only { "1" } else { "0" }.to_string(),
+                r.head_start
+                    .map(|h| duration_ms(h).to_string())
+                    .unwrap_or_default(),
             ]);
         }
         let replies: Vec<ClaimReply> = self.eval(&self.claim, &keys, &args).await?;

@@ -119,6 +119,14 @@ struct LockData {
     /// written by earlier versions, whose leases end with their time alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     session: Option<String>,
+    /// The run of the last claim is not recorded yet; nodes written by
+    /// earlier versions count as running (their holders never clear it).
+    #[serde(default = "unknown_is_running")]
+    running: bool,
+}
+
+fn unknown_is_running() -> bool {
+    true
 }
 
 /// A job's lock node as read: absent, readable (with its version), or not.
@@ -577,6 +585,7 @@ fn row_of(node: &Node, now: i64) -> LockRow {
             fence: d.fence.parse().unwrap_or(i64::MAX),
             expires_at: d.expires_at,
             last_occurrence: d.last_occurrence,
+            running: d.running,
             now,
         },
         _ => LockRow {
@@ -584,6 +593,7 @@ fn row_of(node: &Node, now: i64) -> LockRow {
             fence: 0,
             expires_at: 0,
             last_occurrence: None,
+            running: false,
             now,
         },
     }
@@ -640,6 +650,7 @@ impl Locks for ZkStore {
                             last_occurrence: Some(last_occurrence),
                             modified_at: now,
                             session: Some(session.to_string()),
+                            running: true,
                         }),
                         ClaimOutcome::Won(won),
                     ),
@@ -900,6 +911,57 @@ impl Registry for ZkStore {
     }
 }
 
+impl ZkStore {
+    /// Clears the running mark of each lock whose last claim's run is among
+    /// `runs` (recorded already), each at the version read: a lock claimed
+    /// again meanwhile has a new mark of its own.
+    async fn end_running_marks(
+        &self,
+        client: &zk::Client,
+        runs: &[RunRecord],
+    ) -> Result<(), StoreError> {
+        let ended: Vec<&RunRecord> = runs.iter().filter(|r| super::ends_a_run(r)).collect();
+        let mut clears = Vec::new();
+        for chunk in ended.chunks(MULTI_OPS) {
+            let mut reader = client.new_multi_reader();
+            for run in chunk {
+                reader
+                    .add_get_data(&self.lock_path(&run.job))
+                    .map_err(|e| self.err(e))?;
+            }
+            let results = self.timed(reader.commit()).await?;
+            for (run, r) in chunk.iter().zip(results) {
+                let zk::MultiReadResult::Data { data, stat } = r else {
+                    continue;
+                };
+                let Ok(mut d) = serde_json::from_slice::<LockData>(&data) else {
+                    continue;
+                };
+                if d.running
+                    && d.fence
+                        .parse::<i64>()
+                        .is_ok_and(|f| super::clears_running(run, f))
+                {
+                    d.running = false;
+                    if let Ok(json) = serde_json::to_vec(&d) {
+                        clears.push((self.lock_path(&run.job), json, stat.version));
+                    }
+                }
+            }
+        }
+        let cleared = futures_util::future::join_all(clears.iter().map(|(path, json, version)| {
+            // Changed since the read (a new claim): its mark is its own.
+            self.idempotent(
+                client.set_data(path, json, Some(*version)),
+                zk::Error::BadVersion,
+            )
+        }))
+        .await;
+        cleared.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl History for ZkStore {
     async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
@@ -934,6 +996,7 @@ impl History for ZkStore {
         }))
         .await;
         created.into_iter().collect::<Result<Vec<()>, _>>()?;
+        self.end_running_marks(client, runs).await?;
         for job in jobs {
             let mut names = self
                 .timed(client.list_children(&self.runs_path(job)))

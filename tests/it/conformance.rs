@@ -35,6 +35,7 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         lease: Duration::from_millis(lease_ms),
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
+        head_start: None,
         after_unanswered: false,
         recheck_only: false,
     }
@@ -816,6 +817,111 @@ pub async fn renewals_together_each_on_its_own(h: &Harness) {
     assert_eq!(done, [true, false, false, false]);
 }
 
+/// A claim of `at` (an instant near now) with a head start of
+/// `head_start_ms`, or none.
+fn near(name: &str, owner: &str, at: DateTime<Utc>, head_start_ms: Option<u64>) -> ClaimRequest {
+    ClaimRequest {
+        occurrence: at,
+        previous: None,
+        head_start: head_start_ms.map(Duration::from_millis),
+        ..req(name, owner, 0, 60_000)
+    }
+}
+
+fn finished(name: &str, owner: &str, fence: u64, at: DateTime<Utc>, outcome: Outcome) -> RunRecord {
+    RunRecord {
+        job: name.into(),
+        fence,
+        owner: owner.into(),
+        node: Owner::node_of(owner).into(),
+        occurrence: at,
+        started_at: at,
+        finished_at: at,
+        outcome,
+        exit_code: Some(0),
+        takeover: false,
+        delay_ms: 0,
+        decision_ms: 0,
+    }
+}
+
+/// Fast takeover from an idle holder: while the run of its last claim is
+/// not recorded, a holder keeps its whole lease; once it is, the holder
+/// keeps an occurrence only for the head start after its instant (store
+/// clock), then any owner may claim it. A skipped occurrence or a run of
+/// an older claim does not end the mark, and a claim that asks for no head
+/// start rule waits the lease out. Redlock has no running mark: its live
+/// holders keep their whole lease.
+pub async fn an_idle_holder_keeps_an_occurrence_only_for_its_head_start(h: &Harness) {
+    let marks = h.backend != Backend::Redlock;
+    let (a, b) = (h.store().await, h.store().await);
+    let base = from_ms(Utc::now().timestamp_millis());
+    let at = |ms: i64| base + TimeDelta::milliseconds(ms);
+    let w = won(claim(&a, near("i", "a#1", at(0), Some(50))).await);
+    // Busy: the run of fence 1 is not recorded.
+    let l = lost(claim(&b, near("i", "b#1", at(300), Some(50))).await);
+    assert_eq!(
+        (l.holder.as_deref(), l.idle_wait),
+        (Some("a#1"), None),
+        "{l:?}"
+    );
+    assert!(l.remaining > Duration::from_secs(50), "{l:?}");
+    // Recorded: idle, but the head start after 300 ms is not over.
+    a.record_run(&finished("i", "a#1", w.fence, at(0), Outcome::Ok), 10)
+        .await
+        .unwrap();
+    let l = lost(claim(&b, near("i", "b#1", at(300), Some(50))).await);
+    assert_eq!(l.holder.as_deref(), Some("a#1"), "{l:?}");
+    if marks {
+        let wait = l
+            .idle_wait
+            .expect("idle holder: the rest of its head start");
+        assert!(
+            wait > Duration::from_millis(200) && wait <= Duration::from_millis(350),
+            "{l:?}"
+        );
+        // Without the rule, the lease is waited out.
+        let l = lost(claim(&b, near("i", "b#1", at(300), None)).await);
+        assert_eq!(l.idle_wait, None, "{l:?}");
+    } else {
+        assert_eq!(l.idle_wait, None, "{l:?}");
+    }
+    let until = at(360) - Utc::now();
+    tokio::time::sleep(until.to_std().unwrap_or_default()).await;
+    if !marks {
+        let l = lost(claim(&b, near("i", "b#1", at(300), Some(50))).await);
+        assert_eq!(l.holder.as_deref(), Some("a#1"), "{l:?}");
+        return;
+    }
+    let l = lost(claim(&b, near("i", "b#1", at(300), None)).await);
+    assert_eq!(
+        l.holder.as_deref(),
+        Some("a#1"),
+        "no rule, no takeover: {l:?}"
+    );
+    let w2 = won(claim(&b, near("i", "b#1", at(300), Some(50))).await);
+    assert_eq!(
+        (w2.fence, w2.previous_owner.as_deref()),
+        (2, Some("a#1")),
+        "{w2:?}"
+    );
+    let l = lost(claim(&a, near("i", "a#1", at(300), Some(50))).await);
+    assert_eq!(l.holder.as_deref(), Some("b#1"), "taken: {l:?}");
+    // A skipped occurrence and the old claim's run leave b busy.
+    b.record_run(&finished("i", "b#1", 2, at(300), Outcome::Skipped), 10)
+        .await
+        .unwrap();
+    a.record_run(&finished("i", "a#1", 1, at(0), Outcome::Ok), 10)
+        .await
+        .unwrap();
+    let l = lost(claim(&a, near("i", "a#1", at(350), Some(50))).await);
+    assert_eq!(
+        (l.holder.as_deref(), l.idle_wait),
+        (Some("b#1"), None),
+        "{l:?}"
+    );
+}
+
 fn beat(owner: &str, ttl_ms: u64, offset: Option<i64>, held: u32) -> Heartbeat {
     Heartbeat {
         owner: Owner::from_raw(owner),
@@ -932,7 +1038,8 @@ macro_rules! conformance {
                 retried_claim_keeps_its_lost_win,
                 recheck_takes_nothing,
                 renewals_together_each_on_its_own,
-                node_registry_lists_live_nodes_until_their_beats_stop
+                node_registry_lists_live_nodes_until_their_beats_stop,
+                an_idle_holder_keeps_an_occurrence_only_for_its_head_start
             );
         }
     };

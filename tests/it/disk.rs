@@ -44,6 +44,7 @@ fn request(job: &str, occurrence_s: i64) -> ClaimRequest {
         lease: Duration::from_secs(5),
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
+        head_start: None,
         after_unanswered: false,
         recheck_only: false,
     }

@@ -514,6 +514,7 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
             lease: Duration::from_secs(60),
             fence_floor: 0,
             max_offset: Duration::from_secs(3600),
+            head_start: None,
             after_unanswered: false,
             recheck_only: false,
         };

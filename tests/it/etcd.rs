@@ -244,6 +244,7 @@ async fn a_lease_is_rounded_up_to_whole_seconds_for_its_etcd_lease() {
             lease: Duration::from_millis(ms),
             fence_floor: 0,
             max_offset: Duration::from_secs(1),
+            head_start: None,
             after_unanswered: false,
             recheck_only: false,
         };
@@ -284,6 +285,7 @@ async fn a_claimer_waiting_out_a_lease_is_woken_when_its_key_is_deleted() {
         lease: Duration::from_secs(30),
         fence_floor: 0,
         max_offset: Duration::from_secs(1),
+        head_start: None,
         after_unanswered: false,
         recheck_only: false,
     };

@@ -194,6 +194,7 @@ async fn ghost_claimed_11_59_30(w: &World) {
             lease: Duration::from_millis(100),
             fence_floor: 0,
             max_offset: Duration::from_secs(3600),
+            head_start: None,
             after_unanswered: false,
             recheck_only: false,
         }])

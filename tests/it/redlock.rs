@@ -120,6 +120,7 @@ fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
         lease: Duration::from_secs(LEASE_SECS),
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
+        head_start: None,
         after_unanswered: false,
         recheck_only: false,
     }

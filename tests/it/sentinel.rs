@@ -273,6 +273,7 @@ async fn a_switch_master_announcement_moves_the_store_before_its_next_call() {
         lease: Duration::from_secs(30),
         fence_floor: 0,
         max_offset: Duration::from_millis(500),
+        head_start: None,
         after_unanswered: false,
         recheck_only: false,
     };

@@ -2,15 +2,20 @@
 -- its own, in one atomic script on the Redis server's clock.
 -- Per request i (from 1): KEYS[2i-1] the lease key (the owner, with a TTL
 -- equal to the lease), KEYS[2i] the state hash that never expires (fence,
--- last_occurrence, owner, modified_at); ARGV[9(i-1)+1..9] owner, occurrence
+-- last_occurrence, owner, modified_at, running: "1" from a claim until its
+-- run is recorded, "0" after; absent counts as "1"); ARGV[10(i-1)+1..10]
+-- owner, occurrence
 -- (ms), previous occurrence (ms) or "", lease (ms), fence floor (decimal u64),
 -- "run_once" or "skip", max clock offset (ms: an occurrence later than now +
 -- this is refused), "1" when an earlier claim of this occurrence got no answer,
 -- "1" for a recheck only (answer that earlier win without extending its
--- lease; refuse anything else, writing nothing).
+-- lease; refuse anything else, writing nothing), the head start (ms; "" for
+-- none): another owner's live lease whose run is over ("0") is taken over
+-- once the clock is that far past the occurrence.
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
 -- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
--- now_ms, too_early, repaired}; won is -1 when the fence is at its maximum
+-- now_ms, too_early, repaired, idle_wait}, idle_wait the ms left of an idle
+-- holder's head start when that holder kept the claim out (else -1); won is -1 when the fence is at its maximum
 -- (2^63-1): nothing is written for that request; won is -2 when the request
 -- failed in the server (a key of the wrong type), with the error as the
 -- fifth element: the other requests are decided as usual.
@@ -35,7 +40,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = string.format('%d', now_ms)
 
-local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck)
+local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck, head_start)
   local holder = redis.call('GET', lease_key)
   local remaining = 0
   local repaired = 0
@@ -52,7 +57,7 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
     end
     if remaining < 0 then remaining = 0 end
   end
-  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner')
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running')
   local fence = decimal(state[1])
   local last = tonumber(state[2])
   local occurrence = tonumber(occurrence_s)
@@ -65,20 +70,31 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
       redis.call('SET', lease_key, owner, 'PX', lease_ms)
       redis.call('HSET', state_key, 'modified_at', now)
     end
+    redis.call('HSET', state_key, 'running', '1')
     local catch_up = 0
     if last ~= occurrence then catch_up = 1 end
-    return {1, fence, last, catch_up, false, 0, last, now_ms, 0, repaired}
+    return {1, fence, last, catch_up, false, 0, last, now_ms, 0, repaired, -1}
   end
-  if (holder and holder ~= owner) or (last and last >= occurrence) or recheck == '1' then
-    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired}
+  local claimed_already = last and last >= occurrence
+  -- An idle holder keeps an occurrence only for its head start.
+  local idle_wait = -1
+  local blocks = holder and holder ~= owner
+  if blocks and head_start ~= '' and state[4] == '0' and not claimed_already then
+    idle_wait = occurrence + tonumber(head_start) - now_ms
+    if idle_wait <= 0 then blocks = false end
+  end
+  if not blocks then idle_wait = -1 end
+  if idle_wait < 0 then idle_wait = -1 end
+  if blocks or claimed_already or recheck == '1' then
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, idle_wait}
   end
   if occurrence > now_ms + (tonumber(max_offset) or 0) then
-    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 1, repaired}
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 1, repaired, -1}
   end
   local base = fence
   if greater(floor, base) then base = floor end
   if not greater(MAX_FENCE, base) then
-    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired}
+    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, -1}
   end
 
   local claimed = occurrence_s
@@ -93,28 +109,28 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   if #base <= 15 then
     -- Below 10^15 a double is exact: one write for the whole row.
     new_fence = string.format('%d', tonumber(base) + 1)
-    redis.call('HSET', state_key, 'fence', new_fence, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now)
+    redis.call('HSET', state_key, 'fence', new_fence, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now, 'running', '1')
   else
     redis.call('HSET', state_key, 'fence', base)
     redis.call('HINCRBY', state_key, 'fence', 1)
     -- Read back as a string: the integer reply would become a double.
     new_fence = redis.call('HGET', state_key, 'fence')
-    redis.call('HSET', state_key, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now)
+    redis.call('HSET', state_key, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now, 'running', '1')
   end
-  return {1, new_fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired}
+  return {1, new_fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired, -1}
 end
 
 local replies = {}
 for i = 1, #KEYS / 2 do
-  local a = 9 * (i - 1)
+  local a = 10 * (i - 1)
   local ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9])
+    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10])
   if ok then
     replies[i] = reply
   else
     local e = reply
     if type(e) == 'table' then e = e.err or 'error' end
-    replies[i] = {-2, '0', 0, 0, tostring(e), 0, -1, now_ms, 0, 0}
+    replies[i] = {-2, '0', 0, 0, tostring(e), 0, -1, now_ms, 0, 0, -1}
   end
 end
 return replies

@@ -566,6 +566,7 @@ impl RedlockStore {
                             last_occurrence: t.last.map(from_ms),
                             fence: t.fence,
                             too_early: false,
+                            idle_wait: None,
                         }));
                     }
                     // Still split after the last round: a short wait, so the
@@ -577,6 +578,7 @@ impl RedlockStore {
                             last_occurrence: t.last.map(from_ms),
                             fence: t.fence,
                             too_early: false,
+                            idle_wait: None,
                         }));
                     }
                     Vote::Split { .. } => split.push(i),
@@ -639,6 +641,10 @@ impl RedlockStore {
                 fence: i64::try_from(t.fence).unwrap_or(i64::MAX),
                 expires_at: 0,
                 last_occurrence: t.last,
+                // The lease was taken in phase 1, where a live holder
+                // keeps it whole: Redlock has no running mark yet
+                // (docs/protocol.md, "Fast takeover").
+                running: true,
                 now: store_now,
             };
             match decide(&row, req) {
@@ -1205,6 +1211,7 @@ mod tests {
             lease: Duration::from_secs(2),
             fence_floor: 0,
             max_offset: Duration::from_millis(500),
+            head_start: None,
             after_unanswered: recheck_only,
             recheck_only,
         }

@@ -118,7 +118,8 @@ struct Queries {
 }
 
 const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms";
-const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at";
+const LOCK_COLUMNS: &str =
+    "lock_name, owner, fence, expires_at, last_occurrence, modified_at, running";
 
 /// Test-only: a claim batch that finds the file named by
 /// `CRONLEASE_FAILPOINT_STOP_FILE` removes it and stops the whole process
@@ -223,7 +224,7 @@ impl BatchSql<'_> {
     /// Reads and locks the lock rows whose names are `IN names`.
     fn lock_rows_in(&self, names: &str) -> String {
         format!(
-            "SELECT lock_name, owner, fence, expires_at, last_occurrence, {{now}} AS now_ms FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
+            "SELECT lock_name, owner, fence, expires_at, last_occurrence, running, {{now}} AS now_ms FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
             p = self.p,
             lock = self.d.lock_row
         )
@@ -231,7 +232,7 @@ impl BatchSql<'_> {
 
     /// Creates the missing of `n` lock rows (name bound; empty lease).
     fn seed_rows(&self, n: usize) -> String {
-        let rows = vec!["(?, NULL, 0, 0, NULL, {now})"; n].join(", ");
+        let rows = vec!["(?, NULL, 0, 0, NULL, {now}, 0)"; n].join(", ");
         format!(
             "{} {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{}",
             self.d.insert_ignore,
@@ -245,7 +246,7 @@ impl BatchSql<'_> {
         format!(
             "INSERT INTO {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{upsert}",
             p = self.p,
-            rows = tuples(n, 6),
+            rows = tuples(n, 7),
             upsert = self.d.upsert_lock
         )
     }
@@ -279,6 +280,16 @@ impl BatchSql<'_> {
             self.d.ignore_conflict.replace("{key}", "job, fence"),
             p = self.p,
             rows = tuples(n, 12)
+        )
+    }
+
+    /// Ends the running mark of `n` locks, each only at the fence its run
+    /// was claimed with.
+    fn run_over(&self, n: usize) -> String {
+        let cond = vec!["(lock_name = ? AND fence = ?)"; n].join(" OR ");
+        format!(
+            "UPDATE {p}lock_info SET running = 0 WHERE running <> 0 AND ({cond})",
+            p = self.p
         )
     }
 
@@ -721,7 +732,8 @@ impl SqlStore {
                         fence: r.try_get(2)?,
                         expires_at: r.try_get(3)?,
                         last_occurrence: r.try_get(4)?,
-                        now: r.try_get(5)?,
+                        running: r.try_get::<i64, _>(5)? != 0,
+                        now: r.try_get(6)?,
                     })
                 })()
                 .map_err(|e| format!("the lock row of job {name} cannot be read: {e}"));
@@ -765,6 +777,7 @@ impl SqlStore {
                         "expires_at": row.expires_at,
                         "last_occurrence": row.last_occurrence,
                         "modified_at": row.now,
+                        "running": i64::from(row.running),
                     })
                 })
                 .collect();
@@ -785,7 +798,8 @@ impl SqlStore {
                     .bind(row.fence)
                     .bind(row.expires_at)
                     .bind(row.last_occurrence)
-                    .bind(row.now);
+                    .bind(row.now)
+                    .bind(i64::from(row.running));
             }
             query.execute(&mut *tx).await?;
         }
@@ -863,6 +877,7 @@ impl SqlStore {
                                 row.fence = fence;
                                 row.expires_at = expires_at;
                                 row.last_occurrence = Some(last_occurrence);
+                                row.running = true;
                                 changed.insert(job, ());
                                 ClaimOutcome::Won(won)
                             }
@@ -951,6 +966,16 @@ impl SqlStore {
                     .bind(i64::from(run.takeover))
                     .bind(run.delay_ms as i64)
                     .bind(run.decision_ms as i64);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        // After the runs are in: a mark ended with its run unrecorded would
+        // let a peer in early after a failed write.
+        let over: Vec<&RunRecord> = runs.iter().filter(|r| super::ends_a_run(r)).collect();
+        for chunk in over.chunks(CHUNK) {
+            let mut query = sqlx::query(self.sql(self.batch().run_over(chunk.len()), Some(0))?);
+            for run in chunk {
+                query = query.bind(run.job.clone()).bind(run.fence as i64);
             }
             query.execute(&mut *conn).await?;
         }

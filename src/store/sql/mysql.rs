@@ -14,7 +14,7 @@ pub static DIALECT: Dialect = Dialect {
     lock_row: " FOR UPDATE",
     insert_ignore: "INSERT IGNORE INTO",
     ignore_conflict: "",
-    upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at)",
+    upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at), running = VALUES(running)",
     upsert_node: " ON DUPLICATE KEY UPDATE node = VALUES(node), version = VALUES(version), started_at = VALUES(started_at), last_seen = VALUES(last_seen), expires_at = VALUES(expires_at), clock_offset_ms = VALUES(clock_offset_ms), jobs_held = VALUES(jobs_held)",
     numbered_params: false,
     json_lock_rows: None,
@@ -26,6 +26,10 @@ pub static DIALECT: Dialect = Dialect {
             include_str!("../../../migrations/mysql/0002_history_once.sql"),
         ),
         (4, include_str!("../../../migrations/mysql/0004_nodes.sql")),
+        (
+            5,
+            include_str!("../../../migrations/mysql/0005_running.sql"),
+        ),
     ],
 };
 

@@ -12,11 +12,11 @@ pub static DIALECT: Dialect = Dialect {
     lock_row: " FOR UPDATE",
     insert_ignore: "INSERT INTO",
     ignore_conflict: " ON CONFLICT ({key}) DO NOTHING",
-    upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at",
+    upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at, running = excluded.running",
     upsert_node: " ON CONFLICT (owner) DO UPDATE SET node = excluded.node, version = excluded.version, started_at = excluded.started_at, last_seen = excluded.last_seen, expires_at = excluded.expires_at, clock_offset_ms = excluded.clock_offset_ms, jobs_held = excluded.jobs_held",
     numbered_params: true,
     json_lock_rows: Some(
-        "json_to_recordset(?::json) AS r(lock_name TEXT, owner TEXT, fence BIGINT, expires_at BIGINT, last_occurrence BIGINT, modified_at BIGINT)",
+        "json_to_recordset(?::json) AS r(lock_name TEXT, owner TEXT, fence BIGINT, expires_at BIGINT, last_occurrence BIGINT, modified_at BIGINT, running BIGINT)",
     ),
     json_names: Some("SELECT json_array_elements_text(?::json)"),
     migrations: &[
@@ -35,6 +35,10 @@ pub static DIALECT: Dialect = Dialect {
         (
             4,
             include_str!("../../../migrations/postgres/0004_nodes.sql"),
+        ),
+        (
+            5,
+            include_str!("../../../migrations/postgres/0005_running.sql"),
         ),
     ],
 };
