@@ -943,6 +943,19 @@ pub enum Misfire {
     Skip,
 }
 
+/// Which node runs a job (`cluster.placement`, docs/protocol.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Biased ownership: the holder keeps a job until it dies or steps down.
+    #[default]
+    Sticky,
+    /// Each job's preferred node is the rendezvous hash's pick among the
+    /// live nodes of the registry; the others give it a head start and
+    /// hand a job back after running it.
+    Spread,
+}
+
 /// What happens when an occurrence comes while the previous run still goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -1027,6 +1040,8 @@ pub struct Config {
     /// `cluster.head_start`: how long after an occurrence's instant (store
     /// clock) an idle holder keeps it to itself before a peer may claim it.
     pub head_start: Duration,
+    /// `cluster.placement`.
+    pub placement: Placement,
     pub shutdown_grace: Duration,
     /// Where `run` writes its pid, for `cronlease step-down`.
     pub pid_file: PathBuf,
@@ -1060,6 +1075,7 @@ impl Config {
             lease_margin,
             max_clock_offset,
             head_start,
+            placement,
             shutdown_grace,
             pid_file,
             metrics_listen,
@@ -1124,6 +1140,7 @@ impl Config {
             true,
         );
         note(*head_start != self.head_start, "cluster.head_start", false);
+        note(*placement != self.placement, "cluster.placement", false);
         note(
             *shutdown_grace != self.shutdown_grace,
             "shutdown_grace",
@@ -1551,6 +1568,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             lease_margin,
             max_clock_offset,
             head_start,
+            placement: raw.cluster.placement.unwrap_or_default(),
             shutdown_grace,
             pid_file: raw.pid_file.as_ref().map_or_else(
                 || PathBuf::from(DEFAULT_PID_FILE),

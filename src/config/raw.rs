@@ -59,6 +59,7 @@ pub struct RawLease {
 pub struct RawCluster {
     pub max_clock_offset: Option<Spanned<String>>,
     pub head_start: Option<Spanned<String>>,
+    pub placement: Option<super::Placement>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -59,6 +59,13 @@ const RECHECK_LEAD: Duration = Duration::from_millis(250);
 /// and is decided without queueing behind claims that will lose.
 pub const FOLLOWER_LEAD: Duration = Duration::from_millis(5);
 
+/// With `spread`, how long after the preferred node's head start the other
+/// nodes send their claims of its jobs: the preferred node, refused by an
+/// idle holder until the head start is over, asks again 1 ms after it, and
+/// should be first then (else the job moves to its preferred node one
+/// occurrence later).
+const DEFERRED_LAG: Duration = Duration::from_millis(10);
+
 /// Time from an occurrence to the next (a minute when there is none).
 fn gap(occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
     next.and_then(|n| (n - occurrence).to_std().ok())
@@ -172,10 +179,12 @@ impl Node {
             && self.prepared.load(Ordering::SeqCst);
         let sent = Instant::now();
         // [0]: jobs this node holds or has not seen held, sent at once;
-        // [1]: jobs another node held, sent FOLLOWER_LEAD later.
-        let mut requests = [Vec::new(), Vec::new()];
-        let mut gates = [Vec::new(), Vec::new()];
-        let mut queued_for = [Vec::new(), Vec::new()];
+        // [1]: jobs another node held, sent FOLLOWER_LEAD later;
+        // [2]: with `spread`, jobs another live node is preferred for, sent
+        // after its head start and DEFERRED_LAG.
+        let mut requests = [Vec::new(), Vec::new(), Vec::new()];
+        let mut gates = [Vec::new(), Vec::new(), Vec::new()];
+        let mut queued_for = [Vec::new(), Vec::new(), Vec::new()];
         for (i, d) in due.iter().enumerate() {
             if !ready {
                 break;
@@ -183,16 +192,26 @@ impl Node {
             let Ok(gate) = d.state.claim_gate.clone().try_lock_owned() else {
                 continue;
             };
-            let group = usize::from(d.state.follows());
+            let group = if self.placement == crate::config::Placement::Spread {
+                if self.defers(d.state.job().name.as_str()) {
+                    2
+                } else {
+                    0
+                }
+            } else {
+                usize::from(d.state.follows())
+            };
             requests[group].push(self.request(&d.state, d.occurrence, d.previous, d.next, false));
             gates[group].push(gate);
             queued_for[group].push(i);
         }
         let mut queued: Vec<Option<Queued>> = due.iter().map(|_| None).collect();
-        let [first, later] = requests;
+        let [first, later, deferred] = requests;
         let answers = [
             self.claim_queue.submit(first),
             self.claim_queue.submit_after(later, FOLLOWER_LEAD),
+            self.claim_queue
+                .submit_after(deferred, self.head_start + DEFERRED_LAG),
         ];
         for ((indices, gates), answers) in queued_for.into_iter().zip(gates).zip(answers) {
             for ((i, gate), answer) in indices.into_iter().zip(gates).zip(answers) {

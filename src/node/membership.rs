@@ -4,11 +4,14 @@
 //! lives a margin plus one heartbeat period on the store's clock, so a
 //! killed node drops out of `cronlease nodes` within that time. A node
 //! shutting down deletes its record. Each heartbeat answers with the live
-//! nodes, kept for `cronlease_nodes_alive`.
+//! nodes, kept for `cronlease_nodes_alive` and for placement: with
+//! `cluster.placement = "spread"` each job's preferred node is the
+//! rendezvous hash's pick among the live node names ([`preferred_node`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::Placement;
 use crate::store::{Heartbeat, NodeRecord};
 
 use super::Node;
@@ -91,9 +94,85 @@ impl Node {
     }
 }
 
+/// A 64-bit score of (job, node), the same on every host and version:
+/// FNV-1a over both names (a zero byte between), then the SplitMix64
+/// finalizer, so names that differ in one character score far apart.
+pub(super) fn rendezvous_score(job: &str, node: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in job.bytes().chain([0]).chain(node.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The preferred node of `job` among `nodes` (names): the highest score,
+/// ties to the smaller name. Adding or removing a node moves only the jobs
+/// it wins or won.
+pub(super) fn preferred_node<'a>(job: &str, nodes: &[&'a str]) -> Option<&'a str> {
+    nodes.iter().copied().max_by(|a, b| {
+        rendezvous_score(job, a)
+            .cmp(&rendezvous_score(job, b))
+            .then_with(|| b.cmp(a))
+    })
+}
+
+impl Node {
+    /// With `spread`, whether this node should give `job` to a peer: the
+    /// live registry names another node as the job's preferred one. `false`
+    /// while this node is not in the registry yet (nothing known: claim as
+    /// with `sticky`).
+    pub(super) fn defers(&self, job: &str) -> bool {
+        if self.placement != Placement::Spread {
+            return false;
+        }
+        let Ok(live) = self.live_nodes.lock() else {
+            return false;
+        };
+        let mut names: Vec<&str> = live.iter().map(|n| n.node.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let me = self.name.as_str();
+        if !names.contains(&me) {
+            return false;
+        }
+        preferred_node(job, &names).is_some_and(|p| p != me)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rendezvous_spreads_evenly_and_moves_only_a_leavers_jobs() {
+        let jobs: Vec<String> = (0..300).map(|i| format!("j{i:04}")).collect();
+        let three = ["n1", "n2", "n3"];
+        let pick = |nodes: &[&'static str]| -> Vec<&'static str> {
+            jobs.iter()
+                .map(|j| preferred_node(j, nodes).unwrap_or(""))
+                .collect()
+        };
+        let before = pick(&three);
+        for n in three {
+            let share = before.iter().filter(|p| **p == n).count();
+            assert!((85..=115).contains(&share), "{n}: {share} of 300");
+        }
+        // n2 leaves: only its jobs move, and they split over the others.
+        let after = pick(&["n1", "n3"]);
+        for (b, a) in before.iter().zip(&after) {
+            if *b != "n2" {
+                assert_eq!(b, a);
+            }
+        }
+        // The order of the list does not matter.
+        assert_eq!(pick(&["n3", "n1", "n2"]), before);
+        assert_eq!(preferred_node("j", &[]), None);
+    }
 
     #[test]
     fn a_record_outlives_two_lost_beats_and_ends_within_two_margins() {

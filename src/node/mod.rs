@@ -294,6 +294,8 @@ pub struct Node {
     margin: Duration,
     /// `cluster.head_start` (docs/protocol.md, "Fast takeover").
     head_start: Duration,
+    /// `cluster.placement`.
+    placement: crate::config::Placement,
     clock: ClockWatch,
     op_timeout: Duration,
     /// Settings a SIGHUP changes live (see [`Node::apply_settings`]).
@@ -421,6 +423,7 @@ impl Node {
             store,
             margin: config.lease_margin,
             head_start: config.head_start,
+            placement: config.placement,
             clock: ClockWatch::new(config.max_clock_offset),
             op_timeout: config.store.op_timeout,
             shutdown_grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),

@@ -334,6 +334,14 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         "cluster.max_clock_offset",
     ),
     (
+        "head start beyond half the margin",
+        "[store]\nurl = \"sqlite://x.db\"\n[lease]\nmargin = \"1s\"\n[cluster]\nhead_start = \"600ms\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        6,
+        "cluster.head_start",
+    ),
+    (
         "missing password file",
         "[store]\nurl = \"mysql://app@db/x\"\npassword_file = \"nope.pass\"\n",
         GOOD_JOB,
