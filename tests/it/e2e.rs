@@ -168,3 +168,93 @@ fn failover_zookeeper() {
 fn failover_etcd() {
     failover(Backend::Etcd);
 }
+
+/// A live holder stopped (SIGSTOP) for 300 ms around an instant, while idle,
+/// loses that occurrence to a peer after the head start; when it wakes, it
+/// is refused the occurrence (claimed already) and runs nothing twice.
+/// Redlock keeps no running mark: there the holder keeps it.
+fn delayed_idle_holder(backend: Backend) {
+    let mut c = Cluster::new(backend, None, "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    c.wait_for("three runs", Duration::from_secs(20), |l| l.len() >= 3);
+    // 150 ms before an instant, its last run long recorded.
+    at_fraction_of_second(0.85);
+    let holder = c.lines().last().unwrap().node.clone();
+    let instant = Utc::now().timestamp() + 1;
+    let tree = c.freeze(&holder);
+    std::thread::sleep(Duration::from_millis(300));
+    c.thaw(&tree);
+    c.wait_for("three more runs", Duration::from_secs(20), |l| {
+        l.iter()
+            .filter(|x| x.occurrence.timestamp() > instant + 1)
+            .count()
+            >= 3
+    });
+    c.stop_all();
+    let report = c.report();
+    let lines = check_exactly_once(&c.lines(), &report);
+    let at = lines
+        .iter()
+        .find(|l| l.occurrence.timestamp() == instant)
+        .unwrap_or_else(|| panic!("no run of the stopped instant\n{report}"));
+    if backend == Backend::Redlock {
+        assert_eq!(at.node, holder, "{report}");
+    } else {
+        assert_ne!(
+            at.node, holder,
+            "a holder stopped past its head start keeps nothing\n{report}"
+        );
+        assert!(
+            at.lateness() < MARGIN / 2.0,
+            "taken after the head start, not the margin: {:.3}s\n{report}",
+            at.lateness()
+        );
+    }
+    eprintln!(
+        "{backend:?}: the stopped holder's instant ran on {} {:.3}s late",
+        at.node,
+        at.lateness()
+    );
+}
+
+#[test]
+fn delayed_idle_holder_sqlite() {
+    delayed_idle_holder(Backend::Sqlite);
+}
+
+#[test]
+fn delayed_idle_holder_mysql() {
+    delayed_idle_holder(Backend::Mysql);
+}
+
+#[test]
+fn delayed_idle_holder_postgres() {
+    delayed_idle_holder(Backend::Postgres);
+}
+
+#[test]
+fn delayed_idle_holder_redis() {
+    delayed_idle_holder(Backend::Redis);
+}
+
+#[test]
+fn delayed_idle_holder_sentinel() {
+    delayed_idle_holder(Backend::Sentinel);
+}
+
+#[test]
+fn delayed_idle_holder_redlock() {
+    delayed_idle_holder(Backend::Redlock);
+}
+
+#[test]
+fn delayed_idle_holder_zookeeper() {
+    delayed_idle_holder(Backend::ZooKeeper);
+}
+
+#[test]
+fn delayed_idle_holder_etcd() {
+    delayed_idle_holder(Backend::Etcd);
+}
