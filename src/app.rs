@@ -87,6 +87,17 @@ fn store_failure(e: &StoreError) -> ExitCode {
     }
 }
 
+/// What a command that reads the store starts with: the configuration,
+/// default logging, and the store (not yet asked anything).
+async fn config_and_store(path: &Path) -> Result<(Config, Arc<dyn store::Store>), ExitCode> {
+    let config = load_config(path)?;
+    telemetry::init_default();
+    let store = store::connect(&config.store)
+        .await
+        .map_err(|e| store_failure(&e))?;
+    Ok((config, store))
+}
+
 /// Runs a store call within the configured `op_timeout`.
 async fn within<T>(
     config: &Config,
@@ -321,14 +332,9 @@ fn step_down(path: &Path) -> ExitCode {
 }
 
 async fn migrate(path: PathBuf) -> ExitCode {
-    let config = match load_config(&path) {
-        Ok(c) => c,
+    let (_, store) = match config_and_store(&path).await {
+        Ok(both) => both,
         Err(code) => return code,
-    };
-    telemetry::init_default();
-    let store = match store::connect(&config.store).await {
-        Ok(s) => s,
-        Err(e) => return store_failure(&e),
     };
     match tokio::time::timeout(Duration::from_secs(60), store.prepare()).await {
         Ok(Ok(())) => {
@@ -357,23 +363,21 @@ struct JobStatus {
 }
 
 async fn status(path: PathBuf, json: bool) -> ExitCode {
-    let config = match load_config(&path) {
-        Ok(c) => c,
+    let (config, store) = match config_and_store(&path).await {
+        Ok(both) => both,
         Err(code) => return code,
-    };
-    telemetry::init_default();
-    let store = match store::connect(&config.store).await {
-        Ok(s) => s,
-        Err(e) => return store_failure(&e),
     };
     let locks = match within(&config, store.status()).await {
         Ok(l) => l,
         Err(e) => return store_failure(&e),
     };
-    let live: std::collections::HashSet<String> = match within(&config, store.nodes()).await {
-        Ok(nodes) => nodes.into_iter().map(|n| n.owner).collect(),
-        Err(e) => return store_failure(&e),
-    };
+    // Unknown (not failed) when the registry cannot be read: a store an
+    // older version migrated has no registry until a daemon of this one
+    // starts on it.
+    let live: Option<std::collections::HashSet<String>> = within(&config, store.nodes())
+        .await
+        .ok()
+        .map(|nodes| nodes.into_iter().map(|n| n.owner).collect());
     let sent = Utc::now();
     let clock_offset = match within(&config, store.clock()).await {
         Ok(store_now) => crate::node::clock::offset_ms(store_now, sent, Utc::now()),
@@ -405,7 +409,8 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
             holder_alive: lock
                 .as_ref()
                 .and_then(|l| l.holder.as_ref())
-                .map(|h| live.contains(h)),
+                .zip(live.as_ref())
+                .map(|(h, live)| live.contains(h)),
             holder: lock.as_ref().and_then(|l| l.holder.clone()),
             lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
             fence: lock.as_ref().map_or(0, |l| l.fence),
@@ -485,14 +490,9 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
 
 /// `cronlease nodes`: the live records of the node registry.
 async fn nodes(path: PathBuf, json: bool) -> ExitCode {
-    let config = match load_config(&path) {
-        Ok(c) => c,
+    let (config, store) = match config_and_store(&path).await {
+        Ok(both) => both,
         Err(code) => return code,
-    };
-    telemetry::init_default();
-    let store = match store::connect(&config.store).await {
-        Ok(s) => s,
-        Err(e) => return store_failure(&e),
     };
     let nodes = match within(&config, store.nodes()).await {
         Ok(n) => n,

@@ -31,6 +31,25 @@ fn job_file() -> String {
         .collect()
 }
 
+/// Every run the jobs wrote, by (job, occurrence): (fence, node) each.
+fn runs_written(c: &Cluster) -> BTreeMap<Occurrence, Vec<(u64, String)>> {
+    let text = std::fs::read_to_string(&c.out).unwrap();
+    let mut runs: BTreeMap<Occurrence, Vec<(u64, String)>> = BTreeMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [occ, fence, node, job] = f[..] else {
+            panic!("malformed line {l:?}");
+        };
+        let occ = DateTime::parse_from_rfc3339(occ)
+            .unwrap()
+            .with_timezone(&Utc);
+        runs.entry((job.to_string(), occ))
+            .or_default()
+            .push((fence.parse().unwrap(), node.to_string()));
+    }
+    runs
+}
+
 /// The next instant a `*/5` job is due after `t`.
 fn next_instant(t: DateTime<Utc>) -> DateTime<Utc> {
     let s = t.timestamp();
@@ -62,20 +81,7 @@ fn three_hundred_jobs_each_once(backend: Backend) {
     );
     c.stop_all();
     let report = c.report();
-    let text = std::fs::read_to_string(&c.out).unwrap();
-    let mut runs: BTreeMap<Occurrence, Vec<(u64, String)>> = BTreeMap::new();
-    for l in text.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let [occ, fence, node, job] = f[..] else {
-            panic!("malformed line {l:?}");
-        };
-        let occ = DateTime::parse_from_rfc3339(occ)
-            .unwrap()
-            .with_timezone(&Utc);
-        runs.entry((job.to_string(), occ))
-            .or_default()
-            .push((fence.parse().unwrap(), node.to_string()));
-    }
+    let runs = runs_written(&c);
     let mut missing = Vec::new();
     for i in 0..JOBS {
         let job = format!("m{i:03}");
@@ -177,20 +183,7 @@ fn spread_over_three_nodes(backend: Backend) {
     );
     c.stop_all();
     let report = c.report();
-    let text = std::fs::read_to_string(&c.out).unwrap();
-    let mut runs: BTreeMap<Occurrence, Vec<(u64, String)>> = BTreeMap::new();
-    for l in text.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let [occ, fence, node, job] = f[..] else {
-            panic!("malformed line {l:?}");
-        };
-        let occ = DateTime::parse_from_rfc3339(occ)
-            .unwrap()
-            .with_timezone(&Utc);
-        runs.entry((job.to_string(), occ))
-            .or_default()
-            .push((fence.parse().unwrap(), node.to_string()));
-    }
+    let runs = runs_written(&c);
     let mut shares: BTreeMap<i64, BTreeMap<String, usize>> = BTreeMap::new();
     for i in 0..JOBS {
         let job = format!("m{i:03}");
