@@ -185,6 +185,8 @@ impl Node {
         let mut requests = [Vec::new(), Vec::new(), Vec::new()];
         let mut gates = [Vec::new(), Vec::new(), Vec::new()];
         let mut queued_for = [Vec::new(), Vec::new(), Vec::new()];
+        let spread = self.placement == crate::config::Placement::Spread;
+        let view = self.placement_view();
         for (i, d) in due.iter().enumerate() {
             if !ready {
                 break;
@@ -192,8 +194,8 @@ impl Node {
             let Ok(gate) = d.state.claim_gate.clone().try_lock_owned() else {
                 continue;
             };
-            let group = if self.placement == crate::config::Placement::Spread {
-                if self.defers(d.state.job().name.as_str()) {
+            let group = if spread {
+                if self.defers_in(d.state.job().name.as_str(), view.as_deref()) {
                     2
                 } else {
                     0

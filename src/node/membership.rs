@@ -110,11 +110,11 @@ pub(super) fn rendezvous_score(job: &str, node: &str) -> u64 {
     h ^ (h >> 31)
 }
 
-/// The preferred node of `job` among `nodes` (names): the highest score,
-/// ties to the smaller name. Adding or removing a node moves only the jobs
-/// it wins or won.
-pub(super) fn preferred_node<'a>(job: &str, nodes: &[&'a str]) -> Option<&'a str> {
-    nodes.iter().copied().max_by(|a, b| {
+/// The preferred node of `job` among `nodes` (names, in any order, a name
+/// listed twice counting once): the highest score, ties to the smaller
+/// name. Adding or removing a node moves only the jobs it wins or won.
+pub(super) fn preferred_node<'a, S: AsRef<str>>(job: &str, nodes: &'a [S]) -> Option<&'a str> {
+    nodes.iter().map(AsRef::as_ref).max_by(|a, b| {
         rendezvous_score(job, a)
             .cmp(&rendezvous_score(job, b))
             .then_with(|| b.cmp(a))
@@ -122,25 +122,32 @@ pub(super) fn preferred_node<'a>(job: &str, nodes: &[&'a str]) -> Option<&'a str
 }
 
 impl Node {
-    /// With `spread`, whether this node should give `job` to a peer: the
-    /// live registry names another node as the job's preferred one. `false`
-    /// while this node is not in the registry yet (nothing known: claim as
-    /// with `sticky`).
-    pub(super) fn defers(&self, job: &str) -> bool {
+    /// With `spread`, the names of the live nodes jobs are placed among, as
+    /// of the last heartbeat: read once per instant, not once per job.
+    /// `None` with `sticky`, and while this node is not in the registry yet
+    /// (nothing known: claim as with `sticky`).
+    pub(super) fn placement_view(&self) -> Option<Vec<String>> {
         if self.placement != Placement::Spread {
-            return false;
+            return None;
         }
-        let Ok(live) = self.live_nodes.lock() else {
-            return false;
-        };
-        let mut names: Vec<&str> = live.iter().map(|n| n.node.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
-        let me = self.name.as_str();
-        if !names.contains(&me) {
-            return false;
-        }
-        preferred_node(job, &names).is_some_and(|p| p != me)
+        let live = self.live_nodes.lock().ok()?;
+        let names: Vec<String> = live.iter().map(|n| n.node.clone()).collect();
+        names
+            .iter()
+            .any(|n| n == self.name.as_str())
+            .then_some(names)
+    }
+
+    /// Whether this node should give `job` to a peer: `view` (see
+    /// [`Node::placement_view`]) names another node as its preferred one.
+    pub(super) fn defers_in(&self, job: &str, view: Option<&[String]>) -> bool {
+        view.and_then(|names| preferred_node(job, names))
+            .is_some_and(|p| p != self.name.as_str())
+    }
+
+    /// [`Node::defers_in`] the current view.
+    pub(super) fn defers(&self, job: &str) -> bool {
+        self.defers_in(job, self.placement_view().as_deref())
     }
 }
 
@@ -152,9 +159,9 @@ mod tests {
     fn rendezvous_spreads_evenly_and_moves_only_a_leavers_jobs() {
         let jobs: Vec<String> = (0..300).map(|i| format!("j{i:04}")).collect();
         let three = ["n1", "n2", "n3"];
-        let pick = |nodes: &[&'static str]| -> Vec<&'static str> {
+        let pick = |nodes: &[&str]| -> Vec<String> {
             jobs.iter()
-                .map(|j| preferred_node(j, nodes).unwrap_or(""))
+                .map(|j| preferred_node(j, nodes).unwrap_or("").to_string())
                 .collect()
         };
         let before = pick(&three);
@@ -171,7 +178,7 @@ mod tests {
         }
         // The order of the list does not matter.
         assert_eq!(pick(&["n3", "n1", "n2"]), before);
-        assert_eq!(preferred_node("j", &[]), None);
+        assert_eq!(preferred_node::<&str>("j", &[]), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::cluster::Cluster;
-use crate::support::{Backend, binary};
+use crate::support::Backend;
 
 const JOBS: usize = 300;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -103,12 +103,9 @@ fn three_hundred_jobs_each_once(backend: Backend) {
         "an occurrence ran twice\n{report}"
     );
     // One history record per run.
-    let out = std::process::Command::new(binary())
-        .args(["history", "--json", "--limit", "1000000", "-c"])
-        .arg(c.config("n1"))
-        .output()
+    let history = c
+        .cli_json("n1", &["history", "--limit", "1000000"])
         .unwrap();
-    let history: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut recorded: BTreeMap<(String, String), usize> = BTreeMap::new();
     for r in history.as_array().unwrap() {
         let key = (
@@ -233,12 +230,9 @@ fn spread_over_three_nodes(backend: Backend) {
         "not 100 ± 15 each two periods after the restart: {summary:?}\n{report}"
     );
     // The dead node's jobs moved within the margin (history's lateness).
-    let out = std::process::Command::new(binary())
-        .args(["history", "--json", "--limit", "1000000", "-c"])
-        .arg(c.config("n1"))
-        .output()
+    let history = c
+        .cli_json("n1", &["history", "--limit", "1000000"])
         .unwrap();
-    let history: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let at_kill = instant(3).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let late: Vec<u64> = history
         .as_array()
