@@ -20,6 +20,14 @@
 //! `cargo bench --bench scale -- --spawn-cost`: what spawning costs from a
 //! process holding many descriptors (why the job guard starts the jobs).
 //!
+//! `cargo bench --bench scale -- --placement spread [--stores …] [--jobs 1000]`:
+//! the same cluster with `cluster.placement = "spread"`, through two
+//! instants, kill -9 of n2 (its guard hands over), one instant, a restart of
+//! n2, two instants: runs per node at each instant, start p99 against the
+//! spawn floor of that split, the start p99 of n2's jobs at the instant
+//! after the kill (how long they took to move), and duplicates and misses
+//! over all five.
+//!
 //! `SCALE_RUST_LOG=cronlease=debug SCALE_LOG_DIR=DIR` keeps the node logs,
 //! with each instant's timing (when the timer woke, the claim round trip).
 
@@ -62,6 +70,18 @@ fn main() {
         .map(|j| j.trim().parse().expect("--jobs N,M"))
         .collect();
     let seconds: i64 = common::arg("--seconds", "50").parse().expect("--seconds N");
+    if common::arg("--placement", "sticky") == "spread" {
+        println!(
+            "| store | jobs | runs per node (n1/n2/n3), instants 1 and 2 | start p99 | floor p99 | ratio | after kill -9 of n2: runs per node | n2's jobs' start p99 / max | after its restart: instants 1 and 2 | dup | missed |"
+        );
+        println!("|---|---:|---|---:|---:|---:|---|---:|---|---:|---:|");
+        for backend in common::stores() {
+            for &j in &jobs {
+                println!("{}", measure_spread(backend, j));
+            }
+        }
+        return;
+    }
     println!(
         "| store | jobs | runs | delay p50 | p99 | max | target p99 | decision p99 | floor p99 | dup | missed | node calls/node/instant | server count/node/instant | health pings/node/instant | daemon+guard CPU s/instant (3 nodes) | floor spawner CPU s | jobs' CPU s/instant | max RSS | trouble lines |"
     );
@@ -364,6 +384,121 @@ fn measure(backend: Backend, jobs: usize, seconds: i64) -> String {
         delays.len(),
         (cpu1 - cpu0) / instants as f64,
         (jobs_cpu1 - jobs_cpu0) / instants as f64,
+    )
+}
+
+/// Runs of one instant: by node, and each job's node and start delay.
+#[derive(Default)]
+struct AtInstant {
+    per_node: BTreeMap<String, usize>,
+    runs: BTreeMap<String, (String, f64)>,
+    /// Runs beyond one per job.
+    dup: usize,
+}
+
+impl AtInstant {
+    fn split(&self) -> String {
+        NODES
+            .iter()
+            .map(|n| self.per_node.get(*n).copied().unwrap_or(0).to_string())
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
+/// History's runs by instant (RFC 3339 to the second).
+fn instants_of(c: &cluster::Cluster) -> BTreeMap<String, AtInstant> {
+    let history = Command::new(support::binary())
+        .args(["history", "--json", "--limit", "10000000", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .expect("cronlease history");
+    let runs: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap_or_else(|e| {
+        panic!(
+            "history JSON: {e}: {}",
+            String::from_utf8_lossy(&history.stderr)
+        )
+    });
+    let mut by_instant: BTreeMap<String, AtInstant> = BTreeMap::new();
+    for r in runs.as_array().cloned().unwrap_or_default() {
+        if r["outcome"] != "ok" {
+            continue;
+        }
+        let occ = DateTime::parse_from_rfc3339(r["occurrence"].as_str().unwrap_or_default())
+            .map(|t| {
+                t.with_timezone(&Utc)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            })
+            .unwrap_or_default();
+        let node = r["node"].as_str().unwrap_or_default().to_string();
+        let job = r["job"].as_str().unwrap_or_default().to_string();
+        let delay = r["delay_ms"].as_f64().unwrap_or(f64::NAN);
+        let at = by_instant.entry(occ).or_default();
+        *at.per_node.entry(node.clone()).or_default() += 1;
+        if at.runs.insert(job, (node, delay)).is_some() {
+            at.dup += 1;
+        }
+    }
+    by_instant
+}
+
+/// `cluster.placement = "spread"` at 3 nodes × `jobs`: balance, start
+/// p99 against the floor, and how the jobs move after kill -9 of n2 and
+/// its restart (see the module's doc).
+fn measure_spread(backend: Backend, jobs: usize) -> String {
+    let mut c = cluster::Cluster::new(
+        backend,
+        Some(&job_file(jobs)),
+        "[cluster]\nplacement = \"spread\"\n",
+    );
+    for node in NODES {
+        c.start(node);
+    }
+    // Settle (migrations, connections, the jobs' first claims, the
+    // registry), then two instants as they are.
+    let first = next_instant(Utc::now() + TimeDelta::seconds(2)) + TimeDelta::seconds(10);
+    let at = |i: i64| first + TimeDelta::seconds(10 * i);
+    sleep_until(at(1) + TimeDelta::seconds(5));
+    c.signal("n2", nix::sys::signal::Signal::SIGKILL);
+    c.wait_exit("n2", Duration::from_secs(5));
+    sleep_until(at(2) + TimeDelta::seconds(5));
+    c.start("n2");
+    sleep_until(at(4) + TimeDelta::seconds(9));
+    c.stop_all();
+    let by_instant = instants_of(&c);
+    let key = |i: i64| at(i).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let empty = AtInstant::default();
+    let inst: Vec<&AtInstant> = (0..5)
+        .map(|i| by_instant.get(&key(i)).unwrap_or(&empty))
+        .collect();
+    let dup: usize = inst.iter().map(|i| i.dup).sum();
+    let missed: usize = inst.iter().map(|i| jobs - i.runs.len()).sum();
+    // Balance and start delay before the kill, against the floor of the
+    // same split.
+    let delays: Vec<f64> = inst[..2]
+        .iter()
+        .flat_map(|i| i.runs.values().map(|(_, d)| *d))
+        .collect();
+    let (_, d99, _) = common::percentiles(delays);
+    let shares: Vec<usize> = inst[1].per_node.values().copied().collect();
+    let (floor, _) = spawn_floor(&shares, 2);
+    // The instant after the kill: n2's jobs (as of the instant before) ran
+    // elsewhere, how late.
+    let moved: Vec<f64> = inst[1]
+        .runs
+        .iter()
+        .filter(|(_, (node, _))| node == "n2")
+        .filter_map(|(job, _)| inst[2].runs.get(job).map(|(_, d)| *d))
+        .collect();
+    let (_, m99, mmax) = common::percentiles(moved);
+    format!(
+        "| {backend:?} | {jobs} | {}, {} | {d99:.0} ms | {floor:.0} ms | {:.2} | {} | {m99:.0} / {mmax:.0} ms | {}, {} | {dup} | {missed} |",
+        inst[0].split(),
+        inst[1].split(),
+        d99 / floor,
+        inst[2].split(),
+        inst[3].split(),
+        inst[4].split(),
     )
 }
 

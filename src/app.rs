@@ -2,7 +2,7 @@
 //! maps the result to an exit code (docs/cli.md): 0 ok, 2 usage (clap),
 //! 64 no such job, 69 store unreachable, 78 invalid configuration, 1 anything else.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -356,6 +356,9 @@ struct JobStatus {
     holder_node: Option<String>,
     /// The holder has a live record in the node registry (`None`: no holder).
     holder_alive: Option<bool>,
+    /// The holder's clock offset as its registry record says (store −
+    /// node; on etcd against the median of the live nodes' clocks).
+    holder_clock_offset_ms: Option<i64>,
     lease_remaining_ms: u64,
     fence: u64,
     last_occurrence: Option<DateTime<Utc>>,
@@ -374,10 +377,13 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
     // Unknown (not failed) when the registry cannot be read: a store an
     // older version migrated has no registry until a daemon of this one
     // starts on it.
-    let live: Option<std::collections::HashSet<String>> = within(&config, store.nodes())
-        .await
-        .ok()
-        .map(|nodes| nodes.into_iter().map(|n| n.owner).collect());
+    let live: Option<HashMap<String, Option<i64>>> =
+        within(&config, store.nodes()).await.ok().map(|nodes| {
+            nodes
+                .into_iter()
+                .map(|n| (n.owner, n.clock_offset_ms))
+                .collect()
+        });
     let sent = Utc::now();
     let clock_offset = match within(&config, store.clock()).await {
         Ok(store_now) => crate::node::clock::offset_ms(store_now, sent, Utc::now()),
@@ -410,7 +416,12 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
                 .as_ref()
                 .and_then(|l| l.holder.as_ref())
                 .zip(live.as_ref())
-                .map(|(h, live)| live.contains(h)),
+                .map(|(h, live)| live.contains_key(h)),
+            holder_clock_offset_ms: lock
+                .as_ref()
+                .and_then(|l| l.holder.as_ref())
+                .zip(live.as_ref())
+                .and_then(|(h, live)| live.get(h).copied().flatten()),
             holder: lock.as_ref().and_then(|l| l.holder.clone()),
             lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
             fence: lock.as_ref().map_or(0, |l| l.fence),
@@ -446,10 +457,11 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
                     }
                 ),
                 r.holder.clone().unwrap_or_else(|| "-".into()),
-                match r.holder_alive {
-                    Some(true) => "yes".into(),
-                    Some(false) => "no heartbeat".into(),
-                    None => "-".into(),
+                match (r.holder_alive, r.holder_clock_offset_ms) {
+                    (Some(true), Some(offset)) => format!("yes ({offset:+} ms)"),
+                    (Some(true), None) => "yes".into(),
+                    (Some(false), _) => "no heartbeat".into(),
+                    (None, _) => "-".into(),
                 },
                 if r.holder.is_some() {
                     format!("{:.1}s", r.lease_remaining_ms as f64 / 1000.0)

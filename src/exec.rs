@@ -25,7 +25,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
 use crate::config::{Command, Job, NodeName};
-use crate::guard::{Guard, StartError};
+use crate::guard::{Guard, RunNote, StartError};
 use crate::node::clock::WallClock;
 use crate::store::Outcome;
 
@@ -111,6 +111,10 @@ pub struct RunSpec<'a> {
     pub fence: u64,
     pub occurrence: DateTime<Utc>,
     pub node: &'a NodeName,
+    /// The claim changed the job's owner.
+    pub takeover: bool,
+    /// From the scheduled instant to the claim's answer, in milliseconds.
+    pub decision_ms: u64,
     /// The node's wall clock: when the run started and ended.
     pub clock: &'a dyn WallClock,
 }
@@ -272,7 +276,16 @@ pub async fn run(
     let started_at = spec.clock.now();
     let job = spec.job;
     let fence = spec.fence;
-    let mut process = match start(&Launch::new(&spec), guard).await {
+    // What the guard records if the daemon dies during the run.
+    let note = RunNote {
+        job: job.name.to_string(),
+        fence,
+        occurrence: spec.occurrence,
+        takeover: spec.takeover,
+        decision_ms: spec.decision_ms,
+        started_at,
+    };
+    let mut process = match start(&Launch::new(&spec), &note, guard).await {
         Ok(process) => process,
         Err(e) => {
             tracing::error!(job = %job.name, fence, "cannot start the command: {e}");
@@ -376,7 +389,7 @@ struct Process {
 
 /// Starts `launch` through the guard, or in this process when there is no
 /// guard or it cannot take the request.
-async fn start(launch: &Launch, guard: Option<&Guard>) -> Result<Process, String> {
+async fn start(launch: &Launch, note: &RunNote, guard: Option<&Guard>) -> Result<Process, String> {
     if let Some(g) = guard {
         // Non-blocking for the daemon's read end as made, blocking again for
         // the job's write end: two calls less per pipe than tokio's checked
@@ -390,7 +403,7 @@ async fn start(launch: &Launch, guard: Option<&Guard>) -> Result<Process, String
         let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
         let ((out_r, out_w), (err_r, err_w)) =
             pipes.map_err(|e| format!("cannot open the output pipes: {e}"))?;
-        match g.start(launch, out_w, err_w).await {
+        match g.start(launch, Some(note), out_w, err_w).await {
             Ok(child) => {
                 let reader = |r: std::os::fd::OwnedFd| -> Option<Output> {
                     tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(r)
@@ -422,7 +435,7 @@ async fn start(launch: &Launch, guard: Option<&Guard>) -> Result<Process, String
     let mut child = command.spawn().map_err(|e| e.to_string())?;
     let pgid = child.id().unwrap_or_default();
     if let Some(g) = guard {
-        g.watch(pgid).await;
+        g.watch(pgid, Some(note)).await;
     }
     let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
     let stderr = child.stderr.take().map(|s| Box::new(s) as Output);

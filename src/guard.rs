@@ -43,24 +43,73 @@ use serde::{Deserialize, Serialize};
 use tokio::io::Interest;
 use tokio::sync::oneshot;
 
+use crate::config::JobName;
 use crate::exec::Launch;
+use crate::store::{Outcome, Owner, RunRecord, StoreError};
 
 /// Largest message either side sends or reads: a job's command and
 /// environment, or an answer.
 const MAX_MESSAGE: usize = 256 * 1024;
 
+/// Job names per [`Request::Handover`] message: 500 names of at most 128
+/// bytes stay far below [`MAX_MESSAGE`].
+const HANDOVER_CHUNK: usize = 500;
+
+/// How long the guard waits for a dead daemon's jobs to be gone before it
+/// gives up handing over (a process stuck in the kernel): their leases then
+/// expire as they would without a guard.
+const GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What the daemon asks of the guard.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Request {
     /// Start `launch` with the two file descriptors sent along as its
     /// stdout and stderr; answered by [`Answer::Started`] or
-    /// [`Answer::Failed`], and later [`Answer::Exited`].
-    Start { id: u64, launch: Launch },
+    /// [`Answer::Failed`], and later [`Answer::Exited`]. `run`: what
+    /// history records if the daemon dies during it.
+    Start {
+        id: u64,
+        launch: Launch,
+        run: Option<RunNote>,
+    },
     /// A job the daemon started itself: kill its group if the daemon dies.
-    Watch { pgid: i32 },
+    Watch { pgid: i32, run: Option<RunNote> },
     /// That job ended.
     Forget { pgid: i32 },
+    /// What the guard needs to hand over for a daemon that dies (the store,
+    /// the owner, job names to release); sent when the node starts and
+    /// whenever its jobs or settings change. Names add up.
+    Handover(Box<Handover>),
+    /// The daemon is stopping cleanly: it recorded its runs and released
+    /// its leases itself, nothing is to be handed over.
+    Bye,
+}
+
+/// What the guard needs to hand a dead daemon's work over: where the store
+/// is, whose leases to release, and how much history to keep.
+#[derive(Serialize, Deserialize)]
+pub struct Handover {
+    pub store: crate::config::StoreHandover,
+    pub owner: String,
+    pub node: String,
+    /// `store.history_limit`.
+    pub keep: u32,
+    /// Names of jobs whose leases the owner may hold (released
+    /// owner-checked: another owner's lease is left alone).
+    pub jobs: Vec<String>,
+}
+
+/// A run, as history records it if the daemon dies while it goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunNote {
+    pub job: String,
+    pub fence: u64,
+    pub occurrence: chrono::DateTime<chrono::Utc>,
+    pub takeover: bool,
+    pub decision_ms: u64,
+    /// When it started (the guard knows for the jobs it starts itself).
+    pub started_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// What the guard tells the daemon.
@@ -183,6 +232,7 @@ impl Guard {
     pub async fn start(
         &self,
         launch: &Launch,
+        run: Option<&RunNote>,
         stdout: OwnedFd,
         stderr: OwnedFd,
     ) -> Result<GuardedChild, StartError> {
@@ -196,6 +246,7 @@ impl Guard {
         let message = Request::Start {
             id,
             launch: launch.clone(),
+            run: run.cloned(),
         };
         let sent = self
             .shared
@@ -219,9 +270,53 @@ impl Guard {
         }
     }
 
-    /// Lists a job the daemon started itself, for killing if the daemon dies.
-    pub async fn watch(&self, pgid: u32) {
-        self.note(Request::Watch { pgid: pgid as i32 }).await;
+    /// Lists a job the daemon started itself, for killing (and recording)
+    /// if the daemon dies.
+    pub async fn watch(&self, pgid: u32, run: Option<&RunNote>) {
+        self.note(Request::Watch {
+            pgid: pgid as i32,
+            run: run.cloned(),
+        })
+        .await;
+    }
+
+    /// Tells the guard what it needs to hand over if the daemon dies
+    /// (several messages for many jobs). False if it did not get it.
+    pub async fn hand_over(&self, handover: Handover) -> bool {
+        let Handover {
+            store,
+            owner,
+            node,
+            keep,
+            jobs,
+        } = handover;
+        let mut chunks: Vec<Vec<String>> = jobs
+            .chunks(HANDOVER_CHUNK)
+            .map(<[String]>::to_vec)
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
+        for jobs in chunks {
+            let message = Request::Handover(Box::new(Handover {
+                store: store.clone(),
+                owner: owner.clone(),
+                node: node.clone(),
+                keep,
+                jobs,
+            }));
+            if self.shared.gone.load(Ordering::Relaxed)
+                || self.shared.send(&message, &[]).await.is_err()
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Says the daemon is stopping cleanly: nothing to hand over.
+    pub async fn bye(&self) {
+        self.note(Request::Bye).await;
     }
 
     /// Takes such a job off the list.
@@ -339,15 +434,30 @@ impl Drop for Guard {
 
 /// What the guard's threads tell its main loop.
 enum Event {
-    Watch(i32),
+    /// A job's process group to kill if the daemon dies, and its run.
+    Watch(i32, Option<Box<RunNote>>),
     Forget(i32),
+    Handover(Box<Handover>),
+    Bye,
     /// The daemon is gone.
     End,
 }
 
+/// What the guard hands over if the daemon dies without a [`Request::Bye`].
+#[derive(Default)]
+struct Succession {
+    handover: Option<Handover>,
+    /// Every job name told, for the owner-checked release.
+    jobs: BTreeSet<String>,
+    /// The runs going, by process group.
+    runs: BTreeMap<i32, RunNote>,
+    bye: bool,
+}
+
 /// The guard process itself: starts the jobs the daemon asks for, reaps
 /// them, and when the daemon's end of the socket closes kills what is
-/// left. Signals that would stop a daemon (INT from a terminal, TERM from
+/// left; if the daemon died (it did not say [`Request::Bye`]), it then
+/// hands over ([`hand_over`]). Signals that would stop a daemon (INT from a terminal, TERM from
 /// `pkill`) are ignored: the guard must outlive the daemon by a moment, and
 /// ends exactly when the daemon's end closes the socket.
 ///
@@ -400,6 +510,8 @@ pub fn serve() -> std::process::ExitCode {
     }
     drop(events);
     let mut groups = BTreeSet::new();
+    let mut succession = Succession::default();
+    let mut ended = 0;
     // Per running job (process group): the processes noted below it, with
     // their start times. Forgotten with the job, so a daemon a finished job
     // left behind on purpose (`ssh -fN`, `tmux new -d`) is never killed later.
@@ -412,15 +524,33 @@ pub fn serve() -> std::process::ExitCode {
     loop {
         let wait = every.saturating_sub(last_scan.elapsed());
         match incoming.recv_timeout(wait) {
-            Ok(Event::Watch(pgid)) if pgid > 1 => {
+            Ok(Event::Watch(pgid, run)) if pgid > 1 => {
                 groups.insert(pgid);
+                if let Some(run) = run {
+                    succession.runs.insert(pgid, *run);
+                }
             }
             Ok(Event::Forget(pgid)) => {
                 groups.remove(&pgid);
                 known.remove(&pgid);
+                succession.runs.remove(&pgid);
             }
-            Ok(Event::Watch(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Ok(Event::End) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Ok(Event::Handover(handover)) => {
+                let mut handover = *handover;
+                succession.jobs.extend(std::mem::take(&mut handover.jobs));
+                succession.handover = Some(handover);
+            }
+            Ok(Event::Bye) => succession.bye = true,
+            Ok(Event::Watch(..)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            // Every reading thread says so once it read the end: a start
+            // it was still making (its `Watch` comes first) is killed too.
+            Ok(Event::End) => {
+                ended += 1;
+                if ended == threads {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         if last_scan.elapsed() < every {
             continue;
@@ -439,9 +569,133 @@ pub fn serve() -> std::process::ExitCode {
             }
         }
     }
+    let died = std::time::Instant::now();
     let known: BTreeMap<i32, u64> = known.into_values().flatten().collect();
-    kill_trees(&groups, &known);
+    let doomed = kill_trees(&groups, &known);
+    if !succession.bye {
+        if let Some(handover) = succession.handover.take() {
+            let runs = std::mem::take(&mut succession.runs).into_values().collect();
+            hand_over(handover, &succession.jobs, runs, &doomed, died);
+        }
+    }
     std::process::ExitCode::SUCCESS
+}
+
+/// The daemon died without releasing: once its jobs' processes are gone,
+/// records the runs they were `killed`, releases the owner's leases
+/// (owner-checked) and takes the owner out of the node registry, so peers
+/// claim the next occurrences at once. A store that cannot be reached is
+/// said once; the leases then expire as they would without a guard.
+fn hand_over(
+    handover: Handover,
+    jobs: &BTreeSet<String>,
+    runs: Vec<RunNote>,
+    doomed: &BTreeMap<i32, u64>,
+    died: std::time::Instant,
+) {
+    if !wait_gone(doomed, GONE_WITHIN) {
+        eprintln!(
+            "cronlease __guard: the daemon died and processes of its jobs are still there after {GONE_WITHIN:?}: its leases are left to expire"
+        );
+        return;
+    }
+    let finished_at = chrono::Utc::now();
+    let Handover {
+        store,
+        owner,
+        node,
+        keep,
+        ..
+    } = handover;
+    let records: Vec<RunRecord> = runs
+        .into_iter()
+        .map(|r| RunRecord {
+            delay_ms: (r.started_at - r.occurrence).num_milliseconds().max(0) as u64,
+            job: r.job,
+            fence: r.fence,
+            owner: owner.clone(),
+            node: node.clone(),
+            occurrence: r.occurrence,
+            started_at: r.started_at,
+            finished_at,
+            outcome: Outcome::Killed,
+            exit_code: Some(128 + Signal::SIGKILL as i32),
+            takeover: r.takeover,
+            decision_ms: r.decision_ms,
+        })
+        .collect();
+    let jobs: Vec<JobName> = jobs.iter().filter_map(|j| JobName::parse(j).ok()).collect();
+    let owner = Owner::from_raw(owner);
+    let config = store.into_config();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cronlease __guard: the daemon died; cannot hand over: {e}");
+            return;
+        }
+    };
+    let handed = runtime.block_on(async {
+        let within = config.op_timeout;
+        let store = crate::store::connect(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let call = |what: &'static str| move |e: StoreError| format!("{what}: {e}");
+        let recorded = match records.is_empty() {
+            true => Ok(()),
+            false => bounded(within, store.record_runs(&records, keep))
+                .await
+                .map_err(call("recording its runs")),
+        };
+        // Released whether or not the history write went through: the
+        // jobs are gone, nothing runs on these leases any more.
+        let released = bounded(within, store.release(&jobs, &owner))
+            .await
+            .map_err(call("releasing its leases"))?;
+        let _ = bounded(within, store.leave(&owner)).await;
+        recorded.map(|()| released)
+    });
+    let took = died.elapsed().as_millis();
+    match handed {
+        Ok(released) => eprintln!(
+            "cronlease __guard: the daemon died: {} interrupted runs recorded killed, {released} leases released, {took} ms after its death",
+            records.len()
+        ),
+        Err(e) => eprintln!(
+            "cronlease __guard: the daemon died; handing over failed after {took} ms ({e}): its leases expire as they would without a guard"
+        ),
+    }
+}
+
+/// A store call, failed with a timeout after `within`.
+async fn bounded<T>(
+    within: std::time::Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(within, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(within)))
+}
+
+/// Waits until none of `doomed` (pid and start time) is alive any more,
+/// at most `limit`; true if they all went.
+fn wait_gone(doomed: &BTreeMap<i32, u64>, limit: std::time::Duration) -> bool {
+    let since = std::time::Instant::now();
+    loop {
+        let table = process_table();
+        let alive = doomed
+            .iter()
+            .any(|(pid, start)| table.get(pid).is_some_and(|p| p.start == *start));
+        if !alive {
+            return true;
+        }
+        if since.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 /// Sends one answer to the daemon (blocking: the guard's end of the socket
@@ -505,7 +759,7 @@ fn serve_requests(
             }
         }
         match serde_json::from_slice::<Request>(&buf[..n.min(buf.len())]) {
-            Ok(Request::Start { id, launch }) => {
+            Ok(Request::Start { id, launch, run }) => {
                 let (Some(stderr), Some(stdout)) = (fds.pop(), fds.pop()) else {
                     answer(
                         sock,
@@ -526,7 +780,12 @@ fn serve_requests(
                         let pid = child.id();
                         // Reaped by `reap`, not through this handle.
                         drop(child);
-                        let _ = events.send(Event::Watch(pid as i32));
+                        let run = run.map(|mut r| {
+                            r.started_at = chrono::DateTime::from_timestamp_micros(at_us)
+                                .unwrap_or(r.started_at);
+                            Box::new(r)
+                        });
+                        let _ = events.send(Event::Watch(pid as i32, run));
                         let _ = spawned.send(());
                         let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
                         answer(sock, &Answer::Started { id, pid, at_us });
@@ -546,8 +805,14 @@ fn serve_requests(
                     ),
                 }
             }
-            Ok(Request::Watch { pgid }) => {
-                let _ = events.send(Event::Watch(pgid));
+            Ok(Request::Watch { pgid, run }) => {
+                let _ = events.send(Event::Watch(pgid, run.map(Box::new)));
+            }
+            Ok(Request::Handover(handover)) => {
+                let _ = events.send(Event::Handover(handover));
+            }
+            Ok(Request::Bye) => {
+                let _ = events.send(Event::Bye);
             }
             Ok(Request::Forget { pgid }) => {
                 let _ = events.send(Event::Forget(pgid));
@@ -669,12 +934,13 @@ fn with_descendants(mut tree: BTreeSet<i32>, table: &BTreeMap<i32, ProcInfo>) ->
 }
 
 /// Stops every process of the job trees (so none can fork away while the
-/// trees are walked), then kills them all.
-fn kill_trees(groups: &BTreeSet<i32>, known: &BTreeMap<i32, u64>) {
+/// trees are walked), then kills them all. Returns them, with their start
+/// times.
+fn kill_trees(groups: &BTreeSet<i32>, known: &BTreeMap<i32, u64>) -> BTreeMap<i32, u64> {
     let signal = |pid: i32, sig: Signal| {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
     };
-    let mut doomed: BTreeSet<i32> = BTreeSet::new();
+    let mut doomed: BTreeMap<i32, u64> = BTreeMap::new();
     for _ in 0..20 {
         let table = process_table();
         let mut roots = tree_of(groups, &table);
@@ -687,19 +953,23 @@ fn kill_trees(groups: &BTreeSet<i32>, known: &BTreeMap<i32, u64>) {
                 .map(|(pid, _)| *pid),
         );
         let tree = with_descendants(roots, &table);
-        let new: Vec<i32> = tree.difference(&doomed).copied().collect();
+        let new: Vec<i32> = tree
+            .into_iter()
+            .filter(|pid| !doomed.contains_key(pid))
+            .collect();
         if new.is_empty() {
             break;
         }
-        for pid in &new {
-            signal(*pid, Signal::SIGSTOP);
+        for pid in new {
+            signal(pid, Signal::SIGSTOP);
+            doomed.insert(pid, table.get(&pid).map_or(0, |p| p.start));
         }
-        doomed.extend(new);
     }
     for pgid in groups {
         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
     }
-    for pid in doomed {
-        signal(pid, Signal::SIGKILL);
+    for pid in doomed.keys() {
+        signal(*pid, Signal::SIGKILL);
     }
+    doomed
 }

@@ -122,7 +122,7 @@ impl fmt::Display for NodeName {
 }
 
 /// Which backend a store URL selects.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoreKind {
     /// A database file on this host, resolved against the config file's directory.
     Sqlite {
@@ -135,7 +135,7 @@ pub enum StoreKind {
     RedisSentinel(SentinelTarget),
     /// Redlock over independent Redis masters (`store.urls`): each a
     /// `redis://` or `rediss://` URL of its own.
-    Redlock(Vec<StoreUrl>),
+    Redlock(#[serde(with = "masters_handover")] Vec<StoreUrl>),
     /// A ZooKeeper ensemble (`zk://`).
     ZooKeeper(ZkTarget),
     /// An etcd cluster (`etcd://`, or `etcds://` for TLS).
@@ -144,7 +144,7 @@ pub enum StoreKind {
 
 /// Where an `etcd://` or `etcds://` URL points: the cluster's members.
 /// Keys go under `store.key_prefix`; the URL has no path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EtcdTarget {
     /// The members to reach, `(host, port)` (port 2379 when not given).
     pub servers: Vec<(String, u16)>,
@@ -161,7 +161,7 @@ pub const ETCD_PORT: u16 = 2379;
 
 /// Where a `zk://` URL points: the ensemble's servers and the node under
 /// which cronlease keeps its nodes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ZkTarget {
     /// The servers, `(host, port)` (port 2181 when not given).
     pub servers: Vec<(String, u16)>,
@@ -184,7 +184,7 @@ pub const REDLOCK_MASTERS: [usize; 2] = [3, 5];
 
 /// Where a `redis+sentinel://` URL points: the sentinels to ask, the master's
 /// name, and how many replicas must acknowledge each write.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SentinelTarget {
     /// The sentinels, `(host, port)`, asked in this order (port 26379 when
     /// not given).
@@ -900,7 +900,7 @@ pub struct StoreConfig {
 }
 
 /// Files for TLS to the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TlsFiles {
     /// CA certificates (PEM) the server's certificate must chain to.
     pub ca: Option<PathBuf>,
@@ -908,7 +908,103 @@ pub struct TlsFiles {
     pub client: Option<(PathBuf, PathBuf)>,
 }
 
+/// A [`StoreConfig`] as the daemon hands it to its job guard through their
+/// socket pair, so the guard can record and release for a daemon that died
+/// ([`crate::guard`]). It carries the password: it goes through that pipe
+/// and nowhere else (no `Debug`, never logged).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct StoreHandover {
+    kind: StoreKind,
+    url: String,
+    redacted: String,
+    secret: Option<String>,
+    table_prefix: String,
+    key_prefix: String,
+    op_timeout: Duration,
+    history_limit: u32,
+    max_connections: u32,
+    tls: Option<TlsFiles>,
+}
+
+/// Redlock's masters inside a [`StoreHandover`] ([`StoreUrl`] itself has
+/// no serde, so nothing else can write its password out by accident).
+mod masters_handover {
+    use super::{StoreKind, StoreUrl};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Master {
+        kind: StoreKind,
+        url: String,
+        redacted: String,
+        secret: Option<String>,
+    }
+
+    pub fn serialize<S: Serializer>(masters: &[StoreUrl], s: S) -> Result<S::Ok, S::Error> {
+        let wire: Vec<Master> = masters
+            .iter()
+            .map(|m| Master {
+                kind: m.kind.clone(),
+                url: m.url.clone(),
+                redacted: m.redacted.clone(),
+                secret: m.secret.clone(),
+            })
+            .collect();
+        wire.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StoreUrl>, D::Error> {
+        let wire = Vec::<Master>::deserialize(d)?;
+        Ok(wire
+            .into_iter()
+            .map(|m| StoreUrl {
+                kind: m.kind,
+                url: m.url,
+                redacted: m.redacted,
+                secret: m.secret,
+            })
+            .collect())
+    }
+}
+
+impl StoreHandover {
+    /// The store config it was made from.
+    pub fn into_config(self) -> StoreConfig {
+        StoreConfig {
+            url: StoreUrl {
+                kind: self.kind,
+                url: self.url,
+                redacted: self.redacted,
+                secret: self.secret,
+            },
+            table_prefix: self.table_prefix,
+            key_prefix: self.key_prefix,
+            op_timeout: self.op_timeout,
+            history_limit: self.history_limit,
+            // The guard makes a few calls, once.
+            max_connections: self.max_connections.min(2),
+            tls: self.tls,
+        }
+    }
+}
+
 impl StoreConfig {
+    /// This config for the job guard ([`StoreHandover`]).
+    pub fn handover(&self) -> StoreHandover {
+        StoreHandover {
+            kind: self.url.kind.clone(),
+            url: self.url.url.clone(),
+            redacted: self.url.redacted.clone(),
+            secret: self.url.secret.clone(),
+            table_prefix: self.table_prefix.clone(),
+            key_prefix: self.key_prefix.clone(),
+            op_timeout: self.op_timeout,
+            history_limit: self.history_limit,
+            max_connections: self.max_connections,
+            tls: self.tls.clone(),
+        }
+    }
+
     /// A store config with the defaults, for tests and tools.
     pub fn new(url: StoreUrl) -> Self {
         StoreConfig {

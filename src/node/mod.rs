@@ -303,6 +303,11 @@ pub struct Node {
     history_limit: std::sync::atomic::AtomicU32,
     health: StoreHealth,
     guard: Option<Guard>,
+    /// The store, as the guard needs it to hand over for this daemon if it
+    /// dies ([`Node::tell_guard`]).
+    store_handover: crate::config::StoreHandover,
+    /// Keeps what the guard is told in order.
+    guard_told: tokio::sync::Mutex<()>,
     prepared: AtomicBool,
     prepare_lock: tokio::sync::Mutex<()>,
     /// Cancelled: claim nothing more (shutdown). Parent of every job's tokens.
@@ -429,6 +434,8 @@ impl Node {
             shutdown_grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
             history_limit: std::sync::atomic::AtomicU32::new(config.store.history_limit),
             guard,
+            store_handover: config.store.handover(),
+            guard_told: tokio::sync::Mutex::new(()),
             prepared: AtomicBool::new(false),
             prepare_lock: tokio::sync::Mutex::new(()),
             claims: root.child_token(),
@@ -713,6 +720,37 @@ impl Node {
         }
         drop(current);
         self.jobs_changed.notify_one();
+        self.tell_guard();
+    }
+
+    /// Tells the guard what it needs to hand over if this daemon dies
+    /// (docs/protocol.md, "A crashed daemon hands over at once"): the
+    /// store, the owner, the history limit and the job names. Sent again
+    /// whenever the jobs change (a reload applies the settings first).
+    fn tell_guard(self: &Arc<Self>) {
+        if self.guard.is_none() {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            let Some(guard) = &node.guard else {
+                return;
+            };
+            // Read under the lock: the last message holds the last state.
+            let _in_order = node.guard_told.lock().await;
+            let handover = crate::guard::Handover {
+                store: node.store_handover.clone(),
+                owner: node.owner.to_string(),
+                node: node.name.to_string(),
+                keep: node.history_limit(),
+                jobs: node.job_names().iter().map(ToString::to_string).collect(),
+            };
+            if !guard.hand_over(handover).await {
+                tracing::warn!(
+                    "the job guard did not take what it needs to hand over: if this daemon dies, peers wait for its leases to expire"
+                );
+            }
+        });
     }
 
     /// Names of the jobs currently configured.
@@ -818,6 +856,10 @@ impl Node {
         }
         let released = self.release(&self.job_names()).await;
         self.leave_registry().await;
+        if let Some(guard) = &self.guard {
+            // Runs recorded, leases released: nothing for the guard to do.
+            guard.bye().await;
+        }
         tracing::info!(released, "leases released; stopped");
     }
 

@@ -102,6 +102,8 @@ impl Node {
             fence: ticket.fence,
             occurrence: ticket.occurrence,
             node: &self.name,
+            takeover: ticket.takeover,
+            decision_ms: ticket.decision_ms,
             clock: self.wall.as_ref(),
         };
         self.metrics

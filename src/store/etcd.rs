@@ -102,6 +102,110 @@ pub struct EtcdStore {
     client: tokio::sync::Mutex<Option<etcd::Client>>,
     /// Claimers waiting for a lease key to go, and the watch that wakes them.
     releases: Arc<Releases>,
+    /// The live nodes' clocks against this one's (etcd has no clock).
+    clocks: Arc<PeerClocks>,
+}
+
+/// The other live nodes' clocks against this host's, from their heartbeats
+/// as a watch on the registry delivers them: etcd has no clock of its own,
+/// so the clock a node is measured against is the median of the live
+/// nodes' clocks (docs/protocol.md, "Clock offset").
+///
+/// A heartbeat carries its sender's clock when it was sent; the watch
+/// event comes one path later (sender to etcd to this node). That path is
+/// taken to be as long as this node's own heartbeat's (its send to its own
+/// event), so a peer's clock − ours ≈ its sent − our received + our path.
+#[derive(Default)]
+struct PeerClocks {
+    /// This node's owner, from its heartbeats (none: a CLI, no median).
+    me: std::sync::Mutex<Option<String>>,
+    /// This node's own heartbeat from its send to its watch event, in ms.
+    own_path_ms: std::sync::Mutex<Option<i64>>,
+    /// Per peer owner: its clock − ours in ms, and until when (our clock)
+    /// the reading counts: its record's time to live.
+    peers: std::sync::Mutex<HashMap<String, (i64, i64)>>,
+    /// Owners with a record at this node's last heartbeat, and until when
+    /// (our clock) their first readings are waited for: a record's life
+    /// after the watch started, since a live node beats within it.
+    expected: std::sync::Mutex<(HashSet<String>, Option<i64>)>,
+    watch: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl PeerClocks {
+    /// The median of the live nodes' clocks (this one's included) − this
+    /// node's clock, in ms. 0 with fewer than [`MEDIAN_OF_AT_LEAST`]
+    /// clocks: two clocks that disagree give no majority to tell which is
+    /// off (the mean would put both out of bounds).
+    fn median_ms(&self, now: i64) -> i64 {
+        let mut offsets = vec![0];
+        offsets.extend(
+            lock(&self.peers)
+                .values()
+                .filter(|(_, until)| *until > now)
+                .map(|(offset, _)| *offset),
+        );
+        if offsets.len() < MEDIAN_OF_AT_LEAST {
+            return 0;
+        }
+        median(&mut offsets)
+    }
+
+    /// A heartbeat of `owner` sent at `sent` (its clock) seen at
+    /// `received` (ours), living `ttl_ms`.
+    fn observe(&self, owner: &str, sent: i64, received: i64, ttl_ms: i64) {
+        if lock(&self.me).as_deref() == Some(owner) {
+            *lock(&self.own_path_ms) = Some((received - sent).max(0));
+            return;
+        }
+        let path = lock(&self.own_path_ms).unwrap_or(0);
+        lock(&self.peers).insert(
+            owner.to_string(),
+            (sent - received + path, received.saturating_add(ttl_ms)),
+        );
+    }
+
+    fn forget(&self, owner: &str) {
+        lock(&self.peers).remove(owner);
+        lock(&self.expected).0.remove(owner);
+    }
+
+    /// Notes the owners whose records a heartbeat read (this node's own
+    /// left out); the first heartbeat starts the wait for their readings.
+    fn expect(&self, owners: HashSet<String>, now: i64, ttl_ms: i64) {
+        let mut expected = lock(&self.expected);
+        expected.1.get_or_insert(now.saturating_add(ttl_ms));
+        expected.0 = owners;
+    }
+
+    /// This node has heartbeats and not yet a reading of every node that
+    /// had a record then: its median may still be its own clock alone.
+    /// Never before its first heartbeat (a CLI, a test without a node).
+    fn unsettled(&self, now: i64) -> bool {
+        let expected = lock(&self.expected);
+        let Some(until) = expected.1 else {
+            return false;
+        };
+        if now >= until {
+            return false;
+        }
+        let peers = lock(&self.peers);
+        expected.0.iter().any(|o| !peers.contains_key(o))
+    }
+}
+
+/// Clocks (this node's included) needed for a median.
+const MEDIAN_OF_AT_LEAST: usize = 3;
+
+/// The median of `values` (the mean of the middle two for an even count);
+/// 0 for none.
+fn median(values: &mut [i64]) -> i64 {
+    values.sort_unstable();
+    let n = values.len();
+    match n {
+        0 => 0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]).div_euclid(2),
+    }
 }
 
 /// Claimers waiting for lease keys to be deleted (by key), woken by one
@@ -115,6 +219,9 @@ struct Releases {
 impl Drop for EtcdStore {
     fn drop(&mut self) {
         if let Some(w) = lock(&self.releases.watch).take() {
+            w.abort();
+        }
+        if let Some(w) = lock(&self.clocks.watch).take() {
             w.abort();
         }
     }
@@ -280,6 +387,7 @@ impl EtcdStore {
             op_timeout: config.op_timeout,
             client: tokio::sync::Mutex::new(None),
             releases: Arc::new(Releases::default()),
+            clocks: Arc::new(PeerClocks::default()),
         })
     }
 
@@ -681,7 +789,28 @@ impl EtcdStore {
                 )),
             );
         }
-        match decide(&row_of(state.as_ref(), view), req) {
+        let row = row_of(state.as_ref(), view);
+        // etcd decides on this node's clock; whether the occurrence is due
+        // is judged on the median of the live nodes' clocks, and not before
+        // that median is known (docs/protocol.md, "Clock offset").
+        let now = now_ms();
+        let due_by = self
+            .median_now_ms()
+            .saturating_add(super::duration_ms(req.max_offset));
+        if !req.recheck_only && (to_ms(req.occurrence) > due_by || self.clocks.unsettled(now)) {
+            return (
+                None,
+                ClaimOutcome::Lost(super::Lost {
+                    holder: None,
+                    remaining: Duration::ZERO,
+                    last_occurrence: row.last_occurrence.map(from_ms),
+                    fence: row.fence.max(0) as u64,
+                    too_early: true,
+                    idle_wait: None,
+                }),
+            );
+        }
+        match decide(&row, req) {
             // A recheck answers an earlier win as it stands.
             Decision::Claim { won, .. } if req.recheck_only => (None, ClaimOutcome::Won(won)),
             Decision::Claim {
@@ -818,6 +947,88 @@ impl EtcdStore {
             self.lease_key(""),
             self.url.clone(),
         )));
+    }
+
+    /// Starts the watch on the registry unless it runs: every heartbeat
+    /// it delivers is a reading of its sender's clock ([`PeerClocks`]).
+    fn watch_clocks(&self, client: &etcd::Client) {
+        let mut slot = lock(&self.clocks.watch);
+        if slot.as_ref().is_some_and(|w| !w.is_finished()) {
+            return;
+        }
+        *slot = Some(tokio::spawn(read_clocks(
+            Arc::downgrade(&self.clocks),
+            client.clone(),
+            self.node_key(""),
+            self.url.clone(),
+        )));
+    }
+
+    /// The clock this node is measured against: the live nodes' median.
+    fn median_now_ms(&self) -> i64 {
+        let now = now_ms();
+        now.saturating_add(self.clocks.median_ms(now))
+    }
+}
+
+/// Reads every heartbeat put under `prefix` as a reading of its sender's
+/// clock, and drops a leaving node's; watches again when the watch breaks
+/// (after 1 s, doubling to 30 s), for as long as the store lasts. Without
+/// the watch a node is measured against its own clock, as before it had
+/// peers.
+async fn read_clocks(
+    clocks: Weak<PeerClocks>,
+    client: etcd::Client,
+    prefix: String,
+    url: StoreUrl,
+) {
+    let options = WatchOptions::new().with_range(prefix_end(prefix.as_bytes()));
+    let mut pause = Duration::from_secs(1);
+    loop {
+        let mut watch = client.watch_client();
+        match watch.watch(prefix.as_str(), Some(options.clone())).await {
+            Err(e) => {
+                tracing::debug!(store = %url.redacted(), "cannot watch the node registry: {}", one_line(&url.scrub(&e.to_string())));
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+            Ok(mut stream) => {
+                pause = Duration::from_secs(1);
+                while let Ok(Some(answer)) = stream.message().await {
+                    let received = now_ms();
+                    let Some(clocks) = clocks.upgrade() else {
+                        return;
+                    };
+                    if answer.canceled() {
+                        break;
+                    }
+                    for event in answer.events() {
+                        let Some(kv) = event.kv() else {
+                            continue;
+                        };
+                        let Some(owner) = kv
+                            .key()
+                            .strip_prefix(prefix.as_bytes())
+                            .and_then(|o| std::str::from_utf8(o).ok())
+                        else {
+                            continue;
+                        };
+                        if matches!(event.event_type(), EventType::Delete) {
+                            clocks.forget(owner);
+                            continue;
+                        }
+                        if let Some(data) = BeatData::parse(kv.value()) {
+                            if let Some(sent) = data.last_seen {
+                                clocks.observe(owner, sent, received, data.ttl_ms);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if clocks.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -1082,7 +1293,7 @@ impl Locks for EtcdStore {
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
         if requests.is_empty() {
             return Ok(Claimed {
-                store_now: Utc::now(),
+                store_now: from_ms(self.median_now_ms()),
                 outcomes: Vec::new(),
             });
         }
@@ -1093,6 +1304,9 @@ impl Locks for EtcdStore {
                 self.decide_claim(&requests[i], view)
             })
             .await?;
+        // Leases are counted on this host's clock (`now`); the clock it is
+        // measured against is the live nodes' median.
+        let now = now.saturating_add(self.median_now_ms() - now_ms());
         Ok(Claimed {
             store_now: from_ms(now),
             outcomes,
@@ -1113,9 +1327,11 @@ impl Locks for EtcdStore {
         freed.await;
     }
 
-    /// This host's clock: etcd has none for clients.
+    /// etcd has no clock for clients: the median of the live nodes'
+    /// clocks, as this node reads them from their heartbeats (its own
+    /// before it has read any).
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
-        Ok(Utc::now())
+        Ok(from_ms(self.median_now_ms()))
     }
 
     async fn renew_many(
@@ -1333,10 +1549,20 @@ impl Registry for EtcdStore {
             ),
             TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
         ];
+        *lock(&self.clocks.me) = Some(beat.owner.to_string());
+        self.watch_clocks(&client);
         let answers = self.batch(&client, ops).await?;
         let [_, TxnOpResponse::Get(read)] = answers.as_slice() else {
             return Err(self.backend("a heartbeat answered with something other than its keys"));
         };
+        let others: HashSet<String> = read
+            .kvs()
+            .iter()
+            .filter_map(|kv| std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok())
+            .filter(|o| *o != beat.owner.as_str())
+            .map(str::to_string)
+            .collect();
+        self.clocks.expect(others, now, data.ttl_ms);
         Ok(live_records(read.kvs(), &prefix, now))
     }
 
@@ -1600,6 +1826,60 @@ mod tests {
         assert_eq!((row.owner.as_deref(), row.expires_at), (Some("a#1"), 0));
         let fresh = row_of(None, &free);
         assert_eq!((fresh.owner, fresh.fence, fresh.expires_at), (None, 0, 0));
+    }
+
+    #[test]
+    fn a_node_is_measured_against_the_median_of_three_or_more_clocks() {
+        assert_eq!(median(&mut [0, 5000, 10]), 10);
+        assert_eq!(median(&mut [0, -3, 7, 9]), 3);
+        let clocks = PeerClocks::default();
+        *lock(&clocks.me) = Some("n1#1".into());
+        // Our own heartbeat: sent at 1000, back through the watch at 1004.
+        clocks.observe("n1#1", 1000, 1004, 1333);
+        // Alone, and with one peer: no majority, our own clock.
+        assert_eq!(clocks.median_ms(1004), 0);
+        // A peer 5 s ahead (sent at its 6000, seen at our 1006).
+        clocks.observe("n2#1", 6000, 1006, 1333);
+        assert_eq!(clocks.median_ms(1006), 0);
+        // A second peer, 20 ms ahead of us: the median is its clock, and
+        // the one 5 s ahead is the one far from it.
+        clocks.observe("n3#1", 1024, 1008, 1333);
+        assert_eq!(clocks.median_ms(1008), 20);
+        // Seen from the node 5 s ahead, the same clocks say about -5 s.
+        let ahead = PeerClocks::default();
+        *lock(&ahead.me) = Some("n2#1".into());
+        ahead.observe("n2#1", 6000, 6004, 1333);
+        ahead.observe("n1#1", 1000, 6003, 1333);
+        ahead.observe("n3#1", 1024, 6002, 1333);
+        assert_eq!(ahead.median_ms(6004), -4974);
+        // Readings past their record's time to live, and leavers, drop out.
+        assert_eq!(clocks.median_ms(1008 + 1334), 0);
+        clocks.observe("n2#1", 6000, 1006, 1333);
+        clocks.forget("n3#1");
+        assert_eq!(clocks.median_ms(1008), 0);
+    }
+
+    #[test]
+    fn claims_wait_for_the_readings_of_the_nodes_a_first_heartbeat_saw() {
+        let clocks = PeerClocks::default();
+        assert!(
+            !clocks.unsettled(0),
+            "no heartbeat yet: nothing to wait for"
+        );
+        *lock(&clocks.me) = Some("n1#1".into());
+        clocks.expect(HashSet::from(["n2#1".to_string()]), 1000, 1333);
+        assert!(clocks.unsettled(1100));
+        clocks.observe("n2#1", 1100, 1101, 1333);
+        assert!(!clocks.unsettled(1102));
+        // A record whose node beats no more is waited for one record's
+        // life after the first heartbeat at most.
+        clocks.expect(
+            HashSet::from(["n2#1".to_string(), "gone#1".to_string()]),
+            1200,
+            1333,
+        );
+        assert!(clocks.unsettled(1300));
+        assert!(!clocks.unsettled(2334));
     }
 
     #[test]

@@ -312,9 +312,9 @@ impl RedisStore {
             .map_err(|e| self.err(e))
     }
 
-    async fn read_runs(&self, key: &str, limit: u32) -> Result<Vec<RunRecord>, StoreError> {
+    async fn read_runs(&self, keys: &[String], limit: u32) -> Result<Vec<RunRecord>, StoreError> {
         let mut conn = self.conn().await?;
-        stream_runs(&mut conn, &self.prefix, key, limit)
+        stream_runs(&mut conn, &self.prefix, keys, limit)
             .await
             .map_err(|e| self.err(e))
     }
@@ -419,28 +419,39 @@ fn job_of(prefix: &str, key: &str, kind: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The newest `limit` runs of one job's stream `key`.
+/// How many run streams one pipeline reads: `history` over every job costs
+/// a SCAN and one round trip per this many jobs, not one per job.
+const STREAMS_PER_PIPELINE: usize = 200;
+
+/// The newest `limit` runs of each stream in `keys`, read in pipelines of
+/// [`STREAMS_PER_PIPELINE`] keys.
 async fn stream_runs(
     conn: &mut ConnectionManager,
     prefix: &str,
-    key: &str,
+    keys: &[String],
     limit: u32,
 ) -> redis::RedisResult<Vec<RunRecord>> {
-    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
-        .arg(key)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(limit)
-        .query_async(conn)
-        .await?;
-    let job = job_of(prefix, key, "runs").unwrap_or_default();
-    Ok(entries
-        .into_iter()
-        .map(|(id, fields)| {
-            run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
-        })
-        .collect())
+    type Entries = Vec<(String, HashMap<String, String>)>;
+    let mut runs = Vec::new();
+    for chunk in keys.chunks(STREAMS_PER_PIPELINE) {
+        let mut pipe = redis::pipe();
+        for key in chunk {
+            pipe.cmd("XREVRANGE")
+                .arg(key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(limit);
+        }
+        let replies: Vec<Entries> = pipe.query_async(conn).await?;
+        for (key, entries) in chunk.iter().zip(replies) {
+            let job = job_of(prefix, key, "runs").unwrap_or_default();
+            runs.extend(entries.into_iter().map(|(id, fields)| {
+                run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
+            }));
+        }
+    }
+    Ok(runs)
 }
 
 /// How a connection to one server behaves: a call slower than `op_timeout`
@@ -837,10 +848,7 @@ impl History for RedisStore {
             Some(job) => vec![self.key(job.as_str(), "runs")],
             None => self.scan("runs").await?,
         };
-        let mut runs = Vec::new();
-        for key in keys {
-            runs.extend(self.read_runs(&key, limit).await?);
-        }
+        let mut runs = self.read_runs(&keys, limit).await?;
         newest_first(&mut runs, limit);
         Ok(runs)
     }

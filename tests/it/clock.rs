@@ -1,6 +1,8 @@
 //! Clock skew, made with libfaketime (Debian package `faketime`): a node whose
 //! clock runs ahead must never run a job early, and a node that ran far ahead
-//! for a moment must leave nothing behind that makes correct nodes miss.
+//! for a moment must leave nothing behind that makes correct nodes miss. On
+//! etcd, which has no clock, a node is measured against the median of the
+//! live nodes' clocks.
 
 use std::path::Path;
 use std::time::Duration;
@@ -156,3 +158,57 @@ per_store!(
     five_seconds_ahead_never_runs_early,
     thirty_seconds_ahead_for_three_seconds_leaves_no_trace
 );
+
+/// etcd has no clock: each node is measured against the median of the live
+/// nodes' clocks, read from their heartbeats. Of three nodes the one 5 s
+/// ahead is out of bounds and runs nothing; `nodes` shows its offset (about
+/// -5 s) and the others' (about 0); the two correct nodes run every
+/// occurrence once, none early.
+#[test]
+fn etcd_measures_each_node_against_the_median_of_the_live_clocks() {
+    let mut c = Cluster::new(Backend::Etcd, Some(REAL_TIME_TICK), "");
+    c.start("n2");
+    c.start("n3");
+    c.wait_registry("n2", &["n2", "n3"], Duration::from_secs(10));
+    start_faked(&mut c, "n1", "+5s");
+    let offsets = crate::support::wait_until(
+        "the registry to show n1 about 5 s off the median",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let nodes = c.cli_json("n2", &["nodes"]).ok()?;
+            let offsets: std::collections::BTreeMap<String, i64> = nodes
+                .as_array()?
+                .iter()
+                .filter_map(|n| {
+                    Some((
+                        n["node"].as_str()?.to_string(),
+                        n["clock_offset_ms"].as_i64()?,
+                    ))
+                })
+                .collect();
+            let near =
+                |node: &str, want: i64| offsets.get(node).is_some_and(|o| (o - want).abs() < 500);
+            (near("n1", -5000) && near("n2", 0) && near("n3", 0)).then_some(offsets)
+        },
+    );
+    let since = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
+    std::thread::sleep(Duration::from_secs(4));
+    c.stop_all();
+    let report = format!("offsets {offsets:?}\n{}", c.report());
+    let lines: Vec<Line> = c
+        .lines()
+        .into_iter()
+        .filter(|l| l.started >= since)
+        .collect();
+    assert!(lines.len() >= 3, "the correct nodes ran on\n{report}");
+    assert!(
+        lines.iter().all(|l| l.node != "n1" && l.lateness() >= 0.0),
+        "the node 5 s off the median ran a job, or a job ran early\n{report}"
+    );
+    crate::cluster::check_once_in_order(&lines, &report);
+    assert!(
+        c.log("n1").contains("more than cluster.max_clock_offset"),
+        "the node off the median says so\n{report}"
+    );
+}

@@ -149,6 +149,22 @@ impl Cluster {
         serde_json::from_slice(&out.stdout)
     }
 
+    /// Every run `cronlease history --json` lists (of `job`, or of every
+    /// job), asked with `via`'s config until it answers: the CLI reads with
+    /// the nodes' `op_timeout` (1 s here), and under the suite's load
+    /// reading thousands of runs (from a majority of Redlock's masters, say)
+    /// once took longer in CI.
+    pub fn all_history(&self, via: &str, job: Option<&str>) -> serde_json::Value {
+        let mut args = vec!["history", "--limit", "1000000"];
+        args.extend(job);
+        crate::support::wait_until(
+            "`cronlease history` to answer",
+            Duration::from_secs(30),
+            || self.report(),
+            || self.cli_json(via, &args).ok(),
+        )
+    }
+
     /// The node names `cronlease nodes --json` lists, asked with `via`'s
     /// config, sorted; panics when the command fails.
     pub fn registry(&self, via: &str) -> Vec<String> {
@@ -275,6 +291,18 @@ impl Cluster {
                 })
             },
         )
+    }
+
+    /// kill -9 of the daemon and its guard together, as a dead host would
+    /// go (its jobs, left alone, end by themselves); both are stopped first,
+    /// so neither sees the other go.
+    pub fn kill_with_guard(&self, node: &str) {
+        let both = [self.guard_pid(node), self.pid(node)];
+        for sig in [Signal::SIGSTOP, Signal::SIGKILL] {
+            for pid in both {
+                kill(Pid::from_raw(pid), sig).unwrap();
+            }
+        }
     }
 
     /// SIGSTOP the whole tree, daemon first: a VM or GC pause. Returns it.
@@ -464,4 +492,37 @@ pub fn check_once_in_order(lines: &[Line], report: &str) -> Vec<Line> {
         );
     }
     sorted
+}
+
+/// A job that writes `start`, sleeps `secs`, writes `end`.
+pub fn timed_job(schedule: &str, secs: f64) -> String {
+    let line = |phase: &str| {
+        format!(
+            "echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE {phase} $(date +%s.%N)\\\" >> '{{out}}'"
+        )
+    };
+    format!(
+        "[[job]]\nname = \"job\"\nschedule = \"{schedule}\"\ncommand = \"{}; sleep {secs}; {}\"\n",
+        line("start"),
+        line("end")
+    )
+}
+
+/// No two runs overlap in time; fences increase with start order.
+pub fn assert_no_overlap(runs: &[Run], report: &str) {
+    for w in runs.windows(2) {
+        let end = w[0].end.unwrap_or(w[0].start);
+        assert!(
+            w[1].start > end,
+            "runs overlap: {:?} and {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+        assert!(
+            w[0].fence < w[1].fence && w[0].occurrence < w[1].occurrence,
+            "{:?} {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+    }
 }

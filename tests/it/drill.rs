@@ -279,9 +279,7 @@ fn judge_load(c: &Cluster, counts: &mut Counts) {
 /// `lease_lost` (claimed, then given up because the holder could not prove
 /// its lease) or `skipped` (claimed while the previous run still went).
 fn recorded_as(c: &Cluster, outcome: &str) -> std::collections::BTreeSet<i64> {
-    let runs = c
-        .cli_json("n1", &["history", "--limit", "1000000"])
-        .unwrap_or_default();
+    let runs = c.all_history("n1", Some("drill"));
     runs.as_array()
         .into_iter()
         .flatten()

@@ -10,22 +10,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 
-use crate::cluster::{Cluster, Run, at_fraction_of_second};
+use crate::cluster::{Cluster, Run, assert_no_overlap, at_fraction_of_second, timed_job};
 use crate::support::{Backend, MariaDbServer, RedisServer, binary};
-
-/// A job that writes `start`, sleeps `secs`, writes `end`.
-fn timed_job(schedule: &str, secs: f64) -> String {
-    let line = |phase: &str| {
-        format!(
-            "echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE {phase} $(date +%s.%N)\\\" >> '{{out}}'"
-        )
-    };
-    format!(
-        "[[job]]\nname = \"job\"\nschedule = \"{schedule}\"\ncommand = \"{}; sleep {secs}; {}\"\n",
-        line("start"),
-        line("end")
-    )
-}
 
 fn now_f64() -> f64 {
     Utc::now().timestamp_micros() as f64 / 1e6
@@ -51,25 +37,6 @@ fn wait_runs(c: &Cluster, what: &str, limit: Duration, pred: impl Fn(&[Run]) -> 
             pred(&r).then_some(r)
         },
     )
-}
-
-/// No two runs overlap in time; fences increase with start order.
-fn assert_no_overlap(runs: &[Run], report: &str) {
-    for w in runs.windows(2) {
-        let end = w[0].end.unwrap_or(w[0].start);
-        assert!(
-            w[1].start > end,
-            "runs overlap: {:?} and {:?}\n{report}",
-            w[0],
-            w[1]
-        );
-        assert!(
-            w[0].fence < w[1].fence && w[0].occurrence < w[1].occurrence,
-            "{:?} {:?}\n{report}",
-            w[0],
-            w[1]
-        );
-    }
 }
 
 // A job longer than its interval keeps its lease: no peer starts it meanwhile.

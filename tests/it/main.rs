@@ -20,6 +20,7 @@ mod drill;
 mod drills;
 mod e2e;
 mod etcd;
+mod handover;
 #[cfg(feature = "memory")]
 mod inprocess;
 mod jobs;

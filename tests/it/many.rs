@@ -103,9 +103,7 @@ fn three_hundred_jobs_each_once(backend: Backend) {
         "an occurrence ran twice\n{report}"
     );
     // One history record per run.
-    let history = c
-        .cli_json("n1", &["history", "--limit", "1000000"])
-        .unwrap();
+    let history = c.all_history("n1", None);
     let mut recorded: BTreeMap<(String, String), usize> = BTreeMap::new();
     for r in history.as_array().unwrap() {
         let key = (
@@ -230,9 +228,7 @@ fn spread_over_three_nodes(backend: Backend) {
         "not 100 ± 15 each two periods after the restart: {summary:?}\n{report}"
     );
     // The dead node's jobs moved within the margin (history's lateness).
-    let history = c
-        .cli_json("n1", &["history", "--limit", "1000000"])
-        .unwrap();
+    let history = c.all_history("n1", None);
     let at_kill = instant(3).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let late: Vec<u64> = history
         .as_array()

@@ -1060,15 +1060,9 @@ impl RedlockStore {
             None => self.scan_on(master, "runs").await?,
         };
         let mut conn = master.connection(self.op_timeout).await?;
-        let mut runs = Vec::new();
-        for key in keys {
-            runs.extend(
-                stream_runs(&mut conn, &self.prefix, &key, limit)
-                    .await
-                    .map_err(|e| store_error(&master.url, &e))?,
-            );
-        }
-        Ok(runs)
+        stream_runs(&mut conn, &self.prefix, &keys, limit)
+            .await
+            .map_err(|e| store_error(&master.url, &e))
     }
 }
 

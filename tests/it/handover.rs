@@ -1,0 +1,294 @@
+//! A crashed daemon hands over at once (docs/protocol.md): kill -9 of the
+//! daemon while its guard lives, with its job running and between runs. The
+//! guard kills the jobs, records them `killed` and releases the owner's
+//! leases, so the next occurrence runs on a peer at normal lateness. Kill -9
+//! of daemon and guard together (a dead host): an idle holder's job moves
+//! after the head start, a busy holder's after its lease, as before.
+//!
+//! One cluster per store goes through the four cases in turn, the killed
+//! node restarted after each; judged from what the job wrote and from
+//! history: each occurrence at most once, fences in order, no overlap by
+//! wall clock.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use nix::sys::signal::Signal;
+
+use crate::cluster::{Cluster, Run, assert_no_overlap, at_fraction_of_second, timed_job};
+use crate::support::Backend;
+
+const MARGIN: f64 = 1.0;
+/// `cluster.head_start` here: long enough that a takeover after it is told
+/// apart from one at normal lateness.
+const HEAD_START: f64 = 0.5;
+/// The job runs this long every second.
+const JOB_SECS: f64 = 0.3;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Death {
+    /// kill -9 of the daemon: its guard hands over.
+    Daemon,
+    /// kill -9 of daemon and guard together (its job, if running, ends by
+    /// itself): nobody hands over.
+    Host,
+}
+
+/// What one kill showed.
+struct Case {
+    death: Death,
+    busy: bool,
+    holder: String,
+    /// The holder's run of the killed-at second.
+    killed_run: Run,
+    /// The first run after the kill (on a peer).
+    first: Run,
+    /// From the kill to the holder's leaving the registry.
+    left_registry: Duration,
+    /// What the guard said it did (its line in the node's log).
+    guard_said: Option<String>,
+}
+
+fn now_f64() -> f64 {
+    Utc::now().timestamp_micros() as f64 / 1e6
+}
+
+/// Kills the current holder as `death` says, `busy` (while its job runs)
+/// or idle (its run over and recorded), and restarts it once a peer ran
+/// three occurrences.
+fn kill_holder(c: &mut Cluster, death: Death, busy: bool) -> Case {
+    // Idle: a crashed daemon's run is over (its record may still be on
+    // the way), and its guard has 0.4 s to hand over before the next
+    // instant; a dead host's run is recorded too (the record gathers for
+    // 250 ms after the run), so its lease counts as idle.
+    at_fraction_of_second(match (death, busy) {
+        (_, true) => 0.1,
+        (Death::Daemon, false) => 0.6,
+        (Death::Host, false) => 0.85,
+    });
+    let runs = c.runs();
+    let killed_run = runs.last().unwrap().clone();
+    let holder = killed_run.node.clone();
+    c.guard_pid(&holder);
+    let logged = c.log(&holder).len();
+    let killed_at = now_f64();
+    let killed = Instant::now();
+    match death {
+        Death::Daemon => c.signal(&holder, Signal::SIGKILL),
+        Death::Host => c.kill_with_guard(&holder),
+    }
+    c.wait_exit(&holder, Duration::from_secs(5))
+        .expect("the killed daemon exits");
+    let peers: Vec<&str> = ["n1", "n2", "n3"]
+        .into_iter()
+        .filter(|n| *n != holder)
+        .collect();
+    let left_registry = c.wait_registry(peers[0], &peers, Duration::from_secs(10)) - killed;
+    let after = crate::support::wait_until(
+        "three runs on peers after the kill",
+        Duration::from_secs(20),
+        || c.report(),
+        || {
+            let r = c.runs();
+            (r.iter().filter(|x| x.start > killed_at).count() >= 3).then_some(r)
+        },
+    );
+    let first = after.iter().find(|x| x.start > killed_at).unwrap().clone();
+    let guard_said = c.log(&holder)[logged..]
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("cronlease __guard: the daemon died"))
+        .map(str::to_string);
+    c.start(&holder);
+    c.wait_registry(peers[0], &["n1", "n2", "n3"], Duration::from_secs(10));
+    Case {
+        death,
+        busy,
+        holder,
+        killed_run,
+        first,
+        left_registry,
+        guard_said,
+    }
+}
+
+fn crashed_daemon_hands_over(backend: Backend) {
+    let mut c = Cluster::new(
+        backend,
+        Some(&timed_job("* * * * * *", JOB_SECS)),
+        &format!("[cluster]\nhead_start = \"{}ms\"\n", HEAD_START * 1000.0),
+    );
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    crate::support::wait_until(
+        "three runs",
+        Duration::from_secs(20),
+        || c.report(),
+        || (c.runs().len() >= 3).then_some(()),
+    );
+    c.wait_registry("n1", &["n1", "n2", "n3"], Duration::from_secs(5));
+    let cases: Vec<Case> = [
+        (Death::Daemon, true),
+        (Death::Daemon, false),
+        (Death::Host, false),
+        (Death::Host, true),
+    ]
+    .into_iter()
+    .map(|(death, busy)| kill_holder(&mut c, death, busy))
+    .collect();
+    c.stop_all();
+    let report = c.report();
+    let runs = c.runs();
+    let history: Vec<serde_json::Value> = c
+        .cli_json("n1", &["history", "--limit", "1000"])
+        .unwrap()
+        .as_array()
+        .cloned()
+        .unwrap();
+    let outcome = |fence: u64| {
+        history
+            .iter()
+            .find(|h| h["fence"] == fence)
+            .map(|h| h["outcome"].as_str().unwrap_or_default().to_string())
+    };
+    let finished = |fence: u64| {
+        history
+            .iter()
+            .find(|h| h["fence"] == fence)
+            .and_then(|h| chrono::DateTime::parse_from_rfc3339(h["finished_at"].as_str()?).ok())
+            .map(|t| t.timestamp_micros() as f64 / 1e6)
+    };
+
+    // Every run once (one line set per fence), in order, none overlapping:
+    // a killed run counts until its record's end.
+    let mut judged = runs.clone();
+    for r in &mut judged {
+        if r.end.is_none() {
+            r.end = finished(r.fence);
+        }
+    }
+    assert_no_overlap(&judged, &report);
+    let mut summary = Vec::new();
+    for case in &cases {
+        let Case {
+            death,
+            busy,
+            holder,
+            killed_run,
+            first,
+            left_registry,
+            guard_said,
+        } = case;
+        let what = format!("{death:?} killed, holder {holder} busy: {busy}");
+        let late = first.start - first.occurrence.timestamp_micros() as f64 / 1e6;
+        let decided = history
+            .iter()
+            .find(|h| h["fence"] == first.fence)
+            .map_or(serde_json::Value::Null, |h| h["decision_ms"].clone());
+        summary.push(format!(
+            "{what}: first run on {} {late:.3}s late (claim answered after {decided} ms), out of the registry after {left_registry:?}; {}",
+            first.node,
+            guard_said.as_deref().unwrap_or("the guard said nothing")
+        ));
+        assert_ne!(&first.node, holder, "{what}\n{report}");
+        if *busy && *death == Death::Daemon {
+            assert!(
+                killed_run.end.is_none(),
+                "{what}: the run was still going when its daemon was killed: {killed_run:?}\n{report}"
+            );
+        }
+        match (death, busy) {
+            (Death::Daemon, _) => {
+                // Without the guard's handover: the head start (0.5 s) when
+                // idle, the lease (about a margin) when busy.
+                assert!(
+                    late < 0.3,
+                    "{what}: the next run started {late:.3}s late, not at normal lateness\n{report}"
+                );
+                assert_eq!(
+                    first.occurrence.timestamp() - killed_run.occurrence.timestamp(),
+                    1,
+                    "{what}: the next occurrence ran on a peer\n{report}"
+                );
+                // The guard took the owner out of the registry too, well
+                // before its record would have expired (a margin and more).
+                assert!(
+                    *left_registry < Duration::from_millis(700),
+                    "{what}: left the registry after {left_registry:?}\n{report}"
+                );
+                assert!(
+                    guard_said
+                        .as_deref()
+                        .is_some_and(|l| l.contains("leases released")),
+                    "{what}: the guard says what it handed over: {guard_said:?}\n{report}"
+                );
+                if *busy {
+                    assert_eq!(
+                        outcome(killed_run.fence).as_deref(),
+                        Some("killed"),
+                        "{what}: the interrupted run is in history as killed\n{report}"
+                    );
+                }
+            }
+            (Death::Host, false) if backend != Backend::Redlock => {
+                assert!(
+                    (HEAD_START - 0.05..MARGIN).contains(&late),
+                    "{what}: an idle holder's job moves after the head start: {late:.3}s late\n{report}"
+                );
+            }
+            (Death::Host, _) => {
+                // The lease is waited out: it ran a margin past the next
+                // occurrence (Redlock keeps no running mark: idle or not).
+                let lease_end = killed_run.occurrence.timestamp() as f64 + 1.0 + MARGIN;
+                assert!(
+                    first.start >= lease_end - 0.05,
+                    "{what}: a busy holder's lease is waited out; the peer started at {:.3}, the lease ran to {lease_end:.3}\n{report}",
+                    first.start
+                );
+                assert!(late <= MARGIN + 0.1, "{what}: {late:.3}s late\n{report}");
+            }
+        }
+    }
+    eprintln!("{backend:?}:\n  {}", summary.join("\n  "));
+}
+
+#[test]
+fn crashed_daemon_hands_over_sqlite() {
+    crashed_daemon_hands_over(Backend::Sqlite);
+}
+
+#[test]
+fn crashed_daemon_hands_over_mysql() {
+    crashed_daemon_hands_over(Backend::Mysql);
+}
+
+#[test]
+fn crashed_daemon_hands_over_postgres() {
+    crashed_daemon_hands_over(Backend::Postgres);
+}
+
+#[test]
+fn crashed_daemon_hands_over_redis() {
+    crashed_daemon_hands_over(Backend::Redis);
+}
+
+#[test]
+fn crashed_daemon_hands_over_sentinel() {
+    crashed_daemon_hands_over(Backend::Sentinel);
+}
+
+#[test]
+fn crashed_daemon_hands_over_redlock() {
+    crashed_daemon_hands_over(Backend::Redlock);
+}
+
+#[test]
+fn crashed_daemon_hands_over_zookeeper() {
+    crashed_daemon_hands_over(Backend::ZooKeeper);
+}
+
+#[test]
+fn crashed_daemon_hands_over_etcd() {
+    crashed_daemon_hands_over(Backend::Etcd);
+}
