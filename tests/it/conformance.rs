@@ -850,10 +850,8 @@ fn finished(name: &str, owner: &str, fence: u64, at: DateTime<Utc>, outcome: Out
 /// keeps an occurrence only for the head start after its instant (store
 /// clock), then any owner may claim it. A skipped occurrence or a run of
 /// an older claim does not end the mark, and a claim that asks for no head
-/// start rule waits the lease out. Redlock has no running mark: its live
-/// holders keep their whole lease.
+/// start rule waits the lease out.
 pub async fn an_idle_holder_keeps_an_occurrence_only_for_its_head_start(h: &Harness) {
-    let marks = h.backend != Backend::Redlock;
     let (a, b) = (h.store().await, h.store().await);
     let base = from_ms(Utc::now().timestamp_millis());
     let at = |ms: i64| base + TimeDelta::milliseconds(ms);
@@ -872,27 +870,18 @@ pub async fn an_idle_holder_keeps_an_occurrence_only_for_its_head_start(h: &Harn
         .unwrap();
     let l = lost(claim(&b, near("i", "b#1", at(300), Some(50))).await);
     assert_eq!(l.holder.as_deref(), Some("a#1"), "{l:?}");
-    if marks {
-        let wait = l
-            .idle_wait
-            .expect("idle holder: the rest of its head start");
-        assert!(
-            wait > Duration::from_millis(200) && wait <= Duration::from_millis(350),
-            "{l:?}"
-        );
-        // Without the rule, the lease is waited out.
-        let l = lost(claim(&b, near("i", "b#1", at(300), None)).await);
-        assert_eq!(l.idle_wait, None, "{l:?}");
-    } else {
-        assert_eq!(l.idle_wait, None, "{l:?}");
-    }
+    let wait = l
+        .idle_wait
+        .expect("idle holder: the rest of its head start");
+    assert!(
+        wait > Duration::from_millis(200) && wait <= Duration::from_millis(350),
+        "{l:?}"
+    );
+    // Without the rule, the lease is waited out.
+    let l = lost(claim(&b, near("i", "b#1", at(300), None)).await);
+    assert_eq!(l.idle_wait, None, "{l:?}");
     let until = at(360) - Utc::now();
     tokio::time::sleep(until.to_std().unwrap_or_default()).await;
-    if !marks {
-        let l = lost(claim(&b, near("i", "b#1", at(300), Some(50))).await);
-        assert_eq!(l.holder.as_deref(), Some("a#1"), "{l:?}");
-        return;
-    }
     let l = lost(claim(&b, near("i", "b#1", at(300), None)).await);
     assert_eq!(
         l.holder.as_deref(),

@@ -19,6 +19,8 @@ use crate::cluster::Cluster;
 use crate::support::{Backend, binary};
 
 const MARGIN: f64 = 1.0;
+/// How long the judged job sleeps between its start and end lines.
+const JOB_SECONDS: f64 = 0.2;
 
 struct Rng(u64);
 
@@ -87,7 +89,9 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| Utc::now().timestamp_nanos_opt().unwrap_or(1) as u64 | 1);
     let mut rng = Rng(seed);
-    let job = "[[job]]\nname = \"drill\"\nschedule = \"* * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE start $(date +%s.%N)\\\" >> '{out}'; sleep 0.2; echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE end $(date +%s.%N)\\\" >> '{out}'\"\n";
+    let job = format!(
+        "[[job]]\nname = \"drill\"\nschedule = \"* * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE start $(date +%s.%N)\\\" >> '{{out}}'; sleep {JOB_SECONDS}; echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE end $(date +%s.%N)\\\" >> '{{out}}'\"\n"
+    );
     let load: usize = std::env::var("CRONLEASE_DRILL_JOBS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -318,7 +322,22 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
     for (i, a) in runs.iter().enumerate() {
         // A run with no end line was cut short by its node's next
         // disturbance: SIGKILL (the guard kills the job at once) or SIGSTOP
-        // (the watchdog kills the stale job at the thaw).
+        // (the watchdog kills the stale job at the thaw), or, with neither,
+        // by its daemon (a lease it could not prove).
+        // Not frozen while its sleep ran, it was killed within it: a node
+        // frozen between the claim and the job's first line writes that
+        // line at the thaw, and its daemon kills the stale job there.
+        let frozen_while_running = disturbances.iter().any(|d| {
+            d.node == a.node
+                && d.kind == "stop"
+                && d.from >= a.start - 0.01
+                && d.from <= a.start + JOB_SECONDS + 0.05
+        });
+        let own_length = if frozen_while_running {
+            f64::INFINITY
+        } else {
+            a.start + JOB_SECONDS + 0.05
+        };
         let cut = disturbances
             .iter()
             .filter(|d| d.node == a.node && d.from >= a.start - 0.01)
@@ -327,7 +346,7 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                 "stop" => Some(d.healed),
                 _ => None,
             })
-            .fold(f64::INFINITY, f64::min);
+            .fold(own_length, f64::min);
         let end = a.end.unwrap_or(if cut.is_finite() { cut } else { a.start });
         for b in runs[i + 1..].iter().take_while(|b| b.start < end) {
             if b.node != a.node && disturbed(&a.node, "stop", a.start, b.start) {

@@ -231,15 +231,15 @@ fn crashed_daemon_hands_over(backend: Backend) {
                     );
                 }
             }
-            (Death::Host, false) if backend != Backend::Redlock => {
+            (Death::Host, false) => {
                 assert!(
                     (HEAD_START - 0.05..MARGIN).contains(&late),
                     "{what}: an idle holder's job moves after the head start: {late:.3}s late\n{report}"
                 );
             }
             (Death::Host, _) => {
-                // The lease is waited out: it ran a margin past the next
-                // occurrence (Redlock keeps no running mark: idle or not).
+                // A busy holder's lease is waited out: it ran a margin
+                // past the next occurrence.
                 let lease_end = killed_run.occurrence.timestamp() as f64 + 1.0 + MARGIN;
                 assert!(
                     first.start >= lease_end - 0.05,

@@ -49,7 +49,7 @@ use crate::store::registry::{self, Heartbeat, NodeRecord, Registry};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
     Owner, Renewal, RunRecord, StoreError, Won, decide, duration_ms, fence_exhausted, from_ms,
-    newest_first,
+    newest_first, to_ms,
 };
 
 static LEASE: &str = include_str!("redlock_lease.lua");
@@ -99,8 +99,9 @@ struct Life {
     failing_since: Option<Instant>,
 }
 
-/// One master's answer to phase 1 for one request.
-type LeaseEntry = (i64, Option<String>, i64, String, i64, Option<String>);
+/// One master's answer to phase 1 for one request: got, holder, pttl,
+/// fence, last occurrence, state owner, idle wait (`redlock_lease.lua`).
+type LeaseEntry = (i64, Option<String>, i64, String, i64, Option<String>, i64);
 /// A master's phase-1 answer: its clock and an entry per request.
 type LeaseAnswer = Option<Result<(i64, Vec<LeaseEntry>), StoreError>>;
 /// Every master's phase-1 answer.
@@ -127,6 +128,9 @@ struct Tally {
     last: Option<i64>,
     /// Our own lease's time left on the masters where it was ours before.
     ours_pttl: Vec<i64>,
+    /// Counted masters where another owner's lease is idle: the rest of
+    /// its head start there (ms).
+    idle_waits: Vec<i64>,
     errors: Vec<String>,
 }
 
@@ -135,8 +139,13 @@ struct Tally {
 enum Vote {
     /// The lease is ours on a majority: decide the claim.
     Ours,
-    /// Another owner holds it on a majority.
-    Held { holder: String, remaining: Duration },
+    /// Another owner holds it on a majority; `idle_wait` when that lease
+    /// is idle on a majority (the rest of its head start there).
+    Held {
+        holder: String,
+        remaining: Duration,
+        idle_wait: Option<Duration>,
+    },
     /// Nobody holds a majority: try again after a pause.
     Split { holder: Option<String> },
     /// Too few counted masters answered to decide.
@@ -388,7 +397,7 @@ impl RedlockStore {
     /// its entries (in `which` order).
     async fn take_leases(&self, requests: &[ClaimRequest], which: &[usize]) -> LeaseAnswers {
         let mut keys = Vec::with_capacity(2 * which.len());
-        let mut args = Vec::with_capacity(2 * which.len());
+        let mut args = Vec::with_capacity(4 * which.len());
         for &i in which {
             let r = &requests[i];
             keys.push(self.key(r.job.as_str(), "lease"));
@@ -399,6 +408,11 @@ impl RedlockStore {
             } else {
                 duration_ms(r.lease).max(1).to_string()
             });
+            args.push(to_ms(r.occurrence).to_string());
+            args.push(
+                r.head_start
+                    .map_or(String::new(), |h| duration_ms(h).to_string()),
+            );
         }
         let (keys, args) = (&keys, &args);
         // Settled when each request has a majority for one owner.
@@ -421,7 +435,8 @@ impl RedlockStore {
             let Some(Ok((_, entries))) = answer else {
                 continue;
             };
-            let Some((got, holder, pttl, fence, last, state_owner)) = entries.get(slot) else {
+            let Some((got, holder, pttl, fence, last, state_owner, idle_wait)) = entries.get(slot)
+            else {
                 continue;
             };
             if *got == -2 {
@@ -455,7 +470,12 @@ impl RedlockStore {
                     t.ours_before += 1;
                     t.ours_pttl.push(*pttl);
                 }
-                (_, Some(h)) => t.others.push((h.clone(), *pttl)),
+                (_, Some(h)) => {
+                    t.others.push((h.clone(), *pttl));
+                    if *idle_wait >= 0 {
+                        t.idle_waits.push(*idle_wait);
+                    }
+                }
                 _ => {}
             }
         }
@@ -473,6 +493,7 @@ impl RedlockStore {
                 return Vote::Held {
                     holder: holder.to_string(),
                     remaining: Duration::from_millis(left),
+                    idle_wait: majority_past(t.idle_waits.clone(), m),
                 };
             }
         }
@@ -559,14 +580,18 @@ impl RedlockStore {
                 }
                 match vote {
                     Vote::Ours => ours.push((i, t)),
-                    Vote::Held { holder, remaining } => {
+                    Vote::Held {
+                        holder,
+                        remaining,
+                        idle_wait,
+                    } => {
                         outcomes[i] = Some(ClaimOutcome::Lost(Lost {
                             holder: Some(holder),
                             remaining,
                             last_occurrence: t.last.map(from_ms),
                             fence: t.fence,
                             too_early: false,
-                            idle_wait: None,
+                            idle_wait: idle_wait.map(|w| w.min(remaining)),
                         }));
                     }
                     // Still split after the last round: a short wait, so the
@@ -641,9 +666,9 @@ impl RedlockStore {
                 fence: i64::try_from(t.fence).unwrap_or(i64::MAX),
                 expires_at: 0,
                 last_occurrence: t.last,
-                // The lease was taken in phase 1, where a live holder
-                // keeps it whole: Redlock has no running mark yet
-                // (docs/protocol.md, "Fast takeover").
+                // The lease was decided in phase 1 (where an idle holder's
+                // head start is judged by each master's running mark and
+                // clock): no live lease is left for the claim rule to see.
                 running: true,
                 now: store_now,
             };
@@ -814,6 +839,14 @@ fn majority_left(mut pttls: Vec<i64>, majority: usize) -> Option<u64> {
     let k = pttls.len().checked_sub(majority)?;
     pttls.sort_unstable();
     Some(pttls[k].max(0) as u64)
+}
+
+/// How long until `majority` of these waits (ms) are over: the
+/// `majority`-th shortest. `None` when they are fewer.
+fn majority_past(mut waits: Vec<i64>, majority: usize) -> Option<Duration> {
+    waits.sort_unstable();
+    let wait = *waits.get(majority.checked_sub(1)?)?;
+    Some(Duration::from_millis(wait.max(0) as u64))
 }
 
 /// The median of the masters' clocks.
@@ -1221,6 +1254,22 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_lease_is_over_when_a_majority_of_its_head_starts_are() {
+        let ms = Duration::from_millis;
+        assert_eq!(majority_past(vec![30, 10, 20, 50, 40], 3), Some(ms(30)));
+        assert_eq!(majority_past(vec![-5, 10, 20], 3), Some(ms(20)));
+        assert_eq!(majority_past(vec![-5, -1, 0], 3), Some(ms(0)));
+        // Idle on two masters of five: the lease is not idle.
+        assert_eq!(majority_past(vec![10, 20], 3), None);
+        let mut idle = tally(1, &[("b", 900), ("b", 400)], 3);
+        idle.idle_waits = vec![25, 15];
+        assert!(matches!(
+            store().vote(&idle, &request(false)),
+            Vote::Held { idle_wait: Some(w), .. } if w == ms(25)
+        ));
+    }
+
+    #[test]
     fn votes_need_a_majority_for_one_owner() {
         let s = store();
         let claim = request(false);
@@ -1230,7 +1279,7 @@ mod tests {
         ));
         assert!(matches!(
             s.vote(&tally(1, &[("b", 900), ("b", 400)], 3), &claim),
-            Vote::Held { ref holder, remaining } if holder == "b" && remaining == Duration::from_millis(400)
+            Vote::Held { ref holder, remaining, idle_wait: None } if holder == "b" && remaining == Duration::from_millis(400)
         ));
         // One each: nobody may give up, nobody has won.
         assert!(matches!(
@@ -1269,6 +1318,7 @@ mod tests {
                     fence.into(),
                     5,
                     Some(owner.into()),
+                    -1,
                 )],
             )))
         };

@@ -2,24 +2,31 @@
 -- job's lease key where it is free (SET NX PX) and report the job's state as
 -- this master has it. Nothing else is written here: whether a claim is won
 -- is decided by the node over a majority of masters, never by one master.
+-- An idle holder keeps an occurrence only for its head start (fast
+-- takeover, docs/protocol.md): where the state's running mark is "0" (the
+-- run of the holder's last claim is recorded here) and the occurrence is
+-- unclaimed here, its lease is taken over once this master's clock is the
+-- head start past the occurrence, and before that the rest is reported.
 -- Per request i (from 1): KEYS[2i-1] the lease key, KEYS[2i] the state hash
--- (fence, last_occurrence, owner); ARGV[2i-1] the owner, ARGV[2i] the lease
--- (ms), or "0" to take nothing (a recheck only reads).
--- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner}, ...}}:
--- got 2 the lease was the owner's already, 1 taken now, 0 held by another
--- (holder, pttl) or free and not taken (a recheck), -2 the request failed in
--- the server (holder = the error). fence is a decimal string, last -1 when
--- none, holder and state_owner false when none.
+-- (fence, last_occurrence, owner, running); ARGV[4i-3] the owner, ARGV[4i-2]
+-- the lease (ms), or "0" to take nothing (a recheck only reads), ARGV[4i-1]
+-- the occurrence (ms), ARGV[4i] the head start (ms; "" for none).
+-- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner, idle_wait},
+-- ...}}: got 2 the lease was the owner's already, 1 taken now, 0 held by
+-- another (holder, pttl) or free and not taken (a recheck), -2 the request
+-- failed in the server (holder = the error). fence is a decimal string,
+-- last -1 when none, holder and state_owner false when none, idle_wait the
+-- ms left of an idle holder's head start (-1 when the rule does not apply).
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function take(lease_key, state_key, owner, lease_ms)
-  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner')
+local function take(lease_key, state_key, owner, lease_ms, occurrence, head_start)
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running')
   local fence = state[1] or '0'
   local last = tonumber(state[2]) or -1
   local holder = redis.call('GET', lease_key)
   if holder == owner then
-    return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false}
+    return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1}
   end
   if holder then
     local pttl = redis.call('PTTL', lease_key)
@@ -29,24 +36,34 @@ local function take(lease_key, state_key, owner, lease_ms)
       redis.call('PEXPIRE', lease_key, lease_ms)
       pttl = tonumber(lease_ms)
     end
-    return {0, holder, pttl, fence, last, state[3] or false}
+    -- A state without the mark (written before it existed) counts busy.
+    if head_start ~= '' and state[4] == '0' and last < tonumber(occurrence) then
+      local wait = tonumber(occurrence) + tonumber(head_start) - now_ms
+      if wait > 0 or lease_ms == '0' then
+        return {0, holder, pttl, fence, last, state[3] or false, math.max(wait, 0)}
+      end
+      redis.call('SET', lease_key, owner, 'PX', lease_ms)
+      return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1}
+    end
+    return {0, holder, pttl, fence, last, state[3] or false, -1}
   end
   if lease_ms == '0' then
-    return {0, false, 0, fence, last, state[3] or false}
+    return {0, false, 0, fence, last, state[3] or false, -1}
   end
   redis.call('SET', lease_key, owner, 'PX', lease_ms)
-  return {1, owner, tonumber(lease_ms), fence, last, state[3] or false}
+  return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1}
 end
 
 local replies = {}
 for i = 1, #KEYS / 2 do
-  local ok, reply = pcall(take, KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], ARGV[2 * i])
+  local a = 4 * (i - 1)
+  local ok, reply = pcall(take, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
   if ok then
     replies[i] = reply
   else
     local e = reply
     if type(e) == 'table' then e = e.err or 'error' end
-    replies[i] = {-2, tostring(e), 0, '0', -1, false}
+    replies[i] = {-2, tostring(e), 0, '0', -1, false, -1}
   end
 end
 return {now_ms, replies}

@@ -1,6 +1,8 @@
 -- Redlock, phase 2 on one master (docs/protocol.md): per claim the node won
 -- on a majority of leases, write its fence and occurrence, only where the
 -- lease is still the owner's, and extend that lease to its full length.
+-- The state's running mark is set: the holder keeps its whole lease until
+-- the run of this claim is recorded (record.lua clears it).
 -- Per request i: KEYS[2i-1] the lease key, KEYS[2i] the state hash;
 -- ARGV[4(i-1)+1..4] owner, lease (ms), fence (decimal), last occurrence (ms).
 -- A fence lower than the one stored is not written (a master that missed
@@ -23,7 +25,7 @@ for i = 1, #KEYS / 2 do
     local stored = redis.call('HGET', state_key, 'fence') or '0'
     if not greater(stored, fence) then
       redis.call('PEXPIRE', lease_key, ARGV[a + 2])
-      redis.call('HSET', state_key, 'fence', fence, 'last_occurrence', ARGV[a + 4], 'owner', owner, 'modified_at', now)
+      redis.call('HSET', state_key, 'fence', fence, 'last_occurrence', ARGV[a + 4], 'owner', owner, 'modified_at', now, 'running', '1')
       done[i] = 1
     end
   end
