@@ -349,7 +349,13 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
             .fold(own_length, f64::min);
         let end = a.end.unwrap_or(if cut.is_finite() { cut } else { a.start });
         for b in runs[i + 1..].iter().take_while(|b| b.start < end) {
-            if b.node != a.node && disturbed(&a.node, "stop", a.start, b.start) {
+            // The stale one of the two is the lower fence: frozen after its
+            // claim (while it ran, or before its first line, written at the
+            // thaw), it resumed on a lease a peer had taken over since.
+            let stale = if a.fence < b.fence { a } else { b };
+            if b.node != a.node
+                && disturbed(&stale.node, "stop", secs(stale.occurrence) - 0.01, b.start)
+            {
                 counts.stale_fenced += 1;
             } else {
                 counts.overlapping += 1;

@@ -7,8 +7,12 @@
 -- run of the holder's last claim is recorded here) and the occurrence is
 -- unclaimed here, its lease is taken over once this master's clock is the
 -- head start past the occurrence, and before that the rest is reported.
+-- A claim that has the lease here notes its occurrence (the state's
+-- `claiming`): a holder whose claim is under way on this master, slower
+-- than the head start, is not taken over here between its two phases
+-- (which could leave the occurrence to nobody).
 -- Per request i (from 1): KEYS[2i-1] the lease key, KEYS[2i] the state hash
--- (fence, last_occurrence, owner, running); ARGV[4i-3] the owner, ARGV[4i-2]
+-- (fence, last_occurrence, owner, running, claiming); ARGV[4i-3] the owner, ARGV[4i-2]
 -- the lease (ms), or "0" to take nothing (a recheck only reads), ARGV[4i-1]
 -- the occurrence (ms), ARGV[4i] the head start (ms; "" for none).
 -- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner, idle_wait},
@@ -21,11 +25,15 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function take(lease_key, state_key, owner, lease_ms, occurrence, head_start)
-  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running')
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'claiming')
   local fence = state[1] or '0'
   local last = tonumber(state[2]) or -1
+  local occ = tonumber(occurrence)
   local holder = redis.call('GET', lease_key)
   if holder == owner then
+    if lease_ms ~= '0' then
+      redis.call('HSET', state_key, 'claiming', occurrence)
+    end
     return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1}
   end
   if holder then
@@ -37,12 +45,13 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
       pttl = tonumber(lease_ms)
     end
     -- A state without the mark (written before it existed) counts busy.
-    if head_start ~= '' and state[4] == '0' and last < tonumber(occurrence) then
-      local wait = tonumber(occurrence) + tonumber(head_start) - now_ms
+    if head_start ~= '' and state[4] == '0' and last < occ and (tonumber(state[5]) or -1) < occ then
+      local wait = occ + tonumber(head_start) - now_ms
       if wait > 0 or lease_ms == '0' then
         return {0, holder, pttl, fence, last, state[3] or false, math.max(wait, 0)}
       end
       redis.call('SET', lease_key, owner, 'PX', lease_ms)
+      redis.call('HSET', state_key, 'claiming', occurrence)
       return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1}
     end
     return {0, holder, pttl, fence, last, state[3] or false, -1}
@@ -51,6 +60,7 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
     return {0, false, 0, fence, last, state[3] or false, -1}
   end
   redis.call('SET', lease_key, owner, 'PX', lease_ms)
+  redis.call('HSET', state_key, 'claiming', occurrence)
   return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1}
 end
 
