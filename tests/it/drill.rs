@@ -71,6 +71,9 @@ pub struct Counts {
     pub fence_out_of_order: usize,
     pub missed_while_up: usize,
     pub lost_between_claim_and_start: usize,
+    /// SQLite: missed while a frozen node held the database file's write
+    /// lock (nothing started anywhere from its freeze to its thaw).
+    pub sqlite_locked_by_frozen_writer: usize,
     /// Runs of the load jobs, and how many of their occurrences ran twice or
     /// got a fence lower than an earlier occurrence of the same job.
     pub load_runs: usize,
@@ -224,7 +227,7 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     judge(&c, &disturbances, begin, judged_until, &mut counts);
     judge_load(&c, &mut counts);
     eprintln!(
-        "drill {backend:?} {seconds}s seed {seed} with {load} load jobs ({} runs, ran twice {}, fences out of order {}): events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}",
+        "drill {backend:?} {seconds}s seed {seed} with {load} load jobs ({} runs, ran twice {}, fences out of order {}): events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}; SQLite file locked by a frozen writer {}",
         counts.load_runs,
         counts.load_ran_twice,
         counts.load_fence_out_of_order,
@@ -236,7 +239,8 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
         counts.fence_out_of_order,
         counts.missed_while_up,
         counts.lost_between_claim_and_start,
-        counts.skipped_overlap
+        counts.skipped_overlap,
+        counts.sqlite_locked_by_frozen_writer
     );
     assert_eq!(counts.ran_twice, 0, "seed {seed}\n{report}");
     assert_eq!(counts.overlapping, 0, "seed {seed}\n{report}");
@@ -419,12 +423,28 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                     })
             });
             let in_window = lease_lost.contains(&t) || killed_after_claim || frozen_catch_up;
+            // SQLite is one file whose write lock belongs to whichever
+            // process writes: a node frozen inside a write transaction (a
+            // claim, a heartbeat, a history write) holds it, and every
+            // node's calls wait until its thaw. Its mark: no run started
+            // anywhere from the freeze to the thaw, which covers the instant.
+            let file_locked = c.backend == Backend::Sqlite
+                && disturbances.iter().any(|d| {
+                    d.kind == "stop"
+                        && d.from < instant
+                        && d.healed > instant + MARGIN
+                        && !runs
+                            .iter()
+                            .any(|r| r.start > d.from && r.start < d.healed - 0.01)
+                });
             if skipped.contains(&t) {
                 // overlap = "skip": a late run (a thawed holder) was still
                 // going at this instant; claimed and skipped, as configured.
                 counts.skipped_overlap += 1;
             } else if in_window {
                 counts.lost_between_claim_and_start += 1;
+            } else if file_locked {
+                counts.sqlite_locked_by_frozen_writer += 1;
             } else {
                 counts.missed_while_up += 1;
                 let around: Vec<&Disturbance> = disturbances
