@@ -405,7 +405,7 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
             // Likewise a node frozen right after the instant, its claim in
             // flight: the store answered, the node learns of its win only
             // at the thaw, long past the lease (seen in CI on Sentinel).
-            let killed_after_claim = disturbances.iter().any(|d| {
+            let cut_off_after_claim = disturbances.iter().any(|d| {
                 matches!(d.kind, "kill" | "stop")
                     && [instant, instant + MARGIN]
                         .iter()
@@ -425,7 +425,7 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                             && d.from <= r.end.unwrap_or(f64::INFINITY)
                     })
             });
-            let in_window = lease_lost.contains(&t) || killed_after_claim || frozen_catch_up;
+            let in_window = lease_lost.contains(&t) || cut_off_after_claim || frozen_catch_up;
             // SQLite is one file whose write lock belongs to whichever
             // process writes: a node frozen inside a write transaction (a
             // claim, a heartbeat, a history write) holds it, and every

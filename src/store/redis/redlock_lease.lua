@@ -1,7 +1,8 @@
 -- Redlock, phase 1 on one master (docs/protocol.md): per request, take the
 -- job's lease key where it is free (SET NX PX) and report the job's state as
--- this master has it. Nothing else is written here: whether a claim is won
--- is decided by the node over a majority of masters, never by one master.
+-- this master has it. Besides leases, only the state's `claiming` is
+-- written here: whether a claim is won is decided by the node over a
+-- majority of masters, never by one master.
 -- An idle holder keeps an occurrence only for its head start (fast
 -- takeover, docs/protocol.md): where the state's running mark is "0" (the
 -- run of the holder's last claim is recorded here) and the occurrence is
@@ -12,9 +13,10 @@
 -- than the head start, is not taken over here between its two phases
 -- (which could leave the occurrence to nobody).
 -- Per request i (from 1): KEYS[2i-1] the lease key, KEYS[2i] the state hash
--- (fence, last_occurrence, owner, running, claiming); ARGV[4i-3] the owner, ARGV[4i-2]
--- the lease (ms), or "0" to take nothing (a recheck only reads), ARGV[4i-1]
--- the occurrence (ms), ARGV[4i] the head start (ms; "" for none).
+-- (fence, last_occurrence, owner, running, claiming); ARGV[4i-3] the
+-- owner, ARGV[4i-2] the lease (ms), or "0" to take nothing (a recheck only
+-- reads), ARGV[4i-1] the occurrence (ms), ARGV[4i] the head start (ms; ""
+-- for none).
 -- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner, idle_wait},
 -- ...}}: got 2 the lease was the owner's already, 1 taken now, 0 held by
 -- another (holder, pttl) or free and not taken (a recheck), -2 the request
@@ -29,6 +31,12 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
   local fence = state[1] or '0'
   local last = tonumber(state[2]) or -1
   local occ = tonumber(occurrence)
+  -- The lease becomes the owner's here, noting the occurrence it claims.
+  local function take_now()
+    redis.call('SET', lease_key, owner, 'PX', lease_ms)
+    redis.call('HSET', state_key, 'claiming', occurrence)
+    return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1}
+  end
   local holder = redis.call('GET', lease_key)
   if holder == owner then
     if lease_ms ~= '0' then
@@ -50,18 +58,14 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
       if wait > 0 or lease_ms == '0' then
         return {0, holder, pttl, fence, last, state[3] or false, math.max(wait, 0)}
       end
-      redis.call('SET', lease_key, owner, 'PX', lease_ms)
-      redis.call('HSET', state_key, 'claiming', occurrence)
-      return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1}
+      return take_now()
     end
     return {0, holder, pttl, fence, last, state[3] or false, -1}
   end
   if lease_ms == '0' then
     return {0, false, 0, fence, last, state[3] or false, -1}
   end
-  redis.call('SET', lease_key, owner, 'PX', lease_ms)
-  redis.call('HSET', state_key, 'claiming', occurrence)
-  return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1}
+  return take_now()
 end
 
 local replies = {}
