@@ -283,23 +283,28 @@ fn judge_load(c: &Cluster, counts: &mut Counts) {
     }
 }
 
-/// Occurrences (unix seconds) the store's history records with `outcome`:
-/// `lease_lost` (claimed, then given up because the holder could not prove
-/// its lease) or `skipped` (claimed while the previous run still went).
-fn recorded_as(c: &Cluster, outcome: &str) -> std::collections::BTreeSet<i64> {
+/// Occurrences (unix seconds) the judged job's history records with
+/// `outcome`, for each of `outcomes`, read once: `lease_lost` (claimed,
+/// then given up because the holder could not prove its lease) or
+/// `skipped` (claimed while the previous run still went).
+fn recorded_as<const N: usize>(
+    c: &Cluster,
+    outcomes: [&str; N],
+) -> [std::collections::BTreeSet<i64>; N] {
     let runs = c.all_history("n1", Some("drill"));
-    runs.as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["job"] == "drill" && r["outcome"] == outcome)
-        .filter_map(|r| DateTime::parse_from_rfc3339(r["occurrence"].as_str()?).ok())
-        .map(|t| t.timestamp())
-        .collect()
+    outcomes.map(|outcome| {
+        runs.as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["job"] == "drill" && r["outcome"] == outcome)
+            .filter_map(|r| DateTime::parse_from_rfc3339(r["occurrence"].as_str()?).ok())
+            .map(|t| t.timestamp())
+            .collect()
+    })
 }
 
 fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, counts: &mut Counts) {
-    let lease_lost = recorded_as(c, "lease_lost");
-    let skipped = recorded_as(c, "skipped");
+    let [lease_lost, skipped] = recorded_as(c, ["lease_lost", "skipped"]);
     let mut runs = c.runs();
 
     // Each occurrence once; fences increasing in occurrence order.
