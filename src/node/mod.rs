@@ -30,6 +30,7 @@ mod batch;
 mod claim;
 pub mod clock;
 pub mod health;
+pub mod lease;
 mod membership;
 mod run;
 
@@ -72,32 +73,20 @@ struct LeaseClock {
 }
 
 impl LeaseClock {
-    /// Clock-rate allowance: the local clock may run this much slower than
-    /// the store's over a lease.
-    fn allowance(&self) -> Duration {
-        self.lease / 1000
-    }
-
-    /// the local deadline of docs/protocol.md: sent + lease − margin/2 − allowance.
+    /// The local deadline of docs/protocol.md ([`lease::stop_after`]).
     fn deadline(&self, margin: Duration) -> Instant {
-        (self.sent + self.lease)
-            .checked_sub(margin / 2 + self.allowance())
-            .unwrap_or(self.sent)
+        self.sent + lease::stop_after(self.lease, margin)
     }
 
-    /// When the watchdog renews: once a third of the time up to the local
-    /// deadline is left. Counting from the deadline rather than the raw lease
-    /// matters for short leases: a 2 s lease with a 1 s margin renewed at 2/3
-    /// of the lease would leave the renewal only 165 ms before the deadline.
+    /// When the watchdog renews ([`lease::renew_after`]).
     fn renew_at(&self, margin: Duration) -> Instant {
-        self.sent + self.deadline(margin).saturating_duration_since(self.sent) * 2 / 3
+        self.sent + lease::renew_after(self.lease, margin)
     }
 
-    /// The earliest moment the store may see the lease as expired.
+    /// The earliest moment the store may see the lease as expired
+    /// ([`lease::kill_after`]).
     fn expiry(&self) -> Instant {
-        (self.sent + self.lease)
-            .checked_sub(self.allowance())
-            .unwrap_or(self.sent)
+        self.sent + lease::kill_after(self.lease)
     }
 }
 
@@ -345,6 +334,9 @@ pub struct Node {
     started_at: DateTime<Utc>,
     /// The live nodes as of the last heartbeat ([`membership`]).
     live_nodes: Mutex<Vec<crate::store::NodeRecord>>,
+    /// When the last heartbeat that went through was sent, on its own or
+    /// in a claim batch ([`membership`]).
+    beaten_at: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -458,6 +450,7 @@ impl Node {
             keep_health_fresh: config.metrics_listen.is_some(),
             started_at,
             live_nodes: Mutex::new(Vec::new()),
+            beaten_at: Mutex::new(None),
         })
     }
 
@@ -599,9 +592,26 @@ impl Node {
             let n = &node;
             let claims = n.claim_queue.serve(move |requests| async move {
                 let sent = n.wall.now();
-                let claimed = n
-                    .call("claim", n.op_timeout, n.store.claim(&requests))
-                    .await?;
+                let claimed = match n.beat_for_batch() {
+                    None => {
+                        n.call("claim", n.op_timeout, n.store.claim(&requests))
+                            .await?
+                    }
+                    Some(beat) => {
+                        let beat_sent = tokio::time::Instant::now();
+                        let (claimed, nodes) = n
+                            .call(
+                                "claim",
+                                n.op_timeout,
+                                n.store.claim_beating(&requests, &beat),
+                            )
+                            .await?;
+                        if let Some(nodes) = nodes {
+                            n.beaten(nodes, beat_sent);
+                        }
+                        claimed
+                    }
+                };
                 let answered = n.wall.now();
                 tracing::debug!(
                     requests = requests.len(),

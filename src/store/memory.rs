@@ -64,6 +64,8 @@ pub struct Call {
     pub requests: usize,
     /// The store's clock when it came.
     pub at: DateTime<Utc>,
+    /// A claim call that carried the node's heartbeat.
+    pub beat: bool,
 }
 
 /// The in-memory store (see the module documentation).
@@ -154,6 +156,7 @@ impl MemoryStore {
             op,
             requests: n,
             at,
+            beat: false,
         });
         Ok(state)
     }
@@ -224,47 +227,8 @@ impl Locks for MemoryStore {
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
         let now = self.now_ms();
         let mut s = self.count("claim", requests.len())?;
-        let mut outcomes = Vec::with_capacity(requests.len());
-        for req in requests {
-            let lock = s.locks.entry(req.job.to_string()).or_default();
-            let row = LockRow {
-                owner: lock.owner.clone(),
-                fence: lock.fence,
-                expires_at: lock.expires_at,
-                last_occurrence: lock.last_occurrence,
-                running: lock.running,
-                now,
-            };
-            outcomes.push(match decide(&row, req) {
-                Decision::Claim {
-                    fence,
-                    expires_at,
-                    last_occurrence,
-                    won,
-                } => {
-                    *lock = Lock {
-                        owner: Some(req.owner.to_string()),
-                        fence,
-                        expires_at,
-                        last_occurrence: Some(last_occurrence),
-                        running: true,
-                    };
-                    ClaimOutcome::Won(won)
-                }
-                Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
-                Decision::FenceExhausted => {
-                    ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
-                }
-            });
-        }
-        if s.lose_replies > 0 {
-            s.lose_replies -= 1;
-            return Err(StoreError::Timeout(Duration::from_secs(2)));
-        }
-        Ok(Claimed {
-            store_now: from_ms(now),
-            outcomes,
-        })
+        let outcomes = claim_in(&mut s, requests, now);
+        answer_claims(&mut s, now, outcomes)
     }
 
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -390,12 +354,25 @@ impl Registry for MemoryStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         let now = self.now_ms();
         let mut s = self.count("heartbeat", 1)?;
-        let forget_before = now.saturating_sub(duration_ms(FORGET_AFTER));
-        s.nodes.retain(|_, (_, _, end)| *end >= forget_before);
-        let end = now.saturating_add(duration_ms(beat.ttl));
-        s.nodes
-            .insert(beat.owner.to_string(), (BeatData::from(beat), now, end));
+        beat_in(&mut s, beat, now);
         Ok(live_nodes(&s, now))
+    }
+
+    /// Under the one lock, as one `claim` call (`beat` set in the log).
+    async fn claim_beating(
+        &self,
+        requests: &[ClaimRequest],
+        beat: &Heartbeat,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        let now = self.now_ms();
+        let mut s = self.count("claim", requests.len())?;
+        if let Some(call) = s.log.last_mut() {
+            call.beat = true;
+        }
+        let outcomes = claim_in(&mut s, requests, now);
+        beat_in(&mut s, beat, now);
+        let nodes = live_nodes(&s, now);
+        answer_claims(&mut s, now, outcomes).map(|c| (c, Some(nodes)))
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -409,6 +386,69 @@ impl Registry for MemoryStore {
         s.nodes.remove(owner.as_str());
         Ok(())
     }
+}
+
+/// Decides `requests` on the locks of `s`, at `now`.
+fn claim_in(s: &mut State, requests: &[ClaimRequest], now: i64) -> Vec<ClaimOutcome> {
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for req in requests {
+        let lock = s.locks.entry(req.job.to_string()).or_default();
+        let row = LockRow {
+            owner: lock.owner.clone(),
+            fence: lock.fence,
+            expires_at: lock.expires_at,
+            last_occurrence: lock.last_occurrence,
+            running: lock.running,
+            now,
+        };
+        outcomes.push(match decide(&row, req) {
+            Decision::Claim {
+                fence,
+                expires_at,
+                last_occurrence,
+                won,
+            } => {
+                *lock = Lock {
+                    owner: Some(req.owner.to_string()),
+                    fence,
+                    expires_at,
+                    last_occurrence: Some(last_occurrence),
+                    running: true,
+                };
+                ClaimOutcome::Won(won)
+            }
+            Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
+            Decision::FenceExhausted => {
+                ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
+            }
+        });
+    }
+    outcomes
+}
+
+/// The answer to a claim call, or the lost reply a test asked for.
+fn answer_claims(
+    s: &mut State,
+    now: i64,
+    outcomes: Vec<ClaimOutcome>,
+) -> Result<Claimed, StoreError> {
+    if s.lose_replies > 0 {
+        s.lose_replies -= 1;
+        return Err(StoreError::Timeout(Duration::from_secs(2)));
+    }
+    Ok(Claimed {
+        store_now: from_ms(now),
+        outcomes,
+    })
+}
+
+/// Writes `beat`'s record at `now`, forgetting long-dead ones.
+fn beat_in(s: &mut State, beat: &Heartbeat, now: i64) {
+    let forget_before = now.saturating_sub(duration_ms(FORGET_AFTER));
+    s.nodes.retain(|_, (_, _, end)| *end >= forget_before);
+    let end = now.saturating_add(duration_ms(beat.ttl));
+    s.nodes
+        .insert(beat.owner.to_string(), (BeatData::from(beat), now, end));
 }
 
 fn live_nodes(s: &State, now: i64) -> Vec<NodeRecord> {

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Owner, StoreError, from_ms, to_ms};
+use super::{ClaimRequest, Claimed, Owner, StoreError, from_ms, to_ms};
 
 /// A record expired this long ago is deleted by the next heartbeat of any
 /// node; until then it is kept, but never listed.
@@ -67,6 +67,37 @@ pub trait Registry: Send + Sync + 'static {
 
     /// Deletes `owner`'s record (a node shutting down).
     async fn leave(&self, owner: &Owner) -> Result<(), StoreError>;
+
+    /// Claims `requests` as [`super::Locks::claim`] does and writes `beat`
+    /// with them, so the batches a node sends anyway keep its record fresh
+    /// (docs/protocol.md, "Node registry", says how each store carries it).
+    /// The live records come back with the claims; `None` when the claims
+    /// were decided but the beat did not go through (the claims stand, the
+    /// node beats again on its own). An error means the claims were not
+    /// answered, as for `claim`.
+    async fn claim_beating(
+        &self,
+        requests: &[ClaimRequest],
+        beat: &Heartbeat,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError>;
+}
+
+/// [`Registry::claim_beating`] for a store whose claim takes several round
+/// trips of its own (Redlock's two phases over the masters, ZooKeeper's and
+/// etcd's read, decide, compare-and-set): the beat goes at the same moment
+/// as the claim, over the same connections (each multiplexes its requests),
+/// so it adds no round trip to the claim's path and no wake-up of its own.
+/// Also every store's answer to a batch with no claims (the beat alone).
+pub(crate) async fn claim_alongside<S: super::Locks + Registry + ?Sized>(
+    store: &S,
+    requests: &[ClaimRequest],
+    beat: &Heartbeat,
+) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+    let (claimed, nodes) = tokio::join!(store.claim(requests), store.heartbeat(beat));
+    if let Err(e) = &nodes {
+        tracing::debug!("the heartbeat sent with a claim batch failed: {e}");
+    }
+    Ok((claimed?, nodes.ok()))
 }
 
 /// A record's fields as key-value stores keep them (JSON); the instants

@@ -909,6 +909,15 @@ impl Registry for ZkStore {
         self.idempotent(client.delete(&path, None), zk::Error::NoNode)
             .await
     }
+
+    /// Sent alongside the claim ([`registry::claim_alongside`]).
+    async fn claim_beating(
+        &self,
+        requests: &[ClaimRequest],
+        beat: &Heartbeat,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        registry::claim_alongside(self, requests, beat).await
+    }
 }
 
 impl ZkStore {

@@ -130,18 +130,23 @@ impl World {
         }
     }
 
-    fn config(&self, node: &str, jobs: &str) -> Config {
+    fn config(&self, node: &str, margin: &str, jobs: &str) -> Config {
         let path = self.dir.path().join(format!("{node}.toml"));
         let text = format!(
-            "node = \"{node}\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[lease]\nmargin = \"1s\"\n{jobs}",
+            "node = \"{node}\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[lease]\nmargin = \"{margin}\"\n{jobs}",
             self.dir.path().display()
         );
         std::fs::write(&path, text).unwrap();
         config::load(&path, &Overrides::default()).unwrap()
     }
 
+    /// A node with the default test margin of 1 s.
     fn start(&self, name: &str, jobs: &str) -> Running {
-        let config = self.config(name, jobs);
+        self.start_with_margin(name, "1s", jobs)
+    }
+
+    fn start_with_margin(&self, name: &str, margin: &str, jobs: &str) -> Running {
+        let config = self.config(name, margin, jobs);
         let store = self.store.connection();
         let node = Node::with_parts(
             &config,
@@ -244,6 +249,70 @@ async fn jobs_due_at_one_instant_are_one_claim_call() {
     );
     let history = w.store.history_len();
     assert_eq!(history, 900);
+    a.stop().await;
+}
+
+/// A node whose claim batches come more often than its heartbeat period
+/// (every second; a 5 s margin beats every 1.875 s) beats only inside them
+/// once they run, and its record never lapses.
+#[tokio::test(start_paused = true)]
+async fn claim_batches_carry_the_heartbeat() {
+    let w = World::new(VirtualRunner::default());
+    let every_second =
+        "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start_with_margin("a", "5s", every_second);
+    for s in 1..=20 {
+        w.until(t(f64::from(s) - 0.5)).await;
+        let nodes = cronlease::store::Registry::nodes(&w.store).await.unwrap();
+        assert_eq!(nodes.len(), 1, "at {s} s: {nodes:?}");
+    }
+    let log = w.store.call_log();
+    let claims: Vec<_> = log.iter().filter(|c| c.op == "claim").collect();
+    assert_eq!(claims.len(), 20, "{claims:?}");
+    // The first beat goes on its own (at the start, -0.5 s; the batch at
+    // 0 s came less than half a period after it); from then on every batch
+    // carries it.
+    assert!(
+        claims.iter().filter(|c| c.at >= t(1.0)).all(|c| c.beat),
+        "{claims:?}"
+    );
+    let alone: Vec<i64> = log
+        .iter()
+        .filter(|c| c.op == "heartbeat")
+        .map(|c| ms(c.at - t(0.0)))
+        .collect();
+    assert_eq!(alone, [-500], "beats on their own");
+    a.stop().await;
+}
+
+/// A node with nothing due beats on its own, once per period (5 s margin:
+/// every 1.875 s), and its record never lapses.
+#[tokio::test(start_paused = true)]
+async fn a_node_with_no_batches_beats_on_its_own() {
+    let w = World::new(VirtualRunner::default());
+    let yearly =
+        "[[job]]\nname = \"yearly\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start_with_margin("a", "5s", yearly);
+    for s in 1..=20 {
+        w.until(t(f64::from(s))).await;
+        let nodes = cronlease::store::Registry::nodes(&w.store).await.unwrap();
+        assert_eq!(nodes.len(), 1, "at {s} s: {nodes:?}");
+    }
+    let log = w.store.call_log();
+    assert!(log.iter().all(|c| c.op != "claim"), "{log:?}");
+    let alone: Vec<i64> = log
+        .iter()
+        .filter(|c| c.op == "heartbeat")
+        .map(|c| ms(c.at - t(-0.5)))
+        .collect();
+    // From the start at -0.5 s to 20 s: 1 + 20.5 s / 1.875 s.
+    assert_eq!(alone.len(), 11, "{alone:?}");
+    assert!(
+        alone
+            .windows(2)
+            .all(|p| (1_874..=1_876).contains(&(p[1] - p[0]))),
+        "{alone:?}"
+    );
     a.stop().await;
 }
 

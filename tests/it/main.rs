@@ -26,6 +26,7 @@ mod inprocess;
 mod jobs;
 mod many;
 mod migrate;
+mod model;
 mod outage;
 mod pidfile;
 mod redlock;

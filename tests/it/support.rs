@@ -626,8 +626,13 @@ pub fn proc_stat(pid: i32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The daemon under test: this build's, or for a benchmark's before/after
+/// table the one `CRONLEASE_BENCH_BIN` names.
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_cronlease"))
+    std::env::var_os("CRONLEASE_BENCH_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_cronlease")),
+        PathBuf::from,
+    )
 }
 
 /// A port nobody listens on right now.

@@ -1185,6 +1185,15 @@ impl Registry for RedlockStore {
             .await
             .map(|_| ())
     }
+
+    /// Sent alongside the claim ([`registry::claim_alongside`]).
+    async fn claim_beating(
+        &self,
+        requests: &[ClaimRequest],
+        beat: &Heartbeat,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        registry::claim_alongside(self, requests, beat).await
+    }
 }
 
 #[cfg(test)]

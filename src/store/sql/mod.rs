@@ -74,13 +74,15 @@ pub struct Dialect {
 /// What a locking transaction does with the rows of its batch.
 #[derive(Clone, Copy)]
 enum Locked<'a> {
-    Claim(&'a [ClaimRequest]),
+    /// Claims, and the node's heartbeat when it rides along.
+    Claim(&'a [ClaimRequest], Option<&'a Heartbeat>),
     Renew(&'a Owner, &'a [Renewal]),
 }
 
 /// The answer of a locking transaction.
 enum Answer {
-    Claimed(Claimed),
+    /// The claims, and the live nodes when a heartbeat rode along.
+    Claimed(Claimed, Option<Vec<NodeRecord>>),
     Renewed(Vec<bool>),
 }
 
@@ -817,7 +819,7 @@ impl SqlStore {
     ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
         self.check_sqlite_file()?;
         let mut names: Vec<&str> = match op {
-            Locked::Claim(requests) => requests.iter().map(|r| r.job.as_str()).collect(),
+            Locked::Claim(requests, _) => requests.iter().map(|r| r.job.as_str()).collect(),
             Locked::Renew(_, renewals) => renewals.iter().map(|r| r.job.as_str()).collect(),
         };
         names.sort_unstable();
@@ -835,7 +837,7 @@ impl SqlStore {
             "store rows locked"
         );
         #[cfg(feature = "failpoints")]
-        if matches!(op, Locked::Claim(_)) {
+        if matches!(op, Locked::Claim(..)) {
             stop_failpoint();
         }
         let file_now = self.file_clock_now()?;
@@ -846,7 +848,7 @@ impl SqlStore {
         }
         let mut changed: BTreeMap<&str, ()> = BTreeMap::new();
         let answer = match op {
-            Locked::Claim(requests) => {
+            Locked::Claim(requests, _) => {
                 let missing: Vec<String> = names
                     .iter()
                     .filter(|n| !rows.contains_key(**n))
@@ -902,10 +904,13 @@ impl SqlStore {
                             .await?
                     }
                 };
-                Answer::Claimed(Claimed {
-                    store_now: from_ms(store_now),
-                    outcomes: outcomes.into_iter().flatten().collect(),
-                })
+                Answer::Claimed(
+                    Claimed {
+                        store_now: from_ms(store_now),
+                        outcomes: outcomes.into_iter().flatten().collect(),
+                    },
+                    None,
+                )
             }
             Locked::Renew(owner, renewals) => {
                 let mut done = Vec::with_capacity(renewals.len());
@@ -935,6 +940,16 @@ impl SqlStore {
             })
             .collect();
         self.write_rows(tx, &writes).await?;
+        let answer = match (answer, op) {
+            // The beat commits with the claims; the rows of the batch are
+            // locked first, so the registry row comes last in every
+            // transaction's lock order. Long-dead records are left to the
+            // heartbeat on its own (a scan here could deadlock two batches).
+            (Answer::Claimed(claimed, _), Locked::Claim(_, Some(beat))) => {
+                Answer::Claimed(claimed, Some(self.beat_on(tx, beat, false).await?))
+            }
+            (answer, _) => answer,
+        };
         Ok(Ok(answer))
     }
 
@@ -1160,8 +1175,8 @@ impl Locks for SqlStore {
                 outcomes: Vec::new(),
             });
         }
-        match self.locked(Locked::Claim(requests)).await {
-            Ok(Answer::Claimed(claimed)) => Ok(claimed),
+        match self.locked(Locked::Claim(requests, None)).await {
+            Ok(Answer::Claimed(claimed, _)) => Ok(claimed),
             Ok(Answer::Renewed(_)) => Err(self.err(sqlx::Error::Protocol(
                 "a claim answered as a renewal".into(),
             ))),
@@ -1190,7 +1205,7 @@ impl Locks for SqlStore {
         }
         match self.locked(Locked::Renew(owner, renewals)).await {
             Ok(Answer::Renewed(done)) => Ok(done),
-            Ok(Answer::Claimed(_)) => Err(self.err(sqlx::Error::Protocol(
+            Ok(Answer::Claimed(..)) => Err(self.err(sqlx::Error::Protocol(
                 "a renewal answered as a claim".into(),
             ))),
             Err(e) => Err(self.err(e)),
@@ -1351,11 +1366,13 @@ impl SqlStore {
         Ok(registry::sorted(nodes))
     }
 
-    /// Writes a heartbeat's row, forgets long-dead ones, reads the live ones.
+    /// Writes a heartbeat's row, forgets long-dead ones when `forget`,
+    /// reads the live ones.
     async fn beat_on(
         &self,
         conn: &mut AnyConnection,
         beat: &Heartbeat,
+        forget: bool,
     ) -> Result<Vec<NodeRecord>, sqlx::Error> {
         let p = &self.prefix;
         // One reading of SQLite's clock for the three statements.
@@ -1376,13 +1393,15 @@ impl SqlStore {
         .bind(i64::from(beat.jobs_held))
         .execute(&mut *conn)
         .await?;
-        sqlx::query(self.sql(
-            format!("DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"),
-            now,
-        )?)
-        .bind(duration_ms(registry::FORGET_AFTER))
-        .execute(&mut *conn)
-        .await?;
+        if forget {
+            sqlx::query(self.sql(
+                format!("DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"),
+                now,
+            )?)
+            .bind(duration_ms(registry::FORGET_AFTER))
+            .execute(&mut *conn)
+            .await?;
+        }
         self.live_nodes(conn, now).await
     }
 }
@@ -1392,7 +1411,7 @@ impl Registry for SqlStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         self.retrying(|| async {
             let mut conn = self.pool().acquire().await?;
-            let nodes = self.beat_on(&mut conn, beat).await;
+            let nodes = self.beat_on(&mut conn, beat, true).await;
             if nodes.is_err() {
                 conn.close_on_drop();
             }
@@ -1422,6 +1441,25 @@ impl Registry for SqlStore {
         .await
         .map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    /// The beat is written inside the claim transaction, after the lock
+    /// rows, and commits (or not) with the claims.
+    async fn claim_beating(
+        &self,
+        requests: &[ClaimRequest],
+        beat: &Heartbeat,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        if requests.is_empty() {
+            return registry::claim_alongside(self, requests, beat).await;
+        }
+        match self.locked(Locked::Claim(requests, Some(beat))).await {
+            Ok(Answer::Claimed(claimed, nodes)) => Ok((claimed, nodes)),
+            Ok(Answer::Renewed(_)) => Err(self.err(sqlx::Error::Protocol(
+                "a claim answered as a renewal".into(),
+            ))),
+            Err(e) => Err(self.err(e)),
+        }
     }
 }
 
