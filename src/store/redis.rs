@@ -148,41 +148,115 @@ impl RedisStore {
         ]
     }
 
-    /// Runs one script (`EVALSHA`), loading the scripts first if the server
-    /// has forgotten them. Through Sentinel with `wait`, the script is
-    /// followed on the same connection by `WAIT`, and fewer replicas than
-    /// asked make the call fail: the master may lose what it did in a
-    /// failover, so nothing may act on it.
+    /// Runs one script (`EVALSHA`): [`Self::eval_all`] of one.
     async fn eval<T: redis::FromRedisValue>(
         &self,
         script: &Script,
         keys: &[String],
         args: &[String],
     ) -> Result<T, StoreError> {
-        let mut replies: Vec<redis::Value> = self
-            .eval_pipeline(|| {
-                let mut pipe = redis::pipe();
+        let reply = self
+            .eval_all(&[(script, keys, args)])
+            .await?
+            .pop()
+            .ok_or_else(|| self.malformed("empty reply to a script".into()))?;
+        self.decode(reply)
+    }
+
+    /// A script's reply read as `T`; an error reply is the script's error.
+    fn decode<T: redis::FromRedisValue>(&self, reply: redis::Value) -> Result<T, StoreError> {
+        match reply {
+            redis::Value::ServerError(e) => Err(self.err(e.into())),
+            reply => redis::from_redis_value(reply)
+                .map_err(|e| self.malformed(format!("unexpected reply: {e}"))),
+        }
+    }
+
+    fn malformed(&self, reason: String) -> StoreError {
+        StoreError::Backend {
+            store: self.url.redacted().into(),
+            reason,
+        }
+    }
+
+    /// Runs scripts (`EVALSHA`) in one pipeline, one reply each (an error
+    /// reply stays in its place), loading the scripts first if the server
+    /// has forgotten them. Through Sentinel with `wait`, they are followed
+    /// on the same connection by `WAIT`, and fewer replicas than asked make
+    /// the call fail: the master may lose what it did in a failover, so
+    /// nothing may act on it.
+    async fn eval_all(
+        &self,
+        calls: &[(&Script, &[String], &[String])],
+    ) -> Result<Vec<redis::Value>, StoreError> {
+        let build = |which: &[usize]| {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for &i in which {
+                let (script, keys, args) = &calls[i];
                 pipe.cmd("EVALSHA")
                     .arg(script.get_hash())
                     .arg(keys.len())
-                    .arg(keys)
-                    .arg(args);
-                if let Some((replicas, timeout_ms)) = self.wait {
-                    pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
-                }
-                pipe
-            })
-            .await?;
-        let malformed = |reason: String| StoreError::Backend {
-            store: self.url.redacted().into(),
-            reason,
+                    .arg(*keys)
+                    .arg(*args);
+            }
+            if let Some((replicas, timeout_ms)) = self.wait {
+                pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
+            }
+            pipe
         };
+        let forgotten = |r: &redis::Value| {
+            matches!(r, redis::Value::ServerError(e)
+                if e.kind() == Some(redis::ServerErrorKind::NoScript))
+        };
+        let all: Vec<usize> = (0..calls.len()).collect();
+        let mut conn = self.conn().await?;
+        let mut replies: Vec<redis::Value> = build(&all)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let refused: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&i| replies.get(i).is_some_and(forgotten))
+            .collect();
+        if !refused.is_empty() {
+            // The server restarted or flushed its scripts. Only the calls it
+            // refused are sent again: one that ran before the flush (or after
+            // another client loaded the scripts again, between two calls of
+            // this pipeline) must not run twice, as a claim sent again reads
+            // its own win as a peer's.
+            for script in self.scripts() {
+                script
+                    .prepare_invoke()
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            let again: Vec<redis::Value> = build(&refused)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            let mut again = again.into_iter();
+            for &i in &refused {
+                if let (Some(slot), Some(reply)) = (replies.get_mut(i), again.next()) {
+                    *slot = reply;
+                }
+            }
+            // The second pipeline's WAIT, if any, stands for both: it counts
+            // every write this connection made before it.
+            if self.wait.is_some() {
+                if let (Some(last), Some(wait)) = (replies.last_mut(), again.next()) {
+                    *last = wait;
+                }
+            }
+        }
         if let Some((replicas, timeout_ms)) = self.wait {
             let acked = replies
                 .pop()
                 .map(redis::from_redis_value::<i64>)
                 .transpose()
-                .map_err(|e| malformed(format!("unexpected reply to WAIT: {e}")))?
+                .map_err(|e| self.malformed(format!("unexpected reply to WAIT: {e}")))?
                 .unwrap_or(0);
             if acked < i64::from(replicas) {
                 // A master whose replicas went elsewhere (a failover this
@@ -199,10 +273,49 @@ impl RedisStore {
                 });
             }
         }
-        let reply = replies
-            .pop()
-            .ok_or_else(|| malformed("empty reply to a script".into()))?;
-        redis::from_redis_value(reply).map_err(|e| malformed(format!("unexpected reply: {e}")))
+        if replies.len() != calls.len() {
+            return Err(self.malformed(format!(
+                "{} replies to {} scripts",
+                replies.len(),
+                calls.len()
+            )));
+        }
+        Ok(replies)
+    }
+
+    /// The answer to `requests` from `claim.lua`'s replies.
+    fn claimed(
+        &self,
+        requests: &[ClaimRequest],
+        replies: Vec<ClaimReply>,
+    ) -> Result<Claimed, StoreError> {
+        if replies.len() != requests.len() {
+            return Err(self.malformed(format!(
+                "{} answers to {} claims",
+                replies.len(),
+                requests.len()
+            )));
+        }
+        for (r, req) in replies.iter().zip(requests) {
+            if r.9 == 1 {
+                tracing::warn!(
+                    store = %self.url,
+                    job = %req.job,
+                    holder = r.4.as_deref().unwrap_or(""),
+                    "the job's lease key had no expiry (set by hand, or PERSIST): gave it one lease ({} ms) so it cannot block the job forever",
+                    duration_ms(req.lease)
+                );
+            }
+        }
+        let store_now = from_ms(replies.first().map_or(0, |r| r.7));
+        Ok(Claimed {
+            store_now,
+            outcomes: replies
+                .into_iter()
+                .zip(requests)
+                .map(|(r, req)| outcome_from_reply(r, req))
+                .collect(),
+        })
     }
 
     /// The node registry's hash.
@@ -242,18 +355,6 @@ impl RedisStore {
             #[cfg(feature = "sentinel")]
             Link::Sentinel(master) => master.connection(config).await.map_err(|e| self.err(e)),
         }
-    }
-
-    /// Runs `build`'s pipeline of `EVALSHA`s, loading the scripts once if the
-    /// server has forgotten them (restart, `SCRIPT FLUSH`).
-    async fn eval_pipeline<T: redis::FromRedisValue>(
-        &self,
-        build: impl Fn() -> redis::Pipeline,
-    ) -> Result<Vec<T>, StoreError> {
-        let mut conn = self.conn().await?;
-        eval_loading(&mut conn, &self.scripts(), build)
-            .await
-            .map_err(|e| self.err(e))
     }
 
     async fn warn_without_persistence(&self, conn: &mut ConnectionManager) {
@@ -540,6 +641,36 @@ async fn eval_loading<T: redis::FromRedisValue>(
     }
 }
 
+/// The keys and arguments of `claim.lua` for `requests`.
+fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String>, Vec<String>) {
+    let mut keys = Vec::with_capacity(2 * requests.len());
+    let mut args = Vec::with_capacity(10 * requests.len());
+    for r in requests {
+        let job = r.job.as_str();
+        keys.push(job_key(prefix, job, "lease"));
+        keys.push(job_key(prefix, job, "state"));
+        args.extend([
+            r.owner.as_str().to_string(),
+            to_ms(r.occurrence).to_string(),
+            r.previous.map(|p| to_ms(p).to_string()).unwrap_or_default(),
+            duration_ms(r.lease).max(1).to_string(),
+            r.fence_floor.to_string(),
+            match r.misfire {
+                Misfire::RunOnce => "run_once",
+                Misfire::Skip => "skip",
+            }
+            .to_string(),
+            duration_ms(r.max_offset).to_string(),
+            if r.after_unanswered { "1" } else { "0" }.to_string(),
+            if r.recheck_only { "1" } else { "0" }.to_string(),
+            r.head_start
+                .map(|h| duration_ms(h).to_string())
+                .unwrap_or_default(),
+        ]);
+    }
+    (keys, args)
+}
+
 /// The keys and arguments of `renew.lua` for `owner`'s `renewals`.
 fn renew_args(prefix: &str, owner: &Owner, renewals: &[Renewal]) -> (Vec<String>, Vec<String>) {
     let keys = renewals
@@ -703,58 +834,9 @@ impl Locks for RedisStore {
                 outcomes: Vec::new(),
             });
         }
-        let mut keys = Vec::with_capacity(2 * requests.len());
-        let mut args = Vec::with_capacity(10 * requests.len());
-        for r in requests {
-            let job = r.job.as_str();
-            keys.push(self.key(job, "lease"));
-            keys.push(self.key(job, "state"));
-            args.extend([
-                r.owner.as_str().to_string(),
-                to_ms(r.occurrence).to_string(),
-                r.previous.map(|p| to_ms(p).to_string()).unwrap_or_default(),
-                duration_ms(r.lease).max(1).to_string(),
-                r.fence_floor.to_string(),
-                match r.misfire {
-                    Misfire::RunOnce => "run_once",
-                    Misfire::Skip => "skip",
-                }
-                .to_string(),
-                duration_ms(r.max_offset).to_string(),
-                if r.after_unanswered { "1" } else { "0" }.to_string(),
-                if r.recheck_only { "1" } else { "0" }.to_string(),
-                r.head_start
-                    .map(|h| duration_ms(h).to_string())
-                    .unwrap_or_default(),
-            ]);
-        }
+        let (keys, args) = claim_args(&self.prefix, requests);
         let replies: Vec<ClaimReply> = self.eval(&self.claim, &keys, &args).await?;
-        if replies.len() != requests.len() {
-            return Err(StoreError::Backend {
-                store: self.url.redacted().into(),
-                reason: format!("{} answers to {} claims", replies.len(), requests.len()),
-            });
-        }
-        for (r, req) in replies.iter().zip(requests) {
-            if r.9 == 1 {
-                tracing::warn!(
-                    store = %self.url,
-                    job = %req.job,
-                    holder = r.4.as_deref().unwrap_or(""),
-                    "the job's lease key had no expiry (set by hand, or PERSIST): gave it one lease ({} ms) so it cannot block the job forever",
-                    duration_ms(req.lease)
-                );
-            }
-        }
-        let store_now = from_ms(replies.first().map_or(0, |r| r.7));
-        Ok(Claimed {
-            store_now,
-            outcomes: replies
-                .into_iter()
-                .zip(requests)
-                .map(|(r, req)| outcome_from_reply(r, req))
-                .collect(),
-        })
+        self.claimed(requests, replies)
     }
 
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -911,5 +993,40 @@ impl Registry for RedisStore {
             .eval(&self.registry, &[self.registry_key()], &args)
             .await?;
         Ok(())
+    }
+
+    /// The heartbeat's script goes first in the claim's pipeline (one round
+    /// trip, one `WAIT`): were the scripts flushed, both are refused and
+    /// run again, and a beat that fails leaves the claims standing.
+    async fn claim_beating(
+        &self,
+        requests: &[ClaimRequest],
+        beat: &Heartbeat,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        if requests.is_empty() {
+            return registry::claim_alongside(self, requests, beat).await;
+        }
+        let (keys, args) = claim_args(&self.prefix, requests);
+        let beat_keys = [self.registry_key()];
+        let beat_args = registry_args("beat", beat.owner.as_str(), Some(beat));
+        let mut replies = self
+            .eval_all(&[
+                (&self.registry, &beat_keys, &beat_args),
+                (&self.claim, &keys, &args),
+            ])
+            .await?
+            .into_iter();
+        let (Some(beaten), Some(claimed)) = (replies.next(), replies.next()) else {
+            return Err(self.malformed("a claim with a heartbeat lost a reply".into()));
+        };
+        let claimed = self.claimed(requests, self.decode(claimed)?)?;
+        let nodes = match self.decode::<Vec<String>>(beaten) {
+            Ok(reply) => Some(nodes_from_reply(&reply)),
+            Err(e) => {
+                tracing::debug!("the heartbeat in a claim batch failed: {e}");
+                None
+            }
+        };
+        Ok((claimed, nodes))
     }
 }

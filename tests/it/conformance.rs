@@ -1006,6 +1006,70 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
     assert_eq!(owners, ["web-2#a1"], "{left:?}");
 }
 
+/// A claim batch carries the node's heartbeat: the claims are decided as
+/// `claim` decides them, in request order, and the beat's record is written
+/// with them, so the batch answers with the live nodes (its own included);
+/// a batch with no claims still beats.
+pub async fn a_claim_batch_carries_the_heartbeat(h: &Harness) {
+    let (a, b, reader) = (h.store().await, h.store().await, h.store().await);
+    b.heartbeat(&beat("web-1#b1", 30_000, None, 1))
+        .await
+        .unwrap();
+    won(claim(&b, req("held", "web-1#b1", 1, 30_000)).await);
+    let requests = [
+        req("free", "web-3#a1", 1, 30_000),
+        req("held", "web-3#a1", 1, 30_000),
+    ];
+    let (claimed, nodes) = a
+        .claim_beating(&requests, &beat("web-3#a1", 30_000, Some(5), 1))
+        .await
+        .unwrap();
+    let mut outcomes = claimed.outcomes.into_iter();
+    assert_eq!(won(outcomes.next().unwrap()).fence, 1);
+    assert_eq!(
+        lost(outcomes.next().unwrap()).holder.as_deref(),
+        Some("web-1#b1")
+    );
+    let nodes = nodes.expect("the beat went through with the claims");
+    let owners: Vec<&str> = nodes.iter().map(|n| n.owner.as_str()).collect();
+    assert_eq!(owners, ["web-1#b1", "web-3#a1"], "{nodes:?}");
+    assert_eq!(
+        (
+            nodes[1].clock_offset_ms,
+            nodes[1].jobs_held,
+            nodes[1].node.as_str()
+        ),
+        (Some(5), 1, "web-3")
+    );
+    // Both took effect: another handle sees the record and the lease.
+    let listed: Vec<String> = reader
+        .nodes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.owner)
+        .collect();
+    assert_eq!(listed, ["web-1#b1", "web-3#a1"]);
+    assert_eq!(
+        lost(claim(&b, req("free", "web-1#b1", 1, 30_000)).await)
+            .holder
+            .as_deref(),
+        Some("web-3#a1")
+    );
+    // No claims: the beat alone, a fresher record.
+    let (claimed, nodes) = a
+        .claim_beating(&[], &beat("web-3#a1", 30_000, Some(9), 2))
+        .await
+        .unwrap();
+    assert!(claimed.outcomes.is_empty());
+    let mine = nodes
+        .unwrap()
+        .into_iter()
+        .find(|n| n.owner == "web-3#a1")
+        .unwrap();
+    assert_eq!((mine.clock_offset_ms, mine.jobs_held), (Some(9), 2));
+}
+
 macro_rules! conformance {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -1036,6 +1100,7 @@ macro_rules! conformance {
                 recheck_takes_nothing,
                 renewals_together_each_on_its_own,
                 node_registry_lists_live_nodes_until_their_beats_stop,
+                a_claim_batch_carries_the_heartbeat,
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start
             );
         }
@@ -1123,6 +1188,72 @@ async fn redis_a_broken_key_fails_only_its_own_claim() {
         matches!(&out[1], ClaimOutcome::Won(w) if w.fence == 1),
         "{out:?}"
     );
+}
+
+/// Redis only: the heartbeat rides in the claim's pipeline. A registry the
+/// server refuses (a key of the wrong type) fails only the beat: the claims
+/// stand. Scripts the server forgot (`SCRIPT FLUSH`) are loaded again and
+/// both run once: the claim is won once, with fence 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_beat_in_a_claim_batch_fails_alone_and_survives_a_flush() {
+    // Its own server: a `SCRIPT FLUSH` on the shared one would reach every
+    // other test's pipelines.
+    let mut server = crate::support::RedisServer::new(false);
+    server.start();
+    let mut config = cronlease::config::StoreConfig::new(
+        cronlease::config::StoreUrl::parse(&server.url(), std::path::Path::new(".")).unwrap(),
+    );
+    config.key_prefix = crate::support::unique("cl:rf");
+    let h = Harness::for_config(config);
+    let a = h.store().await;
+    a.prepare().await.unwrap();
+    let client = ::redis::Client::open(h.config.url.expose()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let registry = format!("{}nodes", h.config.key_prefix);
+    let _: () = ::redis::cmd("SET")
+        .arg(&registry)
+        .arg("not a hash")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let beat = beat("web-1#a1", 30_000, None, 0);
+    let (claimed, nodes) = a
+        .claim_beating(&[req("one", "web-1#a1", 1, 60_000)], &beat)
+        .await
+        .unwrap();
+    assert_eq!(nodes, None);
+    assert_eq!(won(claimed.outcomes[0].clone()).fence, 1);
+    let _: () = ::redis::cmd("DEL")
+        .arg(&registry)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let flush = || ::redis::cmd("SCRIPT").arg("FLUSH").to_owned();
+    let _: () = flush().query_async(&mut c).await.unwrap();
+    let (claimed, nodes) = a
+        .claim_beating(&[req("two", "web-1#a1", 1, 60_000)], &beat)
+        .await
+        .unwrap();
+    assert_eq!(won(claimed.outcomes[0].clone()).fence, 1);
+    assert_eq!(nodes.map(|n| n.len()), Some(1));
+    // Flushed, then only the claim script loaded again (by another client,
+    // between the two calls of the pipeline): the registry call is refused,
+    // the claim runs. Only the refused call may be sent again: the claim
+    // sent twice would read its own win as a peer's.
+    let _: () = flush().query_async(&mut c).await.unwrap();
+    let _: String = ::redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(include_str!("../../src/store/redis/claim.lua"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (claimed, nodes) = a
+        .claim_beating(&[req("three", "web-1#a1", 1, 60_000)], &beat)
+        .await
+        .unwrap();
+    let w = won(claimed.outcomes[0].clone());
+    assert_eq!((w.fence, w.catch_up), (1, false));
+    assert_eq!(nodes.map(|n| n.len()), Some(1));
 }
 
 /// MySQL/MariaDB only: lock names compare ignoring case there, so a job
