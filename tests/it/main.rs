@@ -28,6 +28,7 @@ mod many;
 mod migrate;
 mod model;
 mod outage;
+mod partition;
 mod pidfile;
 mod redlock;
 mod sentinel;

@@ -1,0 +1,519 @@
+//! Partition drills (issue 13): nodes cut off from their store by nftables
+//! rules, so their TCP connections hang as in a real partition instead of
+//! failing fast. Each node runs as a uid of its own (`setpriv`), and the
+//! rules match its packets by that uid and its connections by a conntrack
+//! mark set from it: a cut drops both directions ("cut off"), or only what
+//! the store sends back ("replies lost": requests arrive and act, the node
+//! never hears). A store's own members are cut off from each other by port.
+//!
+//! Each test has its own nftables table, uids and marks, so tests run in
+//! parallel; a table left behind by a killed test run is removed by the next
+//! one. Judged from what the jobs wrote: every run holds an flock while it
+//! runs (its whole process tree does), and a run that starts while an
+//! earlier one still holds it writes an `overlap` line instead of running,
+//! so an overlap by the wall clock is seen even when the stale run was
+//! killed before writing its end. Besides: no occurrence twice, fences in
+//! order.
+//!
+//! `CRONLEASE_PARTITION_SECONDS` (default 20) sets the flapping drill's
+//! length: `CRONLEASE_PARTITION_SECONDS=600 cargo test --all-features --test
+//! it partition::flapping -- --nocapture` is its long form.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+
+use crate::cluster::{Cluster, Run};
+use crate::support::Backend;
+
+fn now() -> f64 {
+    Utc::now().timestamp_micros() as f64 / 1e6
+}
+
+/// How a cut treats a node's connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Nothing goes either way.
+    Both,
+    /// Requests arrive; nothing comes back.
+    Replies,
+}
+
+/// One test's nftables table: a chain on the output hook that marks each
+/// node's connections, and a chain of cuts the test adds and heals.
+pub struct Firewall {
+    table: String,
+}
+
+static SERIAL: AtomicU32 = AtomicU32::new(0);
+
+fn nft(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("nft").args(args).output().map_err(|e| {
+        format!("nft: {e}: install nftables (`apt-get install nftables`; .ci/services does it)")
+    })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "nft {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn nft_script(script: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!("nft: {e}: install nftables (`apt-get install nftables`; .ci/services does it)")
+        })?;
+    child
+        .stdin
+        .take()
+        .map(|mut s| s.write_all(script.as_bytes()))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft -f: {}\n{script}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Firewall {
+    /// A new table, after removing those of test processes that are gone.
+    pub fn new() -> Firewall {
+        let tables = nft(&["list", "tables"]).unwrap_or_else(|e| panic!("{e}"));
+        for t in tables.lines() {
+            let Some(name) = t.strip_prefix("table inet ") else {
+                continue;
+            };
+            let pid = name
+                .strip_prefix("clp_")
+                .and_then(|r| r.split('_').next())
+                .and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = nft(&["delete", "table", "inet", name]);
+            }
+        }
+        let table = format!(
+            "clp_{}_{}",
+            std::process::id(),
+            SERIAL.fetch_add(1, Ordering::SeqCst)
+        );
+        nft_script(&format!(
+            "table inet {table} {{\n chain cuts {{\n }}\n chain out {{\n  type filter hook output priority 0; policy accept;\n }}\n}}\n"
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        Firewall { table }
+    }
+
+    /// A uid (and conntrack mark) no other test uses, for one node.
+    pub fn uid() -> u32 {
+        200_000 + (std::process::id() % 10_000) * 100 + SERIAL.fetch_add(1, Ordering::SeqCst) % 100
+    }
+
+    /// Marks the connections of processes running as `uid` with `uid`.
+    pub fn track(&self, uid: u32) {
+        nft(&[
+            "add",
+            "rule",
+            "inet",
+            &self.table,
+            "out",
+            "meta",
+            "skuid",
+            &uid.to_string(),
+            "ct",
+            "mark",
+            "set",
+            &uid.to_string(),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        self.ensure_jump();
+    }
+
+    fn ensure_jump(&self) {
+        // The jump goes last: marks are set before a cut reads them.
+        let chain = nft(&["-a", "list", "chain", "inet", &self.table, "out"]).unwrap_or_default();
+        for line in chain.lines().filter(|l| l.contains("jump cuts")) {
+            if let Some(handle) = line.rsplit("handle ").next() {
+                let _ = nft(&[
+                    "delete",
+                    "rule",
+                    "inet",
+                    &self.table,
+                    "out",
+                    "handle",
+                    handle.trim(),
+                ]);
+            }
+        }
+        nft(&["add", "rule", "inet", &self.table, "out", "jump", "cuts"])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Cuts the node running as `uid` off from everything on the network.
+    pub fn cut(&self, uid: u32, how: Cut) {
+        let uid = uid.to_string();
+        let mut rule = vec![
+            "add",
+            "rule",
+            "inet",
+            &self.table,
+            "cuts",
+            "ct",
+            "mark",
+            &uid,
+        ];
+        if how == Cut::Replies {
+            rule.extend(["ct", "direction", "reply"]);
+        }
+        rule.push("drop");
+        nft(&rule).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Cuts the TCP connections to `port` (a store's member) of the
+    /// processes marked `mark` (a node's uid), or of every process if
+    /// `None`; `how` as for a node: with [`Cut::Replies`], only what the
+    /// port sends back is lost.
+    pub fn cut_port(&self, port: u16, mark: Option<u32>, how: Cut) {
+        let (port, mark) = (port.to_string(), mark.map(|m| m.to_string()));
+        let mut base = vec!["add", "rule", "inet", &self.table, "cuts"];
+        if let Some(m) = &mark {
+            base.extend(["ct", "mark", m.as_str()]);
+        }
+        let mut rules = vec![[&base[..], &["tcp", "sport", &port, "drop"]].concat()];
+        if how == Cut::Both {
+            rules.push([&base[..], &["tcp", "dport", &port, "drop"]].concat());
+        }
+        for r in rules {
+            nft(&r).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    /// Removes every cut.
+    pub fn heal(&self) {
+        nft(&["flush", "chain", "inet", &self.table, "cuts"]).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+impl Drop for Firewall {
+    fn drop(&mut self) {
+        let _ = nft(&["delete", "table", "inet", &self.table]);
+    }
+}
+
+/// A cluster whose nodes run as uids of their own, tracked by `fw`.
+struct Partitioned {
+    c: Cluster,
+    fw: Firewall,
+    uids: BTreeMap<String, u32>,
+}
+
+/// A job that runs `secs` holding an flock (its whole tree does), writing
+/// `start` and `end` lines; started while an earlier run still holds the
+/// lock, it writes an `overlap` line instead. The script lives in `dir`.
+fn guarded_job(schedule: &str, secs: f64, dir: &std::path::Path, out: &std::path::Path) -> String {
+    let line = |phase: &str| {
+        format!(
+            "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE {phase} $(date +%s.%N)\" >> '{}'",
+            out.display()
+        )
+    };
+    let script = dir.join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = run ]; then\n  {start}\n  sleep {secs}\n  {end}\n  exit 0\nfi\nflock -n -E 99 '{lock}' /bin/sh \"$0\" run\n[ $? -ne 99 ] || {overlap}\n",
+            start = line("start"),
+            end = line("end"),
+            overlap = line("overlap"),
+            lock = dir.join("job.lock").display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "[[job]]\nname = \"job\"\nschedule = \"{schedule}\"\ncommand = [\"/bin/sh\", \"{}\"]\n",
+        script.display()
+    )
+}
+
+impl Partitioned {
+    fn new(backend: Backend, schedule: &str, secs: f64, nodes: &[&str]) -> Partitioned {
+        Partitioned::with_url(backend, None, schedule, secs, nodes)
+    }
+
+    fn with_url(
+        backend: Backend,
+        url: Option<&str>,
+        schedule: &str,
+        secs: f64,
+        nodes: &[&str],
+    ) -> Partitioned {
+        if url.is_none() {
+            backend.require();
+        }
+        let fw = Firewall::new();
+        let mut c = Cluster::with_url(backend, url, None, "");
+        let jobs = guarded_job(schedule, secs, c.dir.path(), &c.out);
+        std::fs::write(c.dir.path().join("jobs.d/jobs.toml"), jobs).unwrap();
+        // Nodes running as other uids write their pid files and the jobs
+        // their lines and lock here.
+        let lock = c.dir.path().join("job.lock");
+        std::fs::write(&lock, "").unwrap();
+        for (path, mode) in [
+            (c.dir.path().to_path_buf(), 0o777),
+            (c.out.clone(), 0o666),
+            (lock, 0o666),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let mut uids = BTreeMap::new();
+        for n in nodes {
+            let uid = Firewall::uid();
+            fw.track(uid);
+            uids.insert(n.to_string(), uid);
+            let (reuid, regid) = (format!("--reuid={uid}"), format!("--regid={uid}"));
+            c.start_under(n, &["setpriv", &reuid, &regid, "--clear-groups"], &[]);
+        }
+        Partitioned { c, fw, uids }
+    }
+
+    fn runs(&self) -> Vec<Run> {
+        self.c.runs()
+    }
+
+    /// Waits for a run that started after `after`, returning it.
+    fn next_run(&self, after: f64, limit: Duration) -> Run {
+        crate::support::wait_until(
+            "a run",
+            limit,
+            || self.c.report(),
+            || self.runs().into_iter().find(|r| r.start > after),
+        )
+    }
+
+    fn cut(&self, node: &str, how: Cut) {
+        self.fw.cut(self.uids[node], how);
+    }
+
+    /// Stops every node, then judges the whole record: no overlap line, no
+    /// occurrence twice, fences rising with occurrences and start times, no
+    /// two runs overlapping by their lines. Returns the runs.
+    fn judge(&mut self) -> Vec<Run> {
+        self.fw.heal();
+        self.c.stop_all();
+        let report = self.c.report();
+        let text = std::fs::read_to_string(&self.c.out).unwrap_or_default();
+        let overlaps: Vec<&str> = text.lines().filter(|l| l.contains(" overlap ")).collect();
+        assert!(
+            overlaps.is_empty(),
+            "a run started while an earlier one still ran: {overlaps:?}\n{report}"
+        );
+        let runs = self.runs();
+        let mut by_occurrence = runs.clone();
+        by_occurrence.sort_by_key(|r| r.occurrence);
+        for w in by_occurrence.windows(2) {
+            assert_ne!(w[0].occurrence, w[1].occurrence, "ran twice\n{report}");
+            assert!(
+                w[0].fence < w[1].fence,
+                "fences out of order: {w:?}\n{report}"
+            );
+        }
+        crate::cluster::assert_no_overlap(&runs, &report);
+        runs
+    }
+}
+
+/// The holder cut off (`how`) one second into a run longer than its lease:
+/// it cannot renew, so it stops the run at its local deadline, and a peer
+/// takes the job over once the lease has expired in the store, never while
+/// the stale run's tree is alive. Healed, the cluster goes on.
+fn holder_cut_off_mid_run(backend: Backend, how: Cut) {
+    let mut p = Partitioned::new(backend, "*/2 * * * * *", 6.0, &["n1", "n2"]);
+    let first = p.next_run(0.0, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    let cut = now();
+    p.cut(&first.node, how);
+    // Cut off, the lease runs out 3 s after the last renewal; with replies
+    // lost, a renewal that arrived moved it on by up to 3 s more.
+    let peer = crate::support::wait_until(
+        "a peer's run while the holder is cut off",
+        Duration::from_secs(15),
+        || p.c.report(),
+        || {
+            p.runs()
+                .into_iter()
+                .find(|r| r.start > cut && r.node != first.node)
+        },
+    );
+    p.fw.heal();
+    let healed = now();
+    p.next_run(healed, Duration::from_secs(20));
+    let runs = p.judge();
+    let report = p.c.report();
+    let stale = runs.iter().find(|r| r.fence == first.fence).unwrap();
+    assert!(
+        stale.end.is_none(),
+        "the cut-off holder's run was stopped before its 6 s: {stale:?}\n{report}"
+    );
+    assert!(
+        peer.start - cut < 12.0,
+        "the peer took over within a few leases: {peer:?} after the cut at {cut}\n{report}"
+    );
+    println!(
+        "partition {backend:?} {how:?}: cut {:.3} s into the run, peer's run {:.3} s after the cut",
+        cut - first.start,
+        peer.start - cut
+    );
+}
+
+fn holder_cut_off_mid_run_both(backend: Backend) {
+    holder_cut_off_mid_run(backend, Cut::Both);
+}
+
+fn holder_loses_replies_mid_run(backend: Backend) {
+    holder_cut_off_mid_run(backend, Cut::Replies);
+}
+
+/// Partitions that come and go: every 0.5–2.5 s a random node (the last
+/// run's node two times in three) is cut off or loses its replies for
+/// 0.2–2.5 s, so cuts begin and heal in the middle of claims and renewals.
+/// Three nodes, a job every second running 0.3–2.5 s (some runs outlast
+/// their lease and are renewed).
+fn flapping(backend: Backend) {
+    let seconds: u64 = std::env::var("CRONLEASE_PARTITION_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let seed = std::env::var("CRONLEASE_PARTITION_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Utc::now().timestamp_micros() as u64 | 1);
+    println!("partition flapping {backend:?}: seed {seed} (CRONLEASE_PARTITION_SEED replays it)");
+    let mut rng = seed;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % 10_000) as f64 / 10_000.0
+    };
+    // The run's length varies with its occurrence's second.
+    let mut p = Partitioned::new(backend, "* * * * * *", 1.2, &["n1", "n2", "n3"]);
+    p.next_run(0.0, Duration::from_secs(30));
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut cuts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let nodes = ["n1", "n2", "n3"];
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_secs_f64(0.5 + 2.0 * next()));
+        let last = p.runs().last().map(|r| r.node.clone());
+        let node = match last {
+            Some(n) if next() < 0.67 => n,
+            _ => nodes[(next() * 3.0) as usize % 3].to_string(),
+        };
+        let how = if next() < 0.5 {
+            Cut::Both
+        } else {
+            Cut::Replies
+        };
+        p.cut(&node, how);
+        *cuts
+            .entry(if how == Cut::Both {
+                "cut off"
+            } else {
+                "replies lost"
+            })
+            .or_default() += 1;
+        std::thread::sleep(Duration::from_secs_f64(0.2 + 2.3 * next()));
+        p.fw.heal();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let runs = p.judge();
+    println!(
+        "partition flapping {backend:?}: {seconds} s, {} runs, cuts {cuts:?}, 0 overlaps, 0 doubles",
+        runs.len()
+    );
+    assert!(
+        runs.len() as u64 >= seconds / 4,
+        "the cluster kept running\n{}",
+        p.c.report()
+    );
+}
+
+macro_rules! per_network_store {
+    ($($scenario:ident),*) => {
+        mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
+        mod postgres { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Postgres) } )* }
+        mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
+        mod sentinel { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sentinel) } )* }
+        mod redlock { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redlock) } )* }
+        mod zookeeper { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::ZooKeeper) } )* }
+        mod etcd { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Etcd) } )* }
+    };
+}
+
+per_network_store!(
+    holder_cut_off_mid_run_both,
+    holder_loses_replies_mid_run,
+    flapping
+);
+
+/// Redlock with a minority of its masters (two of five) cut off from every
+/// node, then a minority whose replies are lost (its writes land, unheard):
+/// claims go on with the majority, every run once, fences in order, no
+/// overlap; runs start during both cuts.
+#[test]
+fn redlock_minority_cut_off_then_unheard() {
+    let mut p = Partitioned::new(Backend::Redlock, "* * * * * *", 0.2, &["n1", "n2", "n3"]);
+    p.next_run(0.0, Duration::from_secs(30));
+    let url = Backend::Redlock.url(p.c.dir.path());
+    let ports: Vec<u16> = url
+        .split(',')
+        .filter_map(|u| u.trim_end_matches('/').rsplit(':').next()?.parse().ok())
+        .collect();
+    assert_eq!(ports.len(), 5, "{url}");
+    let mut during = Vec::new();
+    for (how, minority) in [(Cut::Both, &ports[..2]), (Cut::Replies, &ports[3..])] {
+        for port in minority {
+            for uid in p.uids.values() {
+                p.fw.cut_port(*port, Some(*uid), how);
+            }
+        }
+        let from = now();
+        std::thread::sleep(Duration::from_secs(6));
+        p.fw.heal();
+        during.push((how, from, now()));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let runs = p.judge();
+    let report = p.c.report();
+    for (how, from, to) in during {
+        let n = runs
+            .iter()
+            .filter(|r| r.start > from && r.start < to)
+            .count();
+        println!(
+            "partition redlock minority {how:?}: {n} runs in {:.1} s",
+            to - from
+        );
+        assert!(
+            n >= 3,
+            "claims went on with the majority ({how:?})\n{report}"
+        );
+    }
+}
