@@ -7,6 +7,9 @@
 //! replays one. Beside the judged job the nodes carry a load of
 //! `CRONLEASE_DRILL_JOBS` jobs (default 200) due every 5 s together, whose
 //! runs are judged for doubles and fence order.
+//!
+//! The same drill runs other [`Plan`]s: kill anywhere kills only, the holder,
+//! at random points around the instants, with load jobs every second.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -86,7 +89,64 @@ fn secs(t: DateTime<Utc>) -> f64 {
     t.timestamp_millis() as f64 / 1000.0
 }
 
+/// What a drill does between its start and its judgement.
+pub struct Plan {
+    /// The disturbances drawn from.
+    pub kinds: &'static [&'static str],
+    /// The load jobs' schedule.
+    pub load_schedule: &'static str,
+    /// How many load jobs, unless `CRONLEASE_DRILL_JOBS` says.
+    pub load: usize,
+    /// Seconds between two disturbances.
+    pub gap: (f64, f64),
+    /// Seconds a killed or stopped node stays down.
+    pub down: (f64, f64),
+    /// Disturb the holder (the node of the judged job's last run) at this
+    /// offset from an instant, in seconds, rather than any node at any time.
+    pub near_instant: Option<(f64, f64)>,
+}
+
+impl Plan {
+    /// The randomized drill: kills, stops, SIGTERMs and step-downs of any
+    /// node at any time, 200 load jobs every 5 s.
+    pub const RANDOMIZED: Plan = Plan {
+        kinds: &["kill", "stop", "term", "step-down"],
+        load_schedule: "*/5 * * * * *",
+        load: 200,
+        gap: (1.0, 3.0),
+        down: (1.0, 3.0),
+        near_instant: None,
+    };
+
+    /// Kill anywhere: SIGKILL of the holder from 100 ms before an instant
+    /// to 600 ms after it (two in five in its first 60 ms) (before its claim, with its claim batch in flight
+    /// or inside the store's transaction, between the claim and the spawn,
+    /// in the first moments of the runs), 50 load jobs every second.
+    pub const KILL_ANYWHERE: Plan = Plan {
+        kinds: &["kill"],
+        load_schedule: "* * * * * *",
+        load: 50,
+        gap: (0.8, 1.6),
+        down: (0.3, 1.5),
+        near_instant: Some((-0.1, 0.6)),
+    };
+}
+
+/// Where a kill landed, from its offset to the nearest instant.
+fn kill_point(offset: f64) -> &'static str {
+    match offset {
+        o if o < 0.0 => "kill: before the instant",
+        o if o < 0.05 => "kill: claim in flight (+0-50 ms)",
+        o if o < 0.2 => "kill: claim to spawn (+50-200 ms)",
+        _ => "kill: runs started (+200-600 ms)",
+    }
+}
+
 pub fn run(backend: Backend, seconds: u64) -> Counts {
+    run_plan(backend, seconds, &Plan::RANDOMIZED)
+}
+
+pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
     let seed = std::env::var("CRONLEASE_DRILL_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -98,11 +158,12 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     let load: usize = std::env::var("CRONLEASE_DRILL_JOBS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(plan.load);
     let mut jobs = job.to_string();
     for i in 0..load {
         jobs.push_str(&format!(
-            "[[job]]\nname = \"load{i:03}\"\nschedule = \"*/5 * * * * *\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_JOB\\\" >> '{{out}}.load'\"\n"
+            "[[job]]\nname = \"load{i:03}\"\nschedule = \"{}\"\ncommand = \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_JOB\\\" >> '{{out}}.load'\"\n",
+            plan.load_schedule
         ));
     }
     let mut c = Cluster::new(backend, Some(&jobs), "");
@@ -121,7 +182,7 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
     let mut step_down_by_command = false;
     let until = begin + seconds as f64;
     while now() < until {
-        std::thread::sleep(Duration::from_secs_f64(rng.between(1.0, 3.0)));
+        std::thread::sleep(Duration::from_secs_f64(rng.between(plan.gap.0, plan.gap.1)));
         // Heal what is due.
         let t = now();
         let (due, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut pending)
@@ -153,15 +214,40 @@ pub fn run(backend: Backend, seconds: u64) -> Counts {
         if healthy.len() < 2 {
             continue;
         }
-        let node = rng.pick(&healthy).to_string();
-        let kind = *rng.pick(&["kill", "stop", "term", "step-down"]);
+        let mut node = rng.pick(&healthy).to_string();
+        let kind = *rng.pick(plan.kinds);
         *counts.events.entry(kind).or_default() += 1;
+        if let Some((lo, hi)) = plan.near_instant {
+            if let Some(holder) = c.runs().last().map(|r| r.node.clone()) {
+                if healthy.contains(&holder.as_str()) {
+                    node = holder;
+                }
+            }
+            // Two kills in five land in the claim's first 60 ms, where a
+            // window of the whole range would rarely put one.
+            let offset = if rng.next() % 5 < 2 {
+                rng.between(-0.01, 0.06)
+            } else {
+                rng.between(lo, hi)
+            };
+            let t = now();
+            let mut at = t.floor() + 1.0 + offset;
+            if at - 1.0 > t {
+                at -= 1.0;
+            }
+            std::thread::sleep(Duration::from_secs_f64((at - now()).max(0.0)));
+            *counts.events.entry(kill_point(offset)).or_default() += 1;
+        }
         let from = now();
         match kind {
             "kill" => {
                 c.signal(&node, Signal::SIGKILL);
                 c.wait_exit(&node, Duration::from_secs(5));
-                pending.push((from + rng.between(1.0, 3.0), node.clone(), Heal::Restart));
+                pending.push((
+                    from + rng.between(plan.down.0, plan.down.1),
+                    node.clone(),
+                    Heal::Restart,
+                ));
             }
             "stop" => {
                 let tree = c.freeze(&node);

@@ -442,6 +442,64 @@ fn randomized_drill(backend: Backend) {
     crate::drill::run(backend, seconds);
 }
 
+/// Kill anywhere (issue 13): SIGKILL of the holder at random points around
+/// the instants (before the claim, with the claim batch in flight or inside
+/// the store's transaction, between claim and spawn, as the runs start),
+/// restarted 0.3-1.5 s later, with 50 load jobs every second; judged as the
+/// randomized drill is. `CRONLEASE_KILL_SECONDS` (default 30) sets its
+/// length: `CRONLEASE_KILL_SECONDS=120 cargo test --all-features --test it
+/// kill_anywhere -- --nocapture` is the long form.
+fn kill_anywhere(backend: Backend) {
+    let seconds = std::env::var("CRONLEASE_KILL_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let counts = crate::drill::run_plan(backend, seconds, &crate::drill::Plan::KILL_ANYWHERE);
+    assert!(
+        counts
+            .events
+            .get("kill")
+            .is_some_and(|k| *k >= seconds as usize / 3),
+        "{counts:?}"
+    );
+}
+
+mod kill_anywhere {
+    use crate::support::Backend;
+    #[test]
+    fn sqlite() {
+        super::kill_anywhere(Backend::Sqlite);
+    }
+    #[test]
+    fn mysql() {
+        super::kill_anywhere(Backend::Mysql);
+    }
+    #[test]
+    fn postgres() {
+        super::kill_anywhere(Backend::Postgres);
+    }
+    #[test]
+    fn redis() {
+        super::kill_anywhere(Backend::Redis);
+    }
+    #[test]
+    fn sentinel() {
+        super::kill_anywhere(Backend::Sentinel);
+    }
+    #[test]
+    fn redlock() {
+        super::kill_anywhere(Backend::Redlock);
+    }
+    #[test]
+    fn zookeeper() {
+        super::kill_anywhere(Backend::ZooKeeper);
+    }
+    #[test]
+    fn etcd() {
+        super::kill_anywhere(Backend::Etcd);
+    }
+}
+
 // The watchdog renews a running job's lease before a third is left, and a
 // refused renewal kills the run (lease_lost).
 #[test]
