@@ -100,6 +100,13 @@ pub struct EtcdStore {
     prefix: String,
     op_timeout: Duration,
     client: tokio::sync::Mutex<Option<etcd::Client>>,
+    /// The member the client talks to, as an index into the URL's list: one
+    /// at a time, the next one after a call that timed out or broke the
+    /// connection. A member cut off by a partition lets calls hang rather
+    /// than refusing them, and a channel balanced over all members went on
+    /// sending it a share of them (measured: claims stalled on the nodes for
+    /// the whole partition, partition::etcd_leader_cut_off_…).
+    endpoint: std::sync::atomic::AtomicUsize,
     /// Claimers waiting for a lease key to go, and the watch that wakes them.
     releases: Arc<Releases>,
     /// The live nodes' clocks against this one's (etcd has no clock).
@@ -386,6 +393,7 @@ impl EtcdStore {
             prefix: config.key_prefix.clone(),
             op_timeout: config.op_timeout,
             client: tokio::sync::Mutex::new(None),
+            endpoint: std::sync::atomic::AtomicUsize::new(0),
             releases: Arc::new(Releases::default()),
             clocks: Arc::new(PeerClocks::default()),
         })
@@ -441,9 +449,22 @@ impl EtcdStore {
         let broken = breaks_connection(&e);
         drop(e);
         if broken {
-            self.client.lock().await.take();
+            self.forget_client().await;
         }
         err
+    }
+
+    /// Drops the client, so the next call connects afresh, to the next
+    /// member. Of several calls failing together only the first moves on.
+    async fn forget_client(&self) {
+        if self.client.lock().await.take().is_some() {
+            self.next_endpoint();
+        }
+    }
+
+    fn next_endpoint(&self) {
+        self.endpoint
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// `fut` within `op_timeout`.
@@ -454,7 +475,10 @@ impl EtcdStore {
         match tokio::time::timeout(self.op_timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.failed(e).await),
-            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+            Err(_) => {
+                self.forget_client().await;
+                Err(StoreError::Timeout(self.op_timeout))
+            }
         }
     }
 
@@ -466,11 +490,22 @@ impl EtcdStore {
             return Ok(c.clone());
         }
         let options = self.connect_options()?;
-        let connect = etcd::Client::connect(endpoints(&self.target), Some(options));
+        let all = endpoints(&self.target);
+        let at = self.endpoint.load(std::sync::atomic::Ordering::Relaxed) % all.len().max(1);
+        let connect = etcd::Client::connect(
+            all.get(at).into_iter().cloned().collect::<Vec<_>>(),
+            Some(options),
+        );
         let client = match tokio::time::timeout(self.op_timeout, connect).await {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(self.err(&e)),
-            Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
+            Ok(Err(e)) => {
+                self.next_endpoint();
+                return Err(self.err(&e));
+            }
+            Err(_) => {
+                self.next_endpoint();
+                return Err(StoreError::Timeout(self.op_timeout));
+            }
         };
         *slot = Some(client.clone());
         Ok(client)
@@ -1239,7 +1274,10 @@ fn is_transient(e: &etcd::Error) -> bool {
 /// The connection itself failed, not the request.
 fn breaks_connection(e: &etcd::Error) -> bool {
     matches!(e, etcd::Error::TransportError(_) | etcd::Error::IoError(_))
-        || status_code(e) == Some(UNAVAILABLE)
+        || matches!(
+            status_code(e),
+            Some(CANCELLED | DEADLINE_EXCEEDED | UNAVAILABLE)
+        )
 }
 
 /// `e` with its causes: tonic's transport errors say little on their own.
@@ -1454,8 +1492,9 @@ impl Locks for EtcdStore {
             out.push(LockStatus {
                 job: String::from_utf8_lossy(job).into_owned(),
                 holder: holder.map(|l| l.owner.clone()),
-                lease_remaining_ms: holder
-                    .map_or(0, |l| u64::try_from(l.expires_at - now).unwrap_or(0)),
+                lease_remaining_ms: holder.map_or(0, |l| {
+                    u64::try_from(l.expires_at.saturating_sub(now)).unwrap_or(0)
+                }),
                 fence: state.fence.parse().unwrap_or(0),
                 last_occurrence: state.last_occurrence.map(from_ms),
                 last_owner: Some(state.owner),

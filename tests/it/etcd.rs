@@ -13,29 +13,45 @@ use crate::cluster::{Cluster, Line, check_once_in_order};
 use crate::support::{Backend, Harness, free_port, wait_until};
 
 /// One member of a cluster of the test's own.
-struct Member {
+pub(crate) struct Member {
     name: String,
+    /// The uid it runs as (root unless a partition test asks).
+    pub(crate) uid: Option<u32>,
     client: u16,
     peer: u16,
     child: Option<Child>,
 }
 
 /// Three members on free loopback ports, in one temporary directory.
-struct EtcdCluster {
+pub(crate) struct EtcdCluster {
     dir: tempfile::TempDir,
-    members: Vec<Member>,
+    pub(crate) members: Vec<Member>,
 }
 
 impl EtcdCluster {
-    fn start() -> EtcdCluster {
+    pub(crate) fn start() -> EtcdCluster {
+        EtcdCluster::start_as(None)
+    }
+
+    /// Starts the members as the given uids (one each), so a firewall can
+    /// tell their packets apart.
+    pub(crate) fn start_as(uids: Option<[u32; 3]>) -> EtcdCluster {
         assert!(
             std::path::Path::new("/usr/bin/etcd").exists(),
             "etcd is not installed: bash .ci/services installs it (Debian package etcd-server)"
         );
         let dir = tempfile::tempdir().unwrap();
+        if uids.is_some() {
+            std::fs::set_permissions(
+                dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o777),
+            )
+            .unwrap();
+        }
         let members: Vec<Member> = (1..=3)
             .map(|i| Member {
                 name: format!("m{i}"),
+                uid: uids.map(|u| u[i - 1]),
                 client: free_port(),
                 peer: free_port(),
                 child: None,
@@ -69,7 +85,12 @@ impl EtcdCluster {
         let m = &self.members[i];
         let data = self.dir.path().join(&m.name);
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name))).unwrap();
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(uid) = m.uid {
+            std::os::unix::process::CommandExt::uid(&mut command, uid);
+            std::os::unix::process::CommandExt::gid(&mut command, uid);
+        }
+        let child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&data)
@@ -102,7 +123,7 @@ impl EtcdCluster {
         self.members[i].child = Some(child);
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         let hosts: Vec<String> = self
             .members
             .iter()
@@ -120,7 +141,7 @@ impl EtcdCluster {
     }
 
     /// Every running member answers and a leader is elected.
-    fn healthy(&self) -> bool {
+    pub(crate) fn healthy(&self) -> bool {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             for e in self.endpoints() {
@@ -142,7 +163,7 @@ impl EtcdCluster {
     }
 
     /// The index of the leader, as the first running member sees it.
-    fn leader(&self) -> Option<usize> {
+    pub(crate) fn leader(&self) -> Option<usize> {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             for (i, m) in self.members.iter().enumerate() {

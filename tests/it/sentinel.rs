@@ -27,10 +27,10 @@ use crate::cluster::Cluster;
 use crate::support::{Backend, free_port, unique, wait_until};
 
 /// A master, two replicas and three sentinels watching it as `m`.
-struct SentinelSet {
+pub(crate) struct SentinelSet {
     _dir: tempfile::TempDir,
     master: Child,
-    master_port: u16,
+    pub(crate) master_port: u16,
     replicas: Vec<Child>,
     sentinels: Vec<(u16, Child)>,
 }
@@ -75,7 +75,7 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
 }
 
 impl SentinelSet {
-    fn start() -> SentinelSet {
+    pub(crate) fn start() -> SentinelSet {
         let dir = tempfile::tempdir().unwrap();
         let mport = free_port();
         let master = redis_server(dir.path(), mport, None);
@@ -124,7 +124,7 @@ impl SentinelSet {
         set
     }
 
-    fn url(&self, wait: u32) -> String {
+    pub(crate) fn url(&self, wait: u32) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
@@ -137,7 +137,7 @@ impl SentinelSet {
     }
 
     /// The master's port as the first sentinel names it now.
-    fn named_master(&self) -> Option<u16> {
+    pub(crate) fn named_master(&self) -> Option<u16> {
         let out = redis_cli(
             self.sentinels[0].0,
             &["sentinel", "get-master-addr-by-name", "m"],
