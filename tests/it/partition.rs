@@ -627,3 +627,163 @@ fn etcd_leader_cut_off_from_its_members_and_clients() {
         p.c.report()
     );
 }
+
+/// A ZooKeeper ensemble of three, each member a uid of its own.
+struct ZkEnsemble {
+    dir: tempfile::TempDir,
+    /// (client port, uid, process)
+    members: Vec<(u16, u32, std::process::Child)>,
+}
+
+impl ZkEnsemble {
+    fn start() -> ZkEnsemble {
+        assert!(
+            std::path::Path::new("/usr/share/java/zookeeper.jar").exists(),
+            "ZooKeeper is not installed: bash .ci/services installs it (Debian package zookeeper)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| {
+                (
+                    crate::support::free_port(),
+                    crate::support::free_port(),
+                    crate::support::free_port(),
+                )
+            })
+            .collect();
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, q, e))| format!("server.{}=127.0.0.1:{q}:{e}\n", i + 1))
+            .collect();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut members = Vec::new();
+        for (i, (client, _, _)) in ports.iter().enumerate() {
+            let data = dir.path().join(format!("data{}", i + 1));
+            std::fs::create_dir_all(&data).unwrap();
+            std::fs::write(data.join("myid"), format!("{}\n", i + 1)).unwrap();
+            std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
+            let conf = dir.path().join(format!("zoo{}.cfg", i + 1));
+            std::fs::write(
+                &conf,
+                format!(
+                    "tickTime=200\nminSessionTimeout=400\nmaxSessionTimeout=20000\ninitLimit=25\nsyncLimit=5\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr\n{servers}",
+                    data.display()
+                ),
+            )
+            .unwrap();
+            let uid = Firewall::uid();
+            let log = std::fs::File::create(dir.path().join(format!("zk{}.log", i + 1))).unwrap();
+            let mut command = Command::new("java");
+            std::os::unix::process::CommandExt::uid(&mut command, uid);
+            std::os::unix::process::CommandExt::gid(&mut command, uid);
+            let child = command
+                .args(["-Xms32m", "-Xmx128m", "-cp", crate::zookeeper::CLASSPATH])
+                .arg(format!("-Dzookeeper.log.dir={}", dir.path().display()))
+                .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+                .arg(&conf)
+                .stdout(std::process::Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("java must be installed (a dependency of Debian's zookeeper)");
+            members.push((*client, uid, child));
+        }
+        let z = ZkEnsemble { dir, members };
+        crate::support::wait_until(
+            "a ZooKeeper ensemble with a leader",
+            Duration::from_secs(90),
+            || z.modes().join(", "),
+            || z.leader().map(|_| ()),
+        );
+        z
+    }
+
+    /// Each member's `srvr` mode line ("Mode: leader", …).
+    fn modes(&self) -> Vec<String> {
+        use std::io::{Read, Write};
+        self.members
+            .iter()
+            .map(|(port, _, _)| {
+                let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", *port)) else {
+                    return String::from("no answer");
+                };
+                let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                let mut out = String::new();
+                let _ = s
+                    .write_all(b"srvr")
+                    .and_then(|_| s.read_to_string(&mut out).map(|_| ()));
+                out.lines()
+                    .find(|l| l.starts_with("Mode:"))
+                    .unwrap_or("no mode")
+                    .to_string()
+            })
+            .collect()
+    }
+
+    /// The leader's index, once all three serve.
+    fn leader(&self) -> Option<usize> {
+        let modes = self.modes();
+        if modes.iter().filter(|m| m.contains("follower")).count() != 2 {
+            return None;
+        }
+        modes.iter().position(|m| m.contains("leader"))
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .members
+            .iter()
+            .map(|(p, _, _)| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("zk://{}/partition", hosts.join(","))
+    }
+}
+
+impl Drop for ZkEnsemble {
+    fn drop(&mut self) {
+        for (_, _, child) in &mut self.members {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = &self.dir;
+    }
+}
+
+/// ZooKeeper: the leader of an ensemble of three silenced, cut off from its
+/// peers and the nodes: the other two elect a leader, the nodes' sessions
+/// move to them, and claims go on.
+#[test]
+fn zookeeper_leader_cut_off_from_its_members_and_clients() {
+    let zk = ZkEnsemble::start();
+    let url = zk.url();
+    let mut p = Partitioned::with_url(
+        Backend::ZooKeeper,
+        Some(&url),
+        "* * * * * *",
+        0.2,
+        &["n1", "n2", "n3"],
+    );
+    p.next_run(0.0, Duration::from_secs(60));
+    let leader = zk.leader().unwrap_or(0);
+    let from = now();
+    p.fw.cut_uid(zk.members[leader].1);
+    std::thread::sleep(Duration::from_secs(12));
+    p.fw.heal();
+    let healed = now();
+    std::thread::sleep(Duration::from_secs(3));
+    let runs = p.judge();
+    let during: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.start > from && r.start < healed)
+        .map(|r| r.start - from)
+        .collect();
+    println!(
+        "partition zookeeper: leader cut off for {:.1} s, runs at {during:.1?} s after the cut",
+        healed - from
+    );
+    assert!(
+        during.iter().filter(|t| **t > 3.0).count() >= 7,
+        "claims went on with the other two\n{}",
+        p.c.report()
+    );
+}

@@ -22,7 +22,7 @@ use crate::cluster::{Cluster, Line, at_fraction_of_second, check_once_in_order};
 use crate::support::{Backend, free_port, wait_until};
 
 /// The jars Debian's zookeeper package installs (log4j for its logging).
-const CLASSPATH: &str =
+pub(crate) const CLASSPATH: &str =
     "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar";
 
 struct ZkServer {
