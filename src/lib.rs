@@ -20,11 +20,16 @@
 //! - [`pidfile`]: the locked pid file and finding the daemon it names.
 //! - [`telemetry`] sets up logging; [`metrics`] serves `/metrics` and
 //!   `/healthz`; [`systemd`] speaks sd_notify.
+//! - `fuzzing` (feature `fuzzing`, hidden): the store decoders, reachable by
+//!   the fuzz targets in `fuzz/` (docs/fuzzing.md).
 
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod exec;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guard;
 pub mod metrics;
 pub mod node;

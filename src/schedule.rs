@@ -84,6 +84,18 @@ impl Schedule {
                     found,
                 });
             }
+            // croner skips empty list items, so a field of commas alone
+            // matches nothing, and its search for a first occurrence would
+            // step through a year second by second (40 s) to say so.
+            if let Some(field) = trimmed
+                .split_whitespace()
+                .position(|f| f.split(',').all(|item| item.trim().is_empty()))
+            {
+                return Err(ScheduleError::Syntax {
+                    expr: expr.into(),
+                    reason: format!("field {} lists no value", field + 1),
+                });
+            }
             trimmed.to_string()
         };
         let cron = CronParser::builder()
@@ -241,6 +253,21 @@ mod tests {
             Schedule::parse("* * * * *", "Mars/Olympus"),
             Err(ScheduleError::UnknownZone { .. })
         ));
+        // Found by fuzz/ (target config): a field of commas alone matches
+        // nothing, and croner took 40 s to find no occurrence.
+        assert_eq!(
+            Schedule::parse(", * * * *", "UTC"),
+            Err(ScheduleError::Syntax {
+                expr: ", * * * *".into(),
+                reason: "field 1 lists no value".into()
+            })
+        );
+        assert!(matches!(
+            Schedule::parse("0 0 ,, * * *", "UTC"),
+            Err(ScheduleError::Syntax { .. })
+        ));
+        // Empty items beside values are skipped, as croner does.
+        assert!(Schedule::parse("1,,2 * * * *", "UTC").is_ok());
         // Rare but real: Feb 29 fires in leap years only.
         assert!(Schedule::parse("0 0 0 29 2 *", "UTC").is_ok());
     }

@@ -786,7 +786,8 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         return Decision::Refuse(Lost {
             holder: if live { row.owner.clone() } else { None },
             remaining: if live {
-                Duration::from_millis((row.expires_at - row.now).max(0) as u64)
+                // Saturating: the row is whatever the store holds.
+                Duration::from_millis(row.expires_at.saturating_sub(row.now).max(0) as u64)
             } else {
                 Duration::ZERO
             },
@@ -1126,6 +1127,22 @@ mod tests {
                 }
                 other => panic!("{other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_lease_ending_far_after_a_store_clock_before_1970_is_refused_without_overflow() {
+        // Found by fuzz/ (target replies): a hand-edited row, or a store
+        // clock gone wrong, made the lease's remaining time overflow.
+        let mut far = row(Some("b"), 7, i64::MAX, Some(19_000));
+        far.now = -1;
+        let d = decide(&far, &req("a", 20_000, Some(19_000), Misfire::RunOnce, 0));
+        match d {
+            Decision::Refuse(lost) => {
+                assert_eq!(lost.remaining, Duration::from_millis(i64::MAX as u64));
+                assert_eq!(lost.holder.as_deref(), Some("b"));
+            }
+            other => panic!("{other:?}"),
         }
     }
 

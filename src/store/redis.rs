@@ -80,7 +80,8 @@ enum Link {
     Sentinel(sentinel::Master),
 }
 
-type ClaimReply = (
+/// One claim's answer from `claim.lua`, in its order.
+pub(crate) type ClaimReply = (
     i64,
     String,
     i64,
@@ -164,7 +165,10 @@ impl RedisStore {
     }
 
     /// A script's reply read as `T`; an error reply is the script's error.
-    fn decode<T: redis::FromRedisValue>(&self, reply: redis::Value) -> Result<T, StoreError> {
+    pub(crate) fn decode<T: redis::FromRedisValue>(
+        &self,
+        reply: redis::Value,
+    ) -> Result<T, StoreError> {
         match reply {
             redis::Value::ServerError(e) => Err(self.err(e.into())),
             reply => redis::from_redis_value(reply)
@@ -284,7 +288,7 @@ impl RedisStore {
     }
 
     /// The answer to `requests` from `claim.lua`'s replies.
-    fn claimed(
+    pub(crate) fn claimed(
         &self,
         requests: &[ClaimRequest],
         replies: Vec<ClaimReply>,
@@ -532,7 +536,6 @@ async fn stream_runs(
     keys: &[String],
     limit: u32,
 ) -> redis::RedisResult<Vec<RunRecord>> {
-    type Entries = Vec<(String, HashMap<String, String>)>;
     let mut runs = Vec::new();
     for chunk in keys.chunks(STREAMS_PER_PIPELINE) {
         let mut pipe = redis::pipe();
@@ -544,15 +547,27 @@ async fn stream_runs(
                 .arg("COUNT")
                 .arg(limit);
         }
-        let replies: Vec<Entries> = pipe.query_async(conn).await?;
+        let replies: Vec<StreamEntries> = pipe.query_async(conn).await?;
         for (key, entries) in chunk.iter().zip(replies) {
-            let job = job_of(prefix, key, "runs").unwrap_or_default();
-            runs.extend(entries.into_iter().map(|(id, fields)| {
-                run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
-            }));
+            runs.extend(runs_of_stream(prefix, key, entries));
         }
     }
     Ok(runs)
+}
+
+/// One run stream's `XREVRANGE` reply: (entry id, fields), newest first.
+pub(crate) type StreamEntries = Vec<(String, HashMap<String, String>)>;
+
+/// The runs in the reply of the run stream `key`; an entry this version
+/// cannot read is kept as a malformed one, never an error.
+pub(crate) fn runs_of_stream(prefix: &str, key: &str, entries: StreamEntries) -> Vec<RunRecord> {
+    let job = job_of(prefix, key, "runs").unwrap_or_default();
+    entries
+        .into_iter()
+        .map(|(id, fields)| {
+            run_from_fields(&fields).unwrap_or_else(|| malformed_run(&job, &id, &fields))
+        })
+        .collect()
 }
 
 /// How a connection to one server behaves: a call slower than `op_timeout`
@@ -625,6 +640,7 @@ fn job_key(prefix: &str, job: &str, kind: &str) -> String {
 
 /// Runs `build`'s pipeline of `EVALSHA`s on `conn`, loading `scripts` once
 /// if the server has forgotten them (restart, `SCRIPT FLUSH`).
+#[cfg(feature = "redlock")]
 async fn eval_loading<T: redis::FromRedisValue>(
     conn: &mut ConnectionManager,
     scripts: &[&Script],

@@ -780,7 +780,7 @@ impl Locks for ZkStore {
                         job,
                         holder: if live { d.owner.clone() } else { None },
                         lease_remaining_ms: if live {
-                            (d.expires_at - now).max(0) as u64
+                            d.expires_at.saturating_sub(now).max(0) as u64
                         } else {
                             0
                         },

@@ -1140,7 +1140,7 @@ fn split_statements(script: &str) -> Vec<String> {
         .collect()
 }
 
-fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
+pub(crate) fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
     let outcome: String = r.try_get(7)?;
     Ok(RunRecord {
         job: r.try_get(0)?,
@@ -1259,7 +1259,11 @@ impl Locks for SqlStore {
                 Ok(LockStatus {
                     job: r.try_get(0)?,
                     holder: if live { owner.clone() } else { None },
-                    lease_remaining_ms: if live { (expires_at - now) as u64 } else { 0 },
+                    lease_remaining_ms: if live {
+                        expires_at.saturating_sub(now) as u64
+                    } else {
+                        0
+                    },
                     fence: r.try_get::<i64, _>(2)?.max(0) as u64,
                     last_occurrence: r.try_get::<Option<i64>, _>(4)?.map(from_ms),
                     last_owner: owner,
