@@ -107,6 +107,8 @@ pub struct EtcdStore {
     /// sending it a share of them (measured: claims stalled on the nodes for
     /// the whole partition, partition::etcd_leader_cut_off_…).
     endpoint: std::sync::atomic::AtomicUsize,
+    /// When the client last moved to the next member.
+    moved_at: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// Claimers waiting for a lease key to go, and the watch that wakes them.
     releases: Arc<Releases>,
     /// The live nodes' clocks against this one's (etcd has no clock).
@@ -394,6 +396,7 @@ impl EtcdStore {
             op_timeout: config.op_timeout,
             client: tokio::sync::Mutex::new(None),
             endpoint: std::sync::atomic::AtomicUsize::new(0),
+            moved_at: std::sync::Mutex::new(None),
             releases: Arc::new(Releases::default()),
             clocks: Arc::new(PeerClocks::default()),
         })
@@ -455,14 +458,26 @@ impl EtcdStore {
     }
 
     /// Drops the client, so the next call connects afresh, to the next
-    /// member. Of several calls failing together only the first moves on.
+    /// member.
     async fn forget_client(&self) {
-        if self.client.lock().await.take().is_some() {
-            self.next_endpoint();
-        }
+        self.client.lock().await.take();
+        self.next_endpoint();
     }
 
+    /// Moves to the next member, at most once per `op_timeout`: calls sent
+    /// together to a silent member fail together, and a call that failed on
+    /// it late must not move the client off the member the first failure
+    /// moved it to.
     fn next_endpoint(&self) {
+        let now = tokio::time::Instant::now();
+        let mut last = self
+            .moved_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_some_and(|at| now.duration_since(at) < self.op_timeout) {
+            return;
+        }
+        *last = Some(now);
         self.endpoint
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }

@@ -214,11 +214,25 @@ impl RedisStore {
                 if e.kind() == Some(redis::ServerErrorKind::NoScript))
         };
         let all: Vec<usize> = (0..calls.len()).collect();
+        let waits = usize::from(self.wait.is_some());
+        let count = |replies: &[redis::Value], sent: usize| {
+            if replies.len() == sent + waits {
+                Ok(())
+            } else {
+                Err(self.malformed(format!(
+                    "{} replies to {sent} scripts{}",
+                    replies.len(),
+                    if waits == 1 { " and WAIT" } else { "" }
+                )))
+            }
+        };
         let mut conn = self.conn().await?;
         let mut replies: Vec<redis::Value> = build(&all)
             .query_async(&mut conn)
             .await
             .map_err(|e| self.err(e))?;
+        count(&replies, calls.len())?;
+        let mut wait_reply = if waits == 1 { replies.pop() } else { None };
         let refused: Vec<usize> = all
             .iter()
             .copied()
@@ -237,32 +251,52 @@ impl RedisStore {
                     .await
                     .map_err(|e| self.err(e))?;
             }
-            let again: Vec<redis::Value> = build(&refused)
+            let mut again: Vec<redis::Value> = build(&refused)
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.err(e))?;
-            let mut again = again.into_iter();
-            for &i in &refused {
-                if let (Some(slot), Some(reply)) = (replies.get_mut(i), again.next()) {
+            count(&again, refused.len())?;
+            // Both WAITs must have been met: the connection may have been
+            // made again between the two pipelines, so the second one need
+            // not count the first one's writes.
+            let second_wait = if waits == 1 { again.pop() } else { None };
+            wait_reply = match (wait_reply, second_wait) {
+                (Some(first), Some(second)) => {
+                    let acked = |v: &redis::Value| redis::from_redis_value::<i64>(v.clone()).ok();
+                    match (acked(&first), acked(&second)) {
+                        (Some(x), Some(y)) if y < x => Some(second),
+                        (Some(_), Some(_)) => Some(first),
+                        (None, _) => Some(first),
+                        (_, None) => Some(second),
+                    }
+                }
+                (first, second) => first.or(second),
+            };
+            for (&i, reply) in refused.iter().zip(again) {
+                if let Some(slot) = replies.get_mut(i) {
                     *slot = reply;
                 }
             }
-            // The second pipeline's WAIT, if any, stands for both: it counts
-            // every write this connection made before it.
-            if self.wait.is_some() {
-                if let (Some(last), Some(wait)) = (replies.last_mut(), again.next()) {
-                    *last = wait;
-                }
-            }
         }
+        // A master demoted to a replica (a failover this node has not heard
+        // of) refuses the writes and WAIT: ask the sentinels again.
+        let demoted = replies.iter().chain(wait_reply.as_ref()).any(|r| {
+            matches!(r, redis::Value::ServerError(e)
+                if e.kind() == Some(redis::ServerErrorKind::ReadOnly))
+        }) || matches!(wait_reply, Some(redis::Value::ServerError(_)));
         if let Some((replicas, timeout_ms)) = self.wait {
-            let acked = replies
-                .pop()
-                .map(redis::from_redis_value::<i64>)
-                .transpose()
-                .map_err(|e| self.malformed(format!("unexpected reply to WAIT: {e}")))?
-                .unwrap_or(0);
-            if acked < i64::from(replicas) {
+            let acked = match &wait_reply {
+                Some(redis::Value::ServerError(e)) if !demoted => {
+                    return Err(
+                        self.malformed(format!("WAIT refused: {}", one_line(&e.to_string())))
+                    );
+                }
+                Some(redis::Value::ServerError(_)) => 0,
+                Some(v) => redis::from_redis_value::<i64>(v.clone())
+                    .map_err(|e| self.malformed(format!("unexpected reply to WAIT: {e}")))?,
+                None => 0,
+            };
+            if demoted || acked < i64::from(replicas) {
                 // A master whose replicas went elsewhere (a failover this
                 // node has not heard of) stays one: ask the sentinels again.
                 #[cfg(feature = "sentinel")]
@@ -271,18 +305,16 @@ impl RedisStore {
                 }
                 return Err(StoreError::Unavailable {
                     store: self.url.redacted().into(),
-                    reason: format!(
-                        "{acked} of the {replicas} replicas asked for (wait={replicas}) acknowledged the write within {timeout_ms} ms: counted as failed"
-                    ),
+                    reason: if demoted {
+                        "the master refused the write as a replica (a failover): counted as failed"
+                            .to_string()
+                    } else {
+                        format!(
+                            "{acked} of the {replicas} replicas asked for (wait={replicas}) acknowledged the write within {timeout_ms} ms: counted as failed"
+                        )
+                    },
                 });
             }
-        }
-        if replies.len() != calls.len() {
-            return Err(self.malformed(format!(
-                "{} replies to {} scripts",
-                replies.len(),
-                calls.len()
-            )));
         }
         Ok(replies)
     }

@@ -46,6 +46,11 @@ pub struct Cluster {
     pub backend: Backend,
     pub out: PathBuf,
     nodes: BTreeMap<String, Child>,
+    /// The daemon binary nodes start from (the partition drills use a copy
+    /// any uid can run).
+    pub bin: PathBuf,
+    /// The nodes' working directory, if not the test's.
+    pub cwd: Option<PathBuf>,
 }
 
 /// The job every cluster test runs unless it brings its own: each second,
@@ -120,6 +125,8 @@ impl Cluster {
             backend,
             out,
             nodes: BTreeMap::new(),
+            bin: binary(),
+            cwd: None,
         }
     }
 
@@ -220,11 +227,14 @@ impl Cluster {
         let mut command = match prefix.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
-                c.args(args).arg(binary());
+                c.args(args).arg(&self.bin);
                 c
             }
-            None => Command::new(binary()),
+            None => Command::new(&self.bin),
         };
+        if let Some(cwd) = &self.cwd {
+            command.current_dir(cwd);
+        }
         let child = command
             .args(["run", "-c"])
             .arg(self.config(node))

@@ -119,7 +119,8 @@ impl Plan {
     };
 
     /// Kill anywhere: SIGKILL of the holder from 100 ms before an instant
-    /// to 600 ms after it (two in five in its first 60 ms) (before its claim, with its claim batch in flight
+    /// to 600 ms after it (two in five drawn from 10 ms before it to 60 ms
+    /// after) (before its claim, with its claim batch in flight
     /// or inside the store's transaction, between the claim and the spawn,
     /// in the first moments of the runs), 50 load jobs every second.
     pub const KILL_ANYWHERE: Plan = Plan {
@@ -236,7 +237,12 @@ pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
                 at -= 1.0;
             }
             std::thread::sleep(Duration::from_secs_f64((at - now()).max(0.0)));
-            *counts.events.entry(kill_point(offset)).or_default() += 1;
+            // Where it landed: the signal goes now, whatever the sleep's
+            // overshoot.
+            *counts
+                .events
+                .entry(kill_point(now() - (at - offset)))
+                .or_default() += 1;
         }
         let from = now();
         match kind {

@@ -86,6 +86,7 @@ impl EtcdCluster {
         let data = self.dir.path().join(&m.name);
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name))).unwrap();
         let mut command = Command::new("etcd");
+        command.current_dir(self.dir.path());
         if let Some(uid) = m.uid {
             std::os::unix::process::CommandExt::uid(&mut command, uid);
             std::os::unix::process::CommandExt::gid(&mut command, uid);
@@ -124,10 +125,15 @@ impl EtcdCluster {
     }
 
     pub(crate) fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client))
+        self.url_from(0)
+    }
+
+    /// The URL listing the members from `first` on (a client talks to the
+    /// first one it can).
+    pub(crate) fn url_from(&self, first: usize) -> String {
+        let n = self.members.len();
+        let hosts: Vec<String> = (0..n)
+            .map(|i| format!("127.0.0.1:{}", self.members[(first + i) % n].client))
             .collect();
         format!("etcd://{}", hosts.join(","))
     }

@@ -61,6 +61,7 @@ pub struct Firewall {
 }
 
 static SERIAL: AtomicU32 = AtomicU32::new(0);
+static UIDS: AtomicU32 = AtomicU32::new(0);
 
 fn nft(args: &[&str]) -> Result<String, String> {
     let out = Command::new("nft").args(args).output().map_err(|e| {
@@ -106,23 +107,38 @@ fn nft_script(script: &str) -> Result<(), String> {
 
 impl Firewall {
     /// A new table, after removing those of test processes that are gone.
+    /// A table is named after its process's pid and start time (a pid can
+    /// be used again by a later test run).
     pub fn new() -> Firewall {
+        let started = |pid: u32| {
+            crate::support::proc_stat(pid as i32)
+                .get(19)
+                .cloned()
+                .unwrap_or_default()
+        };
         let tables = nft(&["list", "tables"]).unwrap_or_else(|e| panic!("{e}"));
         for t in tables.lines() {
             let Some(name) = t.strip_prefix("table inet ") else {
                 continue;
             };
-            let pid = name
-                .strip_prefix("clp_")
-                .and_then(|r| r.split('_').next())
-                .and_then(|p| p.parse::<u32>().ok());
-            if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let Some(rest) = name.strip_prefix("clp_") else {
+                continue;
+            };
+            let mut parts = rest.split('_');
+            let (Some(pid), Some(start)) = (
+                parts.next().and_then(|p| p.parse::<u32>().ok()),
+                parts.next(),
+            ) else {
+                continue;
+            };
+            if started(pid) != start {
                 let _ = nft(&["delete", "table", "inet", name]);
             }
         }
+        let me = std::process::id();
         let table = format!(
-            "clp_{}_{}",
-            std::process::id(),
+            "clp_{me}_{}_{}",
+            started(me),
             SERIAL.fetch_add(1, Ordering::SeqCst)
         );
         nft_script(&format!(
@@ -132,9 +148,12 @@ impl Firewall {
         Firewall { table }
     }
 
-    /// A uid (and conntrack mark) no other test uses, for one node.
+    /// A uid (and conntrack mark) no other test uses, for one node: a
+    /// block of 1,000 per test process.
     pub fn uid() -> u32 {
-        200_000 + (std::process::id() % 10_000) * 100 + SERIAL.fetch_add(1, Ordering::SeqCst) % 100
+        let n = UIDS.fetch_add(1, Ordering::SeqCst);
+        assert!(n < 1000, "more than 1,000 uids in one test run");
+        200_000 + (std::process::id() % 10_000) * 1000 + n
     }
 
     /// Marks the connections of processes running as `uid` with `uid`.
@@ -311,6 +330,13 @@ impl Partitioned {
         ] {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
         }
+        // The daemon as a copy any uid can run (the build may sit below a
+        // directory only root can enter, as /root is), run from here.
+        let bin = c.dir.path().join("cronlease");
+        std::fs::copy(&c.bin, &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        c.bin = bin;
+        c.cwd = Some(c.dir.path().to_path_buf());
         let mut uids = BTreeMap::new();
         for n in nodes {
             let uid = Firewall::uid();
@@ -628,7 +654,8 @@ fn sentinel_master_cut_off_from_its_replicas_and_sentinels() {
     p.next_run(0.0, Duration::from_secs(30));
     let old = set.master_port;
     let from = now();
-    // Unmarked connections: everything but the nodes'.
+    // Unmarked connections: everything but the nodes'. Only this test's
+    // processes use the port (a free one, its own master's).
     p.fw.cut_port(old, Some(0), Cut::Both);
     crate::support::wait_until(
         "the sentinels' failover",
@@ -660,8 +687,9 @@ fn sentinel_master_cut_off_from_its_replicas_and_sentinels() {
 
 /// etcd: the leader (each member runs as a uid of its own) silenced, cut
 /// off from its peers and from the nodes: the other two elect a leader and
-/// claims go on there, on time: of the 8 s from 2 s after the cut to the
-/// heal, at least 7 occurrences run. (With the client's channel balanced
+/// claims go on there: in the 8 s from 2 s after the cut to the heal, at
+/// least 7 runs start (catch-ups included). The nodes' clients talk to the
+/// leader first. (With the client's channel balanced
 /// over all three members, calls sent to the silent one hung until their
 /// timeout: 2, 3, 6, 9 and 9 runs in five tries; the client now talks to
 /// one member and moves to the next after a call that timed out.)
@@ -672,7 +700,14 @@ fn etcd_leader_cut_off_from_its_members_and_clients() {
     }
     let uids = [Firewall::uid(), Firewall::uid(), Firewall::uid()];
     let etcd = crate::etcd::EtcdCluster::start_as(Some(uids));
-    let url = etcd.url();
+    let leader = crate::support::wait_until(
+        "etcd's leader",
+        Duration::from_secs(30),
+        || etcd.url(),
+        || etcd.leader(),
+    );
+    // The nodes' clients talk to the leader first: the one cut off.
+    let url = etcd.url_from(leader);
     let mut p = Partitioned::with_url(
         Backend::Etcd,
         Some(&url),
@@ -681,9 +716,8 @@ fn etcd_leader_cut_off_from_its_members_and_clients() {
         &["n1", "n2", "n3"],
     );
     p.next_run(0.0, Duration::from_secs(30));
-    let leader = etcd.leader().unwrap_or(0);
     let from = now();
-    p.fw.cut_uid(etcd.members[leader].uid.unwrap_or(uids[0]));
+    p.fw.cut_uid(uids[leader]);
     std::thread::sleep(Duration::from_secs(10));
     p.fw.heal();
     let healed = now();
@@ -751,6 +785,7 @@ impl ZkEnsemble {
             let uid = Firewall::uid();
             let log = std::fs::File::create(dir.path().join(format!("zk{}.log", i + 1))).unwrap();
             let mut command = Command::new("java");
+            command.current_dir(dir.path());
             std::os::unix::process::CommandExt::uid(&mut command, uid);
             std::os::unix::process::CommandExt::gid(&mut command, uid);
             let child = command
@@ -843,7 +878,12 @@ fn zookeeper_leader_cut_off_from_its_members_and_clients() {
         &["n1", "n2", "n3"],
     );
     p.next_run(0.0, Duration::from_secs(60));
-    let leader = zk.leader().unwrap_or(0);
+    let leader = crate::support::wait_until(
+        "ZooKeeper's leader",
+        Duration::from_secs(30),
+        || zk.modes().join(", "),
+        || zk.leader(),
+    );
     let from = now();
     p.fw.cut_uid(zk.members[leader].1);
     std::thread::sleep(Duration::from_secs(12));
