@@ -17,17 +17,35 @@
 //! running the one before). Each rule is shown load-bearing: with it off
 //! (a [`Rules`] flag) the checker finds the counterexample. Time moves from
 //! event to event (the next instant, deadline, renewal, expiry, process
-//! exit, thaw), so boundaries are hit exactly, to the millisecond.
+//! exit, thaw), so boundaries are hit exactly, to the millisecond. Faults
+//! strike at any event; a freeze also right at the next one, before its
+//! node acts: a daemon stopped just before its watchdog's deadline, the
+//! worst moment, which is how the checker finds the edge of the margin
+//! condition (docs/protocol.md, "The margin condition").
+//!
+//! A state keeps only what the future and the properties depend on, in one
+//! canonical form ([`Protocol::canonical`]): the live runs, and of the
+//! ended ones the occurrences they ran and the properties they broke;
+//! request ids renumbered, the wire sorted, the nodes in order. Paths that
+//! differ only in their past meet in one state: the reachable states are
+//! those of a model that kept the whole history, merged (checked state by
+//! state on eleven configurations, before the freeze at the next event was
+//! added; without faults on skewed clocks, 2,257,580 states there, 407,393
+//! here). A check that something holds explores every
+//! state up to the horizon; a check that something breaks stops at its
+//! first counterexample.
 //!
 //! `cargo test --all-features --test it -- model::` runs the bounded checks
-//! (seconds); `-- --ignored model::` the longer one.
+//! (about 40 s on 2 cores); `-- --ignored model::` the longer ones (about 4
+//! minutes, 3 GB). docs/protocol.md lists each check's states and time.
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use cronlease::config::{JobName, Misfire};
 use cronlease::node::lease;
 use cronlease::store::{ClaimRequest, Decision, LockRow, Owner, decide, from_ms};
-use stateright::{Checker, Model, Property};
+use stateright::{Checker, HasDiscoveries, Model, Property};
 
 /// The rules of the protocol a check may switch off, to show each one is
 /// needed.
@@ -60,12 +78,12 @@ impl Rules {
 }
 
 /// What may go wrong, and how much of it, in one run of the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fault {
     /// A request or a reply is lost.
     Lose,
-    /// A node freezes for `ms` (SIGSTOP, GC): it does nothing, its job's
-    /// process runs on.
+    /// A node freezes for `ms` (SIGSTOP, GC): it does nothing (its watchdog
+    /// neither stops nor kills), its job's process runs on.
     Freeze(i64),
     /// A node is cut off from the store for `ms`: what it sends and what it
     /// is sent is lost.
@@ -90,15 +108,18 @@ pub struct Protocol {
     /// node − real).
     pub offsets: Vec<i64>,
     /// A node's monotonic clock may run this much slower than real time
-    /// (parts per million): both cases are checked per node.
+    /// (parts per million): both cases are checked per node, or, with
+    /// `all_slow`, every clock runs slow.
     pub slow_ppm: i64,
+    pub all_slow: bool,
     /// A run takes one of these (ms), chosen when it starts.
     pub durations: Vec<i64>,
     /// A run ends this long after SIGTERM (a job that ignores it is killed
-    /// at the lease's expiry).
+    /// at the lease's expiry, as its node counts it).
     pub stop_grace: i64,
     pub op_timeout: i64,
-    /// The faults that may happen, each at most once, at any moment.
+    /// The faults that may happen, each at most once, at any event (a
+    /// freeze also right at the next event, before its node acts).
     pub faults: Vec<Fault>,
     /// How many of them one run may see.
     pub fault_budget: u8,
@@ -106,7 +127,7 @@ pub struct Protocol {
 }
 
 /// The store's lock row.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Row {
     owner: Option<usize>,
     fence: i64,
@@ -115,13 +136,13 @@ pub struct Row {
     running: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Msg {
     Claim { occ: i64, after_unanswered: bool },
     Renew,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Answer {
     Won {
         fence: i64,
@@ -139,7 +160,7 @@ pub enum Answer {
 }
 
 /// A message on the wire: to the store (`answer` none) or back.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Wire {
     node: usize,
     id: u8,
@@ -151,26 +172,42 @@ pub struct Wire {
     due: i64,
 }
 
-/// A run of the watchdog's: its ghost index, and its lease clock.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Watch {
-    ghost: usize,
-    fence: i64,
-    /// Send time of the last successful claim or renewal.
-    ok_sent: i64,
-    /// When SIGTERM went, if it did.
-    term_at: Option<i64>,
+/// Non-atomic stores only: a claim decided, not yet written.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Unwritten {
+    node: usize,
+    id: u8,
+    row: Row,
+    answer: Answer,
+    due: i64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// A node's run as it happens, in real time (the ghost), with the
+/// watchdog's lease clock.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Run {
+    fence: i64,
+    start: i64,
+    /// When it exits or exited (its own end, or stopped, or killed).
+    end: i64,
+    /// Send time of the last successful claim or renewal.
+    ok_sent: i64,
+    /// SIGTERM went.
+    termed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeState {
     up: bool,
     offset: i64,
     slow: bool,
+    /// Frozen until then (0 once over).
     frozen_until: i64,
+    /// Cut off until then (0 once over).
     cut_off_until: i64,
     /// The occurrence (index) it claims next.
     next: i64,
+    /// A refusal said to ask again then (none once due).
     retry_at: Option<i64>,
     /// It had an answer to a claim of `next`.
     answered: bool,
@@ -180,37 +217,45 @@ pub struct NodeState {
     waiting: Option<(u8, i64, Msg)>,
     next_id: u8,
     floor: i64,
-    run: Option<Watch>,
+    run: Option<Run>,
+    /// The period (index) in which its last run ended, while it is the
+    /// current one (a peer refused then still waits the lease out).
+    ended_in: Option<i64>,
 }
 
-/// One run as it happened, in real time.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Ghost {
-    node: usize,
-    occ: i64,
-    fence: i64,
-    start: i64,
-    /// When it exited or will (its own end, or stopped, or killed).
-    end: i64,
-}
-
+/// The checked system's state. Only what the future and the properties
+/// depend on is kept, in one form per meaning (see [`Protocol::canonical`]),
+/// so that paths that differ only in their past meet in one state: the
+/// runs are the nodes' live ones plus what the properties need of the
+/// ended ones.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
     now: i64,
     row: Row,
+    /// Sorted.
     wire: Vec<Wire>,
-    /// Non-atomic stores only: decided, not yet written (node, id, row,
-    /// answer, due).
-    unwritten: Vec<(usize, u8, Row, Answer, i64)>,
+    /// Sorted.
+    unwritten: Vec<Unwritten>,
     nodes: Vec<NodeState>,
-    runs: Vec<Ghost>,
-    /// Fences the store handed out, in the order it did.
-    fences: Vec<i64>,
-    /// Occurrences that may go unrun by a documented rule.
+    /// The occurrence of every run started so far, sorted.
+    ran: Vec<i64>,
+    /// The highest fence a run started with.
+    run_fence: i64,
+    /// The last fence the store handed out.
+    fence: i64,
+    /// Occurrences that may go unrun by a documented rule, sorted.
     excused: Vec<i64>,
-    faults_left: u8,
+    /// Sorted.
     faults_used: Vec<Fault>,
+    /// Properties broken on the way here (`OVERLAP`, `FENCES`,
+    /// `FENCE_ORDER`): checked when it happened, since what shows it (an
+    /// ended run, an older fence) is not kept.
+    broken: u8,
 }
+
+const OVERLAP: u8 = 1;
+const FENCES: u8 = 2;
+const FENCE_ORDER: u8 = 4;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -224,6 +269,9 @@ pub enum Action {
     Receive(usize, usize),
     Lose(usize),
     Freeze(usize, i64),
+    /// Real time moves to the next event, where the node freezes before it
+    /// acts: right before a deadline of its watchdog, say.
+    FreezeAtNext(usize, i64),
     CutOff(usize, i64),
     Crash(usize),
 }
@@ -392,9 +440,17 @@ impl Protocol {
     }
 
     /// Ends node `i`'s run at the latest at `at` (SIGTERM + grace, SIGKILL).
-    fn cut_run(s: &mut State, ghost: usize, at: i64) {
-        let g = &mut s.runs[ghost];
-        g.end = g.end.min(at.max(g.start));
+    fn cut_run(s: &mut State, i: usize, at: i64) {
+        if let Some(r) = &mut s.nodes[i].run {
+            r.end = r.end.min(at.max(r.start));
+        }
+    }
+
+    /// Records that occurrence `occ` is excused (once).
+    fn excuse(s: &mut State, occ: i64) {
+        if let Err(at) = s.excused.binary_search(&occ) {
+            s.excused.insert(at, occ);
+        }
     }
 
     /// Everything node `i` does by itself at `now`, awake.
@@ -406,23 +462,25 @@ impl Protocol {
         // The watchdog, then the process's exit.
         if let Some(w) = s.nodes[i].run.clone() {
             let n = &s.nodes[i];
-            let ended = s.runs[w.ghost].end <= now;
+            let ended = w.end <= now;
             if !ended && self.rules.local_deadline {
                 if now >= self.kill_at(n, w.ok_sent) {
-                    Self::cut_run(s, w.ghost, now);
-                } else if w.term_at.is_none() && now >= self.stop_at(n, w.ok_sent) {
-                    Self::cut_run(s, w.ghost, now + self.stop_grace);
+                    Self::cut_run(s, i, now);
+                } else if !w.termed && now >= self.stop_at(n, w.ok_sent) {
+                    Self::cut_run(s, i, now + self.stop_grace);
                     if let Some(run) = &mut s.nodes[i].run {
-                        run.term_at = Some(now);
+                        run.termed = true;
                     }
                 }
             }
-            if s.runs[w.ghost].end <= now {
+            let end = s.nodes[i].run.as_ref().map_or(now, |r| r.end);
+            if end <= now {
                 // Recorded: the run of the lock's last claim is over.
                 if s.row.fence == w.fence {
                     s.row.running = false;
                 }
                 s.nodes[i].run = None;
+                s.nodes[i].ended_in = Some(end.div_euclid(self.period));
                 if matches!(s.nodes[i].waiting, Some((_, _, Msg::Renew))) {
                     s.nodes[i].waiting = None;
                 }
@@ -464,7 +522,7 @@ impl Protocol {
                 n.waiting = None;
             }
             if unheard {
-                s.excused.push(self.instant(k));
+                Self::excuse(s, self.instant(k));
             }
         }
         let n = &s.nodes[i];
@@ -473,10 +531,7 @@ impl Protocol {
         }
         // Renew a running job's lease.
         if let Some(w) = &n.run {
-            if w.term_at.is_none()
-                && now >= self.renew_at(n, w.ok_sent)
-                && s.runs[w.ghost].end > now
-            {
+            if !w.termed && now >= self.renew_at(n, w.ok_sent) && w.end > now {
                 self.send(s, i, Msg::Renew);
                 return;
             }
@@ -525,11 +580,12 @@ impl Protocol {
                 times.push(self.kill_at(n, w.ok_sent));
             }
         }
-        for g in &s.runs {
-            times.push(g.end);
+        // A run's exit, also while its node is frozen.
+        for n in &s.nodes {
+            times.extend(n.run.as_ref().map(|r| r.end));
         }
         times.extend(s.wire.iter().map(|m| m.due));
-        times.extend(s.unwritten.iter().map(|u| u.4));
+        times.extend(s.unwritten.iter().map(|u| u.due));
         times.into_iter().filter(|t| *t > now).min()
     }
 
@@ -542,14 +598,17 @@ impl Protocol {
     /// counts as busy too.
     fn excuse_held(&self, s: &mut State, i: usize) {
         let window_start = s.now - s.now.rem_euclid(self.period);
-        let busy_lately = s.runs.iter().any(|g| g.node == i && g.end >= window_start);
+        let n = &s.nodes[i];
+        let busy_lately = n.run.as_ref().is_some_and(|r| r.end >= window_start)
+            || n.ended_in
+                .is_some_and(|k| k >= s.now.div_euclid(self.period));
         if s.row.owner != Some(i) || s.row.expires_at <= s.now || !(s.row.running || busy_lately) {
             return;
         }
         for k in 1..=self.occurrences {
             let occ = self.instant(k);
-            if occ + self.period <= s.row.expires_at && !s.excused.contains(&occ) {
-                s.excused.push(occ);
+            if occ + self.period <= s.row.expires_at {
+                Self::excuse(s, occ);
             }
         }
     }
@@ -569,6 +628,9 @@ impl Model for Protocol {
         let mut states = Vec::new();
         for &offset in &self.offsets {
             for slow in 0..(1u8 << self.nodes) {
+                if self.all_slow && slow != (1u8 << self.nodes) - 1 {
+                    continue;
+                }
                 let nodes = (0..self.nodes)
                     .map(|i| NodeState {
                         up: true,
@@ -584,6 +646,7 @@ impl Model for Protocol {
                         next_id: 0,
                         floor: 0,
                         run: None,
+                        ended_in: None,
                     })
                     .collect();
                 let s = State {
@@ -598,12 +661,14 @@ impl Model for Protocol {
                     wire: Vec::new(),
                     unwritten: Vec::new(),
                     nodes,
-                    runs: Vec::new(),
-                    fences: Vec::new(),
+                    ran: Vec::new(),
+                    run_fence: 0,
+                    fence: 0,
                     excused: Vec::new(),
-                    faults_left: self.fault_budget,
                     faults_used: Vec::new(),
+                    broken: 0,
                 };
+                let s = self.canonical(s);
                 if !states.contains(&s) {
                     states.push(s);
                 }
@@ -620,7 +685,7 @@ impl Model for Protocol {
         // a frozen node waits for its thaw.
         let overdue = s.wire.iter().any(|m| {
             m.due <= s.now && (m.answer.is_none() || Self::awake(&s.nodes[m.node], s.now))
-        }) || s.unwritten.iter().any(|u| u.4 <= s.now);
+        }) || s.unwritten.iter().any(|u| u.due <= s.now);
         if !overdue {
             actions.push(Action::Advance);
         }
@@ -634,7 +699,7 @@ impl Model for Protocol {
                 }
                 Some(_) => {}
             }
-            if s.faults_left > 0
+            if self.faults_left(s) > 0
                 && self.faults.contains(&Fault::Lose)
                 && !s.faults_used.contains(&Fault::Lose)
             {
@@ -644,7 +709,7 @@ impl Model for Protocol {
         for w in 0..s.unwritten.len() {
             actions.push(Action::Write(w));
         }
-        if s.faults_left == 0 {
+        if self.faults_left(s) == 0 {
             return;
         }
         for f in &self.faults {
@@ -656,7 +721,12 @@ impl Model for Protocol {
                     continue;
                 }
                 match *f {
-                    Fault::Freeze(ms) => actions.push(Action::Freeze(i, ms)),
+                    Fault::Freeze(ms) => {
+                        actions.push(Action::Freeze(i, ms));
+                        if !overdue {
+                            actions.push(Action::FreezeAtNext(i, ms));
+                        }
+                    }
                     Fault::CutOff(ms) => actions.push(Action::CutOff(i, ms)),
                     Fault::Crash => actions.push(Action::Crash(i)),
                     Fault::Lose => {}
@@ -666,6 +736,45 @@ impl Model for Protocol {
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        self.step(last, action).map(|s| self.canonical(s))
+    }
+
+    fn within_boundary(&self, s: &State) -> bool {
+        s.now <= self.horizon()
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("at most one run per occurrence", |_, s: &State| {
+                s.ran.windows(2).all(|p| p[0] != p[1])
+            }),
+            Property::always("no two nodes run the job at once", |_, s: &State| {
+                s.broken & OVERLAP == 0
+            }),
+            Property::always("fences strictly increase", |_, s: &State| {
+                s.broken & FENCES == 0
+            }),
+            Property::always("runs start in fence order", |_, s: &State| {
+                s.broken & FENCE_ORDER == 0
+            }),
+            Property::always(
+                "every occurrence runs unless excused",
+                |m: &Protocol, s: &State| {
+                    s.now < m.horizon()
+                        || (1..=m.occurrences).all(|k| {
+                            let occ = m.instant(k);
+                            s.ran.contains(&occ) || s.excused.contains(&occ)
+                        })
+                },
+            ),
+        ]
+    }
+}
+
+impl Protocol {
+    /// What `action` does to `last`, and what the nodes then do by
+    /// themselves (not in canonical form).
+    fn step(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
         let now = s.now;
         match action {
@@ -684,14 +793,20 @@ impl Model for Protocol {
                             Some(row) if self.rules.atomic_claim => {
                                 if let Answer::Won { fence, .. } = answer {
                                     if fence != s.row.fence {
-                                        s.fences.push(fence);
+                                        Self::hand_out(&mut s, fence);
                                     }
                                 }
                                 s.row = row;
                                 Some(answer)
                             }
                             Some(row) => {
-                                s.unwritten.push((m.node, m.id, row, answer, m.due));
+                                s.unwritten.push(Unwritten {
+                                    node: m.node,
+                                    id: m.id,
+                                    row,
+                                    answer,
+                                    due: m.due,
+                                });
                                 None
                             }
                             None => Some(answer),
@@ -715,9 +830,15 @@ impl Model for Protocol {
                 }
             }
             Action::Write(w) => {
-                let (node, id, row, answer, due) = s.unwritten.remove(w);
+                let Unwritten {
+                    node,
+                    id,
+                    row,
+                    answer,
+                    due,
+                } = s.unwritten.remove(w);
                 if let Answer::Won { fence, .. } = answer {
-                    s.fences.push(fence);
+                    Self::hand_out(&mut s, fence);
                 }
                 s.row = row;
                 if s.nodes[node].cut_off_until <= now {
@@ -759,21 +880,20 @@ impl Model for Protocol {
                         if busy || (stale && self.rules.check_before_start) {
                             // Skipped (its last run still goes) or lost
                             // between claim and start: documented.
-                            s.excused.push(occ);
+                            Self::excuse(&mut s, occ);
                         } else {
-                            let natural_end = now + self.durations[d];
-                            s.runs.push(Ghost {
-                                node: i,
-                                occ,
+                            if fence <= s.run_fence {
+                                s.broken |= FENCE_ORDER;
+                            }
+                            s.run_fence = s.run_fence.max(fence);
+                            let at = s.ran.partition_point(|o| *o <= occ);
+                            s.ran.insert(at, occ);
+                            s.nodes[i].run = Some(Run {
                                 fence,
                                 start: now,
-                                end: natural_end,
-                            });
-                            s.nodes[i].run = Some(Watch {
-                                ghost: s.runs.len() - 1,
-                                fence,
+                                end: now + self.durations[d],
                                 ok_sent: sent,
-                                term_at: None,
+                                termed: false,
                             });
                         }
                     }
@@ -798,112 +918,281 @@ impl Model for Protocol {
                             let occ = self.instant(n.next);
                             n.next += 1;
                             n.answered = false;
-                            if !s.excused.contains(&occ) {
-                                s.excused.push(occ);
-                            }
+                            Self::excuse(&mut s, occ);
                         } else {
                             n.retry_at = Some(retry_at);
                         }
                     }
                     Answer::Renewed(ok) => {
-                        if let Some(run) = s.nodes[i].run.clone() {
-                            if ok {
-                                if let Some(r) = &mut s.nodes[i].run {
-                                    r.ok_sent = sent;
-                                }
-                            } else {
-                                // Refused: the lease is gone; killed at once.
-                                Self::cut_run(&mut s, run.ghost, now);
+                        if ok {
+                            if let Some(r) = &mut s.nodes[i].run {
+                                r.ok_sent = sent;
                             }
+                        } else {
+                            // Refused: the lease is gone; killed at once.
+                            Self::cut_run(&mut s, i, now);
                         }
                     }
                 }
             }
             Action::Lose(w) => {
                 s.wire.remove(w);
-                s.faults_left -= 1;
-                s.faults_used.push(Fault::Lose);
+                Self::use_fault(&mut s, Fault::Lose);
             }
             Action::Freeze(i, ms) => {
                 self.excuse_held(&mut s, i);
                 s.nodes[i].frozen_until = now + ms;
-                s.faults_left -= 1;
-                s.faults_used.push(Fault::Freeze(ms));
+                Self::use_fault(&mut s, Fault::Freeze(ms));
+            }
+            Action::FreezeAtNext(i, ms) => {
+                s.now = self.next_event(&s)?;
+                self.excuse_held(&mut s, i);
+                s.nodes[i].frozen_until = s.now + ms;
+                Self::use_fault(&mut s, Fault::Freeze(ms));
             }
             Action::CutOff(i, ms) => {
                 self.excuse_held(&mut s, i);
                 s.nodes[i].cut_off_until = now + ms;
                 s.wire.retain(|m| m.node != i);
-                s.faults_left -= 1;
-                s.faults_used.push(Fault::CutOff(ms));
+                Self::use_fault(&mut s, Fault::CutOff(ms));
             }
             Action::Crash(i) => {
                 self.excuse_held(&mut s, i);
                 s.nodes[i].up = false;
-                if let Some(w) = s.nodes[i].run.take() {
-                    Self::cut_run(&mut s, w.ghost, now);
+                if let Some(r) = s.nodes[i].run.take() {
+                    // Killed with its host: over now.
+                    s.nodes[i].ended_in = Some(now.max(r.start).div_euclid(self.period));
                 }
                 s.wire.retain(|m| m.node != i);
                 // Whatever it won and had not started is lost with it.
                 if let Some(last) = s.row.last {
-                    if s.row.owner == Some(i) && !s.runs.iter().any(|g| g.occ == last) {
-                        s.excused.push(last);
+                    if s.row.owner == Some(i) && !s.ran.contains(&last) {
+                        Self::excuse(&mut s, last);
                     }
                 }
-                s.faults_left -= 1;
-                s.faults_used.push(Fault::Crash);
+                Self::use_fault(&mut s, Fault::Crash);
             }
         }
         Some(self.settled(s))
     }
 
-    fn within_boundary(&self, s: &State) -> bool {
-        s.now <= self.horizon()
-    }
-
-    fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always("at most one run per occurrence", |_, s: &State| {
-                s.runs
-                    .iter()
-                    .enumerate()
-                    .all(|(i, a)| s.runs[i + 1..].iter().all(|b| a.occ != b.occ))
-            }),
-            Property::always("no two nodes run the job at once", |_, s: &State| {
-                s.runs.iter().enumerate().all(|(i, a)| {
-                    s.runs[i + 1..].iter().all(|b| {
-                        a.node == b.node || a.start.max(b.start) >= a.end.min(b.end).min(s.now)
-                    })
-                })
-            }),
-            Property::always("fences strictly increase", |_, s: &State| {
-                s.fences.windows(2).all(|p| p[0] < p[1])
-            }),
-            Property::always("runs start in fence order", |_, s: &State| {
-                s.runs.iter().enumerate().all(|(i, a)| {
-                    s.runs[i + 1..]
-                        .iter()
-                        .all(|b| a.start > b.start || a.fence < b.fence)
-                })
-            }),
-            Property::always(
-                "every occurrence runs unless excused",
-                |m: &Protocol, s: &State| {
-                    s.now < m.horizon()
-                        || (1..=m.occurrences).all(|k| {
-                            let occ = m.instant(k);
-                            s.runs.iter().any(|g| g.occ == occ) || s.excused.contains(&occ)
-                        })
-                },
+    /// `a` in words, nodes named by `names`.
+    fn describe_action(&self, s: &State, a: &Action, names: &[usize]) -> String {
+        let wire = |w: usize| {
+            let m = &s.wire[w];
+            let n = names[m.node];
+            match &m.answer {
+                None => format!("n{n}'s {:?} to the store", m.msg),
+                Some(answer)
+                    if s.nodes[m.node]
+                        .waiting
+                        .as_ref()
+                        .is_some_and(|w| w.0 == m.id) =>
+                {
+                    format!("the store's {answer:?} to n{n}")
+                }
+                Some(answer) => format!("the store's {answer:?} to n{n} (given up on)"),
+            }
+        };
+        match *a {
+            Action::Advance => "time moves on".into(),
+            Action::Deliver(w) => format!("deliver {}", wire(w)),
+            Action::Write(w) => {
+                let u = &s.unwritten[w];
+                format!(
+                    "the store writes n{}'s claim: {:?}",
+                    names[u.node], u.answer
+                )
+            }
+            Action::Receive(w, d) => match s.wire[w].answer {
+                Some(Answer::Won { .. }) => {
+                    format!(
+                        "receive {} (a run would take {} ms)",
+                        wire(w),
+                        self.durations[d]
+                    )
+                }
+                _ => format!("receive {}", wire(w)),
+            },
+            Action::Lose(w) => format!("lose {}", wire(w)),
+            Action::Freeze(i, ms) => format!("n{} freezes for {ms} ms", names[i]),
+            Action::FreezeAtNext(i, ms) => format!(
+                "time moves on, and n{} freezes for {ms} ms before it acts",
+                names[i]
             ),
-        ]
+            Action::CutOff(i, ms) => format!("n{} is cut off for {ms} ms", names[i]),
+            Action::Crash(i) => format!("n{} crashes", names[i]),
+        }
     }
-}
 
-impl Protocol {
+    /// The state after an action: what the nodes do by themselves at
+    /// `now`.
     fn settled(&self, mut s: State) -> State {
+        Self::note_overlap(&mut s);
         self.settle_all(&mut s);
         s
+    }
+
+    /// Two runs on two nodes that both went on at some moment up to `now`.
+    /// Checked after every action, before a node lets its ended run go:
+    /// time moves only forward and a run is only cut at `now` or later, so
+    /// every overlap is seen while both runs are still kept.
+    fn note_overlap(s: &mut State) {
+        let runs: Vec<&Run> = s.nodes.iter().filter_map(|n| n.run.as_ref()).collect();
+        for (k, a) in runs.iter().enumerate() {
+            for b in &runs[k + 1..] {
+                if a.start.max(b.start) < a.end.min(b.end).min(s.now) {
+                    s.broken |= OVERLAP;
+                }
+            }
+        }
+    }
+
+    fn faults_left(&self, s: &State) -> usize {
+        usize::from(self.fault_budget).saturating_sub(s.faults_used.len())
+    }
+
+    fn use_fault(s: &mut State, f: Fault) {
+        let at = s.faults_used.partition_point(|u| *u <= f);
+        s.faults_used.insert(at, f);
+    }
+
+    /// The store hands out `fence` (a claim written).
+    fn hand_out(s: &mut State, fence: i64) {
+        if fence <= s.fence {
+            s.broken |= FENCES;
+        }
+        s.fence = fence;
+    }
+
+    /// One state per meaning, so that paths that differ only in what no
+    /// longer matters meet:
+    /// - a freeze, a cut-off or a retry time that is past reads as none,
+    ///   and so does the period of a run's end once it is over;
+    /// - a crashed node keeps only what can still matter (whether what the
+    ///   store writes for it is sent, non-atomic stores);
+    /// - request ids are renumbered per node (the one it waits on first):
+    ///   only their equality matters; an answer carries no copy of its
+    ///   request;
+    /// - the wire and the unwritten claims are sorted (delivery picks any);
+    /// - nodes are ordered, every reference to them renamed: the model
+    ///   treats node indices as names only (the initial states alone give
+    ///   node 1 the offset, and a node's offset and clock rate go with it).
+    fn canonical(&self, s: State) -> State {
+        self.canonical_named(s).0
+    }
+
+    /// [`Self::canonical`], and which node of `s` each node of the result
+    /// is.
+    fn canonical_named(&self, mut s: State) -> (State, Vec<usize>) {
+        let now = s.now;
+        for n in &mut s.nodes {
+            if n.frozen_until <= now {
+                n.frozen_until = 0;
+            }
+            if n.cut_off_until <= now {
+                n.cut_off_until = 0;
+            }
+            if n.retry_at.is_some_and(|r| r <= now) {
+                n.retry_at = None;
+            }
+            if n.ended_in.is_some_and(|k| k < now.div_euclid(self.period)) {
+                n.ended_in = None;
+            }
+            if !n.up {
+                *n = NodeState {
+                    up: false,
+                    offset: 0,
+                    slow: false,
+                    frozen_until: 0,
+                    cut_off_until: n.cut_off_until,
+                    next: 0,
+                    retry_at: None,
+                    answered: false,
+                    unanswered: false,
+                    waiting: None,
+                    next_id: 0,
+                    floor: 0,
+                    run: None,
+                    ended_in: None,
+                };
+            }
+        }
+        for m in &mut s.wire {
+            if m.answer.is_some() {
+                m.msg = Msg::Renew;
+            }
+        }
+        // Ids: the awaited request's first, then in the order of what they
+        // carry.
+        s.wire.sort_by(|a, b| {
+            (a.node, &a.msg, &a.answer, a.due).cmp(&(b.node, &b.msg, &b.answer, b.due))
+        });
+        s.unwritten.sort_by(|a, b| {
+            (a.node, &a.row, &a.answer, a.due).cmp(&(b.node, &b.row, &b.answer, b.due))
+        });
+        for i in 0..s.nodes.len() {
+            let mut ids: Vec<u8> = Vec::new();
+            ids.extend(s.nodes[i].waiting.as_ref().map(|w| w.0));
+            for id in s
+                .wire
+                .iter()
+                .filter(|m| m.node == i)
+                .map(|m| m.id)
+                .chain(s.unwritten.iter().filter(|u| u.node == i).map(|u| u.id))
+            {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+            let renamed = |id: u8| ids.iter().position(|x| *x == id).unwrap_or(0) as u8;
+            if let Some(w) = &mut s.nodes[i].waiting {
+                w.0 = renamed(w.0);
+            }
+            for m in s.wire.iter_mut().filter(|m| m.node == i) {
+                m.id = renamed(m.id);
+            }
+            for u in s.unwritten.iter_mut().filter(|u| u.node == i) {
+                u.id = renamed(u.id);
+            }
+            s.nodes[i].next_id = ids.len() as u8;
+        }
+        // Nodes in order; among equal nodes, the naming that orders the
+        // rest first.
+        let mut best: Option<(State, Vec<usize>)> = None;
+        for perm in permutations(s.nodes.len()) {
+            if !perm.windows(2).all(|p| s.nodes[p[0]] <= s.nodes[p[1]]) {
+                continue;
+            }
+            let c = Self::renamed(&s, &perm);
+            if best.as_ref().is_none_or(|(b, _)| {
+                (&c.row, &c.wire, &c.unwritten) < (&b.row, &b.wire, &b.unwritten)
+            }) {
+                best = Some((c, perm));
+            }
+        }
+        best.unwrap_or_else(|| (s.clone(), (0..s.nodes.len()).collect()))
+    }
+
+    /// `s` with its node `perm[k]` as node `k`.
+    fn renamed(s: &State, perm: &[usize]) -> State {
+        let mut to = vec![0; perm.len()];
+        for (k, &old) in perm.iter().enumerate() {
+            to[old] = k;
+        }
+        let mut c = s.clone();
+        c.nodes = perm.iter().map(|&old| s.nodes[old].clone()).collect();
+        c.row.owner = c.row.owner.map(|o| to[o]);
+        for m in &mut c.wire {
+            m.node = to[m.node];
+        }
+        for u in &mut c.unwritten {
+            u.node = to[u.node];
+            u.row.owner = u.row.owner.map(|o| to[o]);
+        }
+        c.wire.sort();
+        c.unwritten.sort();
+        c
     }
 
     /// Two nodes, two occurrences 2 s apart, the default 1 s margin and
@@ -921,6 +1210,7 @@ impl Protocol {
             max_offset: 500,
             offsets: vec![0],
             slow_ppm: 0,
+            all_slow: false,
             durations: vec![100, 3_500],
             stop_grace: 0,
             op_timeout: 1_000,
@@ -945,135 +1235,281 @@ impl Protocol {
     }
 }
 
-/// Runs the checker to the end; returns it for its counts and discoveries.
-fn check(p: Protocol) -> impl Checker<Protocol> {
-    p.checker().threads(2).spawn_bfs().join()
+/// Every order of `0..n`.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut all = Vec::new();
+    for p in permutations(n - 1) {
+        for at in 0..=p.len() {
+            let mut q = p.clone();
+            q.insert(at, n - 1);
+            all.push(q);
+        }
+    }
+    all
 }
 
-/// The discovery of property `name`, if any, as its actions.
-fn found(c: &impl Checker<Protocol>, name: &'static str) -> Option<String> {
-    c.discovery(name).map(|path| {
-        let steps: Vec<String> = path
-            .into_vec()
-            .into_iter()
-            .map(|(s, a)| match a {
-                Some(a) if std::env::var_os("MODEL_STATES").is_some() => {
-                    format!("at {}: {a:?}\n    {s:?}", s.now)
-                }
-                Some(a) => format!("at {}: {a:?}", s.now),
-                None => format!("ends at {}: {s:?}", s.now),
-            })
-            .collect();
-        steps.join("\n")
-    })
+/// Explores every state of `p` up to its horizon; returns the checker for
+/// its counts and discoveries.
+fn check(p: Protocol) -> impl Checker<Protocol> {
+    let t = Instant::now();
+    let c = p.checker().threads(2).spawn_bfs().join();
+    println!(
+        "states: {} in {:.1} s",
+        c.unique_state_count(),
+        t.elapsed().as_secs_f64()
+    );
+    c
 }
+
+/// Explores `p` until property `name` is broken: the path that breaks it,
+/// if one does.
+fn counterexample(p: Protocol, name: &'static str) -> Option<String> {
+    let t = Instant::now();
+    let c = p
+        .checker()
+        .threads(2)
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([name])))
+        .spawn_bfs()
+        .join();
+    println!(
+        "states: {} in {:.1} s to break {name:?}",
+        c.unique_state_count(),
+        t.elapsed().as_secs_f64()
+    );
+    found(&c, name)
+}
+
+/// The discovery of property `name`, if any, as its steps.
+fn found(c: &impl Checker<Protocol>, name: &'static str) -> Option<String> {
+    c.discovery(name)
+        .map(|path| describe(c.model(), path.into_vec()))
+}
+
+/// A path, step by step, each node under one name throughout (the
+/// canonical form may reorder the nodes from one state to the next); with
+/// `MODEL_STATES` set, each state too.
+fn describe(p: &Protocol, path: Vec<(State, Option<Action>)>) -> String {
+    let show_states = std::env::var_os("MODEL_STATES").is_some();
+    // The name of each node of the current state, by its index there.
+    let mut names: Vec<usize> = (0..p.nodes).collect();
+    let mut lines = Vec::new();
+    for (s, a) in path {
+        let mut at = vec![0; names.len()];
+        for (k, &name) in names.iter().enumerate() {
+            at[name] = k;
+        }
+        let shown = Protocol::renamed(&s, &at);
+        let Some(a) = a else {
+            lines.push(format!("ends at {}: {shown:?}", s.now));
+            break;
+        };
+        lines.push(format!(
+            "at {}: {}",
+            s.now,
+            p.describe_action(&s, &a, &names)
+        ));
+        if show_states {
+            lines.push(format!("    {shown:?}"));
+        }
+        if let Some(raw) = p.step(&s, a) {
+            let (_, perm) = p.canonical_named(raw);
+            names = perm.iter().map(|&i| names[i]).collect();
+        }
+    }
+    lines.join("\n")
+}
+
+const PROPERTIES: [&str; 5] = [
+    "at most one run per occurrence",
+    "no two nodes run the job at once",
+    "fences strictly increase",
+    "runs start in fence order",
+    "every occurrence runs unless excused",
+];
 
 fn assert_holds(c: &impl Checker<Protocol>) {
-    for name in [
-        "at most one run per occurrence",
-        "no two nodes run the job at once",
-        "fences strictly increase",
-        "runs start in fence order",
-        "every occurrence runs unless excused",
-    ] {
+    for name in PROPERTIES {
         if let Some(path) = found(c, name) {
             panic!("{name}:\n{path}");
         }
     }
 }
 
+/// Asserts that `p` breaks property `name`, and prints how.
+fn assert_breaks(p: Protocol, name: &'static str) {
+    match counterexample(p, name) {
+        Some(path) => println!("{name}:\n{path}"),
+        None => panic!("{name} holds"),
+    }
+}
+
 #[test]
 fn the_protocol_holds_without_faults_on_skewed_clocks() {
-    let c = check(Protocol::small(vec![]).skewed());
-    assert_holds(&c);
-    println!("states: {}", c.unique_state_count());
+    assert_holds(&check(Protocol::small(vec![]).skewed()));
 }
 
 #[test]
 fn the_protocol_holds_under_lost_messages_and_a_crash() {
-    let c = check(Protocol::small(vec![Fault::Lose, Fault::Crash]));
-    assert_holds(&c);
-    println!("states: {}", c.unique_state_count());
+    assert_holds(&check(Protocol::small(vec![Fault::Lose, Fault::Crash])));
 }
 
 #[test]
-#[ignore = "issue 13, in progress: this configuration's state space is not bounded yet (over 5 GB after 18 CPU-minutes)"]
 fn the_protocol_holds_when_a_node_is_cut_off_or_frozen_briefly() {
-    let c = check(Protocol::small(vec![
+    assert_holds(&check(Protocol::small(vec![
         Fault::CutOff(3_000),
         Fault::Freeze(490),
-    ]));
-    assert_holds(&c);
-    println!("states: {}", c.unique_state_count());
+    ])));
 }
 
-/// The margin condition: a frozen daemon cannot stop its job, so a run
-/// whose renewal was lost is stopped late by the freeze, and must still be
-/// gone when the store could let a peer in (the expiry, margin/2 after the
-/// local deadline): freeze + stop grace ≤ margin/2 − the rate allowance's
-/// share. 490 ms holds (above); 504 ms, half the margin plus the 3 ms
-/// allowance and 1 ms, does not.
+/// The margin condition (docs/protocol.md, "The margin condition"): a
+/// frozen daemon cannot stop its job, so a run whose renewal was lost is
+/// stopped only when its node thaws, and must be gone by the earliest
+/// moment the store may let a peer in, a lease after the send. The local
+/// deadline comes margin/2 + the 3 ms allowance before that: a freeze from
+/// the deadline on may last 503 ms on a right clock (504 overlaps), and
+/// 500 ms on a clock 0.1 % slow, on which the 2,497 ms to the deadline
+/// take 2,500 (501 overlaps).
 #[test]
-#[ignore = "issue 13, in progress: this configuration's state space is not bounded yet (over 5 GB after 18 CPU-minutes)"]
 fn a_freeze_past_half_the_margin_lets_a_stale_run_overlap() {
-    let holds = check(Protocol::small(vec![Fault::Lose, Fault::Freeze(490)]));
-    assert_holds(&holds);
-    let c = check(Protocol::small(vec![Fault::Lose, Fault::Freeze(504)]));
-    assert!(found(&c, "no two nodes run the job at once").is_some());
+    let lose_and_freeze = |ms| Protocol::small(vec![Fault::Lose, Fault::Freeze(ms)]);
+    assert_holds(&check(lose_and_freeze(503)));
+    assert_breaks(lose_and_freeze(504), "no two nodes run the job at once");
+    let slow = |p: Protocol| {
+        p.with(|p| {
+            p.slow_ppm = 1_000;
+            p.all_slow = true;
+        })
+    };
+    assert_holds(&check(slow(lose_and_freeze(500))));
+    assert_breaks(
+        slow(lose_and_freeze(501)),
+        "no two nodes run the job at once",
+    );
+}
+
+/// A job that ignores SIGTERM (or takes longer than margin/2 to exit) is
+/// stopped only by the SIGKILL at lease − the allowance, 3 ms before the
+/// earliest expiry: a daemon frozen right then for 4 ms lets it overlap a
+/// peer's run (3 ms holds: the longer run below).
+#[test]
+fn a_job_deaf_to_sigterm_overlaps_when_its_daemon_freezes_at_the_kill() {
+    assert_breaks(
+        deaf_and_cut_off(Fault::Freeze(4)),
+        "no two nodes run the job at once",
+    );
+}
+
+/// Runs of 3.5 s that ignore SIGTERM, a node cut off for 3 s, and `fault`.
+fn deaf_and_cut_off(fault: Fault) -> Protocol {
+    Protocol::small(vec![Fault::CutOff(3_000), fault]).with(|p| {
+        p.durations = vec![3_500];
+        p.stop_grace = 10_000;
+    })
 }
 
 /// Each rule, switched off, lets the checker find the counterexample it
-/// guards against; the same system with the rule on holds (the tests
-/// above, and the short-run freeze here).
+/// guards against; the same system with the rule on holds (here, or in a
+/// test above whose faults include these).
 #[test]
-#[ignore = "issue 13, in progress: this configuration's state space is not bounded yet (over 5 GB after 18 CPU-minutes)"]
 fn each_rule_is_load_bearing() {
-    let off = |p: Protocol, f: fn(&mut Rules)| check(p.with(|p| f(&mut p.rules)));
-    let c = off(Protocol::small(vec![]), |r| r.atomic_claim = false);
-    assert!(found(&c, "at most one run per occurrence").is_some());
-    let c = off(Protocol::small(vec![Fault::Lose]), |r| {
-        r.running_mark = false
-    });
-    assert!(found(&c, "no two nodes run the job at once").is_some());
-    let c = off(Protocol::small(vec![Fault::CutOff(3_000)]), |r| {
-        r.local_deadline = false
-    });
-    assert!(found(&c, "no two nodes run the job at once").is_some());
-    let c = off(Protocol::small(vec![Fault::Lose]), |r| {
-        r.retry_finds_its_win = false
-    });
-    assert!(found(&c, "every occurrence runs unless excused").is_some());
+    let off = |p: Protocol, f: fn(&mut Rules)| p.with(|p| f(&mut p.rules));
+    // A store that reads and writes a claim in two steps runs an
+    // occurrence twice (holds: the first test).
+    assert_breaks(
+        off(Protocol::small(vec![]), |r| r.atomic_claim = false),
+        "at most one run per occurrence",
+    );
+    // Holds: the second test.
+    assert_breaks(
+        off(Protocol::small(vec![Fault::Lose]), |r| {
+            r.running_mark = false
+        }),
+        "no two nodes run the job at once",
+    );
+    // Holds: the third test.
+    assert_breaks(
+        off(Protocol::small(vec![Fault::CutOff(3_000)]), |r| {
+            r.local_deadline = false
+        }),
+        "no two nodes run the job at once",
+    );
+    // A retry after a lost reply that does not get its own win back leaves
+    // an occurrence unrun that nothing excuses (holds: the second test).
+    assert_breaks(
+        off(Protocol::small(vec![Fault::Lose]), |r| {
+            r.retry_finds_its_win = false
+        }),
+        "every occurrence runs unless excused",
+    );
     // A node frozen between its claim and the start: short runs, so only
-    // the start can be stale.
+    // the start can be stale. Without the check, the stale run starts after
+    // a peer's newer one, with the older fence (its watchdog, past both
+    // deadlines, kills it at once, and a kill takes no time in the model,
+    // so it overlaps nothing).
     let short = || Protocol::small(vec![Fault::Freeze(3_050)]).with(|p| p.durations = vec![100]);
     assert_holds(&check(short()));
-    let c = off(short(), |r| r.check_before_start = false);
-    assert!(found(&c, "no two nodes run the job at once").is_some());
+    assert_breaks(
+        off(short(), |r| r.check_before_start = false),
+        "runs start in fence order",
+    );
     // A job that ignores SIGTERM is killed at the expiry its node counts on
     // a clock 0.1 % slow: without the allowance, 3 ms after a peer began.
     let deaf = || {
+        Protocol::small(vec![Fault::CutOff(3_000)]).with(|p| {
+            p.slow_ppm = 1_000;
+            p.all_slow = true;
+            p.durations = vec![3_500];
+            p.stop_grace = 10_000;
+        })
+    };
+    assert_holds(&check(deaf()));
+    assert_breaks(
+        off(deaf(), |r| r.rate_allowance = false),
+        "no two nodes run the job at once",
+    );
+}
+
+/// The longer run: three occurrences, skewed clocks, and the edges of the
+/// margin condition that are too big for CI (about 1.5 minutes on 2 cores;
+/// docs/protocol.md, "The margin condition", has the counts).
+#[test]
+#[ignore = "the longer run: about 1.5 minutes on 2 cores"]
+fn the_protocol_holds_in_a_longer_run() {
+    let lose_and_crash = || Protocol::small(vec![Fault::Lose, Fault::Crash]);
+    assert_holds(&check(lose_and_crash().with(|p| p.occurrences = 3)));
+    assert_holds(&check(lose_and_crash().skewed()));
+    // A job deaf to SIGTERM: a 3 ms freeze at its SIGKILL is still in time
+    // on a right clock (4 ms is not: above); on a clock 0.1 % slow the
+    // SIGKILL falls on the expiry itself, and 1 ms is too late.
+    assert_holds(&check(deaf_and_cut_off(Fault::Freeze(3))));
+    assert_breaks(
+        deaf_and_cut_off(Fault::Freeze(1)).with(|p| {
+            p.slow_ppm = 1_000;
+            p.all_slow = true;
+        }),
+        "no two nodes run the job at once",
+    );
+    // The rate allowance's check above, on every combination of clocks.
+    assert_holds(&check(
         Protocol::small(vec![Fault::CutOff(3_000)])
             .skewed()
             .with(|p| {
                 p.durations = vec![3_500];
                 p.stop_grace = 10_000;
-            })
-    };
-    assert_holds(&check(deaf()));
-    let c = off(deaf(), |r| r.rate_allowance = false);
-    assert!(found(&c, "no two nodes run the job at once").is_some());
+            }),
+    ));
 }
 
-/// Two rules, switched off, in configurations that finish in seconds: a
-/// store that reads and writes a claim in two steps runs an occurrence
-/// twice, and a retry after a lost reply that does not get its own win back
-/// leaves an occurrence unrun that nothing excuses.
+/// The margin condition's edge on every combination of clocks (node 1's
+/// wall clock right or 30 ms ahead, each monotonic clock right or 0.1 %
+/// slow): about 16 million states, 2 to 4 minutes and 3 GB.
 #[test]
-fn the_atomic_claim_and_the_retry_after_a_lost_reply_are_load_bearing() {
-    let mut p = Protocol::small(vec![]);
-    p.rules.atomic_claim = false;
-    assert!(found(&check(p), "at most one run per occurrence").is_some());
-    let mut p = Protocol::small(vec![Fault::Lose]);
-    p.rules.retry_finds_its_win = false;
-    assert!(found(&check(p), "every occurrence runs unless excused").is_some());
+#[ignore = "the longer run: 2 to 4 minutes on 2 cores, 3 GB"]
+fn the_margin_condition_holds_on_skewed_clocks() {
+    let lose_and_freeze = |ms| Protocol::small(vec![Fault::Lose, Fault::Freeze(ms)]).skewed();
+    assert_holds(&check(lose_and_freeze(500)));
+    assert_breaks(lose_and_freeze(501), "no two nodes run the job at once");
 }
