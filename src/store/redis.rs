@@ -1044,8 +1044,8 @@ impl Registry for RedisStore {
     }
 
     /// The heartbeat's script goes first in the claim's pipeline (one round
-    /// trip, one `WAIT`): were the scripts flushed, both are refused and
-    /// run again, and a beat that fails leaves the claims standing.
+    /// trip, one `WAIT`): after a script flush only the calls refused are
+    /// sent again, and a beat that fails leaves the claims standing.
     async fn claim_beating(
         &self,
         requests: &[ClaimRequest],
