@@ -49,6 +49,8 @@ pub fn main(cli: Cli) -> ExitCode {
             limit,
             json,
         } => with_runtime(|| history(config.config, job, limit, json)),
+        Commands::Pause(args) => with_runtime(|| set_paused(args, true)),
+        Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
         Commands::StepDown(c) => step_down(&c.config),
     }
@@ -331,6 +333,56 @@ fn step_down(path: &Path) -> ExitCode {
     }
 }
 
+/// `cronlease pause` / `resume`: the mark kept with each job's lock, which
+/// every claim reads atomically (docs/cli.md).
+async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> ExitCode {
+    let (config, store) = match config_and_store(&args.config.config).await {
+        Ok(both) => both,
+        Err(code) => return code,
+    };
+    let jobs: Vec<JobName> = if args.all {
+        config.jobs.iter().map(|j| j.name.clone()).collect()
+    } else {
+        let mut jobs = Vec::new();
+        for name in &args.jobs {
+            match config.jobs.iter().find(|j| j.name.as_str() == name) {
+                Some(j) if !jobs.contains(&j.name) => jobs.push(j.name.clone()),
+                Some(_) => {}
+                None => {
+                    eprintln!(
+                        "cronlease: no job named {:?} in {}; `cronlease check -c {}` lists the jobs",
+                        config::one_line(name),
+                        args.config.config.display(),
+                        args.config.config.display()
+                    );
+                    return ExitCode::from(EXIT_NO_SUCH_JOB);
+                }
+            }
+        }
+        jobs
+    };
+    if jobs.is_empty() {
+        println!(
+            "no jobs in the configuration: nothing to {}",
+            if paused { "pause" } else { "resume" }
+        );
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = within(&config, store.set_paused(&jobs, paused)).await {
+        return store_failure(&e);
+    }
+    let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
+    if paused {
+        println!(
+            "paused {}: no node claims them until `cronlease resume`; a run in progress finishes",
+            names.join(", ")
+        );
+    } else {
+        println!("resumed {}", names.join(", "));
+    }
+    ExitCode::SUCCESS
+}
+
 async fn migrate(path: PathBuf) -> ExitCode {
     let (_, store) = match config_and_store(&path).await {
         Ok(both) => both,
@@ -361,6 +413,8 @@ struct JobStatus {
     holder_clock_offset_ms: Option<i64>,
     lease_remaining_ms: u64,
     fence: u64,
+    /// Paused cluster-wide by `cronlease pause`.
+    paused: bool,
     last_occurrence: Option<DateTime<Utc>>,
     last_run: Option<RunRecord>,
 }
@@ -425,6 +479,7 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
             holder: lock.as_ref().and_then(|l| l.holder.clone()),
             lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
             fence: lock.as_ref().map_or(0, |l| l.fence),
+            paused: lock.as_ref().is_some_and(|l| l.paused),
             last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
             last_run,
             job,
@@ -469,6 +524,7 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
                     "-".into()
                 },
                 r.fence.to_string(),
+                if r.paused { "yes" } else { "-" }.into(),
                 r.last_occurrence.map_or("-".into(), rfc3339),
                 last,
             ]
@@ -482,6 +538,7 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
             "ALIVE",
             "LEASE LEFT",
             "FENCE",
+            "PAUSED",
             "LAST OCCURRENCE",
             "LAST RUN",
         ],

@@ -23,6 +23,23 @@ pub struct ConfigArg {
     pub config: PathBuf,
 }
 
+/// The jobs `pause` and `resume` act on.
+#[derive(Debug, Args, Clone)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// The jobs, by name
+    #[arg(
+        required_unless_present = "all",
+        conflicts_with = "all",
+        value_name = "JOB"
+    )]
+    pub jobs: Vec<String>,
+    /// Every job of the configuration
+    #[arg(long)]
+    pub all: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Commands {
     /// Run the daemon in the foreground (systemd runs this)
@@ -64,6 +81,10 @@ pub enum Commands {
         #[arg(long)]
         json: bool,
     },
+    /// Pause jobs cluster-wide: no node claims an occurrence until resume
+    Pause(PauseArgs),
+    /// Resume paused jobs
+    Resume(PauseArgs),
     /// Create or upgrade the store's tables (run also applies them)
     Migrate(ConfigArg),
     /// Ask the local daemon to release its leases and pause claiming for one margin

@@ -453,6 +453,7 @@ impl Node {
             let result = match &outcome {
                 ClaimOutcome::Won(w) if w.catch_up => "caught_up",
                 ClaimOutcome::Won(_) => "won",
+                ClaimOutcome::Lost(l) if l.paused => "paused",
                 ClaimOutcome::Lost(l) if l.too_early => "too_early",
                 ClaimOutcome::Lost(_) => "lost",
                 ClaimOutcome::Failed(_) => "error",
@@ -494,6 +495,16 @@ impl Node {
                         return false;
                     }
                     self.start_run(&state, ticket);
+                    return false;
+                }
+                ClaimOutcome::Lost(lost) if lost.paused => {
+                    // `cronlease pause`: no node claims it, so there is no
+                    // lease to wait out. With `misfire = "run_once"` the first
+                    // claim after `resume` catches the latest refused
+                    // occurrence up (docs/protocol.md, "Pause").
+                    drop(gate);
+                    state.saw_fence(lost.fence);
+                    tracing::debug!(job = %job.name, %occurrence, "job paused; occurrence not claimed");
                     return false;
                 }
                 ClaimOutcome::Lost(lost) if lost.too_early => {

@@ -251,6 +251,10 @@ struct LockState {
     /// earlier versions count as running (their holders never clear it).
     #[serde(default = "unknown_is_running")]
     running: bool,
+    /// Paused by `cronlease pause`: claims are refused. Only pause and
+    /// resume change it; every other write keeps it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    paused: bool,
 }
 
 fn unknown_is_running() -> bool {
@@ -857,6 +861,7 @@ impl EtcdStore {
                     fence: row.fence.max(0) as u64,
                     too_early: true,
                     idle_wait: None,
+                    paused: false,
                 }),
             );
         }
@@ -875,6 +880,9 @@ impl EtcdStore {
                     last_occurrence: Some(last_occurrence),
                     modified_at: view.now,
                     running: true,
+                    // Won only while not paused, or an earlier win answered
+                    // again: the mark stays as it is.
+                    paused: row.paused,
                 };
                 let lease = LeaseValue {
                     owner: req.owner.as_str().to_string(),
@@ -1197,7 +1205,13 @@ fn row_of(state: Option<&(LockState, i64)>, view: &JobView) -> LockRow {
             let lease = read_lease(e, now);
             (Some(lease.owner), lease.expires_at)
         }
-        None => (state.map(|(s, _)| s.owner.clone()), 0),
+        // A state made by `pause` before any claim names no owner.
+        None => (
+            state
+                .map(|(s, _)| s.owner.clone())
+                .filter(|o| !o.is_empty()),
+            0,
+        ),
     };
     LockRow {
         owner,
@@ -1205,6 +1219,7 @@ fn row_of(state: Option<&(LockState, i64)>, view: &JobView) -> LockRow {
         expires_at,
         last_occurrence: state.and_then(|(s, _)| s.last_occurrence),
         running: state.is_some_and(|(s, _)| s.running),
+        paused: state.is_some_and(|(s, _)| s.paused),
         now,
     }
 }
@@ -1462,6 +1477,57 @@ impl Locks for EtcdStore {
         Ok(done.into_iter().filter(|d| *d).count())
     }
 
+    async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let client = self.client().await?;
+        let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
+        let mut failed = None;
+        self.read_decide_write(&client, &names, Want::LockAndLease, |i, view| {
+            let state = match read_state(view.keys.lock.as_ref()) {
+                Ok(Some((state, _))) if state.paused == paused => return (None, ()),
+                Ok(Some((state, _))) => LockState { paused, ..state },
+                // A job never claimed: its state, free, with the mark.
+                Ok(None) => LockState {
+                    owner: String::new(),
+                    fence: "0".into(),
+                    last_occurrence: None,
+                    modified_at: view.now,
+                    running: false,
+                    paused,
+                },
+                Err(why) => {
+                    failed = Some(format!(
+                        "the lock key {} of job {} is unreadable ({why}); delete it (etcdctl del) to start the job afresh",
+                        self.lock_key(names[i]),
+                        names[i]
+                    ));
+                    return (None, ());
+                }
+            };
+            match serde_json::to_vec(&state) {
+                Ok(json) => {
+                    let key = self.lock_key(names[i]);
+                    let plan = Plan {
+                        when: vec![unchanged(&key, view.keys.lock.as_ref())],
+                        ops: vec![PlanOp::Put(key, json)],
+                    };
+                    (Some(plan), ())
+                }
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    (None, ())
+                }
+            }
+        })
+        .await?;
+        match failed {
+            Some(why) => Err(self.backend(&why)),
+            None => Ok(()),
+        }
+    }
+
     /// A linearizable read: it needs the cluster's quorum, and this user's
     /// permission on the keys.
     async fn ping(&self) -> Result<(), StoreError> {
@@ -1512,7 +1578,8 @@ impl Locks for EtcdStore {
                 }),
                 fence: state.fence.parse().unwrap_or(0),
                 last_occurrence: state.last_occurrence.map(from_ms),
-                last_owner: Some(state.owner),
+                last_owner: (!state.owner.is_empty()).then_some(state.owner),
+                paused: state.paused,
             });
         }
         out.sort_by(|a, b| a.job.cmp(&b.job));
@@ -1847,6 +1914,7 @@ mod tests {
             last_occurrence: Some(19_000),
             modified_at: 19_000,
             running: true,
+            paused: false,
         };
         let lease = Entry {
             value: br##"{"owner":"b#2","expires_at":20300}"##.to_vec(),

@@ -38,6 +38,8 @@ struct Lock {
     last_occurrence: Option<i64>,
     /// The last claim's run has not been recorded yet.
     running: bool,
+    /// `cronlease pause`: claims are refused.
+    paused: bool,
 }
 
 #[derive(Default)]
@@ -273,6 +275,14 @@ impl Locks for MemoryStore {
         Ok(n)
     }
 
+    async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError> {
+        let mut s = self.count("set_paused", jobs.len())?;
+        for job in jobs {
+            s.locks.entry(job.to_string()).or_default().paused = paused;
+        }
+        Ok(())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         drop(self.count("ping", 0)?);
         Ok(())
@@ -292,6 +302,7 @@ impl Locks for MemoryStore {
                     fence: l.fence.max(0) as u64,
                     last_occurrence: l.last_occurrence.map(from_ms),
                     last_owner: l.owner.clone(),
+                    paused: l.paused,
                 }
             })
             .collect())
@@ -399,6 +410,7 @@ fn claim_in(s: &mut State, requests: &[ClaimRequest], now: i64) -> Vec<ClaimOutc
             expires_at: lock.expires_at,
             last_occurrence: lock.last_occurrence,
             running: lock.running,
+            paused: lock.paused,
             now,
         };
         outcomes.push(match decide(&row, req) {
@@ -414,6 +426,7 @@ fn claim_in(s: &mut State, requests: &[ClaimRequest], now: i64) -> Vec<ClaimOutc
                     expires_at,
                     last_occurrence: Some(last_occurrence),
                     running: true,
+                    paused: lock.paused,
                 };
                 ClaimOutcome::Won(won)
             }

@@ -160,6 +160,10 @@ pub struct Lost {
     /// store time (the rest of the head start). `None`: the holder is busy,
     /// or the request asked for no head start rule.
     pub idle_wait: Option<Duration>,
+    /// Refused because the job is paused (`cronlease pause`): no node
+    /// claims an occurrence of it until it is resumed, so there is nothing
+    /// to wait for.
+    pub paused: bool,
 }
 
 /// The answer to a [`ClaimRequest`].
@@ -193,6 +197,8 @@ pub struct LockStatus {
     pub last_occurrence: Option<DateTime<Utc>>,
     /// Last owner, even after the lease ended.
     pub last_owner: Option<String>,
+    /// Paused by `cronlease pause`: every claim of the job is refused.
+    pub paused: bool,
 }
 
 /// How a run ended (docs/protocol.md).
@@ -361,6 +367,12 @@ pub trait Locks: Send + Sync + 'static {
     /// Ends `owner`'s live leases on `jobs`; another owner's are left alone.
     /// Fence and last occurrence stay. Returns how many leases ended.
     async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError>;
+
+    /// Pauses (`true`) or resumes `jobs` cluster-wide: the mark is kept with
+    /// each job's lock (a lock is created for a job never claimed), so every
+    /// claim sees it atomically and a paused job's claims are refused
+    /// ([`Lost::paused`]). Leases, fences and running runs are left alone.
+    async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError>;
 
     /// A cheap round trip, to tell whether the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
@@ -693,6 +705,9 @@ pub struct LockRow {
     /// cleared by the history write of that claim's run. `true` where a
     /// store cannot tell (the holder keeps its whole lease).
     pub running: bool,
+    /// Paused by `cronlease pause`: every claim is refused (a running run
+    /// goes on; its renewals are not claims).
+    pub paused: bool,
     /// The store's clock when the row was read.
     pub now: i64,
 }
@@ -743,6 +758,16 @@ pub fn ends_a_run(run: &RunRecord) -> bool {
     run.outcome != Outcome::Skipped
 }
 
+/// What is left of a row's lease by its store clock (zero when not live).
+fn remaining(row: &LockRow, live: bool) -> Duration {
+    if live {
+        // Saturating: the row is whatever the store holds.
+        Duration::from_millis(row.expires_at.saturating_sub(row.now).max(0) as u64)
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// Applies the claim rule to one lock row.
 pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
@@ -766,6 +791,17 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         };
     }
     let live = row.owner.is_some() && row.expires_at > row.now;
+    if row.paused {
+        return Decision::Refuse(Lost {
+            holder: if live { row.owner.clone() } else { None },
+            remaining: remaining(row, live),
+            last_occurrence: row.last_occurrence.map(from_ms),
+            fence: row.fence.max(0) as u64,
+            too_early: false,
+            idle_wait: None,
+            paused: true,
+        });
+    }
     let occurrence = to_ms(req.occurrence);
     let already_claimed = row.last_occurrence.is_some_and(|last| last >= occurrence);
     // An idle holder keeps an occurrence only for its head start: its lease
@@ -785,18 +821,14 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     if held_by_other || already_claimed || too_early || req.recheck_only {
         return Decision::Refuse(Lost {
             holder: if live { row.owner.clone() } else { None },
-            remaining: if live {
-                // Saturating: the row is whatever the store holds.
-                Duration::from_millis(row.expires_at.saturating_sub(row.now).max(0) as u64)
-            } else {
-                Duration::ZERO
-            },
+            remaining: remaining(row, live),
             last_occurrence: row.last_occurrence.map(from_ms),
             fence: row.fence.max(0) as u64,
             too_early: too_early && !held_by_other && !already_claimed,
             idle_wait: idle_wait
                 .filter(|_| held_by_other)
                 .map(|w| Duration::from_millis(w.max(0) as u64)),
+            paused: false,
         });
     }
     let missed = match (req.misfire, req.previous, row.last_occurrence) {
@@ -849,6 +881,7 @@ mod tests {
             expires_at,
             last_occurrence: last,
             running: true,
+            paused: false,
             now: 19_900,
         }
     }
@@ -888,6 +921,7 @@ mod tests {
                 fence: 7,
                 too_early: false,
                 idle_wait: None,
+                paused: false,
             })
         );
     }
@@ -1131,6 +1165,48 @@ mod tests {
     }
 
     #[test]
+    fn a_paused_job_is_refused_whoever_claims_and_a_lost_answer_is_still_answered() {
+        // Free, expired, our own, idle past its head start: all refused.
+        let mut idle = row(Some("b#1"), 4, 60_000, Some(19_000));
+        idle.running = false;
+        let mut peer = req("a#1", 20_000, Some(19_000), Misfire::RunOnce, 0);
+        peer.head_start = Some(Duration::from_millis(50));
+        for (mut r, q) in [
+            (row(None, 3, 0, Some(19_000)), peer.clone()),
+            (row(Some("b#1"), 3, 10_000, Some(19_000)), peer.clone()),
+            (row(Some("a#1"), 3, 60_000, Some(19_000)), peer.clone()),
+            (
+                LockRow {
+                    now: 30_000,
+                    ..idle
+                },
+                peer.clone(),
+            ),
+        ] {
+            r.paused = true;
+            match decide(&r, &q) {
+                Decision::Refuse(l) => {
+                    assert!(l.paused && !l.too_early && l.idle_wait.is_none(), "{l:?}");
+                    assert_eq!(l.fence, r.fence as u64);
+                }
+                other => panic!("{other:?}"),
+            }
+            r.paused = false;
+            assert!(matches!(decide(&r, &q), Decision::Claim { .. }), "{r:?}");
+        }
+        // A claim that won before the pause and whose answer was lost is
+        // answered again: the occurrence was claimed, nothing new runs.
+        let mut won = row(Some("a#1"), 5, 60_000, Some(20_000));
+        won.paused = true;
+        let mut retry = req("a#1", 20_000, Some(19_000), Misfire::RunOnce, 4);
+        retry.after_unanswered = true;
+        assert!(matches!(
+            decide(&won, &retry),
+            Decision::Claim { fence: 5, .. }
+        ));
+    }
+
+    #[test]
     fn a_lease_ending_far_after_a_store_clock_before_1970_is_refused_without_overflow() {
         // Found by fuzz/ (target replies): a hand-edited row, or a store
         // clock gone wrong, made the lease's remaining time overflow.
@@ -1167,6 +1243,7 @@ mod tests {
                 fence: 3,
                 too_early: true,
                 idle_wait: None,
+                paused: false,
             })
         );
     }

@@ -46,6 +46,7 @@ static RENEW: &str = include_str!("redis/renew.lua");
 static RELEASE: &str = include_str!("redis/release.lua");
 static RECORD: &str = include_str!("redis/record.lua");
 static REGISTRY: &str = include_str!("redis/registry.lua");
+pub(crate) static PAUSE: &str = include_str!("redis/pause.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
@@ -61,13 +62,10 @@ pub struct RedisStore {
     release: Script,
     record: Script,
     registry: Script,
+    pause: Script,
     warned_persistence: AtomicBool,
 }
 
-/// `{won, fence, occurrence, catch_up, holder/previous owner (or the error
-/// when won is -2), remaining, last, now, too_early, repaired, idle_wait}`
-/// (idle_wait -1 unless an idle holder's head start kept the claim out).
-/// The fence comes as a decimal string: Lua numbers are doubles.
 /// How the store reaches its master.
 enum Link {
     /// One server at a fixed address (`redis://`, `rediss://`).
@@ -80,13 +78,19 @@ enum Link {
     Sentinel(sentinel::Master),
 }
 
-/// One claim's answer from `claim.lua`, in its order.
+/// One claim's answer from `claim.lua`, in its order: `{won, fence,
+/// occurrence, catch_up, holder/previous owner (or the error when won is
+/// -2), remaining, last, now, too_early, repaired, idle_wait, paused}`
+/// (idle_wait -1 unless an idle holder's head start kept the claim out;
+/// paused 1 when the job's pause mark refused it). The fence comes as a
+/// decimal string: Lua numbers are doubles.
 pub(crate) type ClaimReply = (
     i64,
     String,
     i64,
     i64,
     Option<String>,
+    i64,
     i64,
     i64,
     i64,
@@ -135,17 +139,19 @@ impl RedisStore {
             release: Script::new(RELEASE),
             record: Script::new(RECORD),
             registry: Script::new(REGISTRY),
+            pause: Script::new(PAUSE),
             warned_persistence: AtomicBool::new(false),
         }
     }
 
-    fn scripts(&self) -> [&Script; 5] {
+    fn scripts(&self) -> [&Script; 6] {
         [
             &self.claim,
             &self.renew,
             &self.release,
             &self.record,
             &self.registry,
+            &self.pause,
         ]
     }
 
@@ -467,6 +473,10 @@ struct ServerLock {
     /// The live lease's owner and its time left (ms).
     holder: Option<String>,
     pttl: i64,
+    /// The pause mark and the generation it was written with (Redlock
+    /// keeps the mark of the highest generation a majority reports).
+    paused: bool,
+    pause_gen: i64,
 }
 
 /// Every job's lock on one server: its keys found by SCAN, then read in one
@@ -491,7 +501,9 @@ async fn server_locks(
             .arg(job_key(prefix, job, "state"))
             .arg("fence")
             .arg("last_occurrence")
-            .arg("owner");
+            .arg("owner")
+            .arg("paused")
+            .arg("pause_gen");
         pipe.cmd("GET").arg(job_key(prefix, job, "lease"));
         pipe.cmd("PTTL").arg(job_key(prefix, job, "lease"));
     }
@@ -505,12 +517,19 @@ async fn server_locks(
             store: url.redacted().into(),
             reason: format!("unexpected reply for {job}: {e}"),
         };
-        let state: (Option<String>, Option<i64>, Option<String>) =
-            redis::from_redis_value(state.clone()).map_err(malformed)?;
+        let state: (
+            Option<String>,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        ) = redis::from_redis_value(state.clone()).map_err(malformed)?;
         out.push(ServerLock {
             fence: state.0.and_then(|f| f.parse().ok()).unwrap_or(0),
             last: state.1,
             owner: state.2,
+            paused: state.3.as_deref() == Some("1"),
+            pause_gen: state.4.and_then(|g| g.parse().ok()).unwrap_or(0),
             holder: redis::from_redis_value(holder.clone()).map_err(malformed)?,
             pttl: redis::from_redis_value(pttl.clone()).map_err(malformed)?,
             job,
@@ -826,8 +845,20 @@ fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord 
 }
 
 fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
-    let (won, fence, occurrence, catch_up, who, remaining, last, _now, too_early, _repaired, idle) =
-        r;
+    let (
+        won,
+        fence,
+        occurrence,
+        catch_up,
+        who,
+        remaining,
+        last,
+        _now,
+        too_early,
+        _repaired,
+        idle,
+        paused,
+    ) = r;
     let fence = fence.parse::<u64>().unwrap_or(0);
     if won == -1 {
         ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
@@ -856,6 +887,7 @@ fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
             fence,
             too_early: too_early == 1,
             idle_wait: (idle >= 0).then(|| Duration::from_millis(idle as u64)),
+            paused: paused == 1,
         })
     }
 }
@@ -924,6 +956,16 @@ impl Locks for RedisStore {
         Ok(released.max(0) as usize)
     }
 
+    async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = jobs.iter().map(|j| self.key(j.as_str(), "state")).collect();
+        let args = [if paused { "1" } else { "0" }.to_string(), String::new()];
+        let _written: i64 = self.eval(&self.pause, &keys, &args).await?;
+        Ok(())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         redis::cmd("PING")
@@ -949,6 +991,7 @@ impl Locks for RedisStore {
                 fence: l.fence,
                 last_occurrence: l.last.map(from_ms),
                 last_owner: l.owner,
+                paused: l.paused,
             })
             .collect())
     }

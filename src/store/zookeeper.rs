@@ -123,6 +123,10 @@ struct LockData {
     /// earlier versions count as running (their holders never clear it).
     #[serde(default = "unknown_is_running")]
     running: bool,
+    /// Paused by `cronlease pause`: claims are refused. Only pause and
+    /// resume change it; every other write keeps it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    paused: bool,
 }
 
 fn unknown_is_running() -> bool {
@@ -586,6 +590,7 @@ fn row_of(node: &Node, now: i64) -> LockRow {
             expires_at: d.expires_at,
             last_occurrence: d.last_occurrence,
             running: d.running,
+            paused: d.paused,
             now,
         },
         _ => LockRow {
@@ -594,6 +599,7 @@ fn row_of(node: &Node, now: i64) -> LockRow {
             expires_at: 0,
             last_occurrence: None,
             running: false,
+            paused: false,
             now,
         },
     }
@@ -651,6 +657,9 @@ impl Locks for ZkStore {
                             modified_at: now,
                             session: Some(session.to_string()),
                             running: true,
+                            // Won only while not paused, or an earlier win
+                            // answered again: the mark stays as it is.
+                            paused: matches!(node, Node::Present(d, _) if d.paused),
                         }),
                         ClaimOutcome::Won(won),
                     ),
@@ -726,6 +735,39 @@ impl Locks for ZkStore {
         Ok(done.into_iter().filter(|d| *d).count())
     }
 
+    async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
+        self.read_decide_write(&names, &[], |_, node, now, _| match node {
+            Node::Present(d, _) if d.paused == paused => (None, ()),
+            Node::Present(d, _) => {
+                let mut d = d.clone();
+                d.paused = paused;
+                (Some(d), ())
+            }
+            // A job never claimed: its lock node, free, with the mark.
+            Node::Absent => (
+                Some(LockData {
+                    owner: None,
+                    fence: "0".into(),
+                    expires_at: 0,
+                    last_occurrence: None,
+                    modified_at: now,
+                    session: None,
+                    running: false,
+                    paused,
+                }),
+                (),
+            ),
+            // Left for its claims to report; pausing does not repair it.
+            Node::Unreadable(_) => (None, ()),
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
         let sent = Instant::now();
@@ -787,6 +829,7 @@ impl Locks for ZkStore {
                         fence: d.fence.parse().unwrap_or(0),
                         last_occurrence: d.last_occurrence.map(from_ms),
                         last_owner: d.owner,
+                        paused: d.paused,
                     })
                 }
                 _ => None,

@@ -817,6 +817,82 @@ pub async fn renewals_together_each_on_its_own(h: &Harness) {
     assert_eq!(done, [true, false, false, false]);
 }
 
+/// Pause: the mark kept with a job's lock refuses every claim of it (a job
+/// never claimed, a held lease, the holder's own next occurrence, a free
+/// lease) and says so, while the lease, the fence and a running run's
+/// renewals go on; a win from before the pause whose answer was lost is
+/// answered again. Resume lets the next claim win, and with `run_once` the
+/// latest occurrence refused meanwhile is caught up first. Both are
+/// idempotent and `status` shows the mark.
+pub async fn a_paused_job_is_refused_until_resumed(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let paused_in = |st: &[cronlease::store::LockStatus], name: &str| {
+        st.iter().find(|s| s.job == name).map(|s| s.paused)
+    };
+    // Paused before its first claim, twice.
+    for _ in 0..2 {
+        a.set_paused(&[job("p-new")], true).await.unwrap();
+    }
+    let l = lost(claim(&b, req("p-new", "b#1", 10, 60_000)).await);
+    assert!(l.paused && l.holder.is_none() && l.fence == 0, "{l:?}");
+    assert_eq!(paused_in(&b.status().await.unwrap(), "p-new"), Some(true));
+
+    // Held by a, its run going on.
+    let w = won(claim(&a, req("p", "a#1", 10, 60_000)).await);
+    assert_eq!(paused_in(&a.status().await.unwrap(), "p"), Some(false));
+    b.set_paused(&[job("p")], true).await.unwrap();
+    assert!(
+        a.renew(&job("p"), &Owner::from_raw("a#1"), Duration::from_secs(60))
+            .await
+            .unwrap(),
+        "a paused job's running run keeps its lease"
+    );
+    for owner in ["a#1", "b#1"] {
+        let l = lost(claim(&b, req("p", owner, 11, 60_000)).await);
+        assert!(l.paused && !l.too_early, "{owner}: {l:?}");
+        assert_eq!(l.fence, w.fence, "{owner}: {l:?}");
+    }
+    let mut retry = req("p", "a#1", 10, 60_000);
+    retry.after_unanswered = true;
+    retry.fence_floor = w.fence - 1;
+    let again = won(claim(&a, retry).await);
+    assert_eq!((again.fence, again.occurrence), (w.fence, occ(10)));
+    // Released: still nobody's.
+    a.release(&[job("p")], &Owner::from_raw("a#1"))
+        .await
+        .unwrap();
+    let l = lost(claim(&b, req("p", "b#1", 12, 60_000)).await);
+    assert!(l.paused && l.holder.is_none(), "{l:?}");
+    let st = a.status().await.unwrap();
+    assert_eq!(paused_in(&st, "p"), Some(true));
+    let p = st.iter().find(|s| s.job == "p").unwrap();
+    assert_eq!((p.fence, p.last_occurrence), (w.fence, Some(occ(10))));
+
+    // Resumed, twice: 12 was refused while paused and is caught up first.
+    for _ in 0..2 {
+        b.set_paused(&[job("p"), job("p-new")], false)
+            .await
+            .unwrap();
+    }
+    let st = a.status().await.unwrap();
+    assert_eq!(
+        (paused_in(&st, "p"), paused_in(&st, "p-new")),
+        (Some(false), Some(false))
+    );
+    let c = won(claim(&b, req("p", "b#1", 13, 60_000)).await);
+    assert!(c.catch_up, "{c:?}");
+    assert_eq!((c.occurrence, c.fence), (occ(12), w.fence + 1));
+    let n = won(claim(&b, req("p", "b#1", 13, 60_000)).await);
+    assert_eq!(
+        (n.catch_up, n.occurrence, n.fence),
+        (false, occ(13), w.fence + 2)
+    );
+    assert_eq!(
+        won(claim(&a, req("p-new", "a#1", 10, 60_000)).await).fence,
+        1
+    );
+}
+
 /// A claim of `at` (an instant near now) with a head start of
 /// `head_start_ms`, or none.
 fn near(name: &str, owner: &str, at: DateTime<Utc>, head_start_ms: Option<u64>) -> ClaimRequest {
@@ -1101,7 +1177,8 @@ macro_rules! conformance {
                 renewals_together_each_on_its_own,
                 node_registry_lists_live_nodes_until_their_beats_stop,
                 a_claim_batch_carries_the_heartbeat,
-                an_idle_holder_keeps_an_occurrence_only_for_its_head_start
+                an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
+                a_paused_job_is_refused_until_resumed
             );
         }
     };

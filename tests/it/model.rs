@@ -360,6 +360,7 @@ impl Protocol {
             expires_at: s.row.expires_at,
             last_occurrence: s.row.last,
             running: s.row.running,
+            paused: false,
             now: s.now,
         };
         let req = ClaimRequest {

@@ -3,7 +3,8 @@
 -- Per request i (from 1): KEYS[2i-1] the lease key (the owner, with a TTL
 -- equal to the lease), KEYS[2i] the state hash that never expires (fence,
 -- last_occurrence, owner, modified_at, running: "1" from a claim until its
--- run is recorded, "0" after; absent counts as "1"); ARGV[10(i-1)+1..10]
+-- run is recorded, "0" after; absent counts as "1"; paused: "1" while the
+-- job is paused, written only by pause.lua); ARGV[10(i-1)+1..10]
 -- owner, occurrence
 -- (ms), previous occurrence (ms) or "", lease (ms), fence floor (decimal u64),
 -- "run_once" or "skip", max clock offset (ms: an occurrence later than now +
@@ -14,8 +15,9 @@
 -- once the clock is that far past the occurrence.
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
 -- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
--- now_ms, too_early, repaired, idle_wait}, idle_wait the ms left of an idle
--- holder's head start when that holder kept the claim out (else -1); won is -1 when the fence is at its maximum
+-- now_ms, too_early, repaired, idle_wait, paused}, idle_wait the ms left of an idle
+-- holder's head start when that holder kept the claim out (else -1), paused
+-- 1 when the claim was refused because the job is paused; won is -1 when the fence is at its maximum
 -- (2^63-1): nothing is written for that request; won is -2 when the request
 -- failed in the server (a key of the wrong type), with the error as the
 -- fifth element: the other requests are decided as usual.
@@ -57,7 +59,7 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
     end
     if remaining < 0 then remaining = 0 end
   end
-  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running')
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'paused')
   local fence = decimal(state[1])
   local last = tonumber(state[2])
   local occurrence = tonumber(occurrence_s)
@@ -73,7 +75,10 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
     redis.call('HSET', state_key, 'running', '1')
     local catch_up = 0
     if last ~= occurrence then catch_up = 1 end
-    return {1, fence, last, catch_up, false, 0, last, now_ms, 0, repaired, -1}
+    return {1, fence, last, catch_up, false, 0, last, now_ms, 0, repaired, -1, 0}
+  end
+  if state[5] == '1' then
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, -1, 1}
   end
   local claimed_already = last and last >= occurrence
   -- An idle holder keeps an occurrence only for its head start.
@@ -86,15 +91,15 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   if not blocks then idle_wait = -1 end
   if idle_wait < 0 then idle_wait = -1 end
   if blocks or claimed_already or recheck == '1' then
-    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, idle_wait}
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, idle_wait, 0}
   end
   if occurrence > now_ms + (tonumber(max_offset) or 0) then
-    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 1, repaired, -1}
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 1, repaired, -1, 0}
   end
   local base = fence
   if greater(floor, base) then base = floor end
   if not greater(MAX_FENCE, base) then
-    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, -1}
+    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, -1, 0}
   end
 
   local claimed = occurrence_s
@@ -117,7 +122,7 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
     new_fence = redis.call('HGET', state_key, 'fence')
     redis.call('HSET', state_key, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now, 'running', '1')
   end
-  return {1, new_fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired, -1}
+  return {1, new_fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired, -1, 0}
 end
 
 local replies = {}
@@ -130,7 +135,7 @@ for i = 1, #KEYS / 2 do
   else
     local e = reply
     if type(e) == 'table' then e = e.err or 'error' end
-    replies[i] = {-2, '0', 0, 0, tostring(e), 0, -1, now_ms, 0, 0, -1}
+    replies[i] = {-2, '0', 0, 0, tostring(e), 0, -1, now_ms, 0, 0, -1, 0}
   end
 end
 return replies

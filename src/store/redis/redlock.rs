@@ -76,6 +76,7 @@ pub struct RedlockStore {
     release: Script,
     record: Script,
     registry: Script,
+    pause: Script,
     /// Keep restarted masters out of quorums; off only through a test's
     /// failpoint, to show what it prevents.
     quarantine: bool,
@@ -101,7 +102,17 @@ struct Life {
 
 /// One master's answer to phase 1 for one request: got, holder, pttl,
 /// fence, last occurrence, state owner, idle wait (`redlock_lease.lua`).
-type LeaseEntry = (i64, Option<String>, i64, String, i64, Option<String>, i64);
+type LeaseEntry = (
+    i64,
+    Option<String>,
+    i64,
+    String,
+    i64,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+);
 /// A master's phase-1 answer: its clock and an entry per request.
 type LeaseAnswer = Option<Result<(i64, Vec<LeaseEntry>), StoreError>>;
 /// Every master's phase-1 answer.
@@ -131,7 +142,26 @@ struct Tally {
     /// Counted masters where another owner's lease is idle: the rest of
     /// its head start there (ms).
     idle_waits: Vec<i64>,
+    /// The pause mark of the highest generation any master reported (a
+    /// tie between marks reads as paused).
+    pause: PauseMark,
     errors: Vec<String>,
+}
+
+/// A job's pause mark as the masters report it: `(generation, paused)`;
+/// the highest generation wins, and of two marks written with the same
+/// generation (two operators at once) the paused one.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct PauseMark(i64, bool);
+
+impl PauseMark {
+    fn merge(self, other: PauseMark) -> PauseMark {
+        if other.0 > self.0 || (other.0 == self.0 && other.1) {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// What phase 1 makes of one request.
@@ -188,6 +218,7 @@ impl RedlockStore {
             release: Script::new(RELEASE),
             record: Script::new(super::RECORD),
             registry: Script::new(super::REGISTRY),
+            pause: Script::new(super::PAUSE),
             quarantine: true,
         })
     }
@@ -205,7 +236,7 @@ impl RedlockStore {
         self.masters.len() / 2 + 1
     }
 
-    fn scripts(&self) -> [&Script; 6] {
+    fn scripts(&self) -> [&Script; 7] {
         [
             &self.lease,
             &self.write,
@@ -213,6 +244,7 @@ impl RedlockStore {
             &self.release,
             &self.record,
             &self.registry,
+            &self.pause,
         ]
     }
 
@@ -435,7 +467,8 @@ impl RedlockStore {
             let Some(Ok((_, entries))) = answer else {
                 continue;
             };
-            let Some((got, holder, pttl, fence, last, state_owner, idle_wait)) = entries.get(slot)
+            let Some((got, holder, pttl, fence, last, state_owner, idle_wait, paused, pause_gen)) =
+                entries.get(slot)
             else {
                 continue;
             };
@@ -459,6 +492,7 @@ impl RedlockStore {
             if *last >= 0 {
                 t.last = Some(t.last.map_or(*last, |l| l.max(*last)));
             }
+            t.pause = t.pause.merge(PauseMark(*pause_gen, *paused == 1));
             if !self.counts(&self.masters[m], req.lease) {
                 continue;
             }
@@ -592,6 +626,7 @@ impl RedlockStore {
                             fence: t.fence,
                             too_early: false,
                             idle_wait: idle_wait.map(|w| w.min(remaining)),
+                            paused: t.pause.1,
                         }));
                     }
                     // Still split after the last round: a short wait, so the
@@ -604,6 +639,7 @@ impl RedlockStore {
                             fence: t.fence,
                             too_early: false,
                             idle_wait: None,
+                            paused: t.pause.1,
                         }));
                     }
                     Vote::Split { .. } => split.push(i),
@@ -670,6 +706,9 @@ impl RedlockStore {
                 // head start is judged by each master's running mark and
                 // clock): no live lease is left for the claim rule to see.
                 running: true,
+                // The mark of the highest generation among the answers,
+                // a majority: a pause written to a majority is among them.
+                paused: t.pause.1,
                 now: store_now,
             };
             match decide(&row, req) {
@@ -1024,6 +1063,31 @@ impl Locks for RedlockStore {
             .unwrap_or(0))
     }
 
+    /// Two rounds, like a claim's fence: the highest pause generation a
+    /// majority reports, then the mark with the generation above it written
+    /// to the masters, done when a majority took it. A master that missed
+    /// it holds a lower generation, which every later read outranks.
+    async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = jobs.iter().map(|j| self.key(j.as_str(), "state")).collect();
+        let k = &keys;
+        let answers = self.each(|m| self.pause_gens_on(m, k)).await;
+        let read = self.quorum(answers)?;
+        let highest = read.iter().flat_map(|(_, gens)| gens).copied().max();
+        let generation = highest.unwrap_or(0).saturating_add(1);
+        let args = [
+            if paused { "1" } else { "0" }.to_string(),
+            generation.to_string(),
+        ];
+        let a = &args;
+        let answers = self
+            .each(|m| self.eval_on::<i64>(m, &self.pause, k, a))
+            .await;
+        self.quorum(answers).map(|_| ())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let answers = self.each(|m| self.cmd_on::<String>(m, "PING")).await;
         self.quorum(answers).map(|_| ())
@@ -1056,6 +1120,12 @@ impl Locks for RedlockStore {
                     fence: top.map_or(0, |l| l.fence),
                     last_occurrence: locks.iter().filter_map(|l| l.last).max().map(from_ms),
                     last_owner: top.and_then(|l| l.owner.clone()),
+                    paused: locks
+                        .iter()
+                        .fold(PauseMark::default(), |m, l| {
+                            m.merge(PauseMark(l.pause_gen, l.paused))
+                        })
+                        .1,
                 }
             })
             .collect())
@@ -1072,6 +1142,27 @@ impl RedlockStore {
         scan_keys(&mut conn, &self.prefix, kind)
             .await
             .map_err(|e| store_error(&master.url, &e))
+    }
+
+    /// The pause generation of each of `keys` (state hashes) on `master`.
+    async fn pause_gens_on(
+        &self,
+        master: &Master,
+        keys: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut conn = master.connection(self.op_timeout).await?;
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("HGET").arg(key).arg("pause_gen");
+        }
+        let gens: Vec<Option<String>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| store_error(&master.url, &e))?;
+        Ok(gens
+            .into_iter()
+            .map(|g| g.and_then(|g| g.parse().ok()).unwrap_or(0))
+            .collect())
     }
 
     async fn status_of(&self, master: &Master) -> Result<Vec<ServerLock>, StoreError> {
@@ -1315,6 +1406,38 @@ mod tests {
     }
 
     #[test]
+    fn the_pause_mark_of_the_highest_generation_counts() {
+        let s = store();
+        let entry = |paused: i64, generation: i64| -> LeaseAnswer {
+            Some(Ok((
+                0,
+                vec![(
+                    1,
+                    Some("me#1".into()),
+                    900,
+                    "3".into(),
+                    5,
+                    None,
+                    -1,
+                    paused,
+                    generation,
+                )],
+            )))
+        };
+        let pause = |answers: &[LeaseAnswer]| s.tally(answers, 0, &request(false)).pause;
+        // A master that missed the resume (generation 2) keeps nothing paused.
+        assert_eq!(
+            pause(&[entry(1, 1), entry(0, 2), entry(0, 2)]),
+            PauseMark(2, false)
+        );
+        // Paused on one master of a majority, by the newest generation.
+        assert_eq!(pause(&[entry(0, 1), entry(1, 2), None]), PauseMark(2, true));
+        // Two marks of one generation (two operators at once): paused.
+        assert_eq!(pause(&[entry(0, 3), entry(1, 3)]), PauseMark(3, true));
+        assert_eq!(pause(&[entry(1, 3), entry(0, 3)]), PauseMark(3, true));
+    }
+
+    #[test]
     fn ties_at_the_highest_fence_leave_the_last_owner_unknown() {
         let s = store();
         let entry = |fence: &str, owner: &str| -> LeaseAnswer {
@@ -1328,6 +1451,8 @@ mod tests {
                     5,
                     Some(owner.into()),
                     -1,
+                    0,
+                    0,
                 )],
             )))
         };

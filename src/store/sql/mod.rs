@@ -171,7 +171,7 @@ impl Queries {
         Queries {
             clock: q(format!("SELECT {now}")),
             status: q(format!(
-                "SELECT lock_name, owner, fence, expires_at, last_occurrence, {now} AS now_ms FROM {p}lock_info ORDER BY lock_name"
+                "SELECT lock_name, owner, fence, expires_at, last_occurrence, {now} AS now_ms, paused FROM {p}lock_info ORDER BY lock_name"
             )),
             history_all: q(format!(
                 "SELECT {RUN_COLUMNS} FROM {p}job_runs ORDER BY id DESC LIMIT ?"
@@ -226,7 +226,7 @@ impl BatchSql<'_> {
     /// Reads and locks the lock rows whose names are `IN names`.
     fn lock_rows_in(&self, names: &str) -> String {
         format!(
-            "SELECT lock_name, owner, fence, expires_at, last_occurrence, running, {{now}} AS now_ms FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
+            "SELECT lock_name, owner, fence, expires_at, last_occurrence, running, {{now}} AS now_ms, paused FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
             p = self.p,
             lock = self.d.lock_row
         )
@@ -282,6 +282,15 @@ impl BatchSql<'_> {
             self.d.ignore_conflict.replace("{key}", "job, fence"),
             p = self.p,
             rows = tuples(n, 12)
+        )
+    }
+
+    /// Sets or clears the pause mark of `n` locks (the mark bound first).
+    fn set_paused(&self, n: usize) -> String {
+        format!(
+            "UPDATE {p}lock_info SET paused = ? WHERE lock_name IN {names}",
+            p = self.p,
+            names = tuple(n)
         )
     }
 
@@ -736,6 +745,7 @@ impl SqlStore {
                         last_occurrence: r.try_get(4)?,
                         running: r.try_get::<i64, _>(5)? != 0,
                         now: r.try_get(6)?,
+                        paused: r.try_get::<i64, _>(7)? != 0,
                     })
                 })()
                 .map_err(|e| format!("the lock row of job {name} cannot be read: {e}"));
@@ -1234,6 +1244,27 @@ impl Locks for SqlStore {
         Ok(released)
     }
 
+    async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError> {
+        let names: Vec<String> = jobs.iter().map(|j| j.as_str().to_string()).collect();
+        for chunk in names.chunks(CHUNK) {
+            self.retrying(|| async {
+                let mut conn = self.pool().acquire().await?;
+                // A job never claimed gets its lock row first, so its first
+                // claim sees the mark.
+                self.seed_rows(&mut conn, chunk).await?;
+                let mut query = sqlx::query(self.sql(self.batch().set_paused(chunk.len()), None)?)
+                    .bind(i64::from(paused));
+                for job in chunk {
+                    query = query.bind(job.clone());
+                }
+                query.execute(&mut *conn).await
+            })
+            .await
+            .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1")
             .execute(&self.pool())
@@ -1267,6 +1298,7 @@ impl Locks for SqlStore {
                     fence: r.try_get::<i64, _>(2)?.max(0) as u64,
                     last_occurrence: r.try_get::<Option<i64>, _>(4)?.map(from_ms),
                     last_owner: owner,
+                    paused: r.try_get::<i64, _>(6)? != 0,
                 })
             })
             .collect::<Result<_, _>>()

@@ -30,6 +30,7 @@ pub static DIALECT: Dialect = Dialect {
             5,
             include_str!("../../../migrations/mysql/0005_running.sql"),
         ),
+        (6, include_str!("../../../migrations/mysql/0006_paused.sql")),
     ],
 };
 

@@ -40,6 +40,10 @@ pub static DIALECT: Dialect = Dialect {
             5,
             include_str!("../../../migrations/postgres/0005_running.sql"),
         ),
+        (
+            6,
+            include_str!("../../../migrations/postgres/0006_paused.sql"),
+        ),
     ],
 };
 

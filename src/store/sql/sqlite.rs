@@ -50,6 +50,10 @@ pub static DIALECT: Dialect = Dialect {
             5,
             include_str!("../../../migrations/sqlite/0005_running.sql"),
         ),
+        (
+            6,
+            include_str!("../../../migrations/sqlite/0006_paused.sql"),
+        ),
     ],
 };
 
