@@ -463,6 +463,16 @@ impl RedisStore {
     }
 }
 
+/// A job's state hash as HMGET reads it: fence, last occurrence, last owner,
+/// paused, pause generation.
+type StateFields = (
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
 /// One server's view of one job's lock, for `status`.
 struct ServerLock {
     job: String,
@@ -517,13 +527,7 @@ async fn server_locks(
             store: url.redacted().into(),
             reason: format!("unexpected reply for {job}: {e}"),
         };
-        let state: (
-            Option<String>,
-            Option<i64>,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-        ) = redis::from_redis_value(state.clone()).map_err(malformed)?;
+        let state: StateFields = redis::from_redis_value(state.clone()).map_err(malformed)?;
         out.push(ServerLock {
             fence: state.0.and_then(|f| f.parse().ok()).unwrap_or(0),
             last: state.1,

@@ -88,10 +88,17 @@ fn status_and_migrate_exit_69_when_the_store_is_unreachable() {
         "mysql://root:83/s3cretpw@127.0.0.1:1/test",
     ] {
         let config = write_config(dir.path(), url);
-        for cmd in ["status", "migrate", "history", "nodes"] {
-            let out = cronlease(&[cmd], &config);
+        for cmd in [
+            &["status"][..],
+            &["migrate"],
+            &["history"],
+            &["nodes"],
+            &["pause", "tick"],
+            &["resume", "--all"],
+        ] {
+            let out = cronlease(cmd, &config);
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {stderr}");
+            assert_eq!(out.status.code(), Some(69), "{cmd:?} {url}: {stderr}");
             assert!(
                 !stderr.contains("s3cretpw")
                     && !String::from_utf8_lossy(&out.stdout).contains("s3cretpw"),
@@ -160,6 +167,38 @@ fn migrate_then_status_on_each_store() {
         assert_eq!(v[0]["job"], "tick");
         assert_eq!(v[0]["fence"], 0);
         assert_eq!(v[0]["holder_alive"], serde_json::Value::Null, "no holder");
+        assert_eq!(v[0]["paused"], false);
+        // pause / resume: names checked first, the mark shown by status.
+        let out = cronlease(&["pause", "tick", "nosuchjob"], &config);
+        assert_eq!(out.status.code(), Some(64), "{backend:?}: {out:?}");
+        let out = cronlease(&["pause"], &config);
+        assert_eq!(out.status.code(), Some(2), "pause names no job: {out:?}");
+        let paused = |config: &std::path::Path| {
+            let out = cronlease(&["status", "--json"], config);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            v[0]["paused"].clone()
+        };
+        assert_eq!(paused(&config), false, "an unknown name pauses nothing");
+        let out = cronlease(&["pause", "tick"], &config);
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("paused tick"));
+        assert_eq!(paused(&config), true, "{backend:?}");
+        let out = cronlease(&["status"], &config);
+        let table = String::from_utf8_lossy(&out.stdout);
+        let header: Vec<&str> = table
+            .lines()
+            .next()
+            .unwrap()
+            .split("  ")
+            .filter(|c| !c.is_empty())
+            .map(str::trim)
+            .collect();
+        assert!(header.contains(&"PAUSED"), "{table}");
+        let row = table.lines().find(|l| l.starts_with("tick")).unwrap();
+        assert!(row.split_whitespace().any(|c| c == "yes"), "{table}");
+        let out = cronlease(&["resume", "--all"], &config);
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {out:?}");
+        assert_eq!(paused(&config), false, "{backend:?}");
         // No daemon ran: the registry is empty, and says so.
         let out = cronlease(&["nodes"], &config);
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {out:?}");

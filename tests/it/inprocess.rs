@@ -681,3 +681,137 @@ async fn step_down_hands_the_next_occurrence_over_on_time() {
     a.stop().await;
     b.stop().await;
 }
+
+/// `cronlease pause` as the nodes see it: every claim of the paused job is
+/// refused at once (one refused claim per node per instant, counted in
+/// `cronlease_claims_total{result="paused"}`, no waiting for a lease), and
+/// nothing runs; after resume the latest occurrence refused meanwhile is
+/// caught up first (`misfire = "run_once"`), then the instants go on.
+#[tokio::test(start_paused = true)]
+async fn a_paused_job_runs_nowhere_until_resumed() {
+    use cronlease::store::Locks;
+    let w = World::new(VirtualRunner::default());
+    let (a, b) = (w.start("a", &jobs(1)), w.start("b", &jobs(1)));
+    w.until(t(1.0)).await;
+    let job = cronlease::config::JobName::parse("j0000").unwrap();
+    w.store
+        .connection()
+        .set_paused(std::slice::from_ref(&job), true)
+        .await
+        .unwrap();
+    w.until(t(35.0)).await;
+    let runs = |w: &World| -> Vec<(u64, i64, i64)> {
+        w.runner
+            .runs()
+            .iter()
+            .map(|r| (r.fence, ms(r.occurrence - t(0.0)), ms(r.started - t(0.0))))
+            .collect()
+    };
+    assert_eq!(runs(&w), vec![(1, 0, 0)], "nothing runs while paused");
+    let paused = |n: &Running| -> u64 {
+        n.node
+            .metrics()
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("cronlease_claims_total{") && l.contains("result=\"paused\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        (paused(&a), paused(&b)),
+        (3, 3),
+        "10, 20 and 30 refused once on each node"
+    );
+    w.store
+        .connection()
+        .set_paused(std::slice::from_ref(&job), false)
+        .await
+        .unwrap();
+    w.until(t(41.0)).await;
+    assert_eq!(
+        runs(&w),
+        vec![(1, 0, 0), (2, 30_000, 40_000), (3, 40_000, 40_000)],
+        "30 caught up at 40, then 40"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A pause that lands while a peer waits out a busy holder's lease (the
+/// holder cut off from the store mid-run, so its run is never recorded and
+/// its lease must run out): the peer's claim at the lease's end is refused as
+/// paused and nothing is claimed until resume; then the latest refused
+/// occurrence is caught up once and the schedule goes on.
+#[tokio::test(start_paused = true)]
+async fn a_pause_during_a_takeover_wait_stops_the_takeover() {
+    let w = World::new(VirtualRunner::lasting("j0000", Duration::from_secs(4)));
+    let a = w.start("a", &jobs(1));
+    w.until(t(1.0)).await;
+    let b = w.start("b", &jobs(1));
+    w.until(t(2.0)).await;
+    a.store.set_reachable(false);
+    // b is refused at 12:00:10 (a's lease lasts to :11, its run unrecorded)
+    // and waits; the pause comes inside that wait.
+    w.until(t(10.5)).await;
+    let job = cronlease::config::JobName::parse("j0000").unwrap();
+    use cronlease::store::Locks;
+    w.store
+        .connection()
+        .set_paused(std::slice::from_ref(&job), true)
+        .await
+        .unwrap();
+    w.until(t(35.0)).await;
+    let claimed_after_pause: Vec<i64> = w
+        .store
+        .call_log()
+        .iter()
+        .filter(|c| c.op == "claim" && c.at > t(10.5))
+        .map(|c| ms(c.at - t(0.0)))
+        .collect();
+    assert!(
+        claimed_after_pause
+            .first()
+            .is_some_and(|at| (11_000..11_100).contains(at)),
+        "b asked again when the lease ended: {claimed_after_pause:?}"
+    );
+    let runs = |w: &World| -> Vec<(String, u64, i64, i64)> {
+        w.runner
+            .runs()
+            .iter()
+            .map(|r| {
+                (
+                    r.node.clone(),
+                    r.fence,
+                    ms(r.occurrence - t(0.0)),
+                    ms(r.started - t(0.0)),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        runs(&w),
+        vec![("a".into(), 1, 0, 0)],
+        "no takeover while paused"
+    );
+    w.store
+        .connection()
+        .set_paused(std::slice::from_ref(&job), false)
+        .await
+        .unwrap();
+    w.until(t(51.0)).await;
+    // The catch-up of 30 starts at 40 (after the history write's 5 ms
+    // batching window), 40 itself once it is over (4 s later: the claims of
+    // one instant run in order), and 50 on time.
+    assert_eq!(
+        runs(&w),
+        vec![
+            ("a".into(), 1, 0, 0),
+            ("b".into(), 2, 30_000, 40_005),
+            ("b".into(), 3, 40_000, 44_005),
+            ("b".into(), 4, 50_000, 50_000)
+        ],
+    );
+    b.stop().await;
+    a.store.set_reachable(true);
+    a.stop().await;
+}
