@@ -25,8 +25,8 @@ use tokio::time::Instant;
 
 use super::registry::{BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry, sorted};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
-    Renewal, RunRecord, Store, StoreError, clears_running, decide, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
+    RunRecord, Store, StoreError, claim_rows, clears_running, duration_ms, from_ms, to_ms,
 };
 use crate::config::JobName;
 
@@ -399,42 +399,40 @@ impl Registry for MemoryStore {
     }
 }
 
-/// Decides `requests` on the locks of `s`, at `now`.
+/// Decides `requests` on the locks of `s`, at `now`, with the shared batch
+/// step ([`claim_rows`]) over copies of the rows they name.
 fn claim_in(s: &mut State, requests: &[ClaimRequest], now: i64) -> Vec<ClaimOutcome> {
-    let mut outcomes = Vec::with_capacity(requests.len());
-    for req in requests {
-        let lock = s.locks.entry(req.job.to_string()).or_default();
-        let row = LockRow {
-            owner: lock.owner.clone(),
-            fence: lock.fence,
-            expires_at: lock.expires_at,
-            last_occurrence: lock.last_occurrence,
-            running: lock.running,
-            paused: lock.paused,
-            now,
-        };
-        outcomes.push(match decide(&row, req) {
-            Decision::Claim {
-                fence,
-                expires_at,
-                last_occurrence,
-                won,
-            } => {
-                *lock = Lock {
-                    owner: Some(req.owner.to_string()),
-                    fence,
-                    expires_at,
-                    last_occurrence: Some(last_occurrence),
-                    running: true,
+    let mut rows: BTreeMap<String, LockRow> = requests
+        .iter()
+        .filter_map(|req| {
+            let lock = s.locks.get(req.job.as_str())?;
+            Some((
+                req.job.as_str().to_string(),
+                LockRow {
+                    owner: lock.owner.clone(),
+                    fence: lock.fence,
+                    expires_at: lock.expires_at,
+                    last_occurrence: lock.last_occurrence,
+                    running: lock.running,
                     paused: lock.paused,
-                };
-                ClaimOutcome::Won(won)
-            }
-            Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
-            Decision::FenceExhausted => {
-                ClaimOutcome::Failed(super::fence_exhausted(req.job.as_str()))
-            }
-        });
+                    now,
+                },
+            ))
+        })
+        .collect();
+    let outcomes = claim_rows(&mut rows, requests, now);
+    for (job, row) in rows {
+        s.locks.insert(
+            job,
+            Lock {
+                owner: row.owner,
+                fence: row.fence,
+                expires_at: row.expires_at,
+                last_occurrence: row.last_occurrence,
+                running: row.running,
+                paused: row.paused,
+            },
+        );
     }
     outcomes
 }

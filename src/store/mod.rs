@@ -728,6 +728,55 @@ pub enum Decision {
     FenceExhausted,
 }
 
+/// Decides a batch of claims on the rows they name, each request on its own,
+/// in the order given (a job named twice sees its first request's write),
+/// and writes each winner into its row: the batch step of every store, here
+/// over rows in memory. The memory store claims through it, and the protocol
+/// model (`tests/it/model.rs`) checks it, with [`decide`] inside; SQL,
+/// ZooKeeper, etcd and Redlock take the same step over their own rows (SQL
+/// in job-name order, so concurrent batches lock rows in one order). A job
+/// with no row starts free at fence 0. `now` is the store's clock.
+pub fn claim_rows(
+    rows: &mut std::collections::BTreeMap<String, LockRow>,
+    requests: &[ClaimRequest],
+    now: i64,
+) -> Vec<ClaimOutcome> {
+    requests
+        .iter()
+        .map(|req| {
+            let row = rows
+                .entry(req.job.as_str().to_string())
+                .or_insert_with(|| LockRow {
+                    owner: None,
+                    fence: 0,
+                    expires_at: 0,
+                    last_occurrence: None,
+                    running: false,
+                    paused: false,
+                    now,
+                });
+            row.now = now;
+            match decide(row, req) {
+                Decision::Claim {
+                    fence,
+                    expires_at,
+                    last_occurrence,
+                    won,
+                } => {
+                    row.owner = Some(req.owner.as_str().to_string());
+                    row.fence = fence;
+                    row.expires_at = expires_at;
+                    row.last_occurrence = Some(last_occurrence);
+                    row.running = true;
+                    ClaimOutcome::Won(won)
+                }
+                Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
+                Decision::FenceExhausted => ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
+            }
+        })
+        .collect()
+}
+
 /// The occurrence a retried claim had already won, if the row shows it: the
 /// owner is the claimer, its fence is one the claimer never saw answered, and
 /// the last occurrence is the requested one or (with `run_once`) the missed

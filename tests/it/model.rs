@@ -3,8 +3,9 @@
 //! whose wall clocks are off and whose monotonic clocks run slow, requests
 //! and replies that are delayed, reordered, lost and retried, nodes that
 //! freeze (SIGSTOP, GC), are cut off from the store, or crash, and a ghost
-//! record of every run. The store decides with the library's own
-//! [`decide`], and the node's watchdog counts with the library's own
+//! record of every run. The store decides with the library's own batch
+//! step ([`claim_rows`], the memory store's, around the shared rule
+//! `decide`), and the node's watchdog counts with the library's own
 //! [`lease`] arithmetic, so design and code are checked together; the
 //! node's reactions (claim at the instant, wait out a lease, retry after a
 //! lost reply, renew, stop at the local deadline, check before start) are
@@ -39,12 +40,12 @@
 //! (about 40 s on 2 cores); `-- --ignored model::` the longer ones (about 4
 //! minutes, 3 GB). docs/protocol.md lists each check's states and time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use cronlease::config::{JobName, Misfire};
 use cronlease::node::lease;
-use cronlease::store::{ClaimRequest, Decision, LockRow, Owner, decide, from_ms};
+use cronlease::store::{ClaimOutcome, ClaimRequest, LockRow, Owner, claim_rows, from_ms};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 /// The rules of the protocol a check may switch off, to show each one is
@@ -376,26 +377,27 @@ impl Protocol {
             after_unanswered: after_unanswered && self.rules.retry_finds_its_win,
             recheck_only: false,
         };
-        match decide(&row, &req) {
-            Decision::Claim {
-                fence,
-                expires_at,
-                last_occurrence,
-                won,
-            } => (
+        // The store's batch step (a batch of one: the model has one job),
+        // which decides with `decide` and writes the winner's row.
+        let mut rows = BTreeMap::from([(req.job.as_str().to_string(), row)]);
+        let outcome = claim_rows(&mut rows, std::slice::from_ref(&req), s.now);
+        let written = &rows[req.job.as_str()];
+        match outcome.into_iter().next() {
+            Some(ClaimOutcome::Won(won)) => (
                 Some(Row {
                     owner: Some(node),
-                    fence,
-                    expires_at,
-                    last: Some(last_occurrence),
-                    running: self.rules.running_mark,
+                    fence: written.fence,
+                    expires_at: written.expires_at,
+                    last: written.last_occurrence,
+                    // The rule switched off: as if no claim set the mark.
+                    running: written.running && self.rules.running_mark,
                 }),
                 Answer::Won {
-                    fence,
+                    fence: written.fence,
                     occ: cronlease::store::to_ms(won.occurrence),
                 },
             ),
-            Decision::Refuse(lost) => {
+            Some(ClaimOutcome::Lost(lost)) => {
                 let claimed = lost
                     .last_occurrence
                     .is_some_and(|l| cronlease::store::to_ms(l) >= occ);
@@ -410,7 +412,8 @@ impl Protocol {
                     },
                 )
             }
-            Decision::FenceExhausted => (
+            // An exhausted fence (never reached within the model's bounds).
+            Some(ClaimOutcome::Failed(_)) | None => (
                 None,
                 Answer::Lost {
                     retry_in: None,
