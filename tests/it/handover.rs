@@ -198,6 +198,15 @@ fn crashed_daemon_hands_over(backend: Backend) {
                 "{what}: the run was still going when its daemon was killed: {killed_run:?}\n{report}"
             );
         }
+        if *death == Death::Host {
+            // Nobody deletes a dead host's record: it expires on the store's
+            // clock a margin and a third after its last beat, and `nodes`
+            // must have dropped it within two margins of the kill.
+            assert!(
+                *left_registry < Duration::from_secs_f64(2.0 * MARGIN),
+                "{what}: a dead host left the registry after {left_registry:?}\n{report}"
+            );
+        }
         match (death, busy) {
             (Death::Daemon, _) => {
                 // Without the guard's handover: the head start (0.5 s) when
@@ -232,8 +241,10 @@ fn crashed_daemon_hands_over(backend: Backend) {
                 }
             }
             (Death::Host, false) => {
+                // Head start + normal lateness (the bound the daemon case
+                // above holds normal lateness to), well short of the margin.
                 assert!(
-                    (HEAD_START - 0.05..MARGIN).contains(&late),
+                    (HEAD_START - 0.05..HEAD_START + 0.3).contains(&late),
                     "{what}: an idle holder's job moves after the head start: {late:.3}s late\n{report}"
                 );
             }
