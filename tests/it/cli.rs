@@ -369,3 +369,58 @@ fn a_non_redis_server_on_the_redis_port_is_unreachable() {
         }
     }
 }
+
+/// The man page and the shell completions the .deb ships are generated
+/// from the clap definitions (examples/gen_assets.rs), and docs/cli.md is
+/// written by hand: every command must be in all of them, so a new command
+/// cannot ship undocumented or uncompleted.
+#[test]
+fn every_command_is_in_the_man_page_the_completions_and_docs() {
+    use clap::CommandFactory;
+    let mut cmd = cronlease::cli::Cli::command();
+    // Hidden ones (the guard's internal entry point) are nobody's to type.
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_string())
+        .filter(|n| n != "help")
+        .collect();
+    assert!(names.iter().any(|n| n == "pause"), "{names:?}");
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone())
+        .render(&mut page)
+        .unwrap();
+    let page = String::from_utf8(page).unwrap();
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md"),
+    )
+    .unwrap();
+    for shell in [
+        clap_complete::Shell::Bash,
+        clap_complete::Shell::Zsh,
+        clap_complete::Shell::Fish,
+    ] {
+        let mut out = Vec::new();
+        clap_complete::generate(shell, &mut cmd, "cronlease", &mut out);
+        let out = String::from_utf8(out).unwrap();
+        for name in &names {
+            assert!(
+                out.contains(name.as_str()),
+                "{shell:?} completion lacks {name}"
+            );
+        }
+    }
+    for name in &names {
+        // The man page escapes '-' as '\-'.
+        assert!(
+            page.contains(name.as_str()) || page.contains(&name.replace('-', "\\-")),
+            "man page lacks {name}"
+        );
+        let heading = format!("`{name}");
+        assert!(
+            docs.lines()
+                .any(|l| l.starts_with("### ") && l.contains(&heading)),
+            "docs/cli.md has no section for {name}"
+        );
+    }
+}
