@@ -53,6 +53,12 @@ pub fn main(cli: Cli) -> ExitCode {
         Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
         Commands::StepDown(c) => step_down(&c.config),
+        Commands::ImportCrontab {
+            file,
+            system,
+            user,
+            timezone,
+        } => import_crontab(file, system, user, timezone),
     }
 }
 
@@ -381,6 +387,77 @@ async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> ExitCode {
         println!("resumed {}", names.join(", "));
     }
     ExitCode::SUCCESS
+}
+
+/// `cronlease import-crontab`: a crontab in, `[[job]]` TOML out (docs/cli.md).
+/// Exit 1 when the file cannot be read, 2 for a bad `--timezone`, 78 for a
+/// malformed crontab line (file:line:column); warnings go to stderr.
+fn import_crontab(
+    file: Option<PathBuf>,
+    system: bool,
+    user: bool,
+    timezone: Option<String>,
+) -> ExitCode {
+    use std::io::Read;
+    let stdin = file.as_deref().is_none_or(|f| f == Path::new("-"));
+    let (text, origin) = if stdin {
+        let mut bytes = Vec::new();
+        if let Err(e) = std::io::stdin().read_to_end(&mut bytes) {
+            eprintln!("cronlease: cannot read standard input: {e}");
+            return ExitCode::FAILURE;
+        }
+        (bytes, "-".to_string())
+    } else {
+        let path = file.unwrap_or_default();
+        match std::fs::read(&path) {
+            Ok(bytes) => (bytes, path.display().to_string()),
+            Err(e) => {
+                eprintln!(
+                    "cronlease: cannot read {}: {e}; name a readable crontab, or - for standard input",
+                    path.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let Ok(text) = String::from_utf8(text) else {
+        eprintln!("cronlease: {origin} is not UTF-8 text: a crontab is expected");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let options = crate::crontab::Options {
+        system: if system {
+            true
+        } else if user {
+            false
+        } else {
+            !stdin && crate::crontab::is_system_path(Path::new(&origin))
+        },
+        timezone,
+    };
+    match crate::crontab::import(&text, &origin, &options) {
+        Ok(import) => {
+            for w in &import.warnings {
+                eprintln!("warning: {w}");
+            }
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out
+                .write_all(import.toml.as_bytes())
+                .and_then(|()| out.flush())
+            {
+                eprintln!("cronlease: cannot write the TOML: {e}");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ crate::crontab::ImportError::Zone(_)) => {
+            eprintln!("cronlease: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("cronlease: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
 }
 
 async fn migrate(path: PathBuf) -> ExitCode {

@@ -85,6 +85,23 @@ pub enum Commands {
     Pause(PauseArgs),
     /// Resume paused jobs
     Resume(PauseArgs),
+    /// Print [[job]] TOML for each line of a crontab (no configuration, no store)
+    ImportCrontab {
+        /// The crontab to read; `-` or none: standard input
+        #[arg(value_name = "FILE|-")]
+        file: Option<PathBuf>,
+        /// Read it as a system crontab (a user field after the five time
+        /// fields); the default for /etc/crontab and /etc/cron.d/*
+        #[arg(long, conflicts_with = "user")]
+        system: bool,
+        /// Read it as a user crontab (no user field); the default otherwise
+        #[arg(long)]
+        user: bool,
+        /// The time zone the crontab's times mean (cron uses the host's);
+        /// without it and without CRON_TZ, UTC
+        #[arg(long, value_name = "ZONE")]
+        timezone: Option<String>,
+    },
     /// Create or upgrade the store's tables (run also applies them)
     Migrate(ConfigArg),
     /// Ask the local daemon to release its leases and pause claiming for one margin

@@ -15,8 +15,9 @@
 //!   and takeover protocol, the lease watchdog, step-down, reload, shutdown.
 //! - [`exec`] and [`guard`]: running a job's process group, and killing it if
 //!   the daemon dies.
-//! - [`app`]: the commands (`run`, `check`, `status`, `history`, `migrate`,
-//!   `step-down`) behind the thin `main`; [`cli`]: their clap definitions.
+//! - [`app`]: the commands (`run`, `check`, `status`, `nodes`, `history`,
+//!   `pause`, `resume`, `migrate`, `step-down`, `import-crontab`) behind the thin `main`; [`cli`]: their clap definitions.
+//! - [`crontab`]: `import-crontab`, a crontab's lines as `[[job]]` TOML.
 //! - [`pidfile`]: the locked pid file and finding the daemon it names.
 //! - [`telemetry`] sets up logging; [`metrics`] serves `/metrics` and
 //!   `/healthz`; [`systemd`] speaks sd_notify.
@@ -26,6 +27,7 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod crontab;
 pub mod exec;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

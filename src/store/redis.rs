@@ -486,6 +486,7 @@ struct ServerLock {
     /// The pause mark and the generation it was written with (Redlock
     /// keeps the mark of the highest generation a majority reports).
     paused: bool,
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pause_gen: i64,
 }
 

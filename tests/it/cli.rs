@@ -424,3 +424,89 @@ fn every_command_is_in_the_man_page_the_completions_and_docs() {
         );
     }
 }
+
+/// `import-crontab` as a user runs it: a file or standard input in, TOML
+/// out that `check` accepts; warnings on stderr; a malformed line is exit
+/// 78 naming file, line and column with nothing printed; an unreadable file
+/// exit 1; a bad `--timezone` exit 2.
+#[test]
+fn import_crontab_output_passes_check() {
+    let import = |args: &[&str], stdin: Option<&str>| {
+        use std::io::Write;
+        let mut child = Command::new(binary())
+            .arg("import-crontab")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        child.wait_with_output().unwrap()
+    };
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/crontab/user-crontab");
+    let text = std::fs::read_to_string(&fixture).unwrap();
+    let from_file = import(&[fixture.to_str().unwrap()], None);
+    assert_eq!(from_file.status.code(), Some(0), "{from_file:?}");
+    let from_stdin = import(&["-"], Some(&text));
+    assert_eq!(from_stdin.status.code(), Some(0), "{from_stdin:?}");
+    let toml = String::from_utf8(from_file.stdout).unwrap();
+    // The header names the source; otherwise standard input gives the same.
+    let body = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(
+        body(&toml),
+        body(&String::from_utf8(from_stdin.stdout).unwrap())
+    );
+    let warnings = String::from_utf8_lossy(&from_file.stderr);
+    assert!(
+        warnings
+            .lines()
+            .any(|l| l.starts_with("warning:") && l.contains("@reboot")),
+        "{warnings}"
+    );
+
+    // What it printed is a job file `check` accepts.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("jobs.d")).unwrap();
+    std::fs::write(dir.path().join("jobs.d/alice.toml"), &toml).unwrap();
+    let config = dir.path().join("cronlease.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"sqlite://{}/locks.db\"\n[jobs]\ndir = \"jobs.d\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = cronlease(&["check"], &config);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let jobs = toml.matches("[[job]]").count();
+    assert!(jobs >= 15, "{jobs} jobs:\n{toml}");
+
+    let bad = import(&["-"], Some("# ok\n61 * * * * true\n"));
+    assert_eq!(bad.status.code(), Some(78), "{bad:?}");
+    assert!(bad.stdout.is_empty(), "nothing printed for a bad crontab");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("-:2:1:") && err.lines().count() == 1, "{err}");
+    let missing = import(&["/nonexistent/crontab"], None);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    let zone = import(
+        &["--timezone", "Mars/Olympus", "-"],
+        Some("* * * * * true\n"),
+    );
+    assert_eq!(zone.status.code(), Some(2), "{zone:?}");
+}

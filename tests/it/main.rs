@@ -15,6 +15,7 @@ mod clock;
 mod cluster;
 mod config_errors;
 mod conformance;
+mod crontab;
 mod disk;
 mod drill;
 mod drills;

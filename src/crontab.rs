@@ -1,0 +1,1592 @@
+//! `cronlease import-crontab`: a crontab in, `[[job]]` tables out.
+//!
+//! Reads a user's crontab (as `crontab -l` prints it) or a system crontab
+//! (`/etc/crontab`, `/etc/cron.d/*`: a user name between the schedule and the
+//! command) the way Vixie cron, Debian's `cron`, reads it (crontab(5)), and
+//! writes TOML job tables that fire at the same instants and run the same
+//! command with the same environment settings. What has no cronlease
+//! equivalent (mail, `@reboot`) becomes a comment in the output and a
+//! warning, never a silent drop; a line cron would refuse is an error naming
+//! `FILE:LINE:COLUMN`. Pure text in, text out: the command reads the file
+//! and prints the result.
+//!
+//! # Schedules
+//!
+//! Each field is parsed here (numbers, ranges, steps, lists, `jan`-`dec`,
+//! `sun`-`sat`, 7 as Sunday) and written back with numbers only, then
+//! checked with [`Schedule::parse`]. The day rule needs care: cron ORs
+//! day-of-month and day-of-week only when neither field *starts* with `*`,
+//! while croner ORs them unless one field *is* `*`. For a field such as
+//! `*/2` beside a restricted other field the two disagree, so the
+//! translation puts croner's `+` (day-of-week ANDed with day-of-month)
+//! before the day of week, and says so in a comment.
+
+use std::collections::HashSet;
+use std::fmt::{self, Write as _};
+use std::path::Path;
+
+use crate::schedule::{Schedule, ScheduleError, parse_zone};
+
+/// How to read the crontab.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// System crontab format (`/etc/crontab`, `/etc/cron.d/*`): a user name
+    /// after the schedule, which becomes the job's `user`.
+    pub system: bool,
+    /// IANA zone for the jobs no `CRON_TZ` line covers. `None` writes no
+    /// `timezone` key, so those jobs run in UTC.
+    pub timezone: Option<String>,
+}
+
+/// Whether `path` is in system crontab format by its place: `/etc/crontab`
+/// or a file under `/etc/cron.d/`.
+pub fn is_system_path(path: &Path) -> bool {
+    path == Path::new("/etc/crontab")
+        || (path.starts_with("/etc/cron.d") && path != Path::new("/etc/cron.d"))
+}
+
+/// The translation of one crontab.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Import {
+    /// The `[[job]]` tables, with a header and comments; valid TOML.
+    pub toml: String,
+    /// One entry per translated job line, in file order.
+    pub jobs: Vec<ImportedJob>,
+    /// Lines translated with a comment because cronlease does something
+    /// differently (mail, `@reboot`, `%`, the day rule).
+    pub warnings: Vec<Warning>,
+}
+
+/// A crontab line that became a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportedJob {
+    /// 1-based line number in the crontab.
+    pub line: usize,
+    pub name: String,
+    /// The schedule as written to the TOML.
+    pub schedule: String,
+    /// The `timezone` written to the TOML, if any.
+    pub timezone: Option<String>,
+}
+
+/// Something the reader should know about a translated line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub origin: String,
+    pub line: usize,
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.origin, self.line, self.message)
+    }
+}
+
+/// Why a crontab could not be translated.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ImportError {
+    /// A line cron would refuse, or one cronlease cannot express.
+    #[error("{origin}:{line}:{column}: {message}")]
+    Line {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// [`Options::timezone`] is not a zone.
+    #[error("default time zone: {0}")]
+    Zone(ScheduleError),
+}
+
+/// Translates the crontab `text`; `origin` names it in messages and in the
+/// header (a path, or `-` for standard input).
+pub fn import(text: &str, origin: &str, options: &Options) -> Result<Import, ImportError> {
+    if let Some(zone) = &options.timezone {
+        parse_zone(zone).map_err(ImportError::Zone)?;
+    }
+    let mut state = State {
+        origin,
+        options,
+        env: Vec::new(),
+        shell: None,
+        zone: options.timezone.clone(),
+        out: header(origin, options),
+        jobs: Vec::new(),
+        warnings: Vec::new(),
+        names: HashSet::new(),
+    };
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    let unterminated = !text.is_empty() && !text.ends_with('\n');
+    if !unterminated {
+        // The empty piece after the last newline (or of an empty text).
+        lines.pop();
+    }
+    let count = lines.len();
+    for (index, raw) in lines.into_iter().enumerate() {
+        let number = index + 1;
+        // A file edited on Windows: the \r is not part of the command.
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        let was_job = state.line(number, line)?;
+        if unterminated && number == count && was_job {
+            state.warn(
+                number,
+                "the file does not end with a newline: cron treats such a last line as broken; imported anyway",
+            );
+        }
+    }
+    Ok(Import {
+        toml: state.out,
+        jobs: state.jobs,
+        warnings: state.warnings,
+    })
+}
+
+/// What the lines read so far set up for the lines below them.
+struct State<'a> {
+    origin: &'a str,
+    options: &'a Options,
+    /// Environment lines so far, in order, each name once.
+    env: Vec<(String, String)>,
+    /// `SHELL`, when set to something.
+    shell: Option<String>,
+    /// `CRON_TZ`, else [`Options::timezone`].
+    zone: Option<String>,
+    out: String,
+    jobs: Vec<ImportedJob>,
+    warnings: Vec<Warning>,
+    /// Job names taken, lower case (the config compares them so).
+    names: HashSet<String>,
+}
+
+/// The five fields' readings: what they are called, their range, names.
+struct Spec {
+    what: &'static str,
+    lo: u32,
+    hi: u32,
+    names: &'static [&'static str],
+    /// The value of `names[0]`.
+    first_name: u32,
+    expected: &'static str,
+}
+
+const MONTHS: [&str; 12] = [
+    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+];
+const DAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
+
+const SPECS: [Spec; 5] = [
+    Spec {
+        what: "minute",
+        lo: 0,
+        hi: 59,
+        names: &[],
+        first_name: 0,
+        expected: "a number from 0 to 59",
+    },
+    Spec {
+        what: "hour",
+        lo: 0,
+        hi: 23,
+        names: &[],
+        first_name: 0,
+        expected: "a number from 0 to 23",
+    },
+    Spec {
+        what: "day of month",
+        lo: 1,
+        hi: 31,
+        names: &[],
+        first_name: 0,
+        expected: "a number from 1 to 31",
+    },
+    Spec {
+        what: "month",
+        lo: 1,
+        hi: 12,
+        names: &MONTHS,
+        first_name: 1,
+        expected: "a number from 1 to 12 or a name jan to dec",
+    },
+    Spec {
+        what: "day of week",
+        lo: 0,
+        hi: 7,
+        names: &DAYS,
+        first_name: 0,
+        expected: "a number from 0 to 7 (0 and 7 are Sunday) or a name sun to sat",
+    },
+];
+
+/// One field, read: its text for the schedule (numbers only), the values it
+/// matches, and whether it starts with `*` (cron's test for the day rule).
+struct Field {
+    text: String,
+    bits: u64,
+    star: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Star,
+    Range,
+    Single,
+}
+
+/// A field error: byte offset in the line, message.
+type FieldError = (usize, String);
+
+impl Spec {
+    fn is_day_of_week(&self) -> bool {
+        self.hi == 7
+    }
+
+    fn bit(&self, v: u32) -> u64 {
+        // 7 is Sunday, as 0 is.
+        let v = if self.is_day_of_week() && v == 7 {
+            0
+        } else {
+            v
+        };
+        1u64 << v
+    }
+
+    fn full(&self) -> u64 {
+        (self.lo..=self.hi).fold(0, |m, v| m | self.bit(v))
+    }
+
+    /// One value: a number, or a name where the field has names.
+    fn value(&self, s: &str, at: usize, range_end: bool) -> Result<u32, FieldError> {
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            return s
+                .parse::<u32>()
+                .ok()
+                .filter(|v| (self.lo..=self.hi).contains(v))
+                .ok_or_else(|| {
+                    (
+                        at,
+                        format!(
+                            "{} {s} is out of range: expected {}",
+                            self.what, self.expected
+                        ),
+                    )
+                });
+        }
+        if !self.names.is_empty() && !s.is_empty() && s.chars().all(|c| c.is_ascii_alphabetic()) {
+            return match self.names.iter().position(|n| n.eq_ignore_ascii_case(s)) {
+                // `fri-sun`: Sunday closing a range is the 7, so the
+                // weekend reads as it was meant.
+                Some(0) if self.is_day_of_week() && range_end => Ok(7),
+                Some(i) => Ok(self.first_name + i as u32),
+                None => Err((
+                    at,
+                    format!(
+                        "unknown {} name {s:?}: expected {}",
+                        self.what, self.expected
+                    ),
+                )),
+            };
+        }
+        Err((
+            at,
+            format!(
+                "expected {} for the {}, found {s:?}",
+                self.expected, self.what
+            ),
+        ))
+    }
+
+    /// A whole field starting at byte `at` of its line.
+    fn parse(&self, s: &str, at: usize) -> Result<Field, FieldError> {
+        let items: Vec<&str> = s.split(',').collect();
+        let mut out = Vec::with_capacity(items.len());
+        let mut bits = 0u64;
+        let mut offset = at;
+        for item in &items {
+            let item_at = offset;
+            offset += item.len() + 1;
+            if item.is_empty() {
+                return Err((
+                    item_at,
+                    format!(
+                        "expected a {} value, range or * on each side of every comma",
+                        self.what
+                    ),
+                ));
+            }
+            let (range, step) = match item.split_once('/') {
+                Some((r, st)) => (r, Some((st, item_at + r.len() + 1))),
+                None => (*item, None),
+            };
+            let (a, b, kind) = if range == "*" {
+                (self.lo, self.hi, Kind::Star)
+            } else if let Some((x, y)) = range.split_once('-') {
+                let a = self.value(x, item_at, false)?;
+                let b = self.value(y, item_at + x.len() + 1, true)?;
+                if a > b {
+                    return Err((
+                        item_at,
+                        format!(
+                            "{} range {range} runs backwards: expected the smaller value first",
+                            self.what
+                        ),
+                    ));
+                }
+                (a, b, Kind::Range)
+            } else {
+                let v = self.value(range, item_at, false)?;
+                (v, v, Kind::Single)
+            };
+            let step = match step {
+                None => 1,
+                Some((st, st_at)) => {
+                    if kind == Kind::Single {
+                        // Vixie cron ignores such a step, cronie reads it as
+                        // a range to the maximum: no reading is safe.
+                        return Err((
+                            item_at,
+                            format!(
+                                "{item}: a step needs a range or *: write {range}-{}/{st} or */{st}",
+                                self.hi
+                            ),
+                        ));
+                    }
+                    let max = self.hi - self.lo + 1;
+                    match st.parse::<u32>() {
+                        Ok(v)
+                            if st.bytes().all(|b| b.is_ascii_digit()) && (1..=max).contains(&v) =>
+                        {
+                            v
+                        }
+                        _ => {
+                            return Err((
+                                st_at,
+                                format!(
+                                    "expected a step from 1 to {max} after the /, found {st:?}"
+                                ),
+                            ));
+                        }
+                    }
+                }
+            };
+            let mut v = a;
+            while v <= b {
+                bits |= self.bit(v);
+                v += step;
+            }
+            out.push(match (kind, step) {
+                (Kind::Star, 1) if items.len() == 1 => "*".to_string(),
+                // croner takes `*` only as a whole field.
+                (Kind::Star, 1) => format!("{}-{}", self.lo, self.hi),
+                (Kind::Star, s) => format!("*/{s}"),
+                (Kind::Range, 1) => format!("{a}-{b}"),
+                (Kind::Range, s) => format!("{a}-{b}/{s}"),
+                (Kind::Single, _) => a.to_string(),
+            });
+        }
+        Ok(Field {
+            text: out.join(","),
+            bits,
+            star: s.starts_with('*'),
+        })
+    }
+}
+
+/// An environment line as Vixie cron's `load_env` reads it: the name and
+/// the value (quotes removed), and where the value starts.
+#[derive(Debug, PartialEq, Eq)]
+struct EnvLine {
+    name: String,
+    value: String,
+    value_at: usize,
+}
+
+/// Reads `s` (leading blanks already skipped) as `NAME=value`, `NAME =
+/// value`, with either part optionally in matching single or double quotes;
+/// `None` when it is not one (then it is a job line). An unquoted value
+/// loses its trailing white space; quotes keep leading and trailing blanks.
+fn parse_env(s: &str) -> Option<EnvLine> {
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum St {
+        NameStart,
+        Name,
+        Eq1,
+        Eq2,
+        ValueStart,
+        Value,
+        Done,
+    }
+    let mut st = St::NameStart;
+    let mut quote: Option<char> = None;
+    let mut name = String::new();
+    let mut value = String::new();
+    let mut value_at = s.len();
+    let mut chars = s.char_indices().peekable();
+    while let Some(&(i, c)) = chars.peek() {
+        match st {
+            St::NameStart | St::ValueStart => {
+                quote = None;
+                let mut at = i;
+                if c == '\'' || c == '"' {
+                    quote = Some(c);
+                    chars.next();
+                    at = i + c.len_utf8();
+                }
+                if st == St::NameStart {
+                    st = St::Name;
+                } else {
+                    st = St::Value;
+                    value_at = at;
+                }
+            }
+            St::Name | St::Value => {
+                if let Some(q) = quote {
+                    if c == q {
+                        chars.next();
+                        st = if st == St::Name { St::Eq1 } else { St::Done };
+                        continue;
+                    }
+                    if st == St::Name && c == '=' {
+                        return None;
+                    }
+                } else if st == St::Name {
+                    if c.is_whitespace() {
+                        chars.next();
+                        st = St::Eq1;
+                        continue;
+                    }
+                    if c == '=' {
+                        st = St::Eq1;
+                        continue;
+                    }
+                }
+                if st == St::Name {
+                    name.push(c);
+                } else {
+                    value.push(c);
+                }
+                chars.next();
+            }
+            St::Eq1 => {
+                if c == '=' {
+                    st = St::Eq2;
+                } else if !c.is_whitespace() {
+                    return None;
+                }
+                chars.next();
+            }
+            St::Eq2 => {
+                if c.is_whitespace() {
+                    chars.next();
+                } else {
+                    st = St::ValueStart;
+                }
+            }
+            St::Done => {
+                if c.is_whitespace() {
+                    chars.next();
+                } else {
+                    return None;
+                }
+            }
+        }
+    }
+    match st {
+        St::Done => {}
+        St::Value if quote.is_none() => {
+            let trimmed = value.trim_end().len();
+            value.truncate(trimmed);
+        }
+        // `NAME=` with nothing after it: Vixie cron wants quotes for an
+        // empty value, cronie does not; the meaning is plain either way.
+        St::Eq2 | St::ValueStart => value_at = s.len(),
+        _ => return None,
+    }
+    Some(EnvLine {
+        name,
+        value,
+        value_at,
+    })
+}
+
+/// Variables about mail, which cronlease does not send.
+const MAIL_VARIABLES: [&str; 4] = [
+    "MAILTO",
+    "MAILFROM",
+    "CONTENT_TYPE",
+    "CONTENT_TRANSFER_ENCODING",
+];
+
+impl State<'_> {
+    fn err(&self, number: usize, line: &str, at: usize, message: impl Into<String>) -> ImportError {
+        ImportError::Line {
+            origin: self.origin.to_string(),
+            line: number,
+            column: column(line, at),
+            message: message.into(),
+        }
+    }
+
+    fn warn(&mut self, number: usize, message: impl Into<String>) {
+        self.warnings.push(Warning {
+            origin: self.origin.to_string(),
+            line: number,
+            message: message.into(),
+        });
+    }
+
+    /// Separates what follows from what came before by one blank line.
+    fn paragraph(&mut self) {
+        if !self.out.ends_with("\n\n") {
+            self.out.push('\n');
+        }
+    }
+
+    /// One line of the crontab; true when it was a job line.
+    fn line(&mut self, number: usize, line: &str) -> Result<bool, ImportError> {
+        if let Some(at) = line.find('\0') {
+            return Err(self.err(number, line, at, "NUL byte in the line"));
+        }
+        let body = line.trim_start_matches(is_blank);
+        let start = line.len() - body.len();
+        if body.is_empty() {
+            self.paragraph();
+            return Ok(false);
+        }
+        if body.starts_with('#') {
+            self.out.push_str(&comment_text(body));
+            self.out.push('\n');
+            return Ok(false);
+        }
+        if let Some(env) = parse_env(body) {
+            self.env_line(number, line, start, env)?;
+            return Ok(false);
+        }
+        self.job_line(number, line, start)?;
+        Ok(true)
+    }
+
+    fn env_line(
+        &mut self,
+        number: usize,
+        line: &str,
+        start: usize,
+        env: EnvLine,
+    ) -> Result<(), ImportError> {
+        let EnvLine {
+            name,
+            value,
+            value_at,
+        } = env;
+        let _ = writeln!(
+            self.out,
+            "# {}",
+            comment_text(line.trim_start_matches(is_blank))
+        );
+        if MAIL_VARIABLES.contains(&name.as_str()) {
+            if !value.is_empty() {
+                self.out.push_str(
+                    "# cronlease sends no mail: a job's output goes to the daemon's log\n\
+                     # (target cronlease::job) and each run's outcome to `cronlease history`.\n",
+                );
+                self.warn(
+                    number,
+                    format!(
+                        "{name} is not translated: cronlease sends no mail; job output goes to the daemon's log and outcomes to `cronlease history`"
+                    ),
+                );
+            }
+            return Ok(());
+        }
+        if name == "CRON_TZ" {
+            if value.is_empty() {
+                self.zone = self.options.timezone.clone();
+            } else {
+                parse_zone(&value)
+                    .map_err(|e| self.err(number, line, start + value_at, e.to_string()))?;
+                self.zone = Some(value);
+            }
+            return Ok(());
+        }
+        // The rules `cronlease check` applies to env names.
+        if name.is_empty() || name.contains('=') || name.starts_with(char::is_numeric) {
+            return Err(self.err(
+                number,
+                line,
+                start,
+                format!("invalid environment variable name {name:?}"),
+            ));
+        }
+        if name.starts_with("CRONLEASE_") {
+            return Err(self.err(
+                number,
+                line,
+                start,
+                format!(
+                    "environment variable {name:?} is reserved: cronlease sets CRONLEASE_* itself"
+                ),
+            ));
+        }
+        if name == "SHELL" {
+            self.shell = Some(value.clone()).filter(|v| !v.is_empty());
+        }
+        match self.env.iter().position(|(k, _)| *k == name) {
+            Some(i) => self.env[i].1 = value,
+            None => self.env.push((name, value)),
+        }
+        Ok(())
+    }
+
+    fn job_line(&mut self, number: usize, line: &str, start: usize) -> Result<(), ImportError> {
+        let mut pos = start;
+        let Some((s0, e0)) = token(line, &mut pos) else {
+            return Err(self.err(number, line, start, "expected a job line"));
+        };
+        let first = &line[s0..e0];
+        let mut notes: Vec<&str> = Vec::new();
+        let schedule = if let Some(name) = first.strip_prefix('@') {
+            let lower = name.to_ascii_lowercase();
+            match lower.as_str() {
+                "reboot" => None,
+                "yearly" | "annually" | "monthly" | "weekly" | "daily" | "midnight" | "hourly" => {
+                    Some(format!("@{lower}"))
+                }
+                _ => {
+                    return Err(self.err(
+                        number,
+                        line,
+                        s0,
+                        format!(
+                            "unknown schedule {first:?}: expected 5 time fields or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, @reboot"
+                        ),
+                    ));
+                }
+            }
+        } else {
+            // Field by field, as cron reads them: a junk line is reported
+            // at its first wrong field, not for being short.
+            let mut spans = Vec::with_capacity(5);
+            let mut fields = Vec::with_capacity(5);
+            for spec in &SPECS {
+                let (a, b) = if spans.is_empty() {
+                    (s0, e0)
+                } else {
+                    match token(line, &mut pos) {
+                        Some(t) => t,
+                        None => {
+                            return Err(self.err(
+                                number,
+                                line,
+                                line.len(),
+                                format!(
+                                    "expected 5 time fields (minute, hour, day of month, month, day of week), then {}the command; the line ends after {} field(s)",
+                                    if self.options.system { "the user name, then " } else { "" },
+                                    spans.len()
+                                ),
+                            ));
+                        }
+                    }
+                };
+                match spec.parse(&line[a..b], a) {
+                    Ok(f) => fields.push(f),
+                    Err((at, mut message)) => {
+                        if a == s0 && line.contains('=') {
+                            message
+                                .push_str(" (nor is the line an environment setting NAME=value)");
+                        }
+                        return Err(self.err(number, line, at, message));
+                    }
+                }
+                spans.push((a, b));
+            }
+            let (dom, dow) = (&fields[2], &fields[4]);
+            let mut dom_text = dom.text.clone();
+            let mut dow_text = dow.text.clone();
+            // A `*`-led field matching every day is croner's `*`: then both
+            // agree the other field alone decides.
+            if dom.star && dom.bits == SPECS[2].full() {
+                dom_text = "*".into();
+            }
+            if dow.star && dow.bits == SPECS[4].full() {
+                dow_text = "*".into();
+            }
+            if (dom.star || dow.star) && dom_text != "*" && dow_text != "*" {
+                dow_text = format!("+{dow_text}");
+                notes.push(
+                    "# A day field starting with * makes cron require both day fields to\n\
+                     # match; the + before the day of week asks cronlease for the same.",
+                );
+                self.warn(
+                    number,
+                    format!(
+                        "day of month {:?} and day of week {:?}: cron requires both to match because one starts with *; translated with croner's + (both must match)",
+                        &line[spans[2].0..spans[2].1],
+                        &line[spans[4].0..spans[4].1]
+                    ),
+                );
+            }
+            Some(format!(
+                "{} {} {} {} {}",
+                fields[0].text, fields[1].text, dom_text, fields[3].text, dow_text
+            ))
+        };
+        let user = if self.options.system {
+            match token(line, &mut pos) {
+                Some((a, b)) => Some(line[a..b].to_string()),
+                None => {
+                    return Err(self.err(
+                        number,
+                        line,
+                        line.len(),
+                        "expected a user name, then the command (system crontab format)",
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        let rest = line[pos..].trim_start_matches(is_blank);
+        let rest_at = line.len() - rest.len();
+        if rest.is_empty() {
+            return Err(self.err(
+                number,
+                line,
+                line.len(),
+                format!(
+                    "expected a command after the {}",
+                    if user.is_some() {
+                        "user name"
+                    } else {
+                        "schedule"
+                    }
+                ),
+            ));
+        }
+
+        self.paragraph();
+        let _ = writeln!(
+            self.out,
+            "# line {number}: {}",
+            comment_text(line.trim_start_matches(is_blank))
+        );
+        let Some(schedule) = schedule else {
+            self.out.push_str(
+                "# Not imported: @reboot runs at boot, and cronlease schedules occurrences\n\
+                 # in time, not boots. Start it from a systemd unit (Type=oneshot,\n\
+                 # WantedBy=multi-user.target) on the hosts that need it.\n",
+            );
+            self.warn(
+                number,
+                "@reboot is not translated: cronlease schedules occurrences in time, not boots; use a systemd unit",
+            );
+            return Ok(());
+        };
+
+        let zone = self.zone.clone();
+        Schedule::parse(&schedule, zone.as_deref().unwrap_or("UTC"))
+            .map_err(|e| self.err(number, line, s0, e.to_string()))?;
+
+        let (command, stdin) = split_percent(rest);
+        if command.trim().is_empty() {
+            return Err(self.err(
+                number,
+                line,
+                rest_at,
+                "expected a command before the % (the text after the first % is the command's standard input)",
+            ));
+        }
+        let shell = self.shell.as_deref().filter(|s| *s != "/bin/sh");
+        let command_toml = match (shell, &stdin) {
+            (None, None) => toml_str(&command),
+            // The subshell on lines of its own keeps `;`, `&&` and a
+            // trailing `# comment` of the command inside it.
+            (None, Some(input)) => toml_str(&format!(
+                "printf '%s' {} | (\n{command}\n)",
+                sh_quote(input)
+            )),
+            (Some(sh), None) => toml_array(&[sh, "-c", command.as_str()]),
+            // /bin/sh feeds the text; the crontab's shell runs the command
+            // ($0 and $1), whatever its own syntax.
+            (Some(sh), Some(input)) => {
+                let feed = format!("printf '%s' {} | \"$0\" -c \"$1\"", sh_quote(input));
+                toml_array(&["/bin/sh", "-c", feed.as_str(), sh, command.as_str()])
+            }
+        };
+        if stdin.is_some() {
+            notes.push(
+                "# The text after the first unescaped % is the command's standard input\n\
+                 # (each further % a newline, \\% a percent sign), fed by printf.",
+            );
+            self.warn(
+                number,
+                "% in the command: the text after it is fed to the command's standard input by printf",
+            );
+        }
+
+        let name = job_name(&command, number, &mut self.names);
+        for note in notes {
+            self.out.push_str(note);
+            self.out.push('\n');
+        }
+        let _ = writeln!(self.out, "[[job]]");
+        let _ = writeln!(self.out, "name = {}", toml_str(&name));
+        let _ = writeln!(self.out, "schedule = {}", toml_str(&schedule));
+        if let Some(z) = &zone {
+            let _ = writeln!(self.out, "timezone = {}", toml_str(z));
+        }
+        let _ = writeln!(self.out, "command = {command_toml}");
+        if let Some(u) = &user {
+            let _ = writeln!(self.out, "user = {}", toml_str(u));
+        }
+        if !self.env.is_empty() {
+            let items: Vec<String> = self
+                .env
+                .iter()
+                .map(|(k, v)| format!("{} = {}", toml_key(k), toml_str(v)))
+                .collect();
+            let _ = writeln!(self.out, "env = {{ {} }}", items.join(", "));
+        }
+        self.jobs.push(ImportedJob {
+            line: number,
+            name,
+            schedule,
+            timezone: zone,
+        });
+        Ok(())
+    }
+}
+
+fn header(origin: &str, options: &Options) -> String {
+    let format = if options.system {
+        "system crontab: a user name after the schedule"
+    } else {
+        "user crontab"
+    };
+    let zone = match &options.timezone {
+        Some(z) => format!("#   {z} unless a CRON_TZ line said otherwise; cron used the host's\n#   local time zone.\n"),
+        None => "#   UTC unless a CRON_TZ line said otherwise; cron used the host's local\n#   time zone: add timezone = \"...\" where that differs.\n".to_string(),
+    };
+    format!(
+        "# Jobs imported from {} ({format}) by `cronlease import-crontab`.\n\
+         # Check them with `cronlease check`, then put this file in jobs.dir.\n\
+         # - Schedules are read in\n\
+         {zone}\
+         # - cron's own environment (SHELL=/bin/sh, PATH=/usr/bin:/bin, HOME, LOGNAME)\n\
+         #   is not added: a job gets the daemon's environment, its env table, and\n\
+         #   HOME, USER and LOGNAME when it has a user.\n\
+         # - An occurrence no node ran (all down) runs once when one is back\n\
+         #   (misfire = \"run_once\"); cron skips it: add misfire = \"skip\" for that.\n",
+        comment_text(origin)
+    )
+}
+
+fn is_blank(c: char) -> bool {
+    c == ' ' || c == '\t'
+}
+
+/// The next blank-separated token at or after `*pos`, as a byte range;
+/// moves `*pos` past it.
+fn token(line: &str, pos: &mut usize) -> Option<(usize, usize)> {
+    let rest = line.get(*pos..)?;
+    let skipped = rest.len() - rest.trim_start_matches(is_blank).len();
+    let start = *pos + skipped;
+    let len = line[start..].find(is_blank).unwrap_or(line.len() - start);
+    *pos = start + len;
+    (len > 0).then_some((start, start + len))
+}
+
+/// 1-based column of byte `at` in `line`, counting characters.
+fn column(line: &str, at: usize) -> usize {
+    line.get(..at)
+        .map_or(line.chars().count(), |s| s.chars().count())
+        + 1
+}
+
+/// Splits a command at its first unescaped `%` as cron does: before it,
+/// `\%` is `%`; after it (the standard input), each `%` is a newline and
+/// `\%` is `%`. Every other backslash stays.
+fn split_percent(cmd: &str) -> (String, Option<String>) {
+    let mut command = String::with_capacity(cmd.len());
+    let mut input = None;
+    let mut escaped = false;
+    for (i, c) in cmd.char_indices() {
+        if escaped {
+            if c == '%' {
+                command.pop();
+            }
+            command.push(c);
+            escaped = false;
+            continue;
+        }
+        if c == '\\' {
+            escaped = true;
+        }
+        if c == '%' {
+            input = Some(&cmd[i + 1..]);
+            break;
+        }
+        command.push(c);
+    }
+    let input = input.map(|rest| {
+        // Vixie cron's do_command.c, character for character.
+        let mut out = String::with_capacity(rest.len());
+        let mut escaped = false;
+        for c in rest.chars() {
+            let mut c = c;
+            if escaped {
+                if c != '%' {
+                    out.push('\\');
+                }
+            } else if c == '%' {
+                c = '\n';
+            }
+            escaped = c == '\\';
+            if !escaped {
+                out.push(c);
+            }
+        }
+        if escaped {
+            out.push('\\');
+        }
+        out
+    });
+    (command, input)
+}
+
+/// `s` as one single-quoted sh word.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The job name: the program's base name (after any `NAME=value` words),
+/// cut to `[A-Za-z0-9_.-]` and 60 characters, then `-` and the line number;
+/// a further `-N` if that is somehow taken.
+fn job_name(command: &str, number: usize, taken: &mut HashSet<String>) -> String {
+    let is_assignment = |w: &str| {
+        w.split_once('=').is_some_and(|(n, _)| {
+            !n.is_empty()
+                && !n.starts_with(|c: char| c.is_ascii_digit())
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
+    let word = command
+        .split_whitespace()
+        .find(|&w| !is_assignment(w))
+        .unwrap_or("")
+        .trim_matches(|c: char| c == '"' || c == '\'');
+    let base = word.rsplit('/').next().unwrap_or("");
+    let mut clean = String::new();
+    for c in base.chars() {
+        let c = if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+            c
+        } else {
+            '-'
+        };
+        if !(c == '-' && clean.ends_with('-')) {
+            clean.push(c);
+        }
+    }
+    let cut: String = clean
+        .trim_matches(|c: char| c == '-' || c == '.')
+        .chars()
+        .take(60)
+        .collect();
+    let mut stem = cut.trim_end_matches(['-', '.']).to_string();
+    if stem.is_empty() {
+        stem = "job".into();
+    }
+    let mut name = format!("{stem}-{number}");
+    let mut n = 2;
+    while !taken.insert(name.to_ascii_lowercase()) {
+        name = format!("{stem}-{number}-{n}");
+        n += 1;
+    }
+    name
+}
+
+/// A TOML basic string.
+fn toml_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn toml_array(items: &[&str]) -> String {
+    let items: Vec<String> = items.iter().map(|s| toml_str(s)).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// A TOML key: bare when it can be, quoted otherwise.
+fn toml_key(k: &str) -> String {
+    if !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        k.to_string()
+    } else {
+        toml_str(k)
+    }
+}
+
+/// `s` fit for a TOML comment: no control characters but tab.
+fn comment_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() && c != '\t' {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use chrono::{DateTime, Utc};
+
+    fn user(text: &str) -> Import {
+        import(text, "t", &Options::default()).unwrap()
+    }
+
+    fn tables(imp: &Import) -> Vec<toml::Table> {
+        let doc: toml::Table =
+            toml::from_str(&imp.toml).unwrap_or_else(|e| panic!("invalid TOML: {e}\n{}", imp.toml));
+        doc.get("job")
+            .and_then(|j| j.as_array())
+            .map(|a| a.iter().map(|v| v.as_table().unwrap().clone()).collect())
+            .unwrap_or_default()
+    }
+
+    fn only(text: &str) -> toml::Table {
+        let t = tables(&user(text));
+        assert_eq!(t.len(), 1, "{t:?}");
+        t.into_iter().next().unwrap()
+    }
+
+    fn s<'a>(t: &'a toml::Table, key: &str) -> &'a str {
+        t.get(key)
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("{key} in {t:?}"))
+    }
+
+    fn env(t: &toml::Table) -> Vec<(String, String)> {
+        t.get("env")
+            .and_then(|e| e.as_table())
+            .map(|e| {
+                e.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = p
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn line_err(text: &str, system: bool) -> (usize, usize, String) {
+        let options = Options {
+            system,
+            timezone: None,
+        };
+        match import(text, "t", &options).unwrap_err() {
+            ImportError::Line {
+                line,
+                column,
+                message,
+                ..
+            } => (line, column, message),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn next(schedule: &str, from: &str) -> String {
+        Schedule::parse(schedule, "UTC")
+            .unwrap()
+            .next_after(utc(from))
+            .unwrap()
+            .to_rfc3339()
+    }
+
+    #[test]
+    fn env_lines_apply_to_the_jobs_after_them() {
+        let t = tables(&user(
+            "A=1\n* * * * * one\nB=2\n* * * * * two\nA=3\n0 * * * * three\n",
+        ));
+        assert_eq!(env(&t[0]), pairs(&[("A", "1")]));
+        assert_eq!(env(&t[1]), pairs(&[("A", "1"), ("B", "2")]));
+        assert_eq!(env(&t[2]), pairs(&[("A", "3"), ("B", "2")]));
+    }
+
+    #[test]
+    fn quoted_and_spaced_env_values() {
+        let t = only(concat!(
+            "X = \"  spaced  \"\n",
+            "Y='a \"b\"'\n",
+            "Z=plain value  \n",
+            "W = it's\n",
+            "E=\n",
+            "Q=\"\"\n",
+            "PATH=/usr/local/bin:/usr/bin:/bin\n",
+            "TZ=Europe/Paris\n",
+            "* * * * * x\n",
+        ));
+        assert_eq!(
+            env(&t),
+            pairs(&[
+                ("X", "  spaced  "),
+                ("Y", "a \"b\""),
+                ("Z", "plain value"),
+                ("W", "it's"),
+                ("E", ""),
+                ("Q", ""),
+                ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+                // TZ is the job's environment, not its schedule's zone.
+                ("TZ", "Europe/Paris"),
+            ])
+        );
+        assert!(t.get("timezone").is_none());
+        assert_eq!(
+            parse_env("\"A B\" = 'x'"),
+            Some(EnvLine {
+                name: "A B".into(),
+                value: "x".into(),
+                value_at: 9
+            })
+        );
+        // Not environment lines: a job line, junk after a quoted value.
+        assert_eq!(parse_env("*/5 * * * * a=b"), None);
+        assert_eq!(parse_env("X=\"a\" b"), None);
+        assert_eq!(parse_env("X=\"a"), None);
+    }
+
+    #[test]
+    fn mailto_becomes_a_comment_not_env() {
+        let imp = user("MAILTO=ops@example.com\nMAILFROM=cron@example.com\n* * * * * true\n");
+        let t = tables(&imp);
+        assert!(env(&t[0]).is_empty(), "{:?}", env(&t[0]));
+        assert!(
+            imp.toml.contains("# MAILTO=ops@example.com\n"),
+            "{}",
+            imp.toml
+        );
+        assert!(imp.toml.contains("cronlease sends no mail"), "{}", imp.toml);
+        assert_eq!(imp.warnings.len(), 2);
+        assert_eq!(imp.warnings[0].line, 1);
+        assert!(imp.warnings[0].to_string().starts_with("t:1: MAILTO"));
+        // MAILTO="" (no mail) has nothing to translate.
+        assert!(user("MAILTO=\"\"\n* * * * * true\n").warnings.is_empty());
+    }
+
+    #[test]
+    fn shell_other_than_sh_runs_the_command_as_argv() {
+        let t = tables(&user(
+            "SHELL=/bin/bash\n0 1 * * * echo $BASH_VERSION\nSHELL=/bin/sh\n0 2 * * * echo sh\n",
+        ));
+        let argv: Vec<&str> = t[0]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(argv, ["/bin/bash", "-c", "echo $BASH_VERSION"]);
+        assert_eq!(env(&t[0]), pairs(&[("SHELL", "/bin/bash")]));
+        assert_eq!(s(&t[1], "command"), "echo sh");
+        assert_eq!(env(&t[1]), pairs(&[("SHELL", "/bin/sh")]));
+    }
+
+    #[test]
+    fn cron_tz_sets_the_timezone_of_later_jobs() {
+        let options = Options {
+            system: false,
+            timezone: Some("America/New_York".into()),
+        };
+        let imp = import(
+            "0 9 * * * a\nCRON_TZ=Europe/Berlin\n0 9 * * * b\nCRON_TZ=\n0 9 * * * c\n",
+            "t",
+            &options,
+        )
+        .unwrap();
+        let t = tables(&imp);
+        assert_eq!(s(&t[0], "timezone"), "America/New_York");
+        assert_eq!(s(&t[1], "timezone"), "Europe/Berlin");
+        assert_eq!(s(&t[2], "timezone"), "America/New_York");
+        assert!(env(&t[1]).is_empty());
+        assert_eq!(imp.jobs[1].timezone.as_deref(), Some("Europe/Berlin"));
+        // Without a default: no key (UTC).
+        assert!(only("0 9 * * * a\n").get("timezone").is_none());
+        let (line, col, msg) = line_err("CRON_TZ=Mars/Base\n* * * * * x\n", false);
+        assert_eq!((line, col), (1, 9));
+        assert!(msg.contains("unknown time zone"), "{msg}");
+        assert!(matches!(
+            import(
+                "",
+                "t",
+                &Options {
+                    system: false,
+                    timezone: Some("Nowhere".into())
+                }
+            ),
+            Err(ImportError::Zone(_))
+        ));
+    }
+
+    #[test]
+    fn system_format_takes_the_user_field() {
+        let options = Options {
+            system: true,
+            timezone: None,
+        };
+        let imp = import(
+            "SHELL=/bin/sh\n17 *\t* * *\troot    cd / && run-parts --report /etc/cron.hourly\n@daily www-data /usr/bin/php /srv/cron.php\n",
+            "/etc/crontab",
+            &options,
+        )
+        .unwrap();
+        let t = tables(&imp);
+        assert_eq!(s(&t[0], "user"), "root");
+        assert_eq!(s(&t[0], "schedule"), "17 * * * *");
+        assert_eq!(
+            s(&t[0], "command"),
+            "cd / && run-parts --report /etc/cron.hourly"
+        );
+        assert_eq!(s(&t[0], "name"), "cd-2");
+        assert_eq!(s(&t[1], "user"), "www-data");
+        assert_eq!(s(&t[1], "schedule"), "@daily");
+        assert_eq!(s(&t[1], "command"), "/usr/bin/php /srv/cron.php");
+        let (line, _, msg) = line_err("0 0 * * * root\n", true);
+        assert_eq!(line, 1);
+        assert!(msg.contains("after the user name"), "{msg}");
+        let (_, _, msg) = line_err("0 0 * * *\n", true);
+        assert!(msg.contains("expected a user name"), "{msg}");
+        // A user crontab has no user field.
+        assert!(only("0 0 * * * root echo\n").get("user").is_none());
+        assert!(is_system_path(Path::new("/etc/crontab")));
+        assert!(is_system_path(Path::new("/etc/cron.d/certbot")));
+        assert!(!is_system_path(Path::new("/etc/cron.d")));
+        assert!(!is_system_path(Path::new("/var/spool/cron/crontabs/alice")));
+        assert!(!is_system_path(Path::new("-")));
+    }
+
+    #[test]
+    fn reboot_becomes_a_comment() {
+        let imp = user("@reboot /usr/local/bin/agent --start\n@daily true\n");
+        assert_eq!(tables(&imp).len(), 1);
+        assert_eq!(imp.jobs.len(), 1);
+        assert!(
+            imp.toml
+                .contains("# line 1: @reboot /usr/local/bin/agent --start\n")
+        );
+        assert!(imp.toml.contains("not boots"), "{}", imp.toml);
+        assert_eq!(imp.warnings.len(), 1);
+        assert!(imp.warnings[0].message.contains("systemd unit"));
+    }
+
+    #[test]
+    fn macros_map_to_the_same_macro() {
+        let t = only("@daily /usr/sbin/logrotate /etc/logrotate.conf\n");
+        assert_eq!(s(&t, "schedule"), "@daily");
+        assert_eq!(s(&t, "name"), "logrotate-1");
+        for (m, want) in [
+            ("@hourly", "@hourly"),
+            ("@WEEKLY", "@weekly"),
+            ("@monthly", "@monthly"),
+            ("@yearly", "@yearly"),
+            ("@annually", "@annually"),
+            ("@midnight", "@midnight"),
+        ] {
+            assert_eq!(s(&only(&format!("{m} x\n")), "schedule"), want);
+        }
+    }
+
+    #[test]
+    fn names_become_numbers() {
+        assert_eq!(s(&only("0 9 * jan mon-fri x\n"), "schedule"), "0 9 * 1 1-5");
+        assert_eq!(
+            s(&only("0 9 * JAN-Mar,oct Sun,sat x\n"), "schedule"),
+            "0 9 * 1-3,10 0,6"
+        );
+        // Sunday ending a range is the 7: the weekend.
+        assert_eq!(s(&only("0 9 * * sat-sun x\n"), "schedule"), "0 9 * * 6-7");
+        assert_eq!(
+            s(&only("05 */6 1-31/2 * * x\n"), "schedule"),
+            "5 */6 1-31/2 * *"
+        );
+        let (_, col, msg) = line_err("0 9 * * monday x\n", false);
+        assert_eq!(col, 9);
+        assert!(msg.contains("unknown day of week name \"monday\""), "{msg}");
+        let (_, col, msg) = line_err("0 9 * * 1-fri,sep x\n", false);
+        assert_eq!(col, 15);
+        assert!(msg.contains("unknown day of week name \"sep\""), "{msg}");
+        // Names only where cron takes them.
+        let (_, _, msg) = line_err("0 mon * * * x\n", false);
+        assert!(msg.contains("expected a number from 0 to 23"), "{msg}");
+    }
+
+    #[test]
+    fn seven_is_sunday() {
+        let t = only("0 0 * * 7 x\n");
+        assert_eq!(s(&t, "schedule"), "0 0 * * 7");
+        // 2026-11-26 is a Thursday.
+        assert_eq!(
+            next("0 0 * * 7", "2026-11-26T00:00:00Z"),
+            "2026-11-29T00:00:00+00:00"
+        );
+        assert_eq!(
+            next("0 0 * * 5-7", "2026-11-28T12:00:00Z"),
+            "2026-11-29T00:00:00+00:00"
+        );
+    }
+
+    #[test]
+    fn day_rule_follows_cron() {
+        // Both restricted: either matches (Tuesday 2026-12-01 is the 1st, the
+        // next Monday is the 7th, then the 15th).
+        let t = only("0 12 1,15 * mon x\n");
+        assert_eq!(s(&t, "schedule"), "0 12 1,15 * 1");
+        assert_eq!(
+            next("0 12 1,15 * 1", "2026-12-01T12:00:00Z"),
+            "2026-12-07T12:00:00+00:00"
+        );
+        assert_eq!(
+            next("0 12 1,15 * 1", "2026-12-07T12:00:00Z"),
+            "2026-12-14T12:00:00+00:00"
+        );
+        // A `*`-led day field: both must match, in cron and so in the
+        // translation. Odd days that are weekdays: Tue 1st, Thu 3rd, ...
+        let imp = user("15 3 */2 * 1-5 x\n");
+        assert_eq!(imp.jobs[0].schedule, "15 3 */2 * +1-5");
+        assert_eq!(imp.warnings.len(), 1);
+        assert!(imp.toml.contains("the + before the day of week"));
+        assert_eq!(
+            next("15 3 */2 * +1-5", "2026-12-01T03:15:00Z"),
+            "2026-12-03T03:15:00+00:00"
+        );
+        // Sat 5th is odd but a weekend; Mon 7th is the next odd weekday.
+        assert_eq!(
+            next("15 3 */2 * +1-5", "2026-12-03T03:15:00Z"),
+            "2026-12-07T03:15:00+00:00"
+        );
+        // A `*`-led field that matches every day is plain `*`.
+        assert_eq!(s(&only("0 0 *,5 * mon x\n"), "schedule"), "0 0 * * 1");
+        assert_eq!(s(&only("0 0 1 * */1 x\n"), "schedule"), "0 0 1 * *");
+        assert_eq!(s(&only("0 0 */2 * * x\n"), "schedule"), "0 0 */2 * *");
+        // `*` inside a list of an unrestricted-looking field stays a range.
+        assert_eq!(s(&only("0 0 1,* * mon x\n"), "schedule"), "0 0 1,1-31 * 1");
+    }
+
+    #[test]
+    fn percent_is_standard_input() {
+        let t = only("0 3 * * * tar czf /b/$(date +\\%F).tgz /home\n");
+        assert_eq!(s(&t, "command"), "tar czf /b/$(date +%F).tgz /home");
+
+        let imp = user("* * * * * cat%it's 100\\% \"q\"%tab\\there\n");
+        assert_eq!(imp.warnings.len(), 1);
+        assert!(imp.toml.contains("standard input"), "{}", imp.toml);
+        let t = tables(&imp);
+        let cmd = s(&t[0], "command");
+        assert_eq!(
+            cmd,
+            "printf '%s' 'it'\\''s 100% \"q\"\ntab\\there' | (\ncat\n)"
+        );
+        assert_eq!(s(&t[0], "name"), "cat-1");
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(cmd)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            "it's 100% \"q\"\ntab\\there"
+        );
+
+        assert_eq!(
+            split_percent("mail -s x root%Hi,%%done.%"),
+            (
+                "mail -s x root".to_string(),
+                Some("Hi,\n\ndone.\n".to_string())
+            )
+        );
+        assert_eq!(
+            split_percent("a \\\\%b"),
+            ("a \\\\".to_string(), Some("b".to_string()))
+        );
+        assert_eq!(split_percent("echo \\x"), ("echo \\x".to_string(), None));
+        assert_eq!(
+            split_percent("cat%end\\"),
+            ("cat".to_string(), Some("end\\".to_string()))
+        );
+
+        // Another shell: /bin/sh feeds the text, that shell runs the command.
+        if Path::new("/bin/bash").exists() {
+            let t = only("SHELL=/bin/bash\n* * * * * cat %x%y\n");
+            let argv: Vec<String> = t["command"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(argv[0], "/bin/sh");
+            assert_eq!(
+                argv[3..].to_vec(),
+                vec!["/bin/bash".to_string(), "cat ".to_string()]
+            );
+            let out = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), "x\ny");
+        }
+        let (_, col, msg) = line_err("* * * * * %only input\n", false);
+        assert_eq!(col, 11);
+        assert!(msg.contains("before the %"), "{msg}");
+    }
+
+    #[test]
+    fn quotes_backslashes_and_control_characters_survive() {
+        let line = "* * * * * printf \"a\\tb\\\\n\" | grep -F '\"x\"' # \u{1} é\n";
+        let t = only(line);
+        assert_eq!(
+            s(&t, "command"),
+            "printf \"a\\tb\\\\n\" | grep -F '\"x\"' # \u{1} é"
+        );
+        // crontab(5) has no escapes in values: the backslash is kept and the
+        // first matching quote ends the value, so this K is `va\`.
+        let t = only("K=\"va\\\"\nQ=a\\b\n* * * * * x\n");
+        assert_eq!(env(&t), pairs(&[("K", "va\\"), ("Q", "a\\b")]));
+        // Text after the closing quote: not an environment line, so not a
+        // job line either.
+        let (line, col, _) = line_err("K=\"va\\\"l\"\n", false);
+        assert_eq!((line, col), (1, 1));
+        let t = only("'A.B'=1\n* * * * * x\n");
+        assert_eq!(env(&t), pairs(&[("A.B", "1")]));
+    }
+
+    #[test]
+    fn same_commands_get_distinct_names() {
+        let imp = user(concat!(
+            "0 1 * * * /usr/local/bin/backup --full\n",
+            "0 2 * * * /usr/local/bin/backup --full\n",
+            "0 3 * * * [ -x /usr/bin/a ] && a\n",
+            "0 4 * * * LANG=C \"/opt/my tool/run\" x\n",
+            "0 5 * * * ./weird@name!.sh\n",
+        ));
+        let names: Vec<&str> = imp.jobs.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["backup-1", "backup-2", "job-3", "my-4", "weird-name-.sh-5"]
+        );
+        let mut taken = HashSet::new();
+        assert_eq!(job_name("x", 1, &mut taken), "x-1");
+        assert_eq!(job_name("X", 1, &mut taken), "X-1-2");
+        let long = "a".repeat(200);
+        assert_eq!(job_name(&long, 9, &mut taken).len(), 62);
+    }
+
+    #[test]
+    fn errors_name_line_and_column() {
+        let (line, col, msg) = line_err("61 * * * * x\n", false);
+        assert_eq!((line, col), (1, 1));
+        assert_eq!(
+            msg,
+            "minute 61 is out of range: expected a number from 0 to 59"
+        );
+        let (line, col, msg) = line_err("# c\nA=1\n  */5 * 32 * * x\n", false);
+        assert_eq!((line, col), (3, 9));
+        assert!(msg.contains("day of month 32"), "{msg}");
+        let (_, col, msg) = line_err("0 0 * foo * x\n", false);
+        assert_eq!(col, 7);
+        assert!(msg.contains("unknown month name \"foo\""), "{msg}");
+        let (_, col, msg) = line_err("* * *\n", false);
+        assert_eq!(col, 6);
+        assert!(msg.contains("expected 5 time fields"), "{msg}");
+        let (_, col, msg) = line_err("0 0 * * * \n", false);
+        assert_eq!(col, 11);
+        assert!(msg.contains("expected a command"), "{msg}");
+        let (_, col, msg) = line_err("0 5/15 * * * x\n", false);
+        assert_eq!(col, 3);
+        assert!(msg.contains("a step needs a range"), "{msg}");
+        let (_, col, msg) = line_err("*/0 * * * * x\n", false);
+        assert_eq!(col, 3);
+        assert!(msg.contains("expected a step from 1 to 60"), "{msg}");
+        let (_, col, msg) = line_err("0 5-2 * * * x\n", false);
+        assert_eq!(col, 3);
+        assert!(msg.contains("runs backwards"), "{msg}");
+        let (_, col, msg) = line_err("0 1,,2 * * * x\n", false);
+        assert_eq!(col, 5);
+        assert!(msg.contains("each side of every comma"), "{msg}");
+        let (_, col, msg) = line_err("\t0 0 30 2 * x\n", false);
+        assert_eq!(col, 2);
+        assert!(msg.contains("never fires"), "{msg}");
+        let (_, col, msg) = line_err("@often x\n", false);
+        assert_eq!(col, 1);
+        assert!(msg.contains("unknown schedule \"@often\""), "{msg}");
+        let (_, _, msg) = line_err("hello world=1\n", false);
+        assert!(
+            msg.contains("nor is the line an environment setting"),
+            "{msg}"
+        );
+        let (_, col, msg) = line_err("CRONLEASE_JOB=x\n", false);
+        assert_eq!(col, 1);
+        assert!(msg.contains("reserved"), "{msg}");
+        let (_, _, msg) = line_err("1X=y\n", false);
+        assert!(msg.contains("invalid environment variable name"), "{msg}");
+        let e = import(
+            "x\n0 0 * * * ok\n61 * * * * x\n",
+            "/etc/cron.d/x",
+            &Options::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("/etc/cron.d/x:1:1: "), "{e}");
+        let e = import("0 0 * * * ok\n61 * * * * x\n", "f", &Options::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "f:2:1: minute 61 is out of range: expected a number from 0 to 59"
+        );
+    }
+
+    #[test]
+    fn output_is_valid_toml_with_a_header_and_comments() {
+        let imp = user("# my jobs \u{7}\r\n\r\n*/15 * * * * curl -fsS https://x/ping\r\n");
+        assert!(
+            imp.toml
+                .starts_with("# Jobs imported from t (user crontab)")
+        );
+        assert!(imp.toml.contains("# my jobs \u{FFFD}\n"), "{}", imp.toml);
+        let t = tables(&imp);
+        assert_eq!(s(&t[0], "command"), "curl -fsS https://x/ping");
+        assert_eq!(s(&t[0], "name"), "curl-3");
+        // Empty input: a header and no jobs, still TOML.
+        assert!(tables(&user("")).is_empty());
+        // A last line without its newline is imported, with a warning.
+        let imp = user("0 0 * * * x");
+        assert_eq!(imp.jobs.len(), 1);
+        assert!(imp.warnings[0].message.contains("newline"));
+    }
+}
