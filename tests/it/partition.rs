@@ -312,6 +312,19 @@ impl Partitioned {
         secs: f64,
         nodes: &[&str],
     ) -> Partitioned {
+        Partitioned::build(backend, url, schedule, secs, nodes, |_| String::new())
+    }
+
+    /// As [`Partitioned::with_url`], with `config(node)` appended to each
+    /// node's main config before it starts (a `[metrics]` table, say).
+    fn build(
+        backend: Backend,
+        url: Option<&str>,
+        schedule: &str,
+        secs: f64,
+        nodes: &[&str],
+        config: impl Fn(&str) -> String,
+    ) -> Partitioned {
         if url.is_none() {
             backend.require();
         }
@@ -339,6 +352,12 @@ impl Partitioned {
         c.cwd = Some(c.dir.path().to_path_buf());
         let mut uids = BTreeMap::new();
         for n in nodes {
+            let extra = config(n);
+            if !extra.is_empty() {
+                let path = c.config(n);
+                let text = std::fs::read_to_string(&path).unwrap();
+                std::fs::write(&path, text + &extra).unwrap();
+            }
             let uid = Firewall::uid();
             fw.track(uid);
             uids.insert(n.to_string(), uid);
@@ -446,6 +465,231 @@ fn holder_cut_off_mid_run_both(backend: Backend) {
 
 fn holder_loses_replies_mid_run(backend: Backend) {
     holder_cut_off_mid_run(backend, Cut::Replies);
+}
+
+/// Sleeps until the wall clock reads `t` (unix seconds).
+fn sleep_until(t: f64) {
+    let left = t - now();
+    if left > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(left));
+    }
+}
+
+/// How many of a node's renewal calls took longer than 128 ms, from its
+/// `/metrics`: the count of the store-call histogram for `op="renew"` less
+/// its 0.128 s bucket. `None` if either line is missing.
+fn slow_renewals(metrics: &str) -> Option<f64> {
+    let (mut count, mut fast) = (None, None);
+    for line in metrics.lines().filter(|l| l.contains("op=\"renew\"")) {
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if line.starts_with("cronlease_store_call_seconds_count{") {
+            count = value;
+        } else if line.starts_with("cronlease_store_call_seconds_bucket{") {
+            let le = line
+                .split("le=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .and_then(|le| le.parse::<f64>().ok());
+            if le.is_some_and(|le| (le - 0.128).abs() < 1e-9) {
+                fast = value;
+            }
+        }
+    }
+    Some(count? - fast?)
+}
+
+/// Partition healed mid-renewal (issue 13): the holder cut off from its
+/// store shortly before its run's first renewal is due, so the renewal
+/// goes out into the cut and hangs, and healed well before the local
+/// deadline. The renewal goes through after the heal: the run is not
+/// stopped (its end line, `ok` in history, no `lease_lost`), the peer never
+/// starts the job meanwhile, every instant runs once or is skipped behind
+/// the run still going (overlap = "skip"), fences rise. Unlike
+/// [`holder_cut_off_mid_run`], whose cut lasts past the deadline and whose
+/// run never writes its end.
+///
+/// A job every 4 s running 6 s, two nodes. With the suite's 1 s margin a
+/// lease is 5 s: the local deadline is 4.495 s after the claim was sent
+/// (5 − 0.5 − 0.005), the renewal due 2.997 s after it (a third of that
+/// left): 1.498 s between the two, and the holder's claim of the next
+/// instant (skipped, as the run still goes, but refreshing the lease too)
+/// comes 1 s after the renewal. The claim was sent between the instant T
+/// and the run's start, so a run started within 150 ms of T is taken (a
+/// later one is let go, and the next run, 8 s on, tried), and the renewal
+/// is due between T + 2.997 and start + 2.997. The cut goes in 0.2 s before
+/// the earlier and is healed 0.2 s after the later: 0.40-0.55 s, about a
+/// third of the time from the renewal to the deadline, and over 1.1 s
+/// before the deadline. The renewal is then in flight for at least 0.2 s
+/// of the cut: the holder's store-call histogram must show a renewal over
+/// 128 ms (unhindered, they take a few ms), or the drill did not catch one.
+///
+/// `store.op_timeout` stays at the suite's 1 s, longer than the renewal's
+/// hang: the call is still waiting when the cut heals, and TCP's
+/// retransmission (200 ms after the segment went out, then 400 ms later)
+/// carries it to the store, 0.2-0.6 s after it was sent and before the
+/// next instant. The first segment stuck may be another call's on the same
+/// connection (a heartbeat, every 375 ms), sent at most 0.55 s before the
+/// heal, so its second retransmission, 0.6 s after it, still comes after
+/// the heal (should the heal come later than that, the third, 1.4 s after
+/// it, still comes before the deadline, and the holder's claim of the next
+/// instant, on that connection, refreshes the lease). With an op_timeout
+/// shorter than the hang the attempt would fail instead and its retry
+/// might open a new connection whose SYN, sent into the cut, is retried
+/// only a second later: past the deadline, a test of TCP's backoff rather
+/// than of the watchdog.
+fn healed_mid_renewal(backend: Backend) {
+    if skipped_without_root("healed_mid_renewal") {
+        return;
+    }
+    let (run_secs, lease) = (6.0, 5.0);
+    let deadline = lease - 0.5 - lease / 1000.0;
+    let renew = deadline * 2.0 / 3.0;
+    let ports: BTreeMap<String, u16> = ["n1", "n2"]
+        .iter()
+        .map(|n| (n.to_string(), crate::support::free_port()))
+        .collect();
+    let mut p = Partitioned::build(
+        backend,
+        None,
+        "*/4 * * * * *",
+        run_secs,
+        &["n1", "n2"],
+        |n| format!("[metrics]\nlisten = \"127.0.0.1:{}\"\n", ports[n]),
+    );
+    let instant = |r: &Run| r.occurrence.timestamp_micros() as f64 / 1e6;
+    let run = crate::support::wait_until(
+        "a run started within 150 ms of its instant",
+        Duration::from_secs(30),
+        || p.c.report(),
+        || {
+            p.runs().into_iter().last().filter(|r| {
+                r.end.is_none() && r.start - instant(r) < 0.15 && now() < instant(r) + 1.0
+            })
+        },
+    );
+    let t = instant(&run);
+    let holder = run.node.clone();
+    sleep_until(t + renew - 0.2);
+    p.cut(&holder, Cut::Both);
+    let cut = now();
+    sleep_until(run.start + renew + 0.2);
+    p.fw.heal();
+    let healed = now();
+    assert!(
+        healed + 0.3 < t + deadline,
+        "the drill's own timing slipped (a loaded machine?): healed {:.3} s after the instant, the local deadline is {deadline:.3} s after the claim was sent\n{}",
+        healed - t,
+        p.c.report()
+    );
+    // The control: cut till the deadline, the run would be stopped there
+    // (4.5 s in) and never write its end.
+    let done = crate::support::wait_until(
+        "the end of the run cut off mid-renewal (one stopped at its deadline writes none)",
+        Duration::from_secs(12),
+        || p.c.report(),
+        || {
+            p.runs()
+                .into_iter()
+                .find(|r| r.fence == run.fence && r.end.is_some())
+        },
+    );
+    let ended = done.end.unwrap_or_default();
+    let (_, metrics) = crate::service::http_get(ports[holder.as_str()], "/metrics");
+    let slow = slow_renewals(&metrics);
+    // One more run (8 s after the one cut), to its end: the instants in
+    // between are skipped behind the runs still going.
+    crate::support::wait_until(
+        "the next run to end",
+        Duration::from_secs(20),
+        || p.c.report(),
+        || {
+            p.runs()
+                .into_iter()
+                .find(|r| r.start > ended && r.end.is_some())
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let runs = p.judge();
+    let report = p.c.report();
+    let renewals: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.contains("op=\"renew\""))
+        .collect();
+    assert!(
+        slow.is_some_and(|n| n >= 1.0),
+        "a renewal was in flight during the cut (over 128 ms): {slow:?}; cut {:.3} to {:.3} s after the instant, renewal due from {renew:.3} to {:.3} s after it\n{renewals:#?}\n{report}",
+        cut - t,
+        healed - t,
+        run.start - t + renew
+    );
+    let history = p.c.all_history("n1", Some("job"));
+    let records: Vec<(i64, u64, String, String)> = history
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            Some((
+                chrono::DateTime::parse_from_rfc3339(r["occurrence"].as_str()?)
+                    .ok()?
+                    .timestamp(),
+                r["fence"].as_u64()?,
+                r["outcome"].as_str()?.to_string(),
+                r["node"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let cut_run: Vec<_> = records.iter().filter(|r| r.1 == run.fence).collect();
+    assert!(
+        cut_run.len() == 1 && cut_run[0].2 == "ok",
+        "the run cut off mid-renewal recorded once, ok (not lease_lost): {cut_run:?}\n{report}"
+    );
+    // Every instant from the first recorded one to the one 12 s after the
+    // cut run's: one record each, a run (ok) or skipped behind a run still
+    // going, fences rising.
+    let t0 = run.occurrence.timestamp();
+    let first = records.iter().map(|r| r.0).min().unwrap_or(t0);
+    let mut last_fence = 0;
+    for at in (first..=t0 + 12).step_by(4) {
+        let here: Vec<_> = records.iter().filter(|r| r.0 == at).collect();
+        assert_eq!(
+            here.len(),
+            1,
+            "instant {at}: one record, not {here:?}\n{report}"
+        );
+        let (_, fence, outcome, _) = here[0];
+        assert!(
+            *fence > last_fence,
+            "fences rise with the instants: {here:?} after fence {last_fence}\n{report}"
+        );
+        last_fence = *fence;
+        let at_secs = at as f64;
+        match outcome.as_str() {
+            "ok" => assert!(
+                runs.iter()
+                    .any(|r| r.occurrence.timestamp() == at && r.end.is_some()),
+                "instant {at} recorded ok with no run to its end\n{report}"
+            ),
+            "skipped" => assert!(
+                runs.iter()
+                    .any(|r| r.start < at_secs && r.end.is_some_and(|e| e > at_secs)),
+                "instant {at} skipped with no run going\n{report}"
+            ),
+            other => panic!(
+                "instant {at}: {other}, not ok or skipped behind a run still going\n{report}"
+            ),
+        }
+    }
+    println!(
+        "partition {backend:?} healed mid-renewal: renewal due {renew:.3} to {:.3} s after the instant; cut {:.3} to {:.3} s ({:.0}% of the {:.3} s from renewal to deadline), healed {:.3} s before the earliest deadline; {} renewal(s) over 128 ms; the run ran {:.3} s, ok",
+        run.start - t + renew,
+        cut - t,
+        healed - t,
+        100.0 * (healed - cut) / (deadline - renew),
+        deadline - renew,
+        t + deadline - healed,
+        slow.unwrap_or_default(),
+        ended - run.start
+    );
 }
 
 /// Partitions that come and go: every 1–5 s a random node (the last run's
@@ -581,6 +825,7 @@ macro_rules! per_network_store {
 per_network_store!(
     holder_cut_off_mid_run_both,
     holder_loses_replies_mid_run,
+    healed_mid_renewal,
     flapping
 );
 
