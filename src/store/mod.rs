@@ -712,6 +712,21 @@ pub struct LockRow {
     pub now: i64,
 }
 
+impl LockRow {
+    /// A lock nobody ever claimed (fence 0), read at `now`.
+    pub fn free(now: i64) -> Self {
+        LockRow {
+            owner: None,
+            fence: 0,
+            expires_at: 0,
+            last_occurrence: None,
+            running: false,
+            paused: false,
+            now,
+        }
+    }
+}
+
 /// What [`decide`] wants written, with the answer to give.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -746,35 +761,34 @@ pub fn claim_rows(
         .map(|req| {
             let row = rows
                 .entry(req.job.as_str().to_string())
-                .or_insert_with(|| LockRow {
-                    owner: None,
-                    fence: 0,
-                    expires_at: 0,
-                    last_occurrence: None,
-                    running: false,
-                    paused: false,
-                    now,
-                });
+                .or_insert_with(|| LockRow::free(now));
             row.now = now;
-            match decide(row, req) {
-                Decision::Claim {
-                    fence,
-                    expires_at,
-                    last_occurrence,
-                    won,
-                } => {
-                    row.owner = Some(req.owner.as_str().to_string());
-                    row.fence = fence;
-                    row.expires_at = expires_at;
-                    row.last_occurrence = Some(last_occurrence);
-                    row.running = true;
-                    ClaimOutcome::Won(won)
-                }
-                Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
-                Decision::FenceExhausted => ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
-            }
+            claim_row(row, req)
         })
         .collect()
+}
+
+/// Decides one claim on its row and, when it wins, writes the winner into
+/// the row (owner, fence, lease end, last occurrence, running mark): the
+/// step of [`claim_rows`] and of the SQL batch.
+pub fn claim_row(row: &mut LockRow, req: &ClaimRequest) -> ClaimOutcome {
+    match decide(row, req) {
+        Decision::Claim {
+            fence,
+            expires_at,
+            last_occurrence,
+            won,
+        } => {
+            row.owner = Some(req.owner.as_str().to_string());
+            row.fence = fence;
+            row.expires_at = expires_at;
+            row.last_occurrence = Some(last_occurrence);
+            row.running = true;
+            ClaimOutcome::Won(won)
+        }
+        Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
+        Decision::FenceExhausted => ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
+    }
 }
 
 /// The occurrence a retried claim had already won, if the row shows it: the

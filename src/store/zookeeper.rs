@@ -593,15 +593,7 @@ fn row_of(node: &Node, now: i64) -> LockRow {
             paused: d.paused,
             now,
         },
-        _ => LockRow {
-            owner: None,
-            fence: 0,
-            expires_at: 0,
-            last_occurrence: None,
-            running: false,
-            paused: false,
-            now,
-        },
+        _ => LockRow::free(now),
     }
 }
 

@@ -31,8 +31,8 @@ use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, S
 
 use super::registry::{self, Heartbeat, NodeRecord, Registry};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Outcome,
-    Owner, Renewal, RunRecord, StoreError, decide, duration_ms, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Outcome, Owner,
+    Renewal, RunRecord, StoreError, claim_row, duration_ms, from_ms, to_ms,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
@@ -878,26 +878,13 @@ impl SqlStore {
                     let req = &requests[i];
                     let job = req.job.as_str();
                     let outcome = match rows.get_mut(job) {
-                        Some(Ok(row)) => match decide(row, req) {
-                            Decision::Claim {
-                                fence,
-                                expires_at,
-                                last_occurrence,
-                                won,
-                            } => {
-                                row.owner = Some(req.owner.as_str().to_string());
-                                row.fence = fence;
-                                row.expires_at = expires_at;
-                                row.last_occurrence = Some(last_occurrence);
-                                row.running = true;
+                        Some(Ok(row)) => {
+                            let outcome = claim_row(row, req);
+                            if matches!(outcome, ClaimOutcome::Won(_)) {
                                 changed.insert(job, ());
-                                ClaimOutcome::Won(won)
                             }
-                            Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
-                            Decision::FenceExhausted => {
-                                ClaimOutcome::Failed(super::fence_exhausted(job))
-                            }
-                        },
+                            outcome
+                        }
                         Some(Err(bad)) => ClaimOutcome::Failed(bad.clone()),
                         None => ClaimOutcome::Failed(format!("no lock row for job {job}")),
                     };
