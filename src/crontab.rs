@@ -1004,30 +1004,20 @@ fn job_name(command: &str, number: usize, taken: &mut HashSet<String>) -> String
     name
 }
 
-/// A TOML basic string.
+/// A TOML string value, as the toml crate writes one (basic or literal,
+/// escaped as needed).
 fn toml_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04X}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    toml::Value::String(s.to_string()).to_string()
 }
 
 fn toml_array(items: &[&str]) -> String {
-    let items: Vec<String> = items.iter().map(|s| toml_str(s)).collect();
-    format!("[{}]", items.join(", "))
+    toml::Value::Array(
+        items
+            .iter()
+            .map(|s| toml::Value::String((*s).to_string()))
+            .collect(),
+    )
+    .to_string()
 }
 
 /// A TOML key: bare when it can be, quoted otherwise.
