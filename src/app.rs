@@ -425,13 +425,7 @@ fn import_crontab(
         return ExitCode::from(EXIT_CONFIG);
     };
     let options = crate::crontab::Options {
-        system: if system {
-            true
-        } else if user {
-            false
-        } else {
-            !stdin && crate::crontab::is_system_path(Path::new(&origin))
-        },
+        system: system || (!user && !stdin && crate::crontab::is_system_path(Path::new(&origin))),
         timezone,
     };
     match crate::crontab::import(&text, &origin, &options) {
