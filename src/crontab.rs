@@ -839,12 +839,14 @@ impl State<'_> {
             let _ = writeln!(self.out, "user = {}", toml_str(u));
         }
         if !self.env.is_empty() {
-            let items: Vec<String> = self
+            // An inline table as the toml crate writes one: keys quoted as
+            // keys must be (never as multi-line strings), in name order.
+            let env: toml::Table = self
                 .env
                 .iter()
-                .map(|(k, v)| format!("{} = {}", toml_key(k), toml_str(v)))
+                .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
                 .collect();
-            let _ = writeln!(self.out, "env = {{ {} }}", items.join(", "));
+            let _ = writeln!(self.out, "env = {}", toml::Value::Table(env));
         }
         self.jobs.push(ImportedJob {
             line: number,
@@ -1020,18 +1022,6 @@ fn toml_array(items: &[&str]) -> String {
     .to_string()
 }
 
-/// A TOML key: bare when it can be, quoted otherwise.
-fn toml_key(k: &str) -> String {
-    if !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        k.to_string()
-    } else {
-        toml_str(k)
-    }
-}
-
 /// `s` fit for a TOML comment: no control characters but tab.
 fn comment_text(s: &str) -> String {
     s.chars()
@@ -1174,6 +1164,14 @@ mod tests {
         assert_eq!(parse_env("*/5 * * * * a=b"), None);
         assert_eq!(parse_env("X=\"a\" b"), None);
         assert_eq!(parse_env("X=\"a"), None);
+    }
+
+    /// Found by fuzz/ (target crontab): a name holding both kinds of quote
+    /// was written as a multi-line string, which TOML allows for no key.
+    #[test]
+    fn env_names_with_quotes_stay_valid_keys() {
+        let t = tables(&user("GREETINGt'\"=x\n* * * * * true\n"));
+        assert_eq!(env(&t[0]), pairs(&[("GREETINGt'\"", "x")]));
     }
 
     #[test]
