@@ -9,9 +9,11 @@
 //!   claim rule (`store::decide`) the SQL, ZooKeeper, etcd and Redlock
 //!   stores share. The bytes fill the fields in order: two flag bytes,
 //!   then 8-byte little-endian integers (missing bytes read as 0).
+//!   `fuzz/seed` says which bit of the flags sets what.
 //!
 //! Property: no panic; a reply of the wrong shape is an error; a won claim
-//! gets a fence above every fence seen (the row's and the claimer's floor).
+//! gets a fence above every fence seen (the row's and the claimer's floor),
+//! and a paused row is won only by a retry finding its earlier win.
 
 #![no_main]
 
@@ -66,6 +68,7 @@ fn claim_rule(bytes: &[u8]) {
         expires_at: f.int(),
         last_occurrence: (flags & 4 != 0).then(|| f.int()),
         running: flags & 8 != 0,
+        paused: more & 2 != 0,
         now: f.int(),
     };
     let req = ClaimRequest {
@@ -95,6 +98,12 @@ fn claim_rule(bytes: &[u8]) {
                 row.fence
             );
             assert_eq!(won.fence, fence as u64);
+            // A paused job is claimed by nobody: only a win from before the
+            // pause, whose answer was lost, is answered again.
+            assert!(
+                !row.paused || req.after_unanswered,
+                "a paused job's claim won without being a retry"
+            );
         }
         Decision::Refuse(_) => {}
         Decision::FenceExhausted => assert_eq!(row.fence.max(floor), i64::MAX),
