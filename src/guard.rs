@@ -18,9 +18,12 @@
 //! a parent-death signal on the direct child would not, and needs no
 //! `unsafe` `pre_exec` hook. Processes that left the job's group or session
 //! are found by walking parent links from the group's members (see
-//! [`serve`]). Under systemd the unit's control group is the second line of
-//! defence. If the guard is gone the daemon starts jobs itself (and says
-//! once that they would now outlive it).
+//! [`serve`]). The guard is the jobs' child subreaper
+//! (`PR_SET_CHILD_SUBREAPER`): a process whose parent exits (a double fork,
+//! `setsid -f`) is adopted by the guard instead of by init, so it stays in
+//! sight, and the guard reaps it. Under systemd the unit's control group is
+//! the second line of defence. If the guard is gone the daemon starts jobs
+//! itself (and says once that they would now outlive it).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{IoSlice, IoSliceMut};
@@ -30,7 +33,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::WaitStatus;
@@ -464,9 +467,11 @@ struct Succession {
 /// "What is left" is each running job's group and every process below its
 /// members, also those that left the group or the session (`setsid cmd &`):
 /// they still hang below the job's process by their parent links. While jobs
-/// run, the guard also notes their descendants every second, so a process
-/// whose parent has already exited (reparented away from the tree) is still
-/// known.
+/// run, the guard also notes their descendants every second. A process
+/// whose parent exits is adopted by the guard (its subreaper) and counts
+/// for the job it was noted under, or, adopted before any note, for every
+/// job running then ([`Orphans`]); one adopted while no job ran, or whose
+/// jobs have all ended, was left behind on purpose and is never killed.
 pub fn serve() -> std::process::ExitCode {
     let ignored = Arc::new(AtomicBool::new(false));
     for sig in [
@@ -485,6 +490,15 @@ pub fn serve() -> std::process::ExitCode {
             return std::process::ExitCode::from(70);
         }
     };
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!(
+            "cronlease __guard: cannot become the jobs' subreaper ({e}): a process whose parent exits is found only if it was noted before"
+        );
+    }
+    // Held (shared) by a spawn until its child is in `Reports::ours`; the
+    // reaper takes it alone to tell an adopted orphan from a job whose
+    // spawn has not said its pid yet.
+    let spawning = Arc::new(RwLock::new(()));
     let (events, incoming) = mpsc::channel::<Event>();
     let reports = Arc::new(Mutex::new(Reports::default()));
     let (spawned, reaper_wakes) = mpsc::channel::<()>();
@@ -495,18 +509,19 @@ pub fn serve() -> std::process::ExitCode {
     // 496-513, with the spawn floor at 405-483.
     let threads = std::thread::available_parallelism().map_or(8, |n| (4 * n.get()).clamp(4, 16));
     for _ in 0..threads {
-        let (sock, events, reports, spawned) = (
+        let (sock, events, reports, spawned, spawning) = (
             sock.clone(),
             events.clone(),
             reports.clone(),
             spawned.clone(),
+            spawning.clone(),
         );
-        std::thread::spawn(move || serve_requests(&sock, &events, &reports, &spawned));
+        std::thread::spawn(move || serve_requests(&sock, &events, &reports, &spawned, &spawning));
     }
     drop(spawned);
     {
         let (sock, events, reports) = (sock.clone(), events.clone(), reports.clone());
-        std::thread::spawn(move || reap(&sock, &events, &reports, &reaper_wakes));
+        std::thread::spawn(move || reap(&sock, &events, &reports, &reaper_wakes, &spawning));
     }
     drop(events);
     let mut groups = BTreeSet::new();
@@ -516,6 +531,7 @@ pub fn serve() -> std::process::ExitCode {
     // their start times. Forgotten with the job, so a daemon a finished job
     // left behind on purpose (`ssh -fN`, `tmux new -d`) is never killed later.
     let mut known: BTreeMap<i32, BTreeMap<i32, u64>> = BTreeMap::new();
+    let mut orphans = Orphans::default();
     // The process table is read once a second while jobs run, never once
     // per message: a thousand jobs starting at one instant are two thousand
     // messages, and a scan reads every /proc/PID/stat of the host.
@@ -531,6 +547,12 @@ pub fn serve() -> std::process::ExitCode {
                 }
             }
             Ok(Event::Forget(pgid)) => {
+                // Orphans adopted since the last look count for this job
+                // too, until it is forgotten here.
+                if orphans.counts_any() || !groups.is_empty() {
+                    orphans.note(&groups, &known);
+                }
+                orphans.forget(pgid);
                 groups.remove(&pgid);
                 known.remove(&pgid);
                 succession.runs.remove(&pgid);
@@ -567,10 +589,13 @@ pub fn serve() -> std::process::ExitCode {
                     }
                 }
             }
+            orphans.note(&groups, &known);
         }
     }
     let died = std::time::Instant::now();
-    let known: BTreeMap<i32, u64> = known.into_values().flatten().collect();
+    orphans.note(&groups, &known);
+    let mut known: BTreeMap<i32, u64> = known.into_values().flatten().collect();
+    known.extend(orphans.counted());
     let doomed = kill_trees(&groups, &known);
     if !succession.bye {
         if let Some(handover) = succession.handover.take() {
@@ -639,9 +664,12 @@ fn hand_over(
     };
     let handed = runtime.block_on(async {
         let within = config.op_timeout;
-        let store = crate::store::connect(&config)
+        // Bounded like every call: a store that accepts the connection and
+        // never answers must not keep the guard (and the host's view of
+        // the daemon) alive.
+        let store = bounded(within, crate::store::connect(&config))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("connecting: {e}"))?;
         let call = |what: &'static str| move |e: StoreError| format!("{what}: {e}");
         let recorded = match records.is_empty() {
             true => Ok(()),
@@ -710,6 +738,9 @@ fn answer(sock: &OwnedFd, answer: &Answer) {
 /// has not yet: the daemon hears of a job's start before its exit.
 #[derive(Default)]
 struct Reports {
+    /// Jobs this guard started whose end is not reported yet; any other
+    /// child it reaps is an adopted orphan.
+    ours: std::collections::HashSet<i32>,
     announced: std::collections::HashSet<i32>,
     /// Wait statuses of jobs reaped before their start was announced.
     early: HashMap<i32, i32>,
@@ -736,6 +767,7 @@ fn serve_requests(
     events: &mpsc::Sender<Event>,
     reports: &Mutex<Reports>,
     spawned: &mpsc::Sender<()>,
+    spawning: &RwLock<()>,
 ) {
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
@@ -775,7 +807,14 @@ fn serve_requests(
                     .stdout(Stdio::from(stdout))
                     .stderr(Stdio::from(stderr));
                 let at_us = chrono::Utc::now().timestamp_micros();
-                match command.spawn() {
+                let gate = spawning.read().unwrap_or_else(|e| e.into_inner());
+                let spawn = command.spawn();
+                if let Ok(child) = &spawn {
+                    let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
+                    reports.ours.insert(child.id() as i32);
+                }
+                drop(gate);
+                match spawn {
                     Ok(child) => {
                         let pid = child.id();
                         // Reaped by `reap`, not through this handle.
@@ -790,7 +829,10 @@ fn serve_requests(
                         let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
                         answer(sock, &Answer::Started { id, pid, at_us });
                         match reports.early.remove(&(pid as i32)) {
-                            Some(status) => report_exit(sock, events, pid as i32, status),
+                            Some(status) => {
+                                reports.ours.remove(&(pid as i32));
+                                report_exit(sock, events, pid as i32, status);
+                            }
                             None => {
                                 reports.announced.insert(pid as i32);
                             }
@@ -829,12 +871,14 @@ fn serve_requests(
 }
 
 /// The guard's reaping thread: waits for every job it started and reports
-/// its end ([`report_exit`]) once its start is announced.
+/// its end ([`report_exit`]) once its start is announced; reaps the
+/// orphans it adopted as their subreaper, and says nothing of them.
 fn reap(
     sock: &OwnedFd,
     events: &mpsc::Sender<Event>,
     reports: &Mutex<Reports>,
     wakes: &mpsc::Receiver<()>,
+    spawning: &RwLock<()>,
 ) {
     loop {
         let (pid, status) = match nix::sys::wait::wait() {
@@ -852,11 +896,25 @@ fn reap(
                 continue;
             }
         };
-        let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
-        if reports.announced.remove(&pid.as_raw()) {
-            report_exit(sock, events, pid.as_raw(), status);
+        let pid = pid.as_raw();
+        let ours = |reports: &Reports| reports.ours.contains(&pid);
+        let mut held = reports.lock().unwrap_or_else(|e| e.into_inner());
+        if !ours(&held) {
+            // A spawn may have forked this child and not said so yet:
+            // once no spawn is under way, a child not ours is an orphan.
+            drop(held);
+            let gate = spawning.write().unwrap_or_else(|e| e.into_inner());
+            held = reports.lock().unwrap_or_else(|e| e.into_inner());
+            drop(gate);
+            if !ours(&held) {
+                continue;
+            }
+        }
+        if held.announced.remove(&pid) {
+            held.ours.remove(&pid);
+            report_exit(sock, events, pid, status);
         } else {
-            reports.early.insert(pid.as_raw(), status);
+            held.early.insert(pid, status);
         }
     }
 }
@@ -883,27 +941,120 @@ fn process_table() -> BTreeMap<i32, ProcInfo> {
         else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the command name, which may itself hold spaces.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(ppid), Some(pgrp), Some(start)) = (
-            f.get(1).and_then(|v| v.parse().ok()),
-            f.get(2).and_then(|v| v.parse().ok()),
-            f.get(19).and_then(|v| v.parse().ok()),
-        ) else {
-            continue;
-        };
-        if f.first() == Some(&"Z") {
-            continue;
+        if let Some(info) = proc_info(pid) {
+            table.insert(pid, info);
         }
-        table.insert(pid, ProcInfo { ppid, pgrp, start });
     }
     table
+}
+
+/// `/proc/PID/stat` read; `None` for a process gone or a zombie.
+fn proc_info(pid: i32) -> Option<ProcInfo> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may itself hold spaces.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    if f.first() == Some(&"Z") {
+        return None;
+    }
+    Some(ProcInfo {
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        start: f.get(19)?.parse().ok()?,
+    })
+}
+
+/// The guard's children (jobs it started and orphans it adopted), from
+/// `/proc/self/task/*/children`: a few small reads, not a scan of the host.
+fn own_children() -> BTreeSet<i32> {
+    let mut children = BTreeSet::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return children;
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            children.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    children
+}
+
+/// Processes the guard adopted as the jobs' subreaper: a job's process
+/// whose parent exited. Each counts for the running jobs it may belong to:
+/// the job it was noted under, else every job running when it was first
+/// seen (its parent links are gone). One that counts for no running job
+/// (adopted while none ran, or whose jobs all ended: `ssh -fN`, `tmux new
+/// -d`) was left behind on purpose and is never killed.
+#[derive(Default)]
+struct Orphans {
+    /// pid → its start time and the job groups it counts for.
+    counted: BTreeMap<i32, (u64, BTreeSet<i32>)>,
+    /// pid → start time: left behind, never killed.
+    released: BTreeMap<i32, u64>,
+}
+
+impl Orphans {
+    /// Looks at the guard's children: notes the orphans adopted since the
+    /// last look, forgets those gone. `groups`: the running jobs (whose
+    /// leaders are children too); `known`: what was noted under each.
+    fn note(&mut self, groups: &BTreeSet<i32>, known: &BTreeMap<i32, BTreeMap<i32, u64>>) {
+        let children = own_children();
+        self.counted.retain(|pid, _| children.contains(pid));
+        self.released.retain(|pid, _| children.contains(pid));
+        for pid in children {
+            if groups.contains(&pid) {
+                continue;
+            }
+            let Some(info) = proc_info(pid) else {
+                continue;
+            };
+            let seen = self.counted.get(&pid).map(|(start, _)| *start);
+            if seen == Some(info.start) || self.released.get(&pid) == Some(&info.start) {
+                continue;
+            }
+            let noted_under: BTreeSet<i32> = known
+                .iter()
+                .filter(|(_, noted)| noted.get(&pid) == Some(&info.start))
+                .map(|(pgid, _)| *pgid)
+                .collect();
+            let counts_for = match noted_under.is_empty() {
+                true => groups.clone(),
+                false => noted_under,
+            };
+            if counts_for.is_empty() {
+                self.released.insert(pid, info.start);
+            } else {
+                self.counted.insert(pid, (info.start, counts_for));
+            }
+        }
+    }
+
+    /// The job of group `pgid` ended: orphans that counted only for it
+    /// were left behind by it.
+    fn forget(&mut self, pgid: i32) {
+        let mut released = Vec::new();
+        for (pid, (start, groups)) in &mut self.counted {
+            if groups.remove(&pgid) && groups.is_empty() {
+                released.push((*pid, *start));
+            }
+        }
+        for (pid, start) in released {
+            self.counted.remove(&pid);
+            self.released.insert(pid, start);
+        }
+    }
+
+    fn counts_any(&self) -> bool {
+        !self.counted.is_empty()
+    }
+
+    /// The orphans that die with the running jobs, with their start times.
+    fn counted(&self) -> impl Iterator<Item = (i32, u64)> + '_ {
+        self.counted.iter().map(|(pid, (start, _))| (*pid, *start))
+    }
 }
 
 /// Members of `groups` and every process below them, the guard excluded.

@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, Pending};
+use super::membership::Deferral;
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
 use crate::config::JobName;
@@ -180,12 +181,12 @@ impl Node {
         let sent = Instant::now();
         // [0]: jobs this node holds or has not seen held, sent at once;
         // [1]: jobs another node held, sent FOLLOWER_LEAD later;
-        // [2]: with `spread`, jobs another live node is preferred for, sent
-        // after its head start and DEFERRED_LAG.
+        // [2]: with `spread`, jobs another live node is preferred for and
+        // does not hold, sent after its head start and DEFERRED_LAG (see
+        // `Deferral`).
         let mut requests = [Vec::new(), Vec::new(), Vec::new()];
         let mut gates = [Vec::new(), Vec::new(), Vec::new()];
         let mut queued_for = [Vec::new(), Vec::new(), Vec::new()];
-        let spread = self.placement == crate::config::Placement::Spread;
         let view = self.placement_view();
         for (i, d) in due.iter().enumerate() {
             if !ready {
@@ -194,14 +195,20 @@ impl Node {
             let Ok(gate) = d.state.claim_gate.clone().try_lock_owned() else {
                 continue;
             };
-            let group = if spread {
-                if self.defers_in(d.state.job().name.as_str(), view.as_deref()) {
-                    2
-                } else {
-                    0
+            let group = match view.as_deref() {
+                Some(view) => {
+                    let holder = d.state.holder();
+                    match self.deferral_in(
+                        d.state.job().name.as_str(),
+                        holder.as_deref(),
+                        Some(view),
+                    ) {
+                        Deferral::None => 0,
+                        Deferral::BehindHolder => 1,
+                        Deferral::BehindHeadStart => 2,
+                    }
                 }
-            } else {
-                usize::from(d.state.follows())
+                None => usize::from(d.state.follows()),
             };
             requests[group].push(self.request(&d.state, d.occurrence, d.previous, d.next, false));
             gates[group].push(gate);

@@ -155,41 +155,89 @@ pub(super) fn rendezvous_score(job: &str, node: &str) -> u64 {
 /// The preferred node of `job` among `nodes` (names, in any order, a name
 /// listed twice counting once): the highest score, ties to the smaller
 /// name. Adding or removing a node moves only the jobs it wins or won.
-pub(super) fn preferred_node<'a, S: AsRef<str>>(job: &str, nodes: &'a [S]) -> Option<&'a str> {
-    nodes.iter().map(AsRef::as_ref).max_by(|a, b| {
+pub(super) fn preferred_node<'a, S: AsRef<str>>(job: &str, nodes: &'a [S]) -> Option<&'a S> {
+    nodes.iter().max_by(|a, b| {
+        let (a, b) = (a.as_ref(), b.as_ref());
         rendezvous_score(job, a)
             .cmp(&rendezvous_score(job, b))
             .then_with(|| b.cmp(a))
     })
 }
 
+/// A live node as placement sees it: its name, and its owner to tell the
+/// holder a claim's answer names.
+#[derive(Debug, Clone)]
+pub(super) struct Member {
+    pub(super) node: String,
+    pub(super) owner: String,
+}
+
+impl AsRef<str> for Member {
+    fn as_ref(&self) -> &str {
+        &self.node
+    }
+}
+
+/// When a due claim is sent, with `spread`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Deferral {
+    /// This node is the job's preferred node (or nothing is known): at once.
+    None,
+    /// Another node is preferred and held the job when this node last
+    /// looked: sent like a `sticky` follower's claim, so the store's head
+    /// start for an idle holder decides, and a dead preferred node's job is
+    /// taken over exactly as fast as in `sticky`.
+    BehindHolder,
+    /// Another node is preferred and does not hold the job: sent after the
+    /// head start and `DEFERRED_LAG`, so the preferred node, refused by an
+    /// idle holder until its head start is over, wins its job back first.
+    BehindHeadStart,
+}
+
 impl Node {
-    /// With `spread`, the names of the live nodes jobs are placed among, as
-    /// of the last heartbeat: read once per instant, not once per job.
-    /// `None` with `sticky`, and while this node is not in the registry yet
-    /// (nothing known: claim as with `sticky`).
-    pub(super) fn placement_view(&self) -> Option<Vec<String>> {
+    /// With `spread`, the live nodes jobs are placed among, as of the last
+    /// heartbeat: read once per instant, not once per job. `None` with
+    /// `sticky`, and while this node is not in the registry yet (nothing
+    /// known: claim as with `sticky`).
+    pub(super) fn placement_view(&self) -> Option<Vec<Member>> {
         if self.placement != Placement::Spread {
             return None;
         }
         let live = self.live_nodes.lock().ok()?;
-        let names: Vec<String> = live.iter().map(|n| n.node.clone()).collect();
-        names
+        let members: Vec<Member> = live
             .iter()
-            .any(|n| n == self.name.as_str())
-            .then_some(names)
+            .map(|n| Member {
+                node: n.node.clone(),
+                owner: n.owner.clone(),
+            })
+            .collect();
+        members
+            .iter()
+            .any(|m| m.node == self.name.as_str())
+            .then_some(members)
     }
 
-    /// Whether this node should give `job` to a peer: `view` (see
-    /// [`Node::placement_view`]) names another node as its preferred one.
-    pub(super) fn defers_in(&self, job: &str, view: Option<&[String]>) -> bool {
-        view.and_then(|names| preferred_node(job, names))
-            .is_some_and(|p| p != self.name.as_str())
+    /// How this node claims `job`, last seen held by `holder` (an owner),
+    /// in `view` (see [`Node::placement_view`]).
+    pub(super) fn deferral_in(
+        &self,
+        job: &str,
+        holder: Option<&str>,
+        view: Option<&[Member]>,
+    ) -> Deferral {
+        match view.and_then(|members| preferred_node(job, members)) {
+            Some(p) if p.node == self.name.as_str() => Deferral::None,
+            Some(p) if holder == Some(p.owner.as_str()) => Deferral::BehindHolder,
+            Some(_) => Deferral::BehindHeadStart,
+            None => Deferral::None,
+        }
     }
 
-    /// [`Node::defers_in`] the current view.
+    /// Whether this node should give `job` to a peer: the current view
+    /// names another node as its preferred one.
     pub(super) fn defers(&self, job: &str) -> bool {
-        self.defers_in(job, self.placement_view().as_deref())
+        let view = self.placement_view();
+        self.deferral_in(job, None, view.as_deref()) != Deferral::None
     }
 }
 
@@ -203,7 +251,7 @@ mod tests {
         let three = ["n1", "n2", "n3"];
         let pick = |nodes: &[&str]| -> Vec<String> {
             jobs.iter()
-                .map(|j| preferred_node(j, nodes).unwrap_or("").to_string())
+                .map(|j| preferred_node(j, nodes).map_or("", |n| *n).to_string())
                 .collect()
         };
         let before = pick(&three);

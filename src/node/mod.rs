@@ -222,6 +222,14 @@ impl JobState {
         matches!(self.rt().standing, Standing::Follower(_))
     }
 
+    /// The other owner this node last saw hold the job, if any.
+    fn holder(&self) -> Option<String> {
+        match &self.rt().standing {
+            Standing::Follower(holder) => holder.clone(),
+            _ => None,
+        }
+    }
+
     fn lease_clock(&self) -> Option<LeaseClock> {
         self.rt().lease
     }

@@ -303,3 +303,103 @@ fn crashed_daemon_hands_over_zookeeper() {
 fn crashed_daemon_hands_over_etcd() {
     crashed_daemon_hands_over(Backend::Etcd);
 }
+
+/// A guard that cannot reach the store (its server stopped: connections
+/// accepted, never answered) still kills the dead daemon's jobs at once,
+/// gives up handing over after the operation timeout and exits. Nothing
+/// is released: the lease is left to expire, as without a guard.
+#[test]
+fn a_guard_that_cannot_reach_the_store_kills_the_jobs_and_exits() {
+    use nix::sys::signal::kill;
+    use nix::unistd::Pid;
+    let mut server = crate::support::RedisServer::new(false);
+    server.start();
+    let marker = format!("cronlease-unreachable-{}", std::process::id());
+    let jobs = format!(
+        "[[job]]\nname = \"long\"\nschedule = \"* * * * * *\"\ncommand = \"echo start >> '{{out}}'; : {marker}; sleep 30 & sleep 31\"\n"
+    );
+    let mut c = Cluster::with_url(Backend::Redis, Some(&server.url()), Some(&jobs), "");
+    // A lease that outlasts the guard's attempts by far.
+    c.edit_configs("margin = \"1s\"", "margin = \"20s\"");
+    c.start("n1");
+    let guard = c.guard_pid("n1");
+    crate::support::wait_until(
+        "the job to start",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            std::fs::read_to_string(&c.out)
+                .unwrap_or_default()
+                .contains("start")
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let job_pids: Vec<i32> = crate::support::all_pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains(&marker))
+        })
+        .collect();
+    let tree: Vec<i32> = c
+        .tree("n1")
+        .into_iter()
+        .filter(|p| *p != c.pid("n1") && *p != guard)
+        .collect();
+    assert!(
+        !job_pids.is_empty() && tree.len() >= 3,
+        "the job runs: {tree:?}"
+    );
+    let alive = |pid: &i32| {
+        crate::support::proc_stat(*pid)
+            .first()
+            .is_some_and(|s| s != "Z")
+    };
+    let logged = c.log("n1").len();
+    let redis = Pid::from_raw(server.pid().unwrap());
+    kill(redis, Signal::SIGSTOP).unwrap();
+    let killed = Instant::now();
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5)).unwrap();
+    let jobs_gone = crate::support::wait_until(
+        "the job's processes to be killed",
+        Duration::from_secs(2),
+        || {
+            format!(
+                "{:?} alive\n{}",
+                tree.iter().filter(|p| alive(p)).collect::<Vec<_>>(),
+                c.report()
+            )
+        },
+        || (!tree.iter().any(alive)).then(|| killed.elapsed()),
+    );
+    let guard_gone = crate::support::wait_until(
+        "the guard to give up and exit",
+        Duration::from_secs(15),
+        || c.report(),
+        || (!alive(&guard)).then(|| killed.elapsed()),
+    );
+    kill(redis, Signal::SIGCONT).unwrap();
+    let said = c.log("n1")[logged..]
+        .lines()
+        .find(|l| l.starts_with("cronlease __guard: the daemon died"))
+        .map(str::to_string);
+    assert!(
+        said.as_deref()
+            .is_some_and(|l| l.contains("handing over failed") && l.contains("expire")),
+        "the guard says it could not hand over: {said:?}\n{}",
+        c.report()
+    );
+    // Not released: the lease still names the dead daemon's owner.
+    let status = c.cli_json("n1", &["status"]).unwrap();
+    let job = &status.as_array().unwrap()[0];
+    assert!(
+        job["holder_node"] == "n1" && job["lease_remaining_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "{job}"
+    );
+    eprintln!(
+        "store unreachable: jobs killed {jobs_gone:?} after the daemon's SIGKILL, the guard gave up after {guard_gone:?}: {}",
+        said.unwrap_or_default()
+    );
+}

@@ -815,3 +815,48 @@ async fn a_pause_during_a_takeover_wait_stops_the_takeover() {
     a.store.set_reachable(true);
     a.stop().await;
 }
+
+/// `spread` takes over a dead preferred node's idle job exactly as fast as
+/// `sticky` takes over a dead holder's: the preferred node holds it, so
+/// the others claim it like followers and the store's head start decides
+/// (not a local wait of the head start plus a lag). The holder is cut off
+/// 0.1 s before 12:00:30, so its registry record is still live then.
+#[tokio::test(start_paused = true)]
+async fn spread_takes_over_a_cut_off_preferred_node_as_fast_as_sticky() {
+    let mut takeovers = Vec::new();
+    for placement in ["sticky", "spread"] {
+        let w = World::new(VirtualRunner::default());
+        let jobs = format!("[cluster]\nplacement = \"{placement}\"\n{}", jobs(1));
+        let mut nodes = BTreeMap::from([("a", w.start("a", &jobs))]);
+        w.until(t(1.0)).await;
+        nodes.insert("b", w.start("b", &jobs));
+        // Three periods: with `spread` the job has settled on its
+        // preferred node, which holds it between runs.
+        w.until(t(29.9)).await;
+        let runs = w.runner.runs();
+        let holder = runs
+            .iter()
+            .find(|r| r.occurrence == t(20.0))
+            .map(|r| r.node.clone())
+            .unwrap();
+        nodes[holder.as_str()].store.set_reachable(false);
+        w.until(t(35.0)).await;
+        let runs = w.runner.runs();
+        let at_30: Vec<&Run> = runs.iter().filter(|r| r.occurrence == t(30.0)).collect();
+        assert_eq!(at_30.len(), 1, "{placement}: {runs:?}");
+        assert_ne!(at_30[0].node, holder, "{placement}");
+        takeovers.push((placement, ms(at_30[0].started - at_30[0].occurrence)));
+        for (name, node) in nodes {
+            if name == holder {
+                node.store.set_reachable(true);
+            }
+            node.stop().await;
+        }
+    }
+    // The head start is 50 ms; the store says how much of it is left and
+    // the follower asks again 1 ms after it.
+    for (placement, late) in &takeovers {
+        assert!((50..=55).contains(late), "{placement}: {late} ms late");
+    }
+    assert!(takeovers[1].1 <= takeovers[0].1, "{takeovers:?}");
+}

@@ -367,6 +367,92 @@ fn a_setsid_grandchild_never_outlives_a_daemon_killed_by_sigkill() {
     }
 }
 
+/// A job's process orphaned at once (a double fork out of the job's group
+/// and session, so no parent link and no group reach it) is adopted by the
+/// guard, the jobs' child subreaper, not by init, and dies with the job
+/// when the daemon is SIGKILLed.
+#[test]
+fn a_double_forked_orphan_never_outlives_a_daemon_killed_by_sigkill() {
+    let jobs = "[[job]]\nname = \"orphan\"\nschedule = \"* * * * * *\"\ncommand = \"(setsid sh -c 'echo $$ > {out}.gc; exec sleep 300' &); sleep 300\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let guard = c.guard_pid("n1");
+    let gc_file = format!("{}.gc", c.out.display());
+    let pid: i32 = wait_until(
+        "the orphaned grandchild",
+        Duration::from_secs(15),
+        || c.report(),
+        || std::fs::read_to_string(&gc_file).ok()?.trim().parse().ok(),
+    );
+    let parent = |pid: i32| crate::support::proc_stat(pid).get(1)?.parse::<i32>().ok();
+    // Its parent, the subshell, exits at once; without a subreaper the
+    // orphan would go to init (pid 1).
+    wait_until(
+        "the guard to adopt the orphan (its subreaper)",
+        Duration::from_secs(5),
+        || format!("its parent is {:?}\n{}", parent(pid), c.report()),
+        || parent(pid).filter(|p| *p == guard),
+    );
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5)).unwrap();
+    let alive = |pid: i32| {
+        let f = crate::support::proc_stat(pid);
+        !f.is_empty() && f[0] != "Z"
+    };
+    let gone = Instant::now() + Duration::from_secs(2);
+    while alive(pid) {
+        if Instant::now() > gone {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            panic!("the orphan outlived the daemon's SIGKILL by 2 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A process a job left behind on purpose (`setsid -f`, as `ssh -fN` or
+/// `tmux new -d` do) and that outlived the job is the guard's adopted child
+/// but belongs to no running job: a SIGKILLed daemon's guard leaves it.
+#[test]
+fn a_process_a_finished_job_left_behind_survives_the_daemons_sigkill() {
+    let jobs = "[[job]]\nname = \"leaver\"\nschedule = \"* * * * * *\"\ncommand = \"[ -e {out}.bg ] || setsid -f sh -c 'echo $$ > {out}.bg; exec sleep 300'\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let guard = c.guard_pid("n1");
+    let bg_file = format!("{}.bg", c.out.display());
+    let pid: i32 = wait_until(
+        "the process left behind",
+        Duration::from_secs(15),
+        || c.report(),
+        || std::fs::read_to_string(&bg_file).ok()?.trim().parse().ok(),
+    );
+    let parent = crate::support::proc_stat(pid)
+        .get(1)
+        .and_then(|p| p.parse::<i32>().ok());
+    assert_eq!(parent, Some(guard), "the guard adopted it");
+    // A few more runs of the job come and go.
+    std::thread::sleep(Duration::from_millis(2_500));
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5)).unwrap();
+    let guard_gone = Instant::now() + Duration::from_secs(10);
+    while crate::support::proc_stat(guard)
+        .first()
+        .is_some_and(|s| s != "Z")
+    {
+        assert!(
+            Instant::now() < guard_gone,
+            "the guard is still there 10 s after the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let f = crate::support::proc_stat(pid);
+    let survived = !f.is_empty() && f[0] != "Z";
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+    assert!(
+        survived,
+        "the guard killed a process a finished job left behind"
+    );
+}
+
 /// Process groups of processes whose command line names `marker`.
 fn job_groups(marker: &str) -> Vec<i32> {
     let mut groups = Vec::new();

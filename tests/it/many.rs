@@ -137,17 +137,20 @@ fn three_hundred_jobs_each_once_redis() {
 }
 
 /// `cluster.placement = "spread"` (docs/protocol.md, "Placement"): three
-/// nodes share 300 jobs `*/5`; two periods after the start each runs
+/// nodes share 300 jobs `*/5`; from two periods after the start each runs
 /// 100 ± 15 of them per instant. One is killed with `kill -9`: its jobs go to
 /// the other two at the next instant, within the margin. It is started
 /// again: within two periods it has its share back. Every occurrence of
-/// every job runs exactly once throughout, with increasing fences.
+/// every job runs exactly once throughout, with increasing fences. The head
+/// start is 250 ms: a preferred node whose claims reach the store later
+/// than that (the suite loads both cores) would lose those jobs for one
+/// instant, which is the head start's purpose, not an imbalance.
 fn spread_over_three_nodes(backend: Backend) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut c = Cluster::new(
         backend,
         Some(&job_file()),
-        "[cluster]\nplacement = \"spread\"\n",
+        "[cluster]\nplacement = \"spread\"\nhead_start = \"250ms\"\n",
     );
     for n in ["n1", "n2", "n3"] {
         c.start(n);
@@ -210,12 +213,10 @@ fn spread_over_three_nodes(backend: Backend) {
             .iter()
             .all(|n| s.get(*n).copied().unwrap_or(0).abs_diff(JOBS / 3) <= 15)
     };
-    // Two periods after the start, and two after the restart, each node
-    // runs 100 ± 15. A live node slower than the head start (the suite
-    // loads both cores) loses an instant's jobs to its peers, so one of
-    // two instants must show it.
+    // From two periods after the start, and two after the restart, each
+    // node runs 100 ± 15 at every instant.
     assert!(
-        balanced(1) || balanced(2),
+        balanced(2),
         "not 100 ± 15 each two periods after the start: {summary:?}\n{report}"
     );
     assert!(
@@ -224,8 +225,8 @@ fn spread_over_three_nodes(backend: Backend) {
         shares[&3]
     );
     assert!(
-        balanced(5) || balanced(6),
-        "not 100 ± 15 each two periods after the restart: {summary:?}\n{report}"
+        balanced(5) && balanced(6),
+        "not 100 ± 15 each from two periods after the restart: {summary:?}\n{report}"
     );
     // The dead node's jobs moved within the margin (history's lateness).
     let history = c.all_history("n1", None);
