@@ -49,8 +49,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client as etcd;
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, GetResponse, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
 };
 use futures_util::future::try_join_all;
 use serde::{Deserialize, Serialize};
@@ -113,7 +113,18 @@ pub struct EtcdStore {
     releases: Arc<Releases>,
     /// The live nodes' clocks against this one's (etcd has no clock).
     clocks: Arc<PeerClocks>,
+    /// The etcd lease this node's registry record is put with, and until
+    /// when a heartbeat may still use it ([`BEAT_LEASE_SPARE`]): claims
+    /// carry the heartbeat in their first transaction with it.
+    beat_lease: std::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
 }
+
+/// A heartbeat's etcd lease lives this much longer than the record's time
+/// to live, so the heartbeats inside claims can reuse it for this long
+/// (one grant a minute, not one per beat). Liveness is read from the
+/// record itself (`last_seen` and its time to live); the lease only
+/// removes a dead node's key, at most this much later.
+const BEAT_LEASE_SPARE: Duration = Duration::from_secs(60);
 
 /// The other live nodes' clocks against this host's, from their heartbeats
 /// as a watch on the registry delivers them: etcd has no clock of its own,
@@ -403,6 +414,7 @@ impl EtcdStore {
             moved_at: std::sync::Mutex::new(None),
             releases: Arc::new(Releases::default()),
             clocks: Arc::new(PeerClocks::default()),
+            beat_lease: std::sync::Mutex::new(None),
         })
     }
 
@@ -618,15 +630,35 @@ impl EtcdStore {
         client: &etcd::Client,
         keys: &[String],
     ) -> Result<Vec<Option<Entry>>, StoreError> {
-        let ops = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
-        let answers = self.batch(client, ops).await?;
-        answers
+        self.read_keys_with(client, keys, Vec::new())
+            .await
+            .map(|(entries, _)| entries)
+    }
+
+    /// [`EtcdStore::read_keys`] with `extra` operations after the reads, in
+    /// the last transaction; their answers come back apart.
+    async fn read_keys_with(
+        &self,
+        client: &etcd::Client,
+        keys: &[String],
+        extra: Vec<TxnOp>,
+    ) -> Result<(Vec<Option<Entry>>, Vec<TxnOpResponse>), StoreError> {
+        let extras = extra.len();
+        let ops = keys
+            .iter()
+            .map(|k| TxnOp::get(k.as_str(), None))
+            .chain(extra)
+            .collect();
+        let mut answers = self.batch(client, ops).await?;
+        let extra = answers.split_off(answers.len().saturating_sub(extras));
+        let entries = answers
             .iter()
             .map(|answer| match answer {
                 TxnOpResponse::Get(got) => Ok(got.kvs().first().map(Entry::of)),
                 _ => Err(self.backend("a read answered with something other than its key")),
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((entries, extra))
     }
 
     /// Every key under `prefix` (keys only, in key order), page by page.
@@ -694,6 +726,20 @@ impl EtcdStore {
         jobs: &[&str],
         want: Want,
     ) -> Result<Vec<JobView>, StoreError> {
+        self.view_with(client, jobs, want, Vec::new())
+            .await
+            .map(|(views, _)| views)
+    }
+
+    /// [`EtcdStore::view`] with `extra` operations in its last transaction
+    /// ([`EtcdStore::read_keys_with`]).
+    async fn view_with(
+        &self,
+        client: &etcd::Client,
+        jobs: &[&str],
+        want: Want,
+        extra: Vec<TxnOp>,
+    ) -> Result<(Vec<JobView>, Vec<TxnOpResponse>), StoreError> {
         let mut keys = Vec::with_capacity(jobs.len() * 2);
         for job in jobs {
             if want == Want::LockAndLease {
@@ -701,7 +747,8 @@ impl EtcdStore {
             }
             keys.push(self.lease_key(job));
         }
-        let mut entries = self.read_keys(client, &keys).await?.into_iter();
+        let (entries, extra) = self.read_keys_with(client, &keys, extra).await?;
+        let mut entries = entries.into_iter();
         let mut read = Vec::with_capacity(jobs.len());
         for _ in jobs {
             let lock = if want == Want::LockAndLease {
@@ -713,7 +760,8 @@ impl EtcdStore {
             read.push(JobKeys { lock, lease });
         }
         let now = now_ms();
-        Ok(read.into_iter().map(|keys| JobView { keys, now }).collect())
+        let views = read.into_iter().map(|keys| JobView { keys, now }).collect();
+        Ok((views, extra))
     }
 
     /// Applies each plan as a nested transaction, after granting the leases
@@ -784,10 +832,25 @@ impl EtcdStore {
         client: &etcd::Client,
         jobs: &[&str],
         want: Want,
-        mut decide_one: impl FnMut(usize, &JobView) -> (Option<Plan>, A),
+        decide_one: impl FnMut(usize, &JobView) -> (Option<Plan>, A),
     ) -> Result<(i64, Vec<A>), StoreError> {
+        self.read_decide_write_with(client, jobs, want, Vec::new(), decide_one)
+            .await
+            .map(|(now, answers, _)| (now, answers))
+    }
+
+    /// [`EtcdStore::read_decide_write`] with `extra` operations in the
+    /// first read's last transaction; their answers come back too.
+    async fn read_decide_write_with<A>(
+        &self,
+        client: &etcd::Client,
+        jobs: &[&str],
+        want: Want,
+        extra: Vec<TxnOp>,
+        mut decide_one: impl FnMut(usize, &JobView) -> (Option<Plan>, A),
+    ) -> Result<(i64, Vec<A>, Vec<TxnOpResponse>), StoreError> {
         let deadline = tokio::time::Instant::now() + self.op_timeout;
-        let views = self.view(client, jobs, want).await?;
+        let (views, extra) = self.view_with(client, jobs, want, extra).await?;
         let now = views.first().map_or_else(now_ms, |v| v.now);
         let mut answers = Vec::with_capacity(jobs.len());
         let mut plans = Vec::new();
@@ -801,7 +864,7 @@ impl EtcdStore {
         loop {
             let changed = self.write(client, plans).await?;
             if changed.is_empty() {
-                return Ok((now, answers));
+                return Ok((now, answers, extra));
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(StoreError::Timeout(self.op_timeout));
@@ -1365,20 +1428,9 @@ impl Locks for EtcdStore {
                 outcomes: Vec::new(),
             });
         }
-        let client = self.client().await?;
-        let jobs: Vec<&str> = requests.iter().map(|r| r.job.as_str()).collect();
-        let (now, outcomes) = self
-            .read_decide_write(&client, &jobs, Want::LockAndLease, |i, view| {
-                self.decide_claim(&requests[i], view)
-            })
-            .await?;
-        // Leases are counted on this host's clock (`now`); the clock it is
-        // measured against is the live nodes' median.
-        let now = now.saturating_add(self.median_now_ms() - now_ms());
-        Ok(Claimed {
-            store_now: from_ms(now),
-            outcomes,
-        })
+        self.claim_with(requests, None)
+            .await
+            .map(|(claimed, _)| claimed)
     }
 
     /// A deletion of the job's lease key (a release, an etcd lease's end)
@@ -1631,6 +1683,90 @@ impl EtcdStore {
 /// The live records among a range read of the registry, by this host's
 /// clock (etcd has none): a record is live while its key exists (its etcd
 /// lease did not run out) and its recorded end is ahead of `now`.
+impl EtcdStore {
+    /// A claim of a non-empty batch; with `beat` (and the etcd lease its
+    /// record is put with), the heartbeat's put and the registry's read
+    /// ride in the claim's first transaction.
+    async fn claim_with(
+        &self,
+        requests: &[ClaimRequest],
+        beat: Option<(&Heartbeat, i64)>,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        let client = self.client().await?;
+        let jobs: Vec<&str> = requests.iter().map(|r| r.job.as_str()).collect();
+        let (extra, sent) = match beat {
+            Some((beat, lease)) => {
+                let (ops, sent) = self.beat_ops(&client, beat, lease);
+                (ops, Some((beat, sent)))
+            }
+            None => (Vec::new(), None),
+        };
+        let (now, outcomes, extra) = self
+            .read_decide_write_with(&client, &jobs, Want::LockAndLease, extra, |i, view| {
+                self.decide_claim(&requests[i], view)
+            })
+            .await?;
+        let nodes = match (sent, extra.as_slice()) {
+            (Some((beat, sent)), [_, TxnOpResponse::Get(read)]) => {
+                Some(self.beat_answered(beat, read, sent))
+            }
+            _ => None,
+        };
+        // Leases are counted on this host's clock (`now`); the clock it is
+        // measured against is the live nodes' median.
+        let now = now.saturating_add(self.median_now_ms() - now_ms());
+        let claimed = Claimed {
+            store_now: from_ms(now),
+            outcomes,
+        };
+        Ok((claimed, nodes))
+    }
+
+    /// A heartbeat's operations: its record put with `lease`, and the read
+    /// of every record. Returns them with the time it says it was sent.
+    fn beat_ops(&self, client: &etcd::Client, beat: &Heartbeat, lease: i64) -> (Vec<TxnOp>, i64) {
+        let mut data = BeatData::from(beat);
+        let now = now_ms();
+        data.last_seen = Some(now);
+        let prefix = self.node_key("");
+        let ops = vec![
+            TxnOp::put(
+                self.node_key(beat.owner.as_str()),
+                data.to_json(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        ];
+        *lock(&self.clocks.me) = Some(beat.owner.to_string());
+        self.watch_clocks(client);
+        (ops, now)
+    }
+
+    /// The live records a heartbeat sent at `sent` read back; the peers'
+    /// clocks are expected from them.
+    fn beat_answered(&self, beat: &Heartbeat, read: &GetResponse, sent: i64) -> Vec<NodeRecord> {
+        let prefix = self.node_key("");
+        let others: HashSet<String> = read
+            .kvs()
+            .iter()
+            .filter_map(|kv| std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok())
+            .filter(|o| *o != beat.owner.as_str())
+            .map(str::to_string)
+            .collect();
+        self.clocks
+            .expect(others, sent, BeatData::from(beat).ttl_ms);
+        live_records(read.kvs(), &prefix, sent)
+    }
+
+    /// The heartbeat's etcd lease while a heartbeat may still use it.
+    fn usable_beat_lease(&self) -> Option<i64> {
+        let lease = *lock(&self.beat_lease);
+        lease
+            .filter(|(_, until)| tokio::time::Instant::now() < *until)
+            .map(|(id, _)| id)
+    }
+}
+
 fn live_records(kvs: &[KeyValue], prefix: &str, now: i64) -> Vec<NodeRecord> {
     registry::sorted(
         kvs.iter()
@@ -1647,44 +1783,27 @@ fn live_records(kvs: &[KeyValue], prefix: &str, now: i64) -> Vec<NodeRecord> {
 
 #[async_trait]
 impl Registry for EtcdStore {
-    /// The record is put with an etcd lease of its ttl (whole seconds, at
-    /// least 2 s), so a dead node's key goes away by itself; the read of
-    /// every record rides in the same transaction.
+    /// The record is put with a new etcd lease of its time to live plus
+    /// [`BEAT_LEASE_SPARE`] (whole seconds), so a dead node's key goes away
+    /// by itself; the heartbeats inside claims reuse that lease for the
+    /// spare's length. The read of every record rides in the same
+    /// transaction.
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         let client = self.client().await?;
-        let ttl = lease_ttl_secs(beat.ttl);
+        let ttl = lease_ttl_secs(beat.ttl + BEAT_LEASE_SPARE);
+        let granted_at = tokio::time::Instant::now();
         let leases = self.grant(&client, vec![ttl]).await?;
         let id = leases
             .get(&ttl)
             .copied()
             .ok_or_else(|| self.backend("etcd granted no lease for a heartbeat"))?;
-        let mut data = BeatData::from(beat);
-        let now = now_ms();
-        data.last_seen = Some(now);
-        let prefix = self.node_key("");
-        let ops = vec![
-            TxnOp::put(
-                self.node_key(beat.owner.as_str()),
-                data.to_json(),
-                Some(PutOptions::new().with_lease(id)),
-            ),
-            TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-        ];
-        *lock(&self.clocks.me) = Some(beat.owner.to_string());
-        self.watch_clocks(&client);
+        let (ops, sent) = self.beat_ops(&client, beat, id);
         let answers = self.batch(&client, ops).await?;
         let [_, TxnOpResponse::Get(read)] = answers.as_slice() else {
             return Err(self.backend("a heartbeat answered with something other than its keys"));
         };
-        let others: HashSet<String> = read
-            .kvs()
-            .iter()
-            .filter_map(|kv| std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok())
-            .filter(|o| *o != beat.owner.as_str())
-            .map(str::to_string)
-            .collect();
-        self.clocks.expect(others, now, data.ttl_ms);
-        Ok(live_records(read.kvs(), &prefix, now))
+        *lock(&self.beat_lease) = Some((id, granted_at + BEAT_LEASE_SPARE));
+        Ok(self.beat_answered(beat, read, sent))
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -1705,13 +1824,27 @@ impl Registry for EtcdStore {
             .map(|_| ())
     }
 
-    /// Sent alongside the claim ([`registry::claim_alongside`]).
+    /// The heartbeat's put and the registry's read ride in the claim's
+    /// first transaction, with the etcd lease of an earlier heartbeat. With
+    /// none usable (the node's first beat, then once a
+    /// [`BEAT_LEASE_SPARE`]), the heartbeat goes alongside the claim
+    /// ([`registry::claim_alongside`]) and grants a new one. A claim that
+    /// fails with the beat in it drops the lease, in case etcd no longer
+    /// has it: the next beat grants another.
     async fn claim_beating(
         &self,
         requests: &[ClaimRequest],
         beat: &Heartbeat,
     ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
-        registry::claim_alongside(self, requests, beat).await
+        let usable = self.usable_beat_lease().filter(|_| !requests.is_empty());
+        let Some(lease) = usable else {
+            return registry::claim_alongside(self, requests, beat).await;
+        };
+        let claimed = self.claim_with(requests, Some((beat, lease))).await;
+        if claimed.is_err() {
+            *lock(&self.beat_lease) = None;
+        }
+        claimed
     }
 }
 

@@ -694,23 +694,52 @@ fn job_key(prefix: &str, job: &str, kind: &str) -> String {
     format!("{prefix}{{{job}}}:{kind}")
 }
 
-/// Runs `build`'s pipeline of `EVALSHA`s on `conn`, loading `scripts` once
-/// if the server has forgotten them (restart, `SCRIPT FLUSH`).
+/// Runs `build(which)`'s pipeline on `conn`: `lead` commands first (the
+/// same every time), then the `EVALSHA`s of the calls `which` names, all
+/// `count` of them the first time. The pipeline ignores errors: each reply
+/// comes back as it is, an error as a `ServerError` value, so one script's
+/// failure leaves the others' replies. If the server has forgotten scripts
+/// (restart, `SCRIPT FLUSH`), `scripts` are loaded and only the calls it
+/// refused are sent again: a call that ran must not run twice (a claim
+/// would read its own win as a peer's).
 #[cfg(feature = "redlock")]
-async fn eval_loading<T: redis::FromRedisValue>(
+async fn eval_loading(
     conn: &mut ConnectionManager,
     scripts: &[&Script],
-    build: impl Fn() -> redis::Pipeline,
-) -> redis::RedisResult<Vec<T>> {
-    match build().query_async::<Vec<T>>(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            for script in scripts {
-                script.prepare_invoke().load_async(conn).await?;
-            }
-            build().query_async::<Vec<T>>(conn).await
-        }
-        other => other,
+    lead: usize,
+    count: usize,
+    build: impl Fn(&[usize]) -> redis::Pipeline,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let forgotten = |r: &redis::Value| {
+        matches!(r, redis::Value::ServerError(e)
+            if e.kind() == Some(redis::ServerErrorKind::NoScript))
+    };
+    let shared = conn.clone();
+    let run = |which: &[usize]| {
+        let mut pipe = build(which);
+        pipe.ignore_errors();
+        let mut conn = shared.clone();
+        async move { pipe.query_async::<Vec<redis::Value>>(&mut conn).await }
+    };
+    let all: Vec<usize> = (0..count).collect();
+    let mut replies = run(&all).await?;
+    let refused: Vec<usize> = all
+        .into_iter()
+        .filter(|i| replies.get(lead + i).is_some_and(forgotten))
+        .collect();
+    if refused.is_empty() {
+        return Ok(replies);
     }
+    for script in scripts {
+        script.prepare_invoke().load_async(conn).await?;
+    }
+    let again = run(&refused).await?;
+    for (k, i) in refused.into_iter().enumerate() {
+        if let (Some(slot), Some(reply)) = (replies.get_mut(lead + i), again.get(lead + k)) {
+            *slot = reply.clone();
+        }
+    }
+    Ok(replies)
 }
 
 /// The keys and arguments of `claim.lua` for `requests`.

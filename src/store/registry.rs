@@ -82,12 +82,11 @@ pub trait Registry: Send + Sync + 'static {
     ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError>;
 }
 
-/// [`Registry::claim_beating`] for a store whose claim takes several round
-/// trips of its own (Redlock's two phases over the masters, ZooKeeper's and
-/// etcd's read, decide, compare-and-set): the beat goes at the same moment
-/// as the claim, over the same connections (each multiplexes its requests),
-/// so it adds no round trip to the claim's path and no wake-up of its own.
-/// Also every store's answer to a batch with no claims (the beat alone).
+/// [`Registry::claim_beating`] with the beat as a call of its own, sent at
+/// the same moment as the claim over the same connections (each store
+/// multiplexes its requests): every store's answer to a batch with no
+/// claims (the beat alone), and etcd's while it has no etcd lease for the
+/// record to reuse.
 pub(crate) async fn claim_alongside<S: super::Locks + Registry + ?Sized>(
     store: &S,
     requests: &[ClaimRequest],

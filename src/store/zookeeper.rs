@@ -313,6 +313,55 @@ impl ZkStore {
         Ok(stat.mtime)
     }
 
+    /// [`ZkStore::tick`] with `beat` written in the same multi: the clock
+    /// write every claim makes anyway carries the heartbeat. A record not
+    /// made yet (a node's first beat) fails the multi: then the clock is
+    /// ticked and the record made as a heartbeat of its own does.
+    async fn tick_beating(
+        &self,
+        client: &zk::Client,
+        beat: Option<&Heartbeat>,
+    ) -> Result<(i64, Beaten), StoreError> {
+        let Some(beat) = beat else {
+            return Ok((self.tick(client).await?, Beaten::No));
+        };
+        let data = BeatData::from(beat).to_json();
+        let mut writer = client.new_multi_writer();
+        writer
+            .add_set_data(&format!("{}/clock", self.base), b"", None)
+            .map_err(|e| self.err(e))?;
+        writer
+            .add_set_data(&self.node_path(beat.owner.as_str()), data.as_bytes(), None)
+            .map_err(|e| self.err(e))?;
+        let sent = Instant::now();
+        match tokio::time::timeout(self.op_timeout, writer.commit()).await {
+            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+            Ok(Ok(results)) => match results.first() {
+                Some(zk::MultiWriteResult::SetData { stat }) => {
+                    self.confirmed(client, sent);
+                    Ok((stat.mtime, Beaten::Written))
+                }
+                _ => Err(self.short_answer(results.len(), 2)),
+            },
+            Ok(Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoNode,
+                ..
+            })) => {
+                let (now, listed) = tokio::join!(self.tick(client), self.heartbeat(beat));
+                if let Err(e) = &listed {
+                    tracing::debug!("a claim's first heartbeat failed: {e}");
+                }
+                Ok((now?, Beaten::Listed(listed.ok())))
+            }
+            Ok(Err(e)) => Err(self.err(e.into())),
+        }
+    }
+
+    /// A node's record in the registry.
+    fn node_path(&self, owner: &str) -> String {
+        format!("{}/nodes/{owner}", self.base)
+    }
+
     /// Every job's lock node, in one multi read per [`MULTI_OPS`] jobs, and
     /// the live nodes, read in each multi after its lock nodes: a lease
     /// whose session's live node is gone is read as ended. (A live node is
@@ -444,19 +493,71 @@ impl ZkStore {
         &self,
         jobs: &[&str],
         owners: &[&str],
-        mut decide_one: impl FnMut(usize, &Node, i64, &str) -> (Option<LockData>, A),
+        decide_one: impl FnMut(usize, &Node, i64, &str) -> (Option<LockData>, A),
     ) -> Result<(i64, Vec<A>), StoreError> {
+        self.read_decide_write_beating(jobs, owners, None, decide_one)
+            .await
+            .map(|(now, answers, _)| (now, answers))
+    }
+
+    /// [`ZkStore::read_decide_write`] with `beat` in its clock write
+    /// ([`ZkStore::tick_beating`]); once that went through, the live nodes
+    /// are read while the claims are decided and written, and come back
+    /// with the answers.
+    async fn read_decide_write_beating<A>(
+        &self,
+        jobs: &[&str],
+        owners: &[&str],
+        beat: Option<&Heartbeat>,
+        mut decide_one: impl FnMut(usize, &Node, i64, &str) -> (Option<LockData>, A),
+    ) -> Result<(i64, Vec<A>, Option<Vec<NodeRecord>>), StoreError> {
         let client = self.client().await?;
         self.ensure_live(&client, owners).await?;
         let session = Self::session_tag(&client);
-        let (now, nodes) = tokio::join!(self.tick(&client), self.read_locks(&client, jobs));
-        let (now, mut nodes) = (now?, nodes?);
+        let (ticked, nodes) = tokio::join!(
+            self.tick_beating(&client, beat),
+            self.read_locks(&client, jobs)
+        );
+        let ((now, beaten), mut nodes) = (ticked?, nodes?);
+        let listing = async {
+            match beaten {
+                Beaten::No => None,
+                Beaten::Listed(live) => live,
+                Beaten::Written => match self.live_nodes(&client, now, true).await {
+                    Ok(live) => Some(live),
+                    Err(e) => {
+                        tracing::debug!(
+                            "reading the registry after a claim's heartbeat failed: {e}"
+                        );
+                        None
+                    }
+                },
+            }
+        };
+        let (live, answers) = tokio::join!(
+            listing,
+            self.decide_and_write(&client, jobs, &mut nodes, now, &session, &mut decide_one)
+        );
+        Ok((now, answers?, live))
+    }
+
+    /// The decide-and-write loop of [`ZkStore::read_decide_write`] on the
+    /// nodes read at `now`.
+    async fn decide_and_write<A>(
+        &self,
+        client: &zk::Client,
+        jobs: &[&str],
+        nodes: &mut [Node],
+        now: i64,
+        session: &str,
+        decide_one: &mut impl FnMut(usize, &Node, i64, &str) -> (Option<LockData>, A),
+    ) -> Result<Vec<A>, StoreError> {
         let deadline = tokio::time::Instant::now() + self.op_timeout;
         loop {
             let mut answers = Vec::with_capacity(jobs.len());
             let mut datas = Vec::new();
             for (i, node) in nodes.iter().enumerate() {
-                let (data, answer) = decide_one(i, node, now, &session);
+                let (data, answer) = decide_one(i, node, now, session);
                 answers.push(answer);
                 if let Some(d) = data {
                     let version = match node {
@@ -468,8 +569,8 @@ impl ZkStore {
             }
             let writes: Vec<(&str, &LockData, Option<i32>)> =
                 datas.iter().map(|(i, d, v)| (jobs[*i], d, *v)).collect();
-            match self.write_locks(&client, &writes).await? {
-                None => return Ok((now, answers)),
+            match self.write_locks(client, &writes).await? {
+                None => return Ok(answers),
                 Some(failed) => {
                     // That job changed under us: read it again, decide all
                     // again (the others' writes were not applied).
@@ -477,13 +578,70 @@ impl ZkStore {
                         return Err(StoreError::Timeout(self.op_timeout));
                     }
                     let i = datas[failed].0;
-                    let fresh = self.read_locks(&client, &[jobs[i]]).await?;
+                    let fresh = self.read_locks(client, &[jobs[i]]).await?;
                     if let Some(node) = fresh.into_iter().next() {
                         nodes[i] = node;
                     }
                 }
             }
         }
+    }
+
+    /// A claim of a non-empty batch, with `beat` in its clock write
+    /// ([`ZkStore::read_decide_write_beating`]).
+    async fn claim_with(
+        &self,
+        requests: &[ClaimRequest],
+        beat: Option<&Heartbeat>,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        let jobs: Vec<&str> = requests.iter().map(|r| r.job.as_str()).collect();
+        let mut owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        let (now, outcomes, live) = self
+            .read_decide_write_beating(&jobs, &owners, beat, |i, node, now, session| {
+                let req = &requests[i];
+                if let Node::Unreadable(why) = node {
+                    return (None, ClaimOutcome::Failed(why.clone()));
+                }
+                match decide(&row_of(node, now), req) {
+                    // A recheck answers an earlier win as it stands.
+                    Decision::Claim { won, .. } if req.recheck_only => {
+                        (None, ClaimOutcome::Won(won))
+                    }
+                    Decision::Claim {
+                        fence,
+                        expires_at,
+                        last_occurrence,
+                        won,
+                    } => (
+                        Some(LockData {
+                            owner: Some(req.owner.as_str().to_string()),
+                            fence: fence.to_string(),
+                            expires_at,
+                            last_occurrence: Some(last_occurrence),
+                            modified_at: now,
+                            session: Some(session.to_string()),
+                            running: true,
+                            // Won only while not paused, or an earlier win
+                            // answered again: the mark stays as it is.
+                            paused: matches!(node, Node::Present(d, _) if d.paused),
+                        }),
+                        ClaimOutcome::Won(won),
+                    ),
+                    Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
+                    Decision::FenceExhausted => (
+                        None,
+                        ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
+                    ),
+                }
+            })
+            .await?;
+        let claimed = Claimed {
+            store_now: from_ms(now),
+            outcomes,
+        };
+        Ok((claimed, live))
     }
 
     async fn ensure_run_dir(&self, client: &zk::Client, job: &str) -> Result<(), StoreError> {
@@ -597,6 +755,17 @@ fn row_of(node: &Node, now: i64) -> LockRow {
     }
 }
 
+/// What became of the heartbeat a claim carried ([`ZkStore::tick_beating`]).
+enum Beaten {
+    /// None was carried.
+    No,
+    /// Written with the clock: the live nodes are still to be read.
+    Written,
+    /// Written on its own (the record was new), with the live nodes read,
+    /// or not (it failed).
+    Listed(Option<Vec<NodeRecord>>),
+}
+
 #[async_trait]
 impl Locks for ZkStore {
     async fn prepare(&self) -> Result<(), StoreError> {
@@ -620,53 +789,9 @@ impl Locks for ZkStore {
                 outcomes: Vec::new(),
             });
         }
-        let jobs: Vec<&str> = requests.iter().map(|r| r.job.as_str()).collect();
-        let mut owners: Vec<&str> = requests.iter().map(|r| r.owner.as_str()).collect();
-        owners.sort_unstable();
-        owners.dedup();
-        let (now, outcomes) = self
-            .read_decide_write(&jobs, &owners, |i, node, now, session| {
-                let req = &requests[i];
-                if let Node::Unreadable(why) = node {
-                    return (None, ClaimOutcome::Failed(why.clone()));
-                }
-                match decide(&row_of(node, now), req) {
-                    // A recheck answers an earlier win as it stands.
-                    Decision::Claim { won, .. } if req.recheck_only => {
-                        (None, ClaimOutcome::Won(won))
-                    }
-                    Decision::Claim {
-                        fence,
-                        expires_at,
-                        last_occurrence,
-                        won,
-                    } => (
-                        Some(LockData {
-                            owner: Some(req.owner.as_str().to_string()),
-                            fence: fence.to_string(),
-                            expires_at,
-                            last_occurrence: Some(last_occurrence),
-                            modified_at: now,
-                            session: Some(session.to_string()),
-                            running: true,
-                            // Won only while not paused, or an earlier win
-                            // answered again: the mark stays as it is.
-                            paused: matches!(node, Node::Present(d, _) if d.paused),
-                        }),
-                        ClaimOutcome::Won(won),
-                    ),
-                    Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
-                    Decision::FenceExhausted => (
-                        None,
-                        ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
-                    ),
-                }
-            })
-            .await?;
-        Ok(Claimed {
-            store_now: from_ms(now),
-            outcomes,
-        })
+        self.claim_with(requests, None)
+            .await
+            .map(|(claimed, _)| claimed)
     }
 
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -897,7 +1022,7 @@ impl ZkStore {
 impl Registry for ZkStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         let client = self.client().await?;
-        let path = format!("{}/nodes/{}", self.base, beat.owner);
+        let path = self.node_path(beat.owner.as_str());
         let data = BeatData::from(beat).to_json();
         let sent = Instant::now();
         let written = tokio::time::timeout(
@@ -945,13 +1070,19 @@ impl Registry for ZkStore {
             .await
     }
 
-    /// Sent alongside the claim ([`registry::claim_alongside`]).
+    /// The heartbeat is written in the claim's clock multi (the write to
+    /// `/clock` every claim makes), and the live nodes are read while the
+    /// claims are decided and written; a beat that fails leaves the claims
+    /// standing, and the node beats again on its own.
     async fn claim_beating(
         &self,
         requests: &[ClaimRequest],
         beat: &Heartbeat,
     ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
-        registry::claim_alongside(self, requests, beat).await
+        if requests.is_empty() {
+            return registry::claim_alongside(self, requests, beat).await;
+        }
+        self.claim_with(requests, Some(beat)).await
     }
 }
 

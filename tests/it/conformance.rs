@@ -1353,3 +1353,186 @@ async fn mysql_a_job_renamed_by_case_keeps_its_lock() {
         Some("a#1")
     );
 }
+
+/// ZooKeeper only: a claim batch's heartbeat is written in the claim's own
+/// clock multi (one transaction: the record's `mzxid` is `/clock`'s), not
+/// as a request of its own, and the batch answers with the live nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_a_claim_batch_writes_the_heartbeat_in_its_clock_multi() {
+    let h = Harness::new(Backend::ZooKeeper).await;
+    let a = h.store().await;
+    // The node's first beat is its own: it makes the record.
+    a.heartbeat(&beat("web-1#a1", 30_000, None, 0))
+        .await
+        .unwrap();
+    let (claimed, nodes) = a
+        .claim_beating(
+            &[req("one", "web-1#a1", 1, 60_000)],
+            &beat("web-1#a1", 30_000, Some(3), 1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(won(claimed.outcomes[0].clone()).fence, 1);
+    let nodes = nodes.expect("the beat went through with the claim");
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| (n.owner.as_str(), n.clock_offset_ms))
+            .collect::<Vec<_>>(),
+        [("web-1#a1", Some(3))]
+    );
+    let zk = h.zk().await;
+    let base = h.zk_base();
+    let (_, clock) = zk.get_data(&format!("{base}/clock")).await.unwrap();
+    let (_, record) = zk
+        .get_data(&format!("{base}/nodes/web-1#a1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        record.mzxid, clock.mzxid,
+        "the record was written in the claim's clock transaction"
+    );
+}
+
+/// etcd only: a claim batch's heartbeat rides in the claim's first
+/// transaction with the etcd lease of the node's last own heartbeat (no
+/// lease granted, no request of its own), and the batch answers with the
+/// live nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_a_claim_batch_carries_the_heartbeat_in_its_first_transaction() {
+    let h = Harness::new(Backend::Etcd).await;
+    let a = h.store().await;
+    a.heartbeat(&beat("web-1#a1", 30_000, None, 0))
+        .await
+        .unwrap();
+    let mut etcd = h.etcd().await;
+    let key = format!("{}node/web-1#a1", h.config.key_prefix);
+    let read = |kvs: &[etcd_client::KeyValue]| (kvs[0].lease(), kvs[0].mod_revision());
+    let (lease, first) = read(etcd.get(key.as_str(), None).await.unwrap().kvs());
+    for (n, offset) in [(1, 4), (2, 6)] {
+        let (claimed, nodes) = a
+            .claim_beating(
+                &[req("one", "web-1#a1", n, 60_000)],
+                &beat("web-1#a1", 30_000, Some(offset), 1),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(claimed.outcomes[0], ClaimOutcome::Won(_)));
+        let nodes = nodes.expect("the beat went through with the claim");
+        assert_eq!(nodes[0].clock_offset_ms, Some(offset), "{nodes:?}");
+    }
+    let (after, last) = read(etcd.get(key.as_str(), None).await.unwrap().kvs());
+    assert!(last > first, "the record was written again");
+    assert_eq!(after, lease, "no lease granted: the beat rode in the claim");
+}
+
+/// Redlock only: a claim batch's heartbeat rides in each master's first
+/// pipeline, adding a script to it and no request: per master, a claim
+/// with the beat sends as many pipelines (each led by `INFO`) as one
+/// without. Three masters of the test's own, so no other test's commands
+/// are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_a_claim_batch_carries_the_heartbeat_in_its_first_pipeline() {
+    let mut servers: Vec<crate::support::RedisServer> = (0..3)
+        .map(|_| crate::support::RedisServer::new(false))
+        .collect();
+    for s in &mut servers {
+        s.start();
+    }
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let url =
+        cronlease::config::StoreUrl::redlock(&urls.iter().map(String::as_str).collect::<Vec<_>>())
+            .unwrap();
+    let mut config = cronlease::config::StoreConfig::new(url);
+    config.key_prefix = crate::support::unique("cl:rlb");
+    let h = Harness::for_config(config);
+    let a = h.store().await;
+    a.prepare().await.unwrap();
+    // A master counts in no quorum before it has been up for a lease.
+    crate::support::wait_for_uptime(&urls.iter().map(String::as_str).collect::<Vec<_>>(), 3);
+    a.heartbeat(&beat("web-1#a1", 30_000, None, 0))
+        .await
+        .unwrap();
+    let clients: Vec<::redis::Client> = urls
+        .iter()
+        .map(|u| ::redis::Client::open(u.as_str()).unwrap())
+        .collect();
+    // Per master: INFO and EVALSHA calls since the last reset.
+    let calls = || async {
+        let mut counts = Vec::new();
+        for c in &clients {
+            let mut c = c.get_multiplexed_async_connection().await.unwrap();
+            let stats: String = ::redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let count = |cmd: &str| {
+                stats
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+                    .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            // The INFO asking for these counts is counted too.
+            counts.push((count("info").saturating_sub(1), count("evalsha")));
+            let _: () = ::redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+        counts
+    };
+    calls().await;
+    won(claim(&a, req("plain", "web-1#a1", 1, 2_000)).await);
+    let plain = calls().await;
+    let (claimed, nodes) = a
+        .claim_beating(
+            &[req("beating", "web-1#a1", 1, 2_000)],
+            &beat("web-1#a1", 30_000, Some(7), 2),
+        )
+        .await
+        .unwrap();
+    let beating = calls().await;
+    won(claimed.outcomes[0].clone());
+    let nodes = nodes.expect("the beat went through with the claim");
+    assert_eq!(nodes[0].clock_offset_ms, Some(7), "{nodes:?}");
+    // Flushed, then only the lease script loaded again (by another client):
+    // the beat is refused and sent again alone; the lease script ran once.
+    for c in &clients {
+        let mut c = c.get_multiplexed_async_connection().await.unwrap();
+        let _: () = ::redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: String = ::redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(include_str!("../../src/store/redis/redlock_lease.lua"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let (flushed, again) = a
+        .claim_beating(
+            &[req("flushed", "web-1#a1", 1, 2_000)],
+            &beat("web-1#a1", 30_000, Some(8), 3),
+        )
+        .await
+        .unwrap();
+    let w = won(flushed.outcomes[0].clone());
+    assert_eq!((w.fence, w.catch_up), (1, false));
+    assert_eq!(again.map(|n| n[0].clock_offset_ms), Some(Some(8)));
+    for (m, ((info, eval), (info_b, eval_b))) in plain.iter().zip(&beating).enumerate() {
+        assert_eq!(
+            info_b, info,
+            "master {m}: no request of its own ({plain:?} vs {beating:?})"
+        );
+        assert_eq!(
+            *eval_b,
+            eval + 1,
+            "master {m}: one script more ({plain:?} vs {beating:?})"
+        );
+    }
+}

@@ -352,37 +352,71 @@ impl RedlockStore {
         keys: &[String],
         args: &[String],
     ) -> Result<T, StoreError> {
+        let [reply] = self
+            .evals_on::<1, T>(master, [(script, keys, args)])
+            .await?;
+        reply
+    }
+
+    /// `N` scripts on one master in one pipeline, behind `INFO server` (to
+    /// see a restart): each script's reply, decoded, or why not. An error
+    /// for the whole call when the master did not answer.
+    async fn evals_on<const N: usize, T: redis::FromRedisValue>(
+        &self,
+        master: &Master,
+        calls: [(&Script, &[String], &[String]); N],
+    ) -> Result<[Result<T, StoreError>; N], StoreError> {
         let mut conn = master.connection(self.op_timeout).await?;
-        let build = || {
+        let build = |which: &[usize]| {
             let mut pipe = redis::pipe();
             pipe.cmd("INFO").arg("server");
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(keys.len())
-                .arg(keys)
-                .arg(args);
+            for &i in which {
+                let (script, keys, args) = &calls[i];
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(keys.len())
+                    .arg(*keys)
+                    .arg(*args);
+            }
             pipe
         };
-        let replies: Vec<redis::Value> =
-            match eval_loading(&mut conn, &self.scripts(), build).await {
-                // The connection broke (the master restarted): the manager
-                // connects again, and every script here may run twice.
-                Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                    eval_loading(&mut conn, &self.scripts(), build).await
-                }
-                other => other,
+        let scripts = self.scripts();
+        let replies: Vec<redis::Value> = match eval_loading(&mut conn, &scripts, 1, N, build).await
+        {
+            // The connection broke (the master restarted): the manager
+            // connects again, and every script here may run twice.
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                eval_loading(&mut conn, &scripts, 1, N, build).await
             }
-            .map_err(|e| store_error(&master.url, &e))?;
+            other => other,
+        }
+        .map_err(|e| store_error(&master.url, &e))?;
         let malformed = |reason: String| StoreError::Backend {
             store: master.url.redacted().into(),
             reason,
         };
-        let [info, reply] = <[redis::Value; 2]>::try_from(replies)
-            .map_err(|r| malformed(format!("{} replies to INFO and a script", r.len())))?;
-        let info: String = redis::from_redis_value(info)
-            .map_err(|e| malformed(format!("unexpected reply to INFO: {e}")))?;
+        if replies.len() != N + 1 {
+            return Err(malformed(format!(
+                "{} replies to INFO and {N} scripts",
+                replies.len()
+            )));
+        }
+        let mut replies = replies.into_iter();
+        let info: String = replies
+            .next()
+            .map(redis::from_redis_value)
+            .transpose()
+            .map_err(|e| malformed(format!("unexpected reply to INFO: {e}")))?
+            .unwrap_or_default();
         master.observe(&info);
-        redis::from_redis_value(reply).map_err(|e| malformed(format!("unexpected reply: {e}")))
+        Ok(std::array::from_fn(|_| match replies.next() {
+            Some(redis::Value::ServerError(e)) => {
+                Err(store_error(&master.url, &redis::RedisError::from(e)))
+            }
+            Some(reply) => redis::from_redis_value(reply)
+                .map_err(|e| malformed(format!("unexpected reply: {e}"))),
+            None => Err(malformed("a script's reply is missing".into())),
+        }))
     }
 
     /// A command without arguments on one master.
@@ -426,8 +460,15 @@ impl RedlockStore {
     }
 
     /// Phase 1 for `requests[i]`, `i` in `which`: per master, its time and
-    /// its entries (in `which` order).
-    async fn take_leases(&self, requests: &[ClaimRequest], which: &[usize]) -> LeaseAnswers {
+    /// its entries (in `which` order). With `beat` (`registry.lua`'s
+    /// arguments), each master's pipeline carries the heartbeat first, and
+    /// the live records come back too if a majority took it.
+    async fn take_leases(
+        &self,
+        requests: &[ClaimRequest],
+        which: &[usize],
+        beat: Option<&[String]>,
+    ) -> (LeaseAnswers, Option<Vec<NodeRecord>>) {
         let mut keys = Vec::with_capacity(2 * which.len());
         let mut args = Vec::with_capacity(4 * which.len());
         for &i in which {
@@ -455,8 +496,53 @@ impl RedlockStore {
                     || top_holder(&t.others).is_some_and(|(_, p)| p.len() >= self.majority())
             })
         };
-        self.each_until(|m| self.eval_on(m, &self.lease, keys, args), settled)
-            .await
+        let Some(beat_args) = beat else {
+            let answers = self
+                .each_until(|m| self.eval_on(m, &self.lease, keys, args), settled)
+                .await;
+            return (answers, None);
+        };
+        let beat_keys = [self.registry_key()];
+        let beats: std::sync::Mutex<Vec<Option<Vec<String>>>> =
+            std::sync::Mutex::new(self.masters.iter().map(|_| None).collect());
+        let (beat_keys, beats_ref) = (&beat_keys, &beats);
+        let answers = self
+            .each_until(
+                |m| async move {
+                    let [beaten, leased] = self
+                        .evals_on::<2, redis::Value>(
+                            m,
+                            [
+                                (&self.registry, beat_keys, beat_args),
+                                (&self.lease, keys, args),
+                            ],
+                        )
+                        .await?;
+                    let slot = self.masters.iter().position(|x| std::ptr::eq(x, m));
+                    match (beaten.and_then(|v| decoded(m, v)), slot) {
+                        (Ok(reply), Some(slot)) => {
+                            if let Ok(mut beats) = beats_ref.lock() {
+                                beats[slot] = Some(reply);
+                            }
+                        }
+                        (Err(e), _) => {
+                            tracing::debug!("the heartbeat in a claim's first phase failed: {e}")
+                        }
+                        _ => {}
+                    }
+                    leased.and_then(|v| decoded(m, v))
+                },
+                settled,
+            )
+            .await;
+        let beats: Vec<Vec<String>> = beats
+            .into_inner()
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+            .collect();
+        let nodes = (beats.len() >= self.majority()).then(|| freshest_records(beats));
+        (answers, nodes)
     }
 
     /// Counts the masters' phase-1 answers for request `slot` of the call.
@@ -578,12 +664,20 @@ impl RedlockStore {
         &self,
         requests: &[ClaimRequest],
         outcomes: &mut [Option<ClaimOutcome>],
-    ) -> Result<(Vec<(usize, Tally)>, i64), StoreError> {
+        beat: Option<&[String]>,
+    ) -> Result<(Vec<(usize, Tally)>, i64, Option<Vec<NodeRecord>>), StoreError> {
         let mut ours: Vec<(usize, Tally)> = Vec::new();
         let mut pending: Vec<usize> = (0..requests.len()).collect();
         let mut store_now = None;
+        let mut nodes = None;
         for round in 0..SPLIT_ROUNDS {
-            let answers = self.take_leases(requests, &pending).await;
+            // The heartbeat rides the first round only.
+            let (answers, beaten) = self
+                .take_leases(requests, &pending, beat.filter(|_| round == 0))
+                .await;
+            if round == 0 {
+                nodes = beaten;
+            }
             let clocks = answers
                 .iter()
                 .filter_map(|a| {
@@ -678,7 +772,36 @@ impl RedlockStore {
             tokio::time::sleep(jitter()).await;
             pending = split;
         }
-        Ok((ours, store_now.unwrap_or_default()))
+        Ok((ours, store_now.unwrap_or_default(), nodes))
+    }
+
+    /// A claim of a non-empty batch, with `beat` (`registry.lua`'s
+    /// arguments) in each master's first-phase pipeline: the live records
+    /// come back when a majority took the heartbeat.
+    async fn claim_with(
+        &self,
+        requests: &[ClaimRequest],
+        beat: Option<&[String]>,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        let started = Instant::now();
+        let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
+        let (ours, store_now, nodes) = self.lease_rounds(requests, &mut outcomes, beat).await?;
+        self.decide_and_write(requests, ours, store_now, started, &mut outcomes)
+            .await?;
+        let outcomes = outcomes
+            .into_iter()
+            .zip(requests)
+            .map(|(o, r)| {
+                o.unwrap_or_else(|| {
+                    ClaimOutcome::Failed(format!("the claim of job {} was not decided", r.job))
+                })
+            })
+            .collect();
+        let claimed = Claimed {
+            store_now: from_ms(store_now),
+            outcomes,
+        };
+        Ok((claimed, nodes))
     }
 
     /// Phase 2: the claim rule on what the masters reported, then the wins
@@ -994,24 +1117,9 @@ impl Locks for RedlockStore {
                 outcomes: Vec::new(),
             });
         }
-        let started = Instant::now();
-        let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
-        let (ours, store_now) = self.lease_rounds(requests, &mut outcomes).await?;
-        self.decide_and_write(requests, ours, store_now, started, &mut outcomes)
-            .await?;
-        let outcomes = outcomes
-            .into_iter()
-            .zip(requests)
-            .map(|(o, r)| {
-                o.unwrap_or_else(|| {
-                    ClaimOutcome::Failed(format!("the claim of job {} was not decided", r.job))
-                })
-            })
-            .collect();
-        Ok(Claimed {
-            store_now: from_ms(store_now),
-            outcomes,
-        })
+        self.claim_with(requests, None)
+            .await
+            .map(|(claimed, _)| claimed)
     }
 
     async fn clock(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -1235,23 +1343,18 @@ impl RedlockStore {
     /// node's record ends on every master by its own clock), per owner the
     /// freshest copy.
     async fn registry_call(&self, args: Vec<String>) -> Result<Vec<NodeRecord>, StoreError> {
-        let keys = [format!("{}nodes", self.prefix)];
+        let keys = [self.registry_key()];
         let (k, a) = (&keys, &args);
         let answers = self
             .each(|m| self.eval_on::<Vec<String>>(m, &self.registry, k, a))
             .await;
-        let mut freshest: BTreeMap<String, NodeRecord> = BTreeMap::new();
-        for (_, reply) in self.quorum(answers)? {
-            for record in super::nodes_from_reply(&reply) {
-                match freshest.get(&record.owner) {
-                    Some(kept) if kept.expires_in_ms >= record.expires_in_ms => {}
-                    _ => {
-                        freshest.insert(record.owner.clone(), record);
-                    }
-                }
-            }
-        }
-        Ok(registry::sorted(freshest.into_values().collect()))
+        let replies = self.quorum(answers)?.into_iter().map(|(_, reply)| reply);
+        Ok(freshest_records(replies))
+    }
+
+    /// The key of the node registry's hash.
+    fn registry_key(&self) -> String {
+        format!("{}nodes", self.prefix)
     }
 }
 
@@ -1277,14 +1380,47 @@ impl Registry for RedlockStore {
             .map(|_| ())
     }
 
-    /// Sent alongside the claim ([`registry::claim_alongside`]).
+    /// The heartbeat's script goes first in each master's first-phase
+    /// pipeline (with `INFO` and the lease script: one round trip); a beat
+    /// that fails leaves the claims standing, and the node beats again on
+    /// its own.
     async fn claim_beating(
         &self,
         requests: &[ClaimRequest],
         beat: &Heartbeat,
     ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
-        registry::claim_alongside(self, requests, beat).await
+        if requests.is_empty() {
+            return registry::claim_alongside(self, requests, beat).await;
+        }
+        let args = super::registry_args("beat", beat.owner.as_str(), Some(beat));
+        self.claim_with(requests, Some(&args)).await
     }
+}
+
+/// One reply of a pipeline, decoded.
+fn decoded<T: redis::FromRedisValue>(master: &Master, v: redis::Value) -> Result<T, StoreError> {
+    redis::from_redis_value(v).map_err(|e| StoreError::Backend {
+        store: master.url.redacted().into(),
+        reason: format!("unexpected reply: {e}"),
+    })
+}
+
+/// The union of the masters' `registry.lua` replies, per owner the
+/// freshest copy (a heartbeat that counted reached a majority, and a dead
+/// node's record ends on every master by its own clock).
+fn freshest_records(replies: impl IntoIterator<Item = Vec<String>>) -> Vec<NodeRecord> {
+    let mut freshest: BTreeMap<String, NodeRecord> = BTreeMap::new();
+    for reply in replies {
+        for record in super::nodes_from_reply(&reply) {
+            match freshest.get(&record.owner) {
+                Some(kept) if kept.expires_in_ms >= record.expires_in_ms => {}
+                _ => {
+                    freshest.insert(record.owner.clone(), record);
+                }
+            }
+        }
+    }
+    registry::sorted(freshest.into_values().collect())
 }
 
 #[cfg(test)]
