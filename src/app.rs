@@ -49,6 +49,7 @@ pub fn main(cli: Cli) -> ExitCode {
             limit,
             json,
         } => with_runtime(|| history(config.config, job, limit, json)),
+        Commands::Logs { config, job, fence } => with_runtime(|| logs(config.config, job, fence)),
         Commands::Pause(args) => with_runtime(|| set_paused(args, true)),
         Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
@@ -755,6 +756,7 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
                 } else {
                     "no".into()
                 },
+                crate::output::excerpt(&r.output),
             ]
         })
         .collect();
@@ -769,9 +771,74 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
             "TOOK",
             "OUTCOME",
             "TAKEOVER",
+            "OUTPUT",
         ],
         &table,
     );
+    ExitCode::SUCCESS
+}
+
+/// `logs JOB [--fence N]`: the output tail of the job's newest run in
+/// history, or of run N; exit 1 when history has no such run.
+async fn logs(path: PathBuf, job: String, fence: Option<u64>) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init_default();
+    let job = match JobName::parse(&job) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("cronlease: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    // A given run is looked for among every run history keeps of the job.
+    let limit = match fence {
+        Some(_) => config.store.history_limit.max(1),
+        None => 1,
+    };
+    let runs = match within(&config, store.history(Some(&job), limit)).await {
+        Ok(r) => r,
+        Err(e) => return store_failure(&e),
+    };
+    if runs.is_empty() && !config.jobs.iter().any(|j| j.name == job) {
+        eprintln!(
+            "cronlease: no such job {job:?}: not in {} and no history in the store (`cronlease check` lists the jobs)",
+            path.display()
+        );
+        return ExitCode::from(EXIT_NO_SUCH_JOB);
+    }
+    let run = match fence {
+        Some(n) => runs.iter().find(|r| r.fence == n),
+        None => runs.first(),
+    };
+    let Some(run) = run else {
+        match fence {
+            Some(n) => eprintln!(
+                "cronlease: job {job} has no run with fence {n} in history (it keeps the last {} runs of each job; `cronlease history {job}` lists them)",
+                config.store.history_limit
+            ),
+            None => eprintln!("cronlease: job {job} has no run in history yet"),
+        }
+        return ExitCode::from(1);
+    };
+    if run.output.is_empty() {
+        eprintln!(
+            "cronlease: run {} of {job} ({}) left no output in history (none written, or output_tail = 0)",
+            run.fence, run.outcome
+        );
+        return ExitCode::SUCCESS;
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(run.output.as_bytes());
+    if !run.output.ends_with('\n') {
+        let _ = out.write_all(b"\n");
+    }
     ExitCode::SUCCESS
 }
 

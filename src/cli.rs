@@ -81,6 +81,16 @@ pub enum Commands {
         #[arg(long)]
         json: bool,
     },
+    /// Print the output tail a run left in history (the job's newest run by default)
+    Logs {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The job
+        job: String,
+        /// That run of the job (its fence) instead of the newest
+        #[arg(long, value_name = "N")]
+        fence: Option<u64>,
+    },
     /// Pause jobs cluster-wide: no node claims an occurrence until resume
     Pause(PauseArgs),
     /// Resume paused jobs

@@ -24,9 +24,10 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
-use crate::config::{Command, Job, NodeName};
+use crate::config::{Command, Job, NodeName, StoreUrl};
 use crate::guard::{Guard, RunNote, StartError};
 use crate::node::clock::WallClock;
+use crate::output::Tail;
 use crate::store::Outcome;
 
 /// Longest output line logged as one event; longer lines are split.
@@ -90,6 +91,8 @@ pub struct Finished {
     pub exit_code: Option<i32>,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
+    /// The output tail for history ([`crate::output`]; empty: none).
+    pub output: String,
 }
 
 impl Finished {
@@ -101,6 +104,7 @@ impl Finished {
             exit_code: None,
             started_at: now,
             finished_at: now,
+            output: String::new(),
         }
     }
 }
@@ -117,6 +121,9 @@ pub struct RunSpec<'a> {
     pub decision_ms: u64,
     /// The node's wall clock: when the run started and ended.
     pub clock: &'a dyn WallClock,
+    /// The store's URL, whose password (from it or `password_file`) never
+    /// reaches the output tail.
+    pub secrets: &'a StoreUrl,
 }
 
 /// This process's environment less [`WITHHELD_ENV`], read once: a thousand
@@ -294,12 +301,14 @@ pub async fn run(
                 exit_code: None,
                 started_at,
                 finished_at: spec.clock.now(),
+                output: String::new(),
             };
         }
     };
     let started_at = process.started_at.unwrap_or(started_at);
     let pgid = process.pgid;
     let mut pumps = Vec::new();
+    let tail = std::sync::Arc::new(std::sync::Mutex::new(Tail::new(job.output_tail)));
     for (stream, name) in [
         (process.stdout.take(), "stdout"),
         (process.stderr.take(), "stderr"),
@@ -310,6 +319,7 @@ pub async fn run(
                 job.name.to_string(),
                 fence,
                 name,
+                tail.clone(),
             )));
         }
     }
@@ -360,11 +370,16 @@ pub async fn run(
         Some(s) if s.success() => Outcome::Ok,
         _ => Outcome::Failed,
     });
+    let output = match tail.lock() {
+        Ok(tail) => tail.finish(|text| spec.secrets.scrub(text)),
+        Err(_) => String::new(),
+    };
     Finished {
         outcome,
         exit_code,
         started_at,
         finished_at: spec.clock.now(),
+        output,
     }
 }
 
@@ -470,8 +485,15 @@ async fn terminate(exit: &mut Exit, pgid: u32, grace: Duration) -> Option<ExitSt
     exit.await
 }
 
-/// Logs a stream line by line, tagged with job and fence.
-async fn pump(stream: impl AsyncRead + Unpin, job: String, fence: u64, name: &'static str) {
+/// Logs a stream line by line, tagged with job and fence, and keeps its
+/// end in `tail`.
+async fn pump(
+    stream: impl AsyncRead + Unpin,
+    job: String,
+    fence: u64,
+    name: &'static str,
+    tail: std::sync::Arc<std::sync::Mutex<Tail>>,
+) {
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
@@ -483,6 +505,9 @@ async fn pump(stream: impl AsyncRead + Unpin, job: String, fence: u64, name: &'s
         {
             Ok(0) | Err(_) => break,
             Ok(_) => {
+                if let Ok(mut tail) = tail.lock() {
+                    tail.push(&line);
+                }
                 while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                     line.pop();
                 }

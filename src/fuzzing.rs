@@ -144,7 +144,7 @@ mod sql_rows {
     }
 
     /// The columns `history` selects, in order.
-    const COLUMNS: [&str; 12] = [
+    const COLUMNS: [&str; 13] = [
         "job",
         "fence",
         "owner",
@@ -157,6 +157,7 @@ mod sql_rows {
         "takeover",
         "delay_ms",
         "decision_ms",
+        "output",
     ];
 
     /// A history row of these columns (in `history`'s order), read as

@@ -647,6 +647,7 @@ fn hand_over(
             exit_code: Some(128 + Signal::SIGKILL as i32),
             takeover: r.takeover,
             decision_ms: r.decision_ms,
+            output: String::new(),
         })
         .collect();
     let jobs: Vec<JobName> = jobs.iter().filter_map(|j| JobName::parse(j).ok()).collect();

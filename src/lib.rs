@@ -35,6 +35,7 @@ pub mod fuzzing;
 pub mod guard;
 pub mod metrics;
 pub mod node;
+pub mod output;
 pub mod pidfile;
 pub mod schedule;
 pub mod store;

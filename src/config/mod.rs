@@ -1095,6 +1095,12 @@ pub struct Job {
     pub working_dir: Option<PathBuf>,
     /// Run as this user and group (the daemon must be root).
     pub identity: Option<Identity>,
+    /// `output_tail`: how many of the last bytes of the run's stdout and
+    /// stderr history keeps (0: none).
+    pub output_tail: usize,
+    /// `on_failure`: run on the same node after a run ended `failed`,
+    /// `timeout` or `lease_lost`.
+    pub on_failure: Option<Command>,
     /// `file:line` of the definition, for log messages.
     pub defined_at: String,
 }
@@ -1112,6 +1118,8 @@ impl Job {
             && self.env == other.env
             && self.working_dir == other.working_dir
             && self.identity == other.identity
+            && self.output_tail == other.output_tail
+            && self.on_failure == other.on_failure
     }
 }
 
@@ -1879,63 +1887,11 @@ fn validate_job(
             None
         }
     };
-    let command = match rj.command.get_ref() {
-        toml::Value::String(s) if s.contains('\0') => {
-            errors.push(src.at(&rj.command, "command contains a NUL byte"));
-            None
-        }
-        toml::Value::Array(items)
-            if items
-                .iter()
-                .any(|v| v.as_str().is_some_and(|a| a.contains('\0'))) =>
-        {
-            errors.push(src.at(&rj.command, "a command argument contains a NUL byte"));
-            None
-        }
-        toml::Value::String(s) if !s.trim().is_empty() => Some(Command::Shell(s.clone())),
-        toml::Value::String(_) => {
-            errors.push(src.at(
-                &rj.command,
-                "empty command: expected a shell string or an argv array",
-            ));
-            None
-        }
-        toml::Value::Array(items) => {
-            let argv: Option<Vec<String>> = items
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect();
-            match argv {
-                Some(argv) if argv.first().is_some_and(|a| !a.trim().is_empty()) => {
-                    Some(Command::Argv(argv))
-                }
-                Some(_) => {
-                    errors.push(src.at(
-                        &rj.command,
-                        "empty command: the argv array needs a program as its first element",
-                    ));
-                    None
-                }
-                None => {
-                    errors.push(src.at(
-                        &rj.command,
-                        "invalid command: every argv element must be a string",
-                    ));
-                    None
-                }
-            }
-        }
-        other => {
-            errors.push(src.at(
-                &rj.command,
-                format!(
-                    "invalid command: expected a string or an array of strings, found {}",
-                    other.type_str()
-                ),
-            ));
-            None
-        }
-    };
+    let command = command_of(src, &rj.command, "command", errors);
+    let on_failure = rj
+        .on_failure
+        .as_ref()
+        .and_then(|v| command_of(src, v, "on_failure", errors));
     let timeout = rj
         .timeout
         .as_ref()
@@ -1977,6 +1933,10 @@ fn validate_job(
     if errors.len() > before {
         return None;
     }
+    let output_tail = match &rj.output_tail {
+        Some(v) => byte_size(src, v, "output_tail", MAX_OUTPUT_TAIL, errors),
+        None => Some(DEFAULT_OUTPUT_TAIL),
+    };
     let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
     let identity = identity(src, rj, errors);
     if errors.len() > before {
@@ -1993,8 +1953,129 @@ fn validate_job(
         env,
         working_dir,
         identity,
+        output_tail: output_tail?,
+        on_failure,
         defined_at: here,
     })
+}
+
+/// A command (`command`, `on_failure`): a string runs as `/bin/sh -c`, an
+/// array is an argv.
+fn command_of(
+    src: &Source,
+    v: &Spanned<toml::Value>,
+    what: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Command> {
+    match v.get_ref() {
+        toml::Value::String(s) if s.contains('\0') => {
+            errors.push(src.at(v, format!("{what} contains a NUL byte")));
+            None
+        }
+        toml::Value::Array(items)
+            if items
+                .iter()
+                .any(|v| v.as_str().is_some_and(|a| a.contains('\0'))) =>
+        {
+            errors.push(src.at(v, format!("{what}: an argument contains a NUL byte")));
+            None
+        }
+        toml::Value::String(s) if !s.trim().is_empty() => Some(Command::Shell(s.clone())),
+        toml::Value::String(_) => {
+            errors.push(src.at(
+                v,
+                format!("empty {what}: expected a shell string or an argv array"),
+            ));
+            None
+        }
+        toml::Value::Array(items) => {
+            let argv: Option<Vec<String>> = items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect();
+            match argv {
+                Some(argv) if argv.first().is_some_and(|a| !a.trim().is_empty()) => {
+                    Some(Command::Argv(argv))
+                }
+                Some(_) => {
+                    errors.push(src.at(
+                        v,
+                        format!(
+                            "empty {what}: the argv array needs a program as its first element"
+                        ),
+                    ));
+                    None
+                }
+                None => {
+                    errors.push(src.at(
+                        v,
+                        format!("invalid {what}: every argv element must be a string"),
+                    ));
+                    None
+                }
+            }
+        }
+        other => {
+            errors.push(src.at(
+                v,
+                format!(
+                    "invalid {what}: expected a string or an array of strings, found {}",
+                    other.type_str()
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// `output_tail` unless set.
+pub const DEFAULT_OUTPUT_TAIL: usize = 8 * 1024;
+/// The largest `output_tail`: a history record stays well inside every
+/// store's row, value and message limits (history writes are also split
+/// by size, [`crate::store::run_groups`]).
+pub const MAX_OUTPUT_TAIL: usize = 64 * 1024;
+
+/// A size such as `8KiB`, `1 MiB`, `512B` or `0` (bytes), at most `max`.
+fn byte_size(
+    src: &Source,
+    v: &Spanned<String>,
+    what: &str,
+    max: usize,
+    errors: &mut Vec<ConfigError>,
+) -> Option<usize> {
+    let text = v.get_ref().trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let scale: Option<usize> = match unit.trim() {
+        "" | "B" => Some(1),
+        "KiB" => Some(1024),
+        "MiB" => Some(1024 * 1024),
+        _ => None,
+    };
+    let bytes = digits
+        .parse::<usize>()
+        .ok()
+        .zip(scale)
+        .and_then(|(n, scale)| n.checked_mul(scale));
+    match bytes {
+        Some(n) if n <= max => Some(n),
+        Some(_) => {
+            errors.push(src.at(
+                v,
+                format!("{what} {text:?} is too large: at most {} KiB", max / 1024),
+            ));
+            None
+        }
+        None => {
+            errors.push(src.at(
+                v,
+                format!("invalid {what} {text:?}: expected bytes, e.g. \"8KiB\", \"1MiB\", \"512B\" or \"0\""),
+            ));
+            None
+        }
+    }
 }
 
 /// Resolves a job's `user`/`group`; only a daemon running as root may switch.

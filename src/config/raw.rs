@@ -106,4 +106,7 @@ pub struct RawJob {
     pub working_dir: Option<Spanned<String>>,
     pub user: Option<Spanned<String>>,
     pub group: Option<Spanned<String>>,
+    pub output_tail: Option<Spanned<String>>,
+    /// Like `command`; checked in validation.
+    pub on_failure: Option<Spanned<toml::Value>>,
 }

@@ -342,6 +342,8 @@ pub struct Node {
     started_at: DateTime<Utc>,
     /// The live nodes as of the last heartbeat ([`membership`]).
     live_nodes: Mutex<Vec<crate::store::NodeRecord>>,
+    /// The store's URL: its password never reaches an output tail.
+    store_url: crate::config::StoreUrl,
     /// When the last heartbeat that went through was sent, on its own or
     /// in a claim batch ([`membership`]).
     beaten_at: Mutex<Option<tokio::time::Instant>>,
@@ -459,6 +461,7 @@ impl Node {
             started_at,
             live_nodes: Mutex::new(Vec::new()),
             beaten_at: Mutex::new(None),
+            store_url: config.store.url.clone(),
         })
     }
 

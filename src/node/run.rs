@@ -9,6 +9,10 @@
 //! the store could let a peer in. A store that can end leases early (a
 //! ZooKeeper holder's session) bounds runs further ([`crate::store::Locks::run_bound`]):
 //! the earlier of the two applies.
+//!
+//! A run that ended `failed`, `timeout` or `lease_lost` is followed by the
+//! job's `on_failure` command, if it has one ([`Node::on_failure`]), on the
+//! same node, after the run is recorded and its lease handed back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +64,7 @@ impl Node {
         let node = self.clone();
         let state = state.clone();
         Some(self.runs.spawn(async move {
-            node.supervise(&state, ticket).await;
+            let ended = node.supervise(&state, ticket).await;
             // A step-down during the run, or (spread) a job whose preferred
             // node is another: hand it back, so the next occurrence goes to
             // a peer on time.
@@ -69,10 +73,73 @@ impl Node {
                 state.lease_ended();
                 node.release(&[state.job().name.clone()]).await;
             }
+            if let Some((outcome, exit_code)) = ended {
+                node.on_failure(&state, ticket, &outcome, exit_code).await;
+            }
         }))
     }
 
-    async fn supervise(&self, state: &JobState, ticket: RunTicket) {
+    /// The job's `on_failure` command after a run of it ended `outcome`:
+    /// the run's environment plus `CRONLEASE_OUTCOME` and
+    /// `CRONLEASE_EXIT_CODE` (empty without one), its user and directory,
+    /// bounded by the job's `timeout`; not claimed and not in history (its
+    /// output goes to the log like the job's). Stopped at shutdown.
+    async fn on_failure(
+        &self,
+        state: &JobState,
+        ticket: RunTicket,
+        outcome: &Outcome,
+        exit_code: Option<i32>,
+    ) {
+        let job = state.job();
+        let Some(command) = &job.on_failure else {
+            return;
+        };
+        let mut hook = (*job).clone();
+        hook.command = command.clone();
+        hook.output_tail = 0;
+        hook.env
+            .insert("CRONLEASE_OUTCOME".into(), outcome.as_str().to_string());
+        hook.env.insert(
+            "CRONLEASE_EXIT_CODE".into(),
+            exit_code.map(|c| c.to_string()).unwrap_or_default(),
+        );
+        let spec = RunSpec {
+            job: &hook,
+            fence: ticket.fence,
+            occurrence: ticket.occurrence,
+            node: &self.name,
+            takeover: ticket.takeover,
+            decision_ms: ticket.decision_ms,
+            clock: self.wall.as_ref(),
+            secrets: &self.store_url,
+        };
+        tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure starting");
+        let stop = async {
+            self.kill_runs.cancelled().await;
+            StopReason::Shutdown
+        };
+        let finished = self
+            .runner
+            .run(spec, self.guard.as_ref(), Box::pin(stop))
+            .await;
+        match &finished.outcome {
+            Outcome::Ok => {
+                tracing::info!(job = %job.name, fence = ticket.fence, "on_failure finished: ok")
+            }
+            ended => {
+                tracing::warn!(job = %job.name, fence = ticket.fence, exit_code = ?finished.exit_code, "on_failure finished: {ended}")
+            }
+        }
+    }
+
+    /// Supervises the run; answers how it ended when the job's
+    /// `on_failure` should follow.
+    async fn supervise(
+        &self,
+        state: &JobState,
+        ticket: RunTicket,
+    ) -> Option<(Outcome, Option<i32>)> {
         let job = state.job();
         let provable = state
             .lease_clock()
@@ -87,7 +154,10 @@ impl Node {
                 Finished::without_process(Outcome::LeaseLost, self.wall.now()),
             )
             .await;
-            return;
+            return job
+                .on_failure
+                .is_some()
+                .then_some((Outcome::LeaseLost, None));
         }
         let stop = async {
             tokio::select! {
@@ -105,6 +175,7 @@ impl Node {
             takeover: ticket.takeover,
             decision_ms: ticket.decision_ms,
             clock: self.wall.as_ref(),
+            secrets: &self.store_url,
         };
         self.metrics
             .start_lateness
@@ -126,7 +197,13 @@ impl Node {
                 tracing::warn!(job = %job.name, fence = ticket.fence, duration_ms = took, exit_code = ?finished.exit_code, "run finished: {outcome}")
             }
         }
+        let ended = (finished.outcome.clone(), finished.exit_code);
         self.record(state, ticket, finished).await;
+        let failed = matches!(
+            ended.0,
+            Outcome::Failed | Outcome::Timeout | Outcome::LeaseLost
+        );
+        (failed && job.on_failure.is_some()).then_some(ended)
     }
 
     /// Keeps the job's lease while its run goes; returns when the lease is
@@ -209,6 +286,7 @@ impl Node {
                 .num_milliseconds()
                 .max(0) as u64,
             decision_ms: ticket.decision_ms,
+            output: finished.output,
         };
         let labels = crate::metrics::RunLabel {
             job: job.name.to_string(),

@@ -70,6 +70,10 @@ use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFi
 /// parent left: a parent of N operations holds nested transactions of at
 /// most 128 − N each (`checkTxnRequest` in etcd's `api/v3rpc/key.go`).
 const MAX_TXN_OPS: usize = 128;
+/// Output tails per history write, in bytes ([`Locks`]' `record_runs`).
+const OUTPUT_PER_WRITE: usize = 512 * 1024;
+/// Runs per read of history: at most 2 MiB of output tails per answer.
+const RUNS_PER_READ: usize = 32;
 /// The shortest lease TTL asked for: etcd's minimum with its default timing
 /// (1.5 election timeouts, rounded up); it would raise a shorter one anyway.
 const MIN_TTL_SECS: i64 = 2;
@@ -1873,7 +1877,20 @@ impl History for EtcdStore {
             plans.push((i, plan));
         }
         // A fence recorded already fails its compare and stays as it was.
-        self.write(&client, plans).await?;
+        // Split by size: a transaction stays below etcd's request limit
+        // (1.5 MiB by default) whatever the output tails.
+        let mut size = 0;
+        let mut group = Vec::new();
+        for (i, plan) in plans {
+            let len = runs[i].output.len();
+            if !group.is_empty() && size + len > OUTPUT_PER_WRITE {
+                self.write(&client, std::mem::take(&mut group)).await?;
+                size = 0;
+            }
+            size += len;
+            group.push((i, plan));
+        }
+        self.write(&client, group).await?;
         self.end_running_marks(&client, runs).await?;
         let mut jobs: Vec<&str> = runs.iter().map(|r| r.job.as_str()).collect();
         jobs.sort_unstable();
@@ -1920,7 +1937,12 @@ impl History for EtcdStore {
             .iter()
             .map(|(job, name)| format!("{root}{job}/{name}"))
             .collect();
-        let values = self.read_keys(&client, &run_keys).await?;
+        // A few runs per transaction: an answer of 128 runs with the
+        // largest output tails would pass the client's 4 MiB message limit.
+        let reads = run_keys
+            .chunks(RUNS_PER_READ)
+            .map(|keys| self.read_keys(&client, keys));
+        let values: Vec<Option<Entry>> = try_join_all(reads).await?.into_iter().flatten().collect();
         let mut runs: Vec<RunRecord> = wanted
             .iter()
             .zip(values)

@@ -282,6 +282,9 @@ pub struct RunRecord {
     /// From the scheduled instant to the claim's answer, in milliseconds:
     /// the part of `delay_ms` the claim took (0 in records of older versions).
     pub decision_ms: u64,
+    /// The run's output tail (`output_tail`, [`crate::output`]); empty when
+    /// none was kept, and in records of older versions.
+    pub output: String,
 }
 
 /// How long a run on a lease may go when the store can end leases before
@@ -617,6 +620,8 @@ pub(crate) struct RunData {
     pub(crate) delay_ms: u64,
     #[serde(default)]
     pub(crate) decision_ms: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) output: String,
 }
 
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
@@ -635,6 +640,7 @@ impl From<&RunRecord> for RunData {
             takeover: run.takeover,
             delay_ms: run.delay_ms,
             decision_ms: run.decision_ms,
+            output: run.output.clone(),
         }
     }
 }
@@ -659,6 +665,7 @@ pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> R
             takeover: r.takeover,
             delay_ms: r.delay_ms,
             decision_ms: r.decision_ms,
+            output: r.output,
         },
         Err(_) => RunRecord {
             job: job.to_string(),
@@ -673,8 +680,29 @@ pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> R
             takeover: false,
             delay_ms: 0,
             decision_ms: 0,
+            output: String::new(),
         },
     }
+}
+
+/// `runs` in consecutive groups of at most `count` runs whose output tails
+/// add up to at most `bytes` (a run whose tail alone is larger goes alone),
+/// so one write per group stays inside the store's request limits.
+pub(crate) fn run_groups(runs: &[RunRecord], count: usize, bytes: usize) -> Vec<&[RunRecord]> {
+    let mut groups = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, run) in runs.iter().enumerate() {
+        let len = run.output.len();
+        if i > start && (i - start >= count.max(1) || size + len > bytes) {
+            groups.push(&runs[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += len;
+    }
+    if start < runs.len() {
+        groups.push(&runs[start..]);
+    }
+    groups
 }
 
 /// Milliseconds since the Unix epoch: how every store keeps instants.

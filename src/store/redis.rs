@@ -814,6 +814,9 @@ fn record_args(runs: &[RunRecord], keep: u32, prefix: &str) -> (Vec<String>, Vec
         if let Some(code) = run.exit_code {
             fields.extend(["exit_code".to_string(), code.to_string()]);
         }
+        if !run.output.is_empty() {
+            fields.extend(["output".to_string(), run.output.clone()]);
+        }
         args.push(run.fence.to_string());
         args.push(if super::ends_a_run(run) { "1" } else { "0" }.to_string());
         args.push(fields.len().to_string());
@@ -848,6 +851,7 @@ fn run_from_fields(f: &HashMap<String, String>) -> Option<RunRecord> {
         takeover: int("takeover")? != 0,
         delay_ms: int("delay_ms")?.max(0) as u64,
         decision_ms: int("decision_ms").unwrap_or(0).max(0) as u64,
+        output: f.get("output").cloned().unwrap_or_default(),
     })
 }
 
@@ -875,6 +879,7 @@ fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord 
         takeover: false,
         delay_ms: 0,
         decision_ms: 0,
+        output: String::new(),
     }
 }
 

@@ -60,6 +60,8 @@ use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_lin
 /// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
 /// (`jute.maxbuffer`) with job nodes of a few hundred bytes.
 const MULTI_OPS: usize = 500;
+/// Runs per multi read of history: at most 768 KiB of output tails.
+const RUNS_PER_READ: usize = 12;
 
 /// The ZooKeeper implementation of [`crate::store::Store`].
 pub struct ZkStore {
@@ -672,28 +674,41 @@ impl ZkStore {
         };
         names.sort_unstable_by(|a, b| b.cmp(a));
         names.truncate(limit as usize);
-        let mut runs = Vec::with_capacity(names.len());
-        for chunk in names.chunks(MULTI_OPS) {
-            let mut reader = client.new_multi_reader();
-            for name in chunk {
-                reader
-                    .add_get_data(&format!("{}/{name}", self.runs_path(job)))
-                    .map_err(|e| self.err(e))?;
-            }
-            let results = self.timed(reader.commit()).await?;
-            for (name, r) in chunk.iter().zip(results) {
-                match r {
-                    zk::MultiReadResult::Data { data, stat } => {
-                        runs.push(run_from_json(job, name, &data, stat.mtime));
-                    }
-                    zk::MultiReadResult::Error {
-                        err: zk::Error::NoNode,
-                    } => {}
-                    zk::MultiReadResult::Error { err } => return Err(self.err(err)),
-                    _ => {}
+        // A few runs per multi read, the reads sent together: an answer
+        // stays far below ZooKeeper's 1 MiB packet limit (`jute.maxbuffer`)
+        // with the largest output tails.
+        let dir = self.runs_path(job);
+        let reads = names.chunks(RUNS_PER_READ).map(|chunk| {
+            let dir = &dir;
+            async move {
+                let mut reader = client.new_multi_reader();
+                for name in chunk {
+                    reader
+                        .add_get_data(&format!("{dir}/{name}"))
+                        .map_err(|e| self.err(e))?;
                 }
+                let results = self.timed(reader.commit()).await?;
+                let mut runs = Vec::with_capacity(chunk.len());
+                for (name, r) in chunk.iter().zip(results) {
+                    match r {
+                        zk::MultiReadResult::Data { data, stat } => {
+                            runs.push(run_from_json(job, name, &data, stat.mtime));
+                        }
+                        zk::MultiReadResult::Error {
+                            err: zk::Error::NoNode,
+                        } => {}
+                        zk::MultiReadResult::Error { err } => return Err(self.err(err)),
+                        _ => {}
+                    }
+                }
+                Ok::<_, StoreError>(runs)
             }
-        }
+        });
+        let runs: Vec<RunRecord> = futures_util::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(runs)
     }
 }

@@ -314,6 +314,7 @@ pub async fn history_is_bounded_and_newest_first(h: &Harness) {
             takeover: fence == 2,
             delay_ms: 3,
             decision_ms: 1,
+            output: String::new(),
         };
         a.record_run(&run, 3).await.unwrap();
     }
@@ -464,6 +465,7 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
         takeover: false,
         delay_ms: 0,
         decision_ms: 0,
+        output: String::new(),
     };
     a.record_run(&ok, 100).await.unwrap();
     a.record_run(
@@ -688,6 +690,7 @@ fn run(name: &str, fence: u64) -> RunRecord {
         takeover: false,
         delay_ms: 2,
         decision_ms: 1,
+        output: String::new(),
     }
 }
 
@@ -703,6 +706,44 @@ pub async fn history_is_recorded_once_per_fence(h: &Harness) {
     let runs = a.history(Some(&job("once")), 10).await.unwrap();
     assert_eq!(runs.iter().map(|r| r.fence).collect::<Vec<_>>(), [2, 1]);
     assert_eq!(runs[0].decision_ms, 1);
+}
+
+/// A run's output tail comes back exactly as recorded: several lines,
+/// quotes, tabs and non-ASCII text, none (empty), the largest allowed; and
+/// a batch whose tails add up to 5 MiB (beyond MySQL's and etcd's request
+/// sizes as one write) is recorded whole.
+pub async fn history_keeps_each_runs_output_tail(h: &Harness) {
+    let a = h.store().await;
+    let mut text = run("tail", 1);
+    text.output = "line 1\n\"quoted\" 'single' é ✓ \\ back\n\ttabbed, no newline at the end".into();
+    let empty = run("tail", 2);
+    let mut largest = run("tail", 3);
+    largest.output = "0123456789abcdé\n".repeat(cronlease::config::MAX_OUTPUT_TAIL / 17);
+    assert!(largest.output.len() <= cronlease::config::MAX_OUTPUT_TAIL);
+    a.record_runs(&[text.clone(), empty, largest.clone()], 100)
+        .await
+        .unwrap();
+    let runs = a.history(Some(&job("tail")), 10).await.unwrap();
+    let outputs: Vec<&str> = runs.iter().map(|r| r.output.as_str()).collect();
+    assert_eq!(outputs, [largest.output.as_str(), "", text.output.as_str()]);
+    let many: Vec<RunRecord> = (1..=80)
+        .map(|f| {
+            let mut r = run("many-tails", f);
+            r.output = format!("{f:08}\n").repeat(64 * 1024 / 9);
+            r
+        })
+        .collect();
+    a.record_runs(&many, 100).await.unwrap();
+    let runs = a.history(Some(&job("many-tails")), 100).await.unwrap();
+    assert_eq!(runs.len(), 80);
+    for r in &runs {
+        assert_eq!(
+            r.output,
+            many[r.fence as usize - 1].output,
+            "fence {}",
+            r.fence
+        );
+    }
 }
 
 /// A claim retried after its reply was lost gets the same win back (same
@@ -918,6 +959,7 @@ fn finished(name: &str, owner: &str, fence: u64, at: DateTime<Utc>, outcome: Out
         takeover: false,
         delay_ms: 0,
         decision_ms: 0,
+        output: String::new(),
     }
 }
 
@@ -1172,6 +1214,7 @@ macro_rules! conformance {
                 batch_answers_like_one_by_one,
                 a_batch_of_a_thousand,
                 history_is_recorded_once_per_fence,
+                history_keeps_each_runs_output_tail,
                 retried_claim_keeps_its_lost_win,
                 recheck_takes_nothing,
                 renewals_together_each_on_its_own,

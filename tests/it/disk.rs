@@ -146,5 +146,6 @@ fn run(job: &str, fence: u64) -> cronlease::store::RunRecord {
         takeover: false,
         delay_ms: 0,
         decision_ms: 0,
+        output: String::new(),
     }
 }

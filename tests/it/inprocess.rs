@@ -93,6 +93,7 @@ impl Runner for VirtualRunner {
             outcome,
             started_at,
             finished_at,
+            output: String::new(),
         }
     }
 }

@@ -453,6 +453,81 @@ fn a_process_a_finished_job_left_behind_survives_the_daemons_sigkill() {
     );
 }
 
+/// `on_failure` runs on the same node after a run ended `failed` or
+/// `timeout`, never after `ok`, with the run's variables plus
+/// `CRONLEASE_OUTCOME` and `CRONLEASE_EXIT_CODE`, bounded by the job's
+/// `timeout`; it is not claimed and not in history.
+#[test]
+fn on_failure_follows_a_failed_or_timed_out_run_on_the_same_node() {
+    let jobs = r#"
+[[job]]
+name = "fails"
+schedule = "* * * * * *"
+command = "exit 3"
+on_failure = ["/bin/sh", "-c", "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_EXIT_CODE $CRONLEASE_NODE >> '{out}.hook'"]
+
+[[job]]
+name = "slow"
+schedule = "*/10 * * * * *"
+timeout = "1s"
+kill_grace = "500ms"
+command = "sleep 30"
+on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_EXIT_CODE >> '{out}.hook'; sleep 3; echo not-bounded >> '{out}.hook'"
+
+[[job]]
+name = "fine"
+schedule = "* * * * * *"
+command = "true"
+on_failure = "echo fine $CRONLEASE_OUTCOME >> '{out}.hook'"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let hook_file = format!("{}.hook", c.out.display());
+    let read = || std::fs::read_to_string(&hook_file).unwrap_or_default();
+    wait_until(
+        "on_failure after a timeout",
+        Duration::from_secs(25),
+        || format!("{}\n{}", read(), c.report()),
+        || read().lines().any(|l| l.starts_with("slow ")).then_some(()),
+    );
+    // Long enough for an unbounded hook to write its last line.
+    std::thread::sleep(Duration::from_secs(4));
+    let fails = history(&c, "fails");
+    let fine = history(&c, "fine");
+    let slow = history(&c, "slow");
+    c.stop_all();
+    let lines = read();
+    assert!(!lines.contains("not-bounded"), "{lines}");
+    assert!(!lines.contains("fine"), "on_failure after ok\n{lines}");
+    assert!(fine.iter().all(|r| r["outcome"] == "ok") && !fine.is_empty());
+    let timeout_line = lines.lines().find(|l| l.starts_with("slow ")).unwrap();
+    let fence = slow
+        .iter()
+        .find(|r| r["outcome"] == "timeout")
+        .map(|r| r["fence"].to_string())
+        .unwrap();
+    assert_eq!(timeout_line, format!("slow {fence} timeout 143"), "{lines}");
+    // Each failed run recorded once, each followed by its hook (the last
+    // one's may still be going), and the hooks are no runs of their own.
+    let hooked: Vec<&str> = lines.lines().filter(|l| l.starts_with("fails ")).collect();
+    assert!(fails.len() >= 3, "{fails:?}");
+    assert!(
+        fails
+            .iter()
+            .all(|r| r["outcome"] == "failed" && r["exit_code"] == 3)
+    );
+    let mut fences: Vec<u64> = fails.iter().map(|r| r["fence"].as_u64().unwrap()).collect();
+    fences.dedup();
+    assert_eq!(fences.len(), fails.len(), "{fails:?}");
+    for f in fences.iter().skip(1) {
+        assert!(
+            hooked.contains(&format!("fails {f} failed 3 n1").as_str()),
+            "no on_failure for fence {f}\n{lines}"
+        );
+    }
+    assert!(hooked.len() <= fails.len(), "{lines}");
+}
+
 /// Process groups of processes whose command line names `marker`.
 fn job_groups(marker: &str) -> Vec<i32> {
     let mut groups = Vec::new();

@@ -29,6 +29,7 @@ mod many;
 mod migrate;
 mod model;
 mod outage;
+mod output;
 mod partition;
 mod pidfile;
 mod redlock;

@@ -84,6 +84,7 @@ async fn version_1_duplicates_are_removed(backend: Backend) {
         takeover: false,
         delay_ms: 3,
         decision_ms: 2,
+        output: String::new(),
     };
     s.record_run(&run, 100).await.unwrap();
     s.record_run(&run, 100).await.unwrap();

@@ -292,6 +292,7 @@ impl Harness {
                 takeover: false,
                 delay_ms: 0,
                 decision_ms: 0,
+                output: String::new(),
             });
             return;
         }

@@ -119,7 +119,7 @@ struct Queries {
     history_job: SqlStr,
 }
 
-const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms";
+const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output";
 const LOCK_COLUMNS: &str =
     "lock_name, owner, fence, expires_at, last_occurrence, modified_at, running";
 
@@ -156,6 +156,9 @@ pub(crate) const OPTIONAL: &str = "/* optional */ ";
 /// Rows per multi-row statement: far below every database's bind limit
 /// (SQLite 32766, MySQL and PostgreSQL 65535) at 12 columns.
 const CHUNK: usize = 500;
+/// Output tails per history insert, in bytes: a statement stays far below
+/// MySQL's and MariaDB's `max_allowed_packet` (16 MiB by default).
+const OUTPUT_PER_STATEMENT: usize = 4 * 1024 * 1024;
 
 impl Queries {
     fn new(d: &Dialect, p: &str) -> Self {
@@ -281,7 +284,7 @@ impl BatchSql<'_> {
             self.d.insert_ignore,
             self.d.ignore_conflict.replace("{key}", "job, fence"),
             p = self.p,
-            rows = tuples(n, 12)
+            rows = tuples(n, 13)
         )
     }
 
@@ -962,7 +965,7 @@ impl SqlStore {
         // failure repeats them harmlessly, and no transaction is left idle
         // between them while the node is busy starting 1,000 jobs (the
         // server would end it: see `idle_limit_ms`).
-        for chunk in runs.chunks(CHUNK) {
+        for chunk in super::run_groups(runs, CHUNK, OUTPUT_PER_STATEMENT) {
             let mut query = sqlx::query(self.sql(self.batch().insert_runs(chunk.len()), Some(0))?);
             for run in chunk {
                 query = query
@@ -977,7 +980,8 @@ impl SqlStore {
                     .bind(run.exit_code.map(i64::from))
                     .bind(i64::from(run.takeover))
                     .bind(run.delay_ms as i64)
-                    .bind(run.decision_ms as i64);
+                    .bind(run.decision_ms as i64)
+                    .bind((!run.output.is_empty()).then(|| run.output.clone()));
             }
             query.execute(&mut *conn).await?;
         }
@@ -1152,6 +1156,7 @@ pub(crate) fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
         takeover: r.try_get::<i64, _>(9)? != 0,
         delay_ms: r.try_get::<i64, _>(10)?.max(0) as u64,
         decision_ms: r.try_get::<i64, _>(11)?.max(0) as u64,
+        output: r.try_get::<Option<String>, _>(12)?.unwrap_or_default(),
     })
 }
 

@@ -31,6 +31,7 @@ pub static DIALECT: Dialect = Dialect {
             include_str!("../../../migrations/mysql/0005_running.sql"),
         ),
         (6, include_str!("../../../migrations/mysql/0006_paused.sql")),
+        (7, include_str!("../../../migrations/mysql/0007_output.sql")),
     ],
 };
 

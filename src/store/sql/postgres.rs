@@ -44,6 +44,10 @@ pub static DIALECT: Dialect = Dialect {
             6,
             include_str!("../../../migrations/postgres/0006_paused.sql"),
         ),
+        (
+            7,
+            include_str!("../../../migrations/postgres/0007_output.sql"),
+        ),
     ],
 };
 

@@ -54,6 +54,10 @@ pub static DIALECT: Dialect = Dialect {
             6,
             include_str!("../../../migrations/sqlite/0006_paused.sql"),
         ),
+        (
+            7,
+            include_str!("../../../migrations/sqlite/0007_output.sql"),
+        ),
     ],
 };
 

@@ -1,0 +1,4 @@
+-- cronlease schema v7 for postgres: the output tail of a run (docs/protocol.md, "History").
+-- The last `output_tail` bytes of the run's stdout and stderr as UTF-8 text,
+-- the store's password removed; NULL when none was kept.
+ALTER TABLE {prefix}job_runs ADD COLUMN IF NOT EXISTS output TEXT NULL;
