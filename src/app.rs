@@ -700,12 +700,9 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
         Err(code) => return code,
     };
     telemetry::init_default();
-    let job = match job.map(|j| JobName::parse(&j)).transpose() {
+    let job = match job.as_deref().map(job_arg).transpose() {
         Ok(j) => j,
-        Err(e) => {
-            eprintln!("cronlease: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let store = match store::connect(&config.store).await {
         Ok(s) => s,
@@ -778,6 +775,15 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
     ExitCode::SUCCESS
 }
 
+/// A job name given on the command line; a malformed one is a usage error
+/// (exit 2).
+fn job_arg(name: &str) -> Result<JobName, ExitCode> {
+    JobName::parse(name).map_err(|e| {
+        eprintln!("cronlease: {e}");
+        ExitCode::from(2)
+    })
+}
+
 /// `logs JOB [--fence N]`: the output tail of the job's newest run in
 /// history, or of run N; exit 1 when history has no such run.
 async fn logs(path: PathBuf, job: String, fence: Option<u64>) -> ExitCode {
@@ -786,12 +792,9 @@ async fn logs(path: PathBuf, job: String, fence: Option<u64>) -> ExitCode {
         Err(code) => return code,
     };
     telemetry::init_default();
-    let job = match JobName::parse(&job) {
+    let job = match job_arg(&job) {
         Ok(j) => j,
-        Err(e) => {
-            eprintln!("cronlease: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let store = match store::connect(&config.store).await {
         Ok(s) => s,

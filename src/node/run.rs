@@ -104,16 +104,7 @@ impl Node {
             "CRONLEASE_EXIT_CODE".into(),
             exit_code.map(|c| c.to_string()).unwrap_or_default(),
         );
-        let spec = RunSpec {
-            job: &hook,
-            fence: ticket.fence,
-            occurrence: ticket.occurrence,
-            node: &self.name,
-            takeover: ticket.takeover,
-            decision_ms: ticket.decision_ms,
-            clock: self.wall.as_ref(),
-            secrets: &self.store_url,
-        };
+        let spec = self.spec(&hook, ticket);
         tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure starting");
         let stop = async {
             self.kill_runs.cancelled().await;
@@ -130,6 +121,21 @@ impl Node {
             ended => {
                 tracing::warn!(job = %job.name, fence = ticket.fence, exit_code = ?finished.exit_code, "on_failure finished: {ended}")
             }
+        }
+    }
+
+    /// What the runner needs to run `job` (the job, or its `on_failure`) on
+    /// `ticket`.
+    fn spec<'a>(&'a self, job: &'a crate::config::Job, ticket: RunTicket) -> RunSpec<'a> {
+        RunSpec {
+            job,
+            fence: ticket.fence,
+            occurrence: ticket.occurrence,
+            node: &self.name,
+            takeover: ticket.takeover,
+            decision_ms: ticket.decision_ms,
+            clock: self.wall.as_ref(),
+            secrets: &self.store_url,
         }
     }
 
@@ -167,16 +173,7 @@ impl Node {
         };
         let lateness = (self.wall.now() - ticket.occurrence).num_milliseconds();
         tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, lateness_ms = lateness, takeover = ticket.takeover, "run starting");
-        let spec = RunSpec {
-            job: &job,
-            fence: ticket.fence,
-            occurrence: ticket.occurrence,
-            node: &self.name,
-            takeover: ticket.takeover,
-            decision_ms: ticket.decision_ms,
-            clock: self.wall.as_ref(),
-            secrets: &self.store_url,
-        };
+        let spec = self.spec(&job, ticket);
         self.metrics
             .start_lateness
             .get_or_create(&Metrics::job(job.name.as_str()))
