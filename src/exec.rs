@@ -122,8 +122,11 @@ pub struct RunSpec<'a> {
     /// The node's wall clock: when the run started and ended.
     pub clock: &'a dyn WallClock,
     /// The store's URL, whose password (from it or `password_file`) never
-    /// reaches the output tail.
+    /// reaches the output tail or the log.
     pub secrets: &'a StoreUrl,
+    /// A run of the job, which the guard records `killed` if the daemon
+    /// dies during it; false for its `on_failure` command.
+    pub is_run: bool,
 }
 
 /// This process's environment less [`WITHHELD_ENV`], read once: a thousand
@@ -208,9 +211,11 @@ impl Launch {
     }
 
     /// The process to start, stdin `/dev/null`, in a new process group;
-    /// stdout and stderr are the caller's to set.
-    pub fn command(&self) -> std::process::Command {
-        let mut cmd = std::process::Command::new(&self.program);
+    /// stdout and stderr are the caller's to set. Fails for a program
+    /// found nowhere in `PATH` ([`Launch::program_path`]).
+    pub fn command(&self) -> Result<std::process::Command, String> {
+        let mut cmd = std::process::Command::new(self.program_path()?);
+        std::os::unix::process::CommandExt::arg0(&mut cmd, &self.program);
         cmd.args(&self.args)
             .env_clear()
             .envs(inherited_env().iter().map(|(k, v)| (k, v)))
@@ -220,7 +225,39 @@ impl Launch {
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
-        cmd
+        Ok(cmd)
+    }
+
+    /// The program as a path: a name without `/` is looked up in the `PATH`
+    /// the process gets (the job's `env`, else the daemon's), as `execvp`
+    /// does. With a path std starts the process with `posix_spawn`, which
+    /// reports a failed `exec` without waiting for the child itself; its
+    /// fork-and-exec way (taken for a bare name once the environment is
+    /// replaced) waits for it and panics when the guard's reaper, which
+    /// waits for any child, took it first.
+    fn program_path(&self) -> Result<std::path::PathBuf, String> {
+        if self.program.contains('/') {
+            return Ok(self.program.clone().into());
+        }
+        let path = match self.env.iter().rev().find(|(k, _)| k == "PATH") {
+            Some((_, v)) => std::ffi::OsString::from(v),
+            None => inherited_env()
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map_or_else(|| "/usr/local/bin:/usr/bin:/bin".into(), |(_, v)| v.clone()),
+        };
+        let executable = |p: &std::path::Path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        };
+        std::env::split_paths(&path)
+            .map(|dir| match (&self.cwd, dir.is_relative()) {
+                (Some(cwd), true) => cwd.join(dir),
+                _ => dir,
+            })
+            .map(|dir| dir.join(&self.program))
+            .find(|p| executable(p))
+            .ok_or_else(|| format!("{}: not found in PATH", self.program))
     }
 }
 
@@ -292,7 +329,8 @@ pub async fn run(
         decision_ms: spec.decision_ms,
         started_at,
     };
-    let mut process = match start(&Launch::new(&spec), &note, guard).await {
+    let note = spec.is_run.then_some(&note);
+    let mut process = match start(&Launch::new(&spec), note, guard).await {
         Ok(process) => process,
         Err(e) => {
             tracing::error!(job = %job.name, fence, "cannot start the command: {e}");
@@ -316,10 +354,13 @@ pub async fn run(
         if let Some(stream) = stream {
             pumps.push(tokio::spawn(pump(
                 stream,
-                job.name.to_string(),
-                fence,
-                name,
-                tail.clone(),
+                Pumped {
+                    job: job.name.to_string(),
+                    fence,
+                    name,
+                    tail: tail.clone(),
+                    secrets: spec.secrets.clone(),
+                },
             )));
         }
     }
@@ -404,7 +445,11 @@ struct Process {
 
 /// Starts `launch` through the guard, or in this process when there is no
 /// guard or it cannot take the request.
-async fn start(launch: &Launch, note: &RunNote, guard: Option<&Guard>) -> Result<Process, String> {
+async fn start(
+    launch: &Launch,
+    note: Option<&RunNote>,
+    guard: Option<&Guard>,
+) -> Result<Process, String> {
     if let Some(g) = guard {
         // Non-blocking for the daemon's read end as made, blocking again for
         // the job's write end: two calls less per pipe than tokio's checked
@@ -418,7 +463,7 @@ async fn start(launch: &Launch, note: &RunNote, guard: Option<&Guard>) -> Result
         let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
         let ((out_r, out_w), (err_r, err_w)) =
             pipes.map_err(|e| format!("cannot open the output pipes: {e}"))?;
-        match g.start(launch, Some(note), out_w, err_w).await {
+        match g.start(launch, note, out_w, err_w).await {
             Ok(child) => {
                 let reader = |r: std::os::fd::OwnedFd| -> Option<Output> {
                     tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(r)
@@ -442,7 +487,7 @@ async fn start(launch: &Launch, note: &RunNote, guard: Option<&Guard>) -> Result
             }
         }
     }
-    let mut command = tokio::process::Command::from(launch.command());
+    let mut command = tokio::process::Command::from(launch.command()?);
     command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -450,7 +495,7 @@ async fn start(launch: &Launch, note: &RunNote, guard: Option<&Guard>) -> Result
     let mut child = command.spawn().map_err(|e| e.to_string())?;
     let pgid = child.id().unwrap_or_default();
     if let Some(g) = guard {
-        g.watch(pgid, Some(note)).await;
+        g.watch(pgid, note).await;
     }
     let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
     let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
@@ -485,15 +530,27 @@ async fn terminate(exit: &mut Exit, pgid: u32, grace: Duration) -> Option<ExitSt
     exit.await
 }
 
-/// Logs a stream line by line, tagged with job and fence, and keeps its
-/// end in `tail`.
-async fn pump(
-    stream: impl AsyncRead + Unpin,
+/// Where a run's output stream goes ([`pump`]).
+struct Pumped {
     job: String,
     fence: u64,
+    /// `stdout` or `stderr`.
     name: &'static str,
     tail: std::sync::Arc<std::sync::Mutex<Tail>>,
-) {
+    /// The store's URL: its password is removed from every logged line.
+    secrets: StoreUrl,
+}
+
+/// Logs a stream line by line, tagged with job and fence and without the
+/// store's password, and keeps its end in the tail.
+async fn pump(stream: impl AsyncRead + Unpin, to: Pumped) {
+    let Pumped {
+        job,
+        fence,
+        name,
+        tail,
+        secrets,
+    } = to;
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
@@ -511,7 +568,7 @@ async fn pump(
                 while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                     line.pop();
                 }
-                let text = String::from_utf8_lossy(&line);
+                let text = secrets.scrub(&String::from_utf8_lossy(&line));
                 tracing::info!(target: "cronlease::job", job = %job, fence, stream = name, "{text}");
             }
         }

@@ -33,7 +33,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::WaitStatus;
@@ -495,10 +495,6 @@ pub fn serve() -> std::process::ExitCode {
             "cronlease __guard: cannot become the jobs' subreaper ({e}): a process whose parent exits is found only if it was noted before"
         );
     }
-    // Held (shared) by a spawn until its child is in `Reports::ours`; the
-    // reaper takes it alone to tell an adopted orphan from a job whose
-    // spawn has not said its pid yet.
-    let spawning = Arc::new(RwLock::new(()));
     let (events, incoming) = mpsc::channel::<Event>();
     let reports = Arc::new(Mutex::new(Reports::default()));
     let (spawned, reaper_wakes) = mpsc::channel::<()>();
@@ -509,19 +505,18 @@ pub fn serve() -> std::process::ExitCode {
     // 496-513, with the spawn floor at 405-483.
     let threads = std::thread::available_parallelism().map_or(8, |n| (4 * n.get()).clamp(4, 16));
     for _ in 0..threads {
-        let (sock, events, reports, spawned, spawning) = (
+        let (sock, events, reports, spawned) = (
             sock.clone(),
             events.clone(),
             reports.clone(),
             spawned.clone(),
-            spawning.clone(),
         );
-        std::thread::spawn(move || serve_requests(&sock, &events, &reports, &spawned, &spawning));
+        std::thread::spawn(move || serve_requests(&sock, &events, &reports, &spawned));
     }
     drop(spawned);
     {
         let (sock, events, reports) = (sock.clone(), events.clone(), reports.clone());
-        std::thread::spawn(move || reap(&sock, &events, &reports, &reaper_wakes, &spawning));
+        std::thread::spawn(move || reap(&sock, &events, &reports, &reaper_wakes));
     }
     drop(events);
     let mut groups = BTreeSet::new();
@@ -740,11 +735,36 @@ fn answer(sock: &OwnedFd, answer: &Answer) {
 #[derive(Default)]
 struct Reports {
     /// Jobs this guard started whose end is not reported yet; any other
-    /// child it reaps is an adopted orphan.
+    /// child it reaps is an adopted orphan, or a job whose spawn has not
+    /// said its pid yet (while `spawning` is above 0).
     ours: std::collections::HashSet<i32>,
+    /// Spawns under way: begun, their child not in `ours` yet.
+    spawning: usize,
     announced: std::collections::HashSet<i32>,
-    /// Wait statuses of jobs reaped before their start was announced.
+    /// Wait statuses of jobs reaped before their start was announced, and
+    /// of children reaped while a spawn was under way (a job's, or an
+    /// orphan's: dropped once no spawn is).
     early: HashMap<i32, i32>,
+}
+
+impl Reports {
+    /// A spawn is about to fork.
+    fn spawn_begins(&mut self) {
+        self.spawning += 1;
+    }
+
+    /// A spawn that began is over, its child `pid` if it started one: an
+    /// exit parked meanwhile for a pid not ours was an orphan's.
+    fn spawn_ends(&mut self, pid: Option<i32>) {
+        if let Some(pid) = pid {
+            self.ours.insert(pid);
+        }
+        self.spawning = self.spawning.saturating_sub(1);
+        if self.spawning == 0 {
+            let ours = &self.ours;
+            self.early.retain(|pid, _| ours.contains(pid));
+        }
+    }
 }
 
 /// What follows a job's end: what it left in its process group is killed
@@ -768,7 +788,6 @@ fn serve_requests(
     events: &mpsc::Sender<Event>,
     reports: &Mutex<Reports>,
     spawned: &mpsc::Sender<()>,
-    spawning: &RwLock<()>,
 ) {
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
@@ -803,18 +822,21 @@ fn serve_requests(
                     );
                     continue;
                 };
-                let mut command = launch.command();
+                let mut command = match launch.command() {
+                    Ok(command) => command,
+                    Err(error) => {
+                        answer(sock, &Answer::Failed { id, error });
+                        continue;
+                    }
+                };
                 command
                     .stdout(Stdio::from(stdout))
                     .stderr(Stdio::from(stderr));
                 let at_us = chrono::Utc::now().timestamp_micros();
-                let gate = spawning.read().unwrap_or_else(|e| e.into_inner());
+                let lock = || reports.lock().unwrap_or_else(|e| e.into_inner());
+                lock().spawn_begins();
                 let spawn = command.spawn();
-                if let Ok(child) = &spawn {
-                    let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
-                    reports.ours.insert(child.id() as i32);
-                }
-                drop(gate);
+                lock().spawn_ends(spawn.as_ref().ok().map(|c| c.id() as i32));
                 match spawn {
                     Ok(child) => {
                         let pid = child.id();
@@ -879,7 +901,6 @@ fn reap(
     events: &mpsc::Sender<Event>,
     reports: &Mutex<Reports>,
     wakes: &mpsc::Receiver<()>,
-    spawning: &RwLock<()>,
 ) {
     loop {
         let (pid, status) = match nix::sys::wait::wait() {
@@ -898,18 +919,15 @@ fn reap(
             }
         };
         let pid = pid.as_raw();
-        let ours = |reports: &Reports| reports.ours.contains(&pid);
         let mut held = reports.lock().unwrap_or_else(|e| e.into_inner());
-        if !ours(&held) {
-            // A spawn may have forked this child and not said so yet:
-            // once no spawn is under way, a child not ours is an orphan.
-            drop(held);
-            let gate = spawning.write().unwrap_or_else(|e| e.into_inner());
-            held = reports.lock().unwrap_or_else(|e| e.into_inner());
-            drop(gate);
-            if !ours(&held) {
-                continue;
+        if !held.ours.contains(&pid) {
+            // A spawn under way may have forked this child and not said so
+            // yet: kept until it does (or ends). With none under way, a
+            // child not ours is an adopted orphan, reaped and forgotten.
+            if held.spawning > 0 {
+                held.early.insert(pid, status);
             }
+            continue;
         }
         if held.announced.remove(&pid) {
             held.ours.remove(&pid);
@@ -967,18 +985,29 @@ fn proc_info(pid: i32) -> Option<ProcInfo> {
 
 /// The guard's children (jobs it started and orphans it adopted), from
 /// `/proc/self/task/*/children`: a few small reads, not a scan of the host.
+/// A kernel without those files (`CONFIG_PROC_CHILDREN`) gets the scan.
 fn own_children() -> BTreeSet<i32> {
     let mut children = BTreeSet::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return children;
-    };
-    for task in tasks.flatten() {
-        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
-            children.extend(
-                list.split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok()),
-            );
+    let mut read_any = false;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+                read_any = true;
+                children.extend(
+                    list.split_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                );
+            }
         }
+    }
+    if !read_any {
+        let me = std::process::id() as i32;
+        children.extend(
+            process_table()
+                .into_iter()
+                .filter(|(_, p)| p.ppid == me)
+                .map(|(pid, _)| pid),
+        );
     }
     children
 }

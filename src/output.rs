@@ -8,8 +8,10 @@
 //! character drops that character's remaining bytes, invalid UTF-8 becomes
 //! U+FFFD, the store's password (from its URL or `password_file`) becomes
 //! `***`, and the text is cut to at most `output_tail` bytes at a character
-//! boundary. The slack is there so a secret the first cut split in two is
-//! still whole when it is removed (and the rest of it is cut away after).
+//! boundary. A password the first cut split in two is no longer a password
+//! `scrub` can find: so after a cut the first line is dropped whole (or,
+//! with no line end in the first [`SLACK`] bytes, those bytes), and the end
+//! of a secret the cut left there goes with it.
 
 use std::collections::VecDeque;
 
@@ -74,8 +76,31 @@ impl Tail {
         }
         let bytes: Vec<u8> = self.buf.iter().copied().collect();
         let text = scrub(&text_of(&bytes, self.cut));
-        last_bytes(&text, self.keep).to_string()
+        let text = match self.cut {
+            true => after_first_line(&text),
+            false => &text,
+        };
+        last_bytes(text, self.keep).to_string()
     }
+}
+
+/// `text` without its first line (up to and with its `\n`), which a cut
+/// may have started inside of; with no `\n` in the first [`SLACK`] bytes,
+/// without those bytes.
+fn after_first_line(text: &str) -> &str {
+    let head = last_bytes_from(text, SLACK.min(text.len()));
+    match text[..head].find('\n') {
+        Some(i) => &text[i + 1..],
+        None => &text[head..],
+    }
+}
+
+/// The first character boundary of `text` at or after `at`.
+fn last_bytes_from(text: &str, mut at: usize) -> usize {
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    at
 }
 
 /// `bytes` as text: invalid UTF-8 as U+FFFD, and when they are the end of
@@ -98,11 +123,7 @@ fn last_bytes(text: &str, keep: usize) -> &str {
     if text.len() <= keep {
         return text;
     }
-    let mut from = text.len() - keep;
-    while !text.is_char_boundary(from) {
-        from += 1;
-    }
-    &text[from..]
+    &text[last_bytes_from(text, text.len() - keep)..]
 }
 
 /// One line of a tail for `history`: its last line with text, control
@@ -189,10 +210,38 @@ mod tests {
         // it is removed before the cut.
         let out = tail.finish(scrub);
         assert!(!out.contains("cret"), "{out:?}");
-        assert_eq!(out, ".***\nok\n");
+        assert_eq!(out, "ok\n");
         let mut whole = Tail::new(100);
         whole.push(b"password: hunter2-secret\n");
         assert_eq!(whole.finish(scrub), "password: ***\n");
+    }
+
+    /// Every line holds the secret, and scrubbing shrinks each: the text
+    /// left after the scrub reaches back to the buffer's start, where the
+    /// cut left the end of one secret. No 8 characters of it remain.
+    #[test]
+    fn no_fragment_of_a_secret_survives_a_cut_inside_it() {
+        let secret = "abcdefghijklmnopqrstuvwx";
+        let scrub = |t: &str| t.replace(secret, "***");
+        for shift in 0..45 {
+            // 45-byte lines, then `shift` more bytes: the first cut falls
+            // at every offset of a line, inside the secret for 24 of them.
+            let mut tail = Tail::new(8 * 1024);
+            for _ in 0..400 {
+                tail.push(format!("postgres://app:{secret}@db/x\n").as_bytes());
+            }
+            tail.push(&vec![b'-'; shift]);
+            let out = tail.finish(scrub);
+            for w in secret.as_bytes().windows(8) {
+                let piece = std::str::from_utf8(w).unwrap_or_default();
+                assert!(!out.contains(piece), "shift {shift}: {piece:?} in the tail");
+            }
+            assert!(out.contains("postgres://app:***@db/x\n"));
+        }
+        // No line end near the start: the first SLACK bytes go.
+        let mut one_line = Tail::new(16);
+        one_line.push(&[b'y'; 3 * SLACK]);
+        assert_eq!(one_line.finish(keep_all), "y".repeat(16));
     }
 
     #[test]

@@ -203,7 +203,7 @@ impl Node {
                         holder.as_deref(),
                         Some(view),
                     ) {
-                        Deferral::None => 0,
+                        Deferral::AtOnce => 0,
                         Deferral::BehindHolder => 1,
                         Deferral::BehindHeadStart => 2,
                     }

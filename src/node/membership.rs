@@ -182,7 +182,7 @@ impl AsRef<str> for Member {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Deferral {
     /// This node is the job's preferred node (or nothing is known): at once.
-    None,
+    AtOnce,
     /// Another node is preferred and held the job when this node last
     /// looked: sent like a `sticky` follower's claim, so the store's head
     /// start for an idle holder decides, and a dead preferred node's job is
@@ -226,10 +226,10 @@ impl Node {
         view: Option<&[Member]>,
     ) -> Deferral {
         match view.and_then(|members| preferred_node(job, members)) {
-            Some(p) if p.node == self.name.as_str() => Deferral::None,
+            Some(p) if p.node == self.name.as_str() => Deferral::AtOnce,
             Some(p) if holder == Some(p.owner.as_str()) => Deferral::BehindHolder,
             Some(_) => Deferral::BehindHeadStart,
-            None => Deferral::None,
+            None => Deferral::AtOnce,
         }
     }
 
@@ -237,7 +237,7 @@ impl Node {
     /// names another node as its preferred one.
     pub(super) fn defers(&self, job: &str) -> bool {
         let view = self.placement_view();
-        self.deferral_in(job, None, view.as_deref()) != Deferral::None
+        self.deferral_in(job, None, view.as_deref()) != Deferral::AtOnce
     }
 }
 

@@ -104,7 +104,14 @@ impl Node {
             "CRONLEASE_EXIT_CODE".into(),
             exit_code.map(|c| c.to_string()).unwrap_or_default(),
         );
-        let spec = self.spec(&hook, ticket);
+        if self.kill_runs.is_cancelled() {
+            tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure not started: the daemon is shutting down");
+            return;
+        }
+        let spec = RunSpec {
+            is_run: false,
+            ..self.spec(&hook, ticket)
+        };
         tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure starting");
         let stop = async {
             self.kill_runs.cancelled().await;
@@ -136,6 +143,7 @@ impl Node {
             decision_ms: ticket.decision_ms,
             clock: self.wall.as_ref(),
             secrets: &self.store_url,
+            is_run: true,
         }
     }
 

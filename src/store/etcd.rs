@@ -70,10 +70,12 @@ use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFi
 /// parent left: a parent of N operations holds nested transactions of at
 /// most 128 − N each (`checkTxnRequest` in etcd's `api/v3rpc/key.go`).
 const MAX_TXN_OPS: usize = 128;
-/// Output tails per history write, in bytes ([`Locks`]' `record_runs`).
+/// Stored run records per history write, in bytes (`History::record_runs`).
 const OUTPUT_PER_WRITE: usize = 512 * 1024;
-/// Runs per read of history: at most 2 MiB of output tails per answer.
-const RUNS_PER_READ: usize = 32;
+/// Runs per read of history: a record is at most 384 KiB (a 64 KiB tail of
+/// control bytes, each escaped in six), so an answer stays below the
+/// client's 4 MiB message limit.
+const RUNS_PER_READ: usize = 8;
 /// The shortest lease TTL asked for: etcd's minimum with its default timing
 /// (1.5 election timeouts, rounded up); it would raise a shorter one anyway.
 const MIN_TTL_SECS: i64 = 2;
@@ -1684,9 +1686,6 @@ impl EtcdStore {
     }
 }
 
-/// The live records among a range read of the registry, by this host's
-/// clock (etcd has none): a record is live while its key exists (its etcd
-/// lease did not run out) and its recorded end is ahead of `now`.
 impl EtcdStore {
     /// A claim of a non-empty batch; with `beat` (and the etcd lease its
     /// record is put with), the heartbeat's put and the registry's read
@@ -1750,16 +1749,17 @@ impl EtcdStore {
     /// clocks are expected from them.
     fn beat_answered(&self, beat: &Heartbeat, read: &GetResponse, sent: i64) -> Vec<NodeRecord> {
         let prefix = self.node_key("");
-        let others: HashSet<String> = read
-            .kvs()
+        let live = live_records(read.kvs(), &prefix, sent);
+        // Only live peers' clocks are waited for: a dead node's key stays
+        // until its etcd lease ends, a minute after its last beat.
+        let others: HashSet<String> = live
             .iter()
-            .filter_map(|kv| std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok())
-            .filter(|o| *o != beat.owner.as_str())
-            .map(str::to_string)
+            .map(|n| n.owner.clone())
+            .filter(|o| o != beat.owner.as_str())
             .collect();
         self.clocks
             .expect(others, sent, BeatData::from(beat).ttl_ms);
-        live_records(read.kvs(), &prefix, sent)
+        live
     }
 
     /// The heartbeat's etcd lease while a heartbeat may still use it.
@@ -1771,6 +1771,9 @@ impl EtcdStore {
     }
 }
 
+/// The live records among a range read of the registry, by this host's
+/// clock (etcd has none): a record is live while its key exists (its etcd
+/// lease did not run out) and its recorded end is ahead of `now`.
 fn live_records(kvs: &[KeyValue], prefix: &str, now: i64) -> Vec<NodeRecord> {
     registry::sorted(
         kvs.iter()
@@ -1794,19 +1797,33 @@ impl Registry for EtcdStore {
     /// transaction.
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         let client = self.client().await?;
-        let ttl = lease_ttl_secs(beat.ttl + BEAT_LEASE_SPARE);
-        let granted_at = tokio::time::Instant::now();
-        let leases = self.grant(&client, vec![ttl]).await?;
-        let id = leases
-            .get(&ttl)
-            .copied()
-            .ok_or_else(|| self.backend("etcd granted no lease for a heartbeat"))?;
+        let id = match self.usable_beat_lease() {
+            Some(id) => id,
+            None => {
+                let ttl = lease_ttl_secs(beat.ttl + BEAT_LEASE_SPARE);
+                let granted_at = tokio::time::Instant::now();
+                let leases = self.grant(&client, vec![ttl]).await?;
+                let id = leases
+                    .get(&ttl)
+                    .copied()
+                    .ok_or_else(|| self.backend("etcd granted no lease for a heartbeat"))?;
+                *lock(&self.beat_lease) = Some((id, granted_at + BEAT_LEASE_SPARE));
+                id
+            }
+        };
         let (ops, sent) = self.beat_ops(&client, beat, id);
-        let answers = self.batch(&client, ops).await?;
+        let answers = match self.batch(&client, ops).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                // Perhaps etcd no longer has the lease: the next beat
+                // grants another.
+                *lock(&self.beat_lease) = None;
+                return Err(e);
+            }
+        };
         let [_, TxnOpResponse::Get(read)] = answers.as_slice() else {
             return Err(self.backend("a heartbeat answered with something other than its keys"));
         };
-        *lock(&self.beat_lease) = Some((id, granted_at + BEAT_LEASE_SPARE));
         Ok(self.beat_answered(beat, read, sent))
     }
 
@@ -1834,7 +1851,9 @@ impl Registry for EtcdStore {
     /// [`BEAT_LEASE_SPARE`]), the heartbeat goes alongside the claim
     /// ([`registry::claim_alongside`]) and grants a new one. A claim that
     /// fails with the beat in it drops the lease, in case etcd no longer
-    /// has it: the next beat grants another.
+    /// has it; one that failed because etcd has not got it (revoked, or a
+    /// restore) was refused whole in its first transaction, before any
+    /// write, and is sent again with the beat beside it.
     async fn claim_beating(
         &self,
         requests: &[ClaimRequest],
@@ -1845,10 +1864,17 @@ impl Registry for EtcdStore {
             return registry::claim_alongside(self, requests, beat).await;
         };
         let claimed = self.claim_with(requests, Some((beat, lease))).await;
-        if claimed.is_err() {
-            *lock(&self.beat_lease) = None;
+        match &claimed {
+            Err(e) if e.to_string().contains("lease not found") => {
+                *lock(&self.beat_lease) = None;
+                registry::claim_alongside(self, requests, beat).await
+            }
+            Err(_) => {
+                *lock(&self.beat_lease) = None;
+                claimed
+            }
+            Ok(_) => claimed,
         }
-        claimed
     }
 }
 
@@ -1861,6 +1887,7 @@ impl History for EtcdStore {
         let client = self.client().await?;
         let mut seen = HashSet::new();
         let mut plans = Vec::with_capacity(runs.len());
+        let mut sizes = Vec::with_capacity(runs.len());
         for (i, run) in runs.iter().enumerate() {
             let key = self.run_key(&run.job, run.fence);
             // One write per (job, fence): etcd refuses a transaction that
@@ -1870,6 +1897,7 @@ impl History for EtcdStore {
             }
             let data =
                 serde_json::to_vec(&RunData::from(run)).map_err(|e| self.backend(e.to_string()))?;
+            sizes.push(data.len());
             let plan = Plan {
                 when: vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)],
                 ops: vec![PlanOp::Put(key, data)],
@@ -1878,11 +1906,11 @@ impl History for EtcdStore {
         }
         // A fence recorded already fails its compare and stays as it was.
         // Split by size: a transaction stays below etcd's request limit
-        // (1.5 MiB by default) whatever the output tails.
+        // (1.5 MiB by default) whatever the output tails (JSON escapes a
+        // control byte in six).
         let mut size = 0;
         let mut group = Vec::new();
-        for (i, plan) in plans {
-            let len = runs[i].output.len();
+        for ((i, plan), len) in plans.into_iter().zip(sizes) {
             if !group.is_empty() && size + len > OUTPUT_PER_WRITE {
                 self.write(&client, std::mem::take(&mut group)).await?;
                 size = 0;

@@ -715,14 +715,14 @@ async fn eval_loading(
             if e.kind() == Some(redis::ServerErrorKind::NoScript))
     };
     let shared = conn.clone();
-    let run = |which: &[usize]| {
+    let send = |which: &[usize]| {
         let mut pipe = build(which);
         pipe.ignore_errors();
         let mut conn = shared.clone();
         async move { pipe.query_async::<Vec<redis::Value>>(&mut conn).await }
     };
     let all: Vec<usize> = (0..count).collect();
-    let mut replies = run(&all).await?;
+    let mut replies = send(&all).await?;
     let refused: Vec<usize> = all
         .into_iter()
         .filter(|i| replies.get(lead + i).is_some_and(forgotten))
@@ -733,7 +733,7 @@ async fn eval_loading(
     for script in scripts {
         script.prepare_invoke().load_async(conn).await?;
     }
-    let again = run(&refused).await?;
+    let again = send(&refused).await?;
     for (k, i) in refused.into_iter().enumerate() {
         if let (Some(slot), Some(reply)) = (replies.get_mut(lead + i), again.get(lead + k)) {
             *slot = reply.clone();

@@ -60,8 +60,10 @@ use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_lin
 /// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
 /// (`jute.maxbuffer`) with job nodes of a few hundred bytes.
 const MULTI_OPS: usize = 500;
-/// Runs per multi read of history: at most 768 KiB of output tails.
-const RUNS_PER_READ: usize = 12;
+/// Runs per multi read of history: a record is at most 384 KiB (a 64 KiB
+/// tail of control bytes, each escaped in six by JSON), so an answer stays
+/// below ZooKeeper's 1 MiB packet limit.
+const RUNS_PER_READ: usize = 2;
 
 /// The ZooKeeper implementation of [`crate::store::Store`].
 pub struct ZkStore {
@@ -316,9 +318,10 @@ impl ZkStore {
     }
 
     /// [`ZkStore::tick`] with `beat` written in the same multi: the clock
-    /// write every claim makes anyway carries the heartbeat. A record not
-    /// made yet (a node's first beat) fails the multi: then the clock is
-    /// ticked and the record made as a heartbeat of its own does.
+    /// write every claim makes anyway carries the heartbeat. A beat whose
+    /// write fails (a record not made yet: a node's first beat) fails the
+    /// multi: then the clock is ticked and the record written as a
+    /// heartbeat of its own does.
     async fn tick_beating(
         &self,
         client: &zk::Client,
@@ -345,10 +348,9 @@ impl ZkStore {
                 }
                 _ => Err(self.short_answer(results.len(), 2)),
             },
-            Ok(Err(zk::MultiWriteError::OperationFailed {
-                source: zk::Error::NoNode,
-                ..
-            })) => {
+            // The beat's write failed (its record not made yet, or gone):
+            // nothing of the multi was applied.
+            Ok(Err(zk::MultiWriteError::OperationFailed { index: 1, .. })) => {
                 let (now, listed) = tokio::join!(self.tick(client), self.heartbeat(beat));
                 if let Err(e) = &listed {
                     tracing::debug!("a claim's first heartbeat failed: {e}");

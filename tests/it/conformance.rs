@@ -709,16 +709,18 @@ pub async fn history_is_recorded_once_per_fence(h: &Harness) {
 }
 
 /// A run's output tail comes back exactly as recorded: several lines,
-/// quotes, tabs and non-ASCII text, none (empty), the largest allowed; and
-/// a batch whose tails add up to 5 MiB (beyond MySQL's and etcd's request
-/// sizes as one write) is recorded whole.
+/// quotes, tabs, colour codes, control bytes and non-ASCII text, none
+/// (empty), the largest allowed; and a batch whose tails add up to 5 MiB
+/// (beyond etcd's request size as one write, and several times that as
+/// stored JSON, where a control byte takes six) is recorded and read whole.
 pub async fn history_keeps_each_runs_output_tail(h: &Harness) {
     let a = h.store().await;
     let mut text = run("tail", 1);
-    text.output = "line 1\n\"quoted\" 'single' é ✓ \\ back\n\ttabbed, no newline at the end".into();
+    text.output = "line 1\n\"quoted\" 'single' é ✓ \\ back\n\ttabbed \u{1b}[31mred\u{1b}[0m \u{1}\u{7f}, no newline at the end".into();
     let empty = run("tail", 2);
     let mut largest = run("tail", 3);
-    largest.output = "0123456789abcdé\n".repeat(cronlease::config::MAX_OUTPUT_TAIL / 17);
+    largest.output =
+        "\u{1}\u{2}\u{1b}[1mbold\u{1b}[0m é\t\n".repeat(cronlease::config::MAX_OUTPUT_TAIL / 20);
     assert!(largest.output.len() <= cronlease::config::MAX_OUTPUT_TAIL);
     a.record_runs(&[text.clone(), empty, largest.clone()], 100)
         .await
@@ -729,7 +731,7 @@ pub async fn history_keeps_each_runs_output_tail(h: &Harness) {
     let many: Vec<RunRecord> = (1..=80)
         .map(|f| {
             let mut r = run("many-tails", f);
-            r.output = format!("{f:08}\n").repeat(64 * 1024 / 9);
+            r.output = format!("\u{1b}[2m{f:08}\u{1}\n").repeat(64 * 1024 / 14);
             r
         })
         .collect();

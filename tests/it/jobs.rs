@@ -65,6 +65,16 @@ command = "echo to-stdout-$CRONLEASE_FENCE; echo to-stderr >&2; exit 3"
 name = "missing"
 schedule = "* * * * * *"
 command = ["/nonexistent/program"]
+
+[[job]]
+name = "bare-missing"
+schedule = "* * * * * *"
+command = ["no-such-program-of-cronlease"]
+
+[[job]]
+name = "bare"
+schedule = "* * * * * *"
+command = ["sh", "-c", "echo \"$0\" > '{out}.bare'"]
 "#;
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
     // The same store, named by the environment: the job must not see it.
@@ -83,6 +93,18 @@ command = ["/nonexistent/program"]
         ),
         (Some("not_started"), None)
     );
+    // A program named without a path is looked up in PATH before the
+    // spawn: found, it runs (argv[0] as written); not found, every run is
+    // not_started and the next one comes (no start hangs).
+    let bare_missing = wait_history(&c, "bare-missing", |h| h.len() >= 3);
+    assert!(
+        bare_missing.iter().all(|r| r["outcome"] == "not_started"),
+        "{bare_missing:?}"
+    );
+    let bare = wait_history(&c, "bare", |h| !h.is_empty());
+    assert_eq!(bare[0]["outcome"], "ok", "{bare:?}");
+    let argv0 = std::fs::read_to_string(format!("{}.bare", c.out.display())).unwrap();
+    assert_eq!(argv0.trim(), "sh");
     let env_runs = wait_history(&c, "env", |h| !h.is_empty());
     c.stop_all();
 
@@ -425,10 +447,13 @@ fn a_process_a_finished_job_left_behind_survives_the_daemons_sigkill() {
         || c.report(),
         || std::fs::read_to_string(&bg_file).ok()?.trim().parse().ok(),
     );
-    let parent = crate::support::proc_stat(pid)
-        .get(1)
-        .and_then(|p| p.parse::<i32>().ok());
-    assert_eq!(parent, Some(guard), "the guard adopted it");
+    let parent = |pid: i32| crate::support::proc_stat(pid).get(1)?.parse::<i32>().ok();
+    wait_until(
+        "the guard to adopt it",
+        Duration::from_secs(5),
+        || format!("its parent is {:?}\n{}", parent(pid), c.report()),
+        || parent(pid).filter(|p| *p == guard),
+    );
     // A few more runs of the job come and go.
     std::thread::sleep(Duration::from_millis(2_500));
     c.signal("n1", Signal::SIGKILL);
@@ -490,12 +515,14 @@ on_failure = "echo fine $CRONLEASE_OUTCOME >> '{out}.hook'"
         || format!("{}\n{}", read(), c.report()),
         || read().lines().any(|l| l.starts_with("slow ")).then_some(()),
     );
-    // Long enough for an unbounded hook to write its last line.
+    // Long enough for an unbounded hook to write its last line. History is
+    // read once the daemon stopped: each recorded failed run's hook began
+    // after its record, and hooks end with the daemon.
     std::thread::sleep(Duration::from_secs(4));
+    c.stop_all();
     let fails = history(&c, "fails");
     let fine = history(&c, "fine");
     let slow = history(&c, "slow");
-    c.stop_all();
     let lines = read();
     assert!(!lines.contains("not-bounded"), "{lines}");
     assert!(!lines.contains("fine"), "on_failure after ok\n{lines}");

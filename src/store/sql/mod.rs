@@ -154,11 +154,12 @@ fn idle_limit_ms(op_ms: i64) -> i64 {
 pub(crate) const OPTIONAL: &str = "/* optional */ ";
 
 /// Rows per multi-row statement: far below every database's bind limit
-/// (SQLite 32766, MySQL and PostgreSQL 65535) at 12 columns.
+/// (SQLite 32766, MySQL and PostgreSQL 65535) at 13 columns.
 const CHUNK: usize = 500;
-/// Output tails per history insert, in bytes: a statement stays far below
-/// MySQL's and MariaDB's `max_allowed_packet` (16 MiB by default).
-const OUTPUT_PER_STATEMENT: usize = 4 * 1024 * 1024;
+/// Output tails per history insert, in bytes: a statement stays below
+/// MySQL's and MariaDB's `max_allowed_packet` (64 MiB and 16 MiB by
+/// default), also on a server set as low as 4 MiB.
+const OUTPUT_PER_STATEMENT: usize = 2 * 1024 * 1024;
 
 impl Queries {
     fn new(d: &Dialect, p: &str) -> Self {
