@@ -688,6 +688,7 @@ pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> R
 /// `runs` in consecutive groups of at most `count` runs whose output tails
 /// add up to at most `bytes` (a run whose tail alone is larger goes alone),
 /// so one write per group stays inside the store's request limits.
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) fn run_groups(runs: &[RunRecord], count: usize, bytes: usize) -> Vec<&[RunRecord]> {
     let mut groups = Vec::new();
     let (mut start, mut size) = (0, 0);

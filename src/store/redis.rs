@@ -203,21 +203,12 @@ impl RedisStore {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &i in which {
-                let (script, keys, args) = &calls[i];
-                pipe.cmd("EVALSHA")
-                    .arg(script.get_hash())
-                    .arg(keys.len())
-                    .arg(*keys)
-                    .arg(*args);
+                add_evalsha(&mut pipe, calls[i]);
             }
             if let Some((replicas, timeout_ms)) = self.wait {
                 pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
             }
             pipe
-        };
-        let forgotten = |r: &redis::Value| {
-            matches!(r, redis::Value::ServerError(e)
-                if e.kind() == Some(redis::ServerErrorKind::NoScript))
         };
         let all: Vec<usize> = (0..calls.len()).collect();
         let waits = usize::from(self.wait.is_some());
@@ -710,10 +701,6 @@ async fn eval_loading(
     count: usize,
     build: impl Fn(&[usize]) -> redis::Pipeline,
 ) -> redis::RedisResult<Vec<redis::Value>> {
-    let forgotten = |r: &redis::Value| {
-        matches!(r, redis::Value::ServerError(e)
-            if e.kind() == Some(redis::ServerErrorKind::NoScript))
-    };
     let shared = conn.clone();
     let send = |which: &[usize]| {
         let mut pipe = build(which);
@@ -740,6 +727,22 @@ async fn eval_loading(
         }
     }
     Ok(replies)
+}
+
+/// Adds `EVALSHA` of `script` with `keys` and `args` to `pipe`.
+fn add_evalsha(pipe: &mut redis::Pipeline, (script, keys, args): (&Script, &[String], &[String])) {
+    pipe.cmd("EVALSHA")
+        .arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+}
+
+/// The reply of a script call the server refused because it has forgotten
+/// the script (a restart, `SCRIPT FLUSH`).
+fn forgotten(reply: &redis::Value) -> bool {
+    matches!(reply, redis::Value::ServerError(e)
+        if e.kind() == Some(redis::ServerErrorKind::NoScript))
 }
 
 /// The keys and arguments of `claim.lua` for `requests`.

@@ -41,8 +41,8 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::{
-    RELEASE, RENEW, ServerLock, client_for, eval_loading, job_key, manager_config, record_args,
-    renew_args, scan_keys, server_locks, store_error, stream_runs,
+    RELEASE, RENEW, ServerLock, add_evalsha, client_for, eval_loading, job_key, manager_config,
+    record_args, renew_args, scan_keys, server_locks, store_error, stream_runs,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 use crate::store::registry::{self, Heartbeat, NodeRecord, Registry};
@@ -371,12 +371,7 @@ impl RedlockStore {
             let mut pipe = redis::pipe();
             pipe.cmd("INFO").arg("server");
             for &i in which {
-                let (script, keys, args) = &calls[i];
-                pipe.cmd("EVALSHA")
-                    .arg(script.get_hash())
-                    .arg(keys.len())
-                    .arg(*keys)
-                    .arg(*args);
+                add_evalsha(&mut pipe, calls[i]);
             }
             pipe
         };
