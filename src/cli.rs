@@ -116,6 +116,26 @@ pub enum Commands {
     Migrate(ConfigArg),
     /// Ask the local daemon to release its leases and pause claiming for one margin
     StepDown(ConfigArg),
+    /// Failover drill: disturb this host's daemon and report who took over its jobs
+    Drill {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// SIGKILL the daemon (the default): a crash
+        #[arg(long, group = "how")]
+        kill: bool,
+        /// SIGTERM the daemon: a clean stop
+        #[arg(long, group = "how")]
+        term: bool,
+        /// Ask the daemon to step down (SIGUSR1); it keeps running
+        #[arg(long, group = "how")]
+        step_down: bool,
+        /// Only these of the jobs the daemon holds
+        #[arg(long, num_args = 1.., value_name = "J")]
+        jobs: Vec<String>,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: the process that kills jobs if their daemon dies
     #[command(name = "__guard", hide = true)]
     Guard,

@@ -16,7 +16,9 @@
 //! - [`exec`] and [`guard`]: running a job's process group, and killing it if
 //!   the daemon dies.
 //! - [`app`]: the commands (`run`, `check`, `status`, `nodes`, `history`,
-//!   `pause`, `resume`, `migrate`, `step-down`, `import-crontab`) behind the thin `main`; [`cli`]: their clap definitions.
+//!   `pause`, `resume`, `migrate`, `step-down`, `logs`, `drill`,
+//!   `import-crontab`) behind the thin `main`; [`cli`]: their clap definitions.
+//! - [`drill`]: the failover drill as a command, with its verdict.
 //! - [`crontab`]: `import-crontab`, a crontab's lines as `[[job]]` TOML.
 //! - [`pidfile`]: the locked pid file and finding the daemon it names.
 //! - [`telemetry`] sets up logging; [`metrics`] serves `/metrics` and
@@ -28,6 +30,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod crontab;
+pub mod drill;
 pub mod exec;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -18,6 +18,7 @@ mod conformance;
 mod crontab;
 mod disk;
 mod drill;
+mod drill_command;
 mod drills;
 mod e2e;
 mod etcd;

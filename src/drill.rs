@@ -1,0 +1,489 @@
+//! `cronlease drill`: the failover drill operators run by killing the
+//! leader, done for them with a verdict (docs/cli.md).
+//!
+//! On the host whose daemon holds leases: read which jobs that daemon holds
+//! (their owner, fence and last occurrence), disturb it through its pid file
+//! (SIGKILL, SIGTERM or SIGUSR1 for a step-down; [`pidfile::daemon_pid`]
+//! refuses any process that is not `cronlease run` with this config), then
+//! watch the store until every one of those jobs is held by another owner or
+//! twice the longest of their leases passed. The report gives, per job, the
+//! old and new holder, the fence before and after, the takeover's lateness
+//! after its scheduled instant, and from history the occurrences in between
+//! that no run covered (missed) or that ran twice (doubled).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
+use serde::Serialize;
+
+use crate::config::{Config, Job, JobName};
+use crate::pidfile::{self, PidFileError};
+use crate::schedule::Schedule;
+use crate::store::{LockStatus, Outcome, Owner, RunRecord, Store, StoreError};
+
+/// How the drill disturbs the local daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disturbance {
+    /// SIGKILL: a crash (its guard kills its jobs and hands the leases over).
+    Kill,
+    /// SIGTERM: a clean stop (runs finish within `shutdown_grace`).
+    Term,
+    /// SIGUSR1: the daemon releases its leases and keeps running.
+    StepDown,
+}
+
+impl Disturbance {
+    fn signal(self) -> Signal {
+        match self {
+            Disturbance::Kill => Signal::SIGKILL,
+            Disturbance::Term => Signal::SIGTERM,
+            Disturbance::StepDown => Signal::SIGUSR1,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Disturbance::Kill => "kill",
+            Disturbance::Term => "term",
+            Disturbance::StepDown => "step-down",
+        }
+    }
+}
+
+/// Why a drill could not be run (nothing was disturbed), or broke off.
+#[derive(Debug, thiserror::Error)]
+pub enum DrillError {
+    #[error("{0}")]
+    PidFile(#[from] PidFileError),
+    #[error("no job named {0:?} in the configuration; `cronlease check` lists the jobs")]
+    NoSuchJob(String),
+    #[error(
+        "the daemon of node {node} holds no live lease{of}: nothing to take over; run the drill on the host `cronlease status` shows as holder"
+    )]
+    NothingHeld { node: String, of: String },
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("cannot signal cronlease pid {pid}: {source}")]
+    Signal { pid: i32, source: nix::errno::Errno },
+}
+
+/// One job's part of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobReport {
+    pub job: String,
+    /// The node that held the job before the drill.
+    pub old_holder: String,
+    pub fence_before: u64,
+    /// The occurrence the old holder had claimed last.
+    pub last_occurrence_before: Option<DateTime<Utc>>,
+    /// The node holding it after (None: nobody took over in time).
+    pub new_holder: Option<String>,
+    pub fence_after: Option<u64>,
+    /// The occurrence the new holder claimed.
+    pub takeover_occurrence: Option<DateTime<Utc>>,
+    /// How late after that occurrence's instant the new holder's run began
+    /// (from its history record), or was seen holding the lease.
+    pub takeover_delay_ms: Option<u64>,
+    /// Scheduled instants between the two holders that no run covered.
+    pub missed: Vec<DateTime<Utc>>,
+    /// Occurrences that ran more than once.
+    pub doubled: Vec<DateTime<Utc>>,
+}
+
+impl JobReport {
+    /// Taken over, with no occurrence missed or doubled.
+    pub fn passed(&self) -> bool {
+        self.new_holder.is_some() && self.missed.is_empty() && self.doubled.is_empty()
+    }
+}
+
+/// The whole report (`drill --json` prints it).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub disturbance: &'static str,
+    pub pid: i32,
+    pub node: String,
+    pub disturbed_at: DateTime<Utc>,
+    /// How long the drill watched, at most twice the longest lease.
+    pub watched_ms: u64,
+    pub jobs: Vec<JobReport>,
+    pub passed: bool,
+}
+
+/// How often the store is asked while watching.
+const POLL: Duration = Duration::from_millis(100);
+/// How long, after the takeovers, the drill waits for their runs' history.
+const HISTORY_WAIT: Duration = Duration::from_secs(3);
+/// The most history read per job to judge misses and doubles.
+const HISTORY_READ: u32 = 1000;
+
+/// What was held before the drill.
+struct Held {
+    job: JobName,
+    owner: String,
+    fence: u64,
+    last_occurrence: Option<DateTime<Utc>>,
+}
+
+/// What the watch saw of a takeover.
+struct Taken {
+    owner: String,
+    fence: u64,
+    occurrence: Option<DateTime<Utc>>,
+    seen: DateTime<Utc>,
+}
+
+/// Runs the drill: `only` narrows it to those jobs; `call` bounds each
+/// store call.
+pub async fn run(
+    config: &Config,
+    store: &dyn Store,
+    how: Disturbance,
+    only: &[String],
+    call: Duration,
+) -> Result<Report, DrillError> {
+    let mut wanted = Vec::new();
+    for name in only {
+        match config.jobs.iter().find(|j| j.name.as_str() == name) {
+            Some(j) => wanted.push(j.name.clone()),
+            None => return Err(DrillError::NoSuchJob(crate::config::one_line(name))),
+        }
+    }
+    let pid = pidfile::daemon_pid(&config.pid_file, &config.path)?;
+    let node = config.node.as_str().to_string();
+    let locks = timed(call, store.status()).await?;
+    let held: Vec<Held> = locks
+        .iter()
+        .filter_map(|l| {
+            let owner = l.holder.as_deref()?;
+            let job = JobName::parse(&l.job).ok()?;
+            let configured = config.jobs.iter().any(|j| j.name == job);
+            let asked = wanted.is_empty() || wanted.contains(&job);
+            (Owner::node_of(owner) == node && configured && asked).then(|| Held {
+                job,
+                owner: owner.to_string(),
+                fence: l.fence,
+                last_occurrence: l.last_occurrence,
+            })
+        })
+        .collect();
+    if held.is_empty() {
+        let of = if wanted.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = wanted.iter().map(JobName::as_str).collect();
+            format!(" of {}", names.join(", "))
+        };
+        return Err(DrillError::NothingHeld { node, of });
+    }
+    let jobs: BTreeMap<&JobName, &Job> = config.jobs.iter().map(|j| (&j.name, j)).collect();
+    let disturbed_at = Utc::now();
+    let watch = 2 * held
+        .iter()
+        .filter_map(|h| jobs.get(&h.job))
+        .map(|j| longest_lease(j, disturbed_at, config.lease_margin))
+        .max()
+        .unwrap_or(config.lease_margin);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), how.signal())
+        .map_err(|source| DrillError::Signal { pid, source })?;
+    let started = tokio::time::Instant::now();
+    let deadline = started + watch;
+
+    let mut taken: BTreeMap<JobName, Taken> = BTreeMap::new();
+    while taken.len() < held.len() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(POLL).await;
+        // An unanswered poll is tried again until the deadline: the store
+        // may be briefly busy with the takeover itself.
+        let Ok(locks) = timed(call, store.status()).await else {
+            continue;
+        };
+        for h in &held {
+            if taken.contains_key(&h.job) {
+                continue;
+            }
+            if let Some(t) = taken_over(h, &locks) {
+                taken.insert(h.job.clone(), t);
+            }
+        }
+    }
+    let watched = started.elapsed();
+
+    // The takeover runs' own records give their lateness; they are written
+    // when each run ends, so wait a little for them.
+    let mut histories: BTreeMap<JobName, Vec<RunRecord>> = BTreeMap::new();
+    let history_by = tokio::time::Instant::now() + HISTORY_WAIT;
+    for h in &held {
+        let fence_after = taken.get(&h.job).map(|t| t.fence);
+        let runs = loop {
+            let runs = timed(call, store.history(Some(&h.job), HISTORY_READ)).await?;
+            let recorded = fence_after.is_none_or(|f| runs.iter().any(|r| r.fence == f));
+            if recorded || tokio::time::Instant::now() >= history_by {
+                break runs;
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        histories.insert(h.job.clone(), runs);
+    }
+
+    let now = Utc::now();
+    let reports: Vec<JobReport> = held
+        .iter()
+        .map(|h| {
+            let runs = histories.get(&h.job).map(Vec::as_slice).unwrap_or(&[]);
+            let schedule = jobs.get(&h.job).map(|j| &j.schedule);
+            judge(
+                h,
+                taken.get(&h.job),
+                runs,
+                schedule,
+                now,
+                config.lease_margin,
+            )
+        })
+        .collect();
+    Ok(Report {
+        disturbance: how.name(),
+        pid,
+        node,
+        disturbed_at,
+        watched_ms: u64::try_from(watched.as_millis()).unwrap_or(u64::MAX),
+        passed: reports.iter().all(JobReport::passed),
+        jobs: reports,
+    })
+}
+
+async fn timed<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(limit)))
+}
+
+/// The longest lease the job's next two occurrences get: the gap between
+/// them plus the margin (a lease lasts to the next occurrence and a margin).
+fn longest_lease(job: &Job, now: DateTime<Utc>, margin: Duration) -> Duration {
+    let next = job.schedule.next_after(now);
+    let after = next.and_then(|n| job.schedule.next_after(n));
+    let gap = next
+        .zip(after)
+        .and_then(|(a, b)| (b - a).to_std().ok())
+        .unwrap_or(Duration::from_secs(60));
+    gap + margin
+}
+
+/// A live lease of the job held by an owner other than the drilled one,
+/// with a higher fence.
+fn taken_over(h: &Held, locks: &[LockStatus]) -> Option<Taken> {
+    let lock = locks.iter().find(|l| l.job == h.job.as_str())?;
+    let owner = lock.holder.as_deref()?;
+    (owner != h.owner && lock.fence > h.fence).then(|| Taken {
+        owner: owner.to_string(),
+        fence: lock.fence,
+        occurrence: lock.last_occurrence,
+        seen: Utc::now(),
+    })
+}
+
+/// A record of a run that happened (its command started, or it was
+/// skipped as configured because the previous run still went): what
+/// covers an occurrence. `lease_lost` and `not_started` never ran.
+fn ran(run: &RunRecord) -> bool {
+    matches!(
+        run.outcome,
+        Outcome::Ok | Outcome::Failed | Outcome::Timeout | Outcome::Killed
+    )
+}
+
+fn covered(run: &RunRecord) -> bool {
+    ran(run) || run.outcome == Outcome::Skipped
+}
+
+/// One job's verdict from what the watch saw and the job's history.
+fn judge(
+    h: &Held,
+    taken: Option<&Taken>,
+    runs: &[RunRecord],
+    schedule: Option<&Schedule>,
+    now: DateTime<Utc>,
+    margin: Duration,
+) -> JobReport {
+    let takeover_run = taken.and_then(|t| runs.iter().find(|r| r.fence == t.fence));
+    let takeover_delay_ms = match (takeover_run, taken) {
+        (Some(run), _) => Some(run.delay_ms),
+        (None, Some(t)) => t
+            .occurrence
+            .and_then(|o| (t.seen - o).to_std().ok())
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        (None, None) => None,
+    };
+    // From the old holder's last occurrence to the takeover's (or, with no
+    // takeover, to the last instant a peer should have claimed by now).
+    let from = h.last_occurrence;
+    let to = match taken.and_then(|t| t.occurrence) {
+        Some(o) => o,
+        None => now - chrono::Duration::from_std(margin).unwrap_or_default(),
+    };
+    let mut missed = Vec::new();
+    if let (Some(schedule), Some(from)) = (schedule, from) {
+        let mut t = schedule.next_after(from);
+        while let Some(instant) = t.filter(|i| *i < to) {
+            if !runs.iter().any(|r| r.occurrence == instant && covered(r)) {
+                missed.push(instant);
+            }
+            t = schedule.next_after(instant);
+            if missed.len() >= 100 {
+                break;
+            }
+        }
+    }
+    let mut per_occurrence: BTreeMap<DateTime<Utc>, usize> = BTreeMap::new();
+    for r in runs
+        .iter()
+        .filter(|r| ran(r) && from.is_none_or(|f| r.occurrence >= f))
+    {
+        *per_occurrence.entry(r.occurrence).or_default() += 1;
+    }
+    let doubled = per_occurrence
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(o, _)| o)
+        .collect();
+    JobReport {
+        job: h.job.to_string(),
+        old_holder: Owner::node_of(&h.owner).to_string(),
+        fence_before: h.fence,
+        last_occurrence_before: h.last_occurrence,
+        new_holder: taken.map(|t| Owner::node_of(&t.owner).to_string()),
+        fence_after: taken.map(|t| t.fence),
+        takeover_occurrence: taken.and_then(|t| t.occurrence),
+        takeover_delay_ms,
+        missed,
+        doubled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap()
+    }
+
+    fn run(occ: i64, fence: u64, outcome: Outcome) -> RunRecord {
+        RunRecord {
+            job: "tick".into(),
+            fence,
+            owner: format!("n{fence}#1"),
+            node: format!("n{fence}"),
+            occurrence: at(occ),
+            started_at: at(occ),
+            finished_at: at(occ),
+            outcome,
+            exit_code: None,
+            takeover: false,
+            delay_ms: 40,
+            decision_ms: 0,
+            output: String::new(),
+        }
+    }
+
+    fn job() -> Schedule {
+        Schedule::parse("* * * * * *", "UTC").unwrap()
+    }
+
+    fn held() -> Held {
+        Held {
+            job: JobName::parse("tick").unwrap(),
+            owner: "n1#a".into(),
+            fence: 10,
+            last_occurrence: Some(at(0)),
+        }
+    }
+
+    fn taken(fence: u64, occ: i64) -> Taken {
+        Taken {
+            owner: "n2#b".into(),
+            fence,
+            occurrence: Some(at(occ)),
+            seen: at(occ) + chrono::Duration::milliseconds(300),
+        }
+    }
+
+    #[test]
+    fn a_takeover_at_the_next_instant_passes() {
+        let runs = [run(0, 10, Outcome::Killed), run(1, 11, Outcome::Ok)];
+        let j = job();
+        let r = judge(
+            &held(),
+            Some(&taken(11, 1)),
+            &runs,
+            Some(&j),
+            at(5),
+            Duration::from_secs(1),
+        );
+        assert!(r.passed(), "{r:?}");
+        assert_eq!(r.takeover_delay_ms, Some(40));
+        assert_eq!(r.new_holder.as_deref(), Some("n2"));
+    }
+
+    #[test]
+    fn instants_no_run_covered_are_missed_and_a_second_run_is_doubled() {
+        // Instants 1 and 2 have no run (2 only a lease_lost); 0 ran twice.
+        let runs = [
+            run(0, 10, Outcome::Ok),
+            run(0, 11, Outcome::Failed),
+            run(2, 12, Outcome::LeaseLost),
+            run(3, 13, Outcome::Ok),
+        ];
+        let j = job();
+        let r = judge(
+            &held(),
+            Some(&taken(13, 3)),
+            &runs,
+            Some(&j),
+            at(5),
+            Duration::from_secs(1),
+        );
+        assert_eq!(r.missed, vec![at(1), at(2)]);
+        assert_eq!(r.doubled, vec![at(0)]);
+        assert!(!r.passed());
+    }
+
+    #[test]
+    fn no_takeover_fails_and_counts_what_a_peer_should_have_run() {
+        let runs = [run(0, 10, Outcome::Killed)];
+        let j = job();
+        let r = judge(
+            &held(),
+            None,
+            &runs,
+            Some(&j),
+            at(4),
+            Duration::from_secs(1),
+        );
+        assert!(!r.passed());
+        assert_eq!(r.missed, vec![at(1), at(2)]);
+        assert_eq!(r.takeover_delay_ms, None);
+    }
+
+    #[test]
+    fn without_its_record_the_delay_is_when_the_lease_was_seen() {
+        let j = job();
+        let r = judge(
+            &held(),
+            Some(&taken(11, 1)),
+            &[],
+            Some(&j),
+            at(5),
+            Duration::from_secs(1),
+        );
+        assert_eq!(r.takeover_delay_ms, Some(300));
+    }
+}
