@@ -129,10 +129,21 @@ async fn within<T>(
     config: &Config,
     call: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let budget = config.store.op_timeout.max(Duration::from_secs(5));
-    tokio::time::timeout(budget, call)
-        .await
-        .unwrap_or(Err(StoreError::Timeout(budget)))
+    store::bounded(call_budget(config), call).await
+}
+
+/// What a command allows one store call: `op_timeout`, at least 5 s.
+fn call_budget(config: &Config) -> Duration {
+    config.store.op_timeout.max(Duration::from_secs(5))
+}
+
+/// Prints `value` as pretty JSON on one stdout write.
+fn print_json(out: &mut impl Write, value: &impl serde::Serialize) {
+    let _ = writeln!(
+        out,
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
 }
 
 fn check(path: &Path, next: usize) -> ExitCode {
@@ -371,8 +382,7 @@ async fn run_drill(
         Ok(both) => both,
         Err(code) => return code,
     };
-    let call = config.store.op_timeout.max(Duration::from_secs(5));
-    let report = match drill::run(&config, store.as_ref(), how, &jobs, call).await {
+    let report = match drill::run(&config, store.as_ref(), how, &jobs, call_budget(&config)).await {
         Ok(r) => r,
         Err(drill::DrillError::Store(e)) => return store_failure(&e),
         Err(e @ drill::DrillError::NoSuchJob(_)) => {
@@ -386,11 +396,7 @@ async fn run_drill(
     };
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
+        print_json(&mut out, &report);
     } else {
         print_drill(&mut out, &report);
     }
@@ -700,11 +706,7 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
     }
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&rows).unwrap_or_default()
-        );
+        print_json(&mut out, &rows);
         return ExitCode::SUCCESS;
     }
     let table: Vec<Vec<String>> = rows
@@ -782,11 +784,7 @@ async fn nodes(path: PathBuf, json: bool) -> ExitCode {
     };
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&nodes).unwrap_or_default()
-        );
+        print_json(&mut out, &nodes);
         return ExitCode::SUCCESS;
     }
     let bound = config.max_clock_offset;
@@ -865,11 +863,7 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
     }
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&runs).unwrap_or_default()
-        );
+        print_json(&mut out, &runs);
         return ExitCode::SUCCESS;
     }
     let table: Vec<Vec<String>> = runs

@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::config::{Config, Job, JobName};
 use crate::pidfile::{self, PidFileError};
 use crate::schedule::Schedule;
-use crate::store::{LockStatus, Outcome, Owner, RunRecord, Store, StoreError};
+use crate::store::{LockStatus, Outcome, Owner, RunRecord, Store, StoreError, bounded};
 
 /// How the drill disturbs the local daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +153,7 @@ pub async fn run(
     }
     let pid = pidfile::daemon_pid(&config.pid_file, &config.path)?;
     let node = config.node.as_str().to_string();
-    let locks = timed(call, store.status()).await?;
+    let locks = bounded(call, store.status()).await?;
     let held: Vec<Held> = locks
         .iter()
         .filter_map(|l| {
@@ -196,7 +196,7 @@ pub async fn run(
         tokio::time::sleep(POLL).await;
         // An unanswered poll is tried again until the deadline: the store
         // may be briefly busy with the takeover itself.
-        let Ok(locks) = timed(call, store.status()).await else {
+        let Ok(locks) = bounded(call, store.status()).await else {
             continue;
         };
         for h in &held {
@@ -217,7 +217,7 @@ pub async fn run(
     for h in &held {
         let fence_after = taken.get(&h.job).map(|t| t.fence);
         let runs = loop {
-            let runs = timed(call, store.history(Some(&h.job), HISTORY_READ)).await?;
+            let runs = bounded(call, store.history(Some(&h.job), HISTORY_READ)).await?;
             let recorded = fence_after.is_none_or(|f| runs.iter().any(|r| r.fence == f));
             if recorded || tokio::time::Instant::now() >= history_by {
                 break runs;
@@ -252,15 +252,6 @@ pub async fn run(
         passed: reports.iter().all(JobReport::passed),
         jobs: reports,
     })
-}
-
-async fn timed<T>(
-    limit: Duration,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(limit, call)
-        .await
-        .unwrap_or(Err(StoreError::Timeout(limit)))
 }
 
 /// The longest lease the job's next two occurrences get: the gap between

@@ -48,7 +48,7 @@ use tokio::sync::oneshot;
 
 use crate::config::JobName;
 use crate::exec::Launch;
-use crate::store::{Outcome, Owner, RunRecord, StoreError};
+use crate::store::{Outcome, Owner, RunRecord, StoreError, bounded};
 
 /// Largest message either side sends or reads: a job's command and
 /// environment, or an answer.
@@ -691,16 +691,6 @@ fn hand_over(
             "cronlease __guard: the daemon died; handing over failed after {took} ms ({e}): its leases expire as they would without a guard"
         ),
     }
-}
-
-/// A store call, failed with a timeout after `within`.
-async fn bounded<T>(
-    within: std::time::Duration,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(within, call)
-        .await
-        .unwrap_or(Err(StoreError::Timeout(within)))
 }
 
 /// Waits until none of `doomed` (pid and start time) is alive any more,

@@ -443,6 +443,17 @@ pub trait Store: Locks + History + Registry {}
 
 impl<T: Locks + History + Registry + ?Sized> Store for T {}
 
+/// A store call, failed with [`StoreError::Timeout`] after `limit`: what
+/// bounds every call a command or the guard makes.
+pub async fn bounded<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(limit)))
+}
+
 /// Opens a backend's store for a config.
 type Open = fn(&StoreConfig) -> Result<Arc<dyn Store>, StoreError>;
 
