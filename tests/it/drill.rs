@@ -82,6 +82,9 @@ pub struct Counts {
     pub load_runs: usize,
     pub load_ran_twice: usize,
     pub load_fence_out_of_order: usize,
+    /// What each overlap and miss was, for the failure message's tail
+    /// (where a truncated CI log still shows it).
+    pub findings: Vec<String>,
 }
 
 /// Seconds since the Unix epoch.
@@ -318,7 +321,7 @@ pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
     let report = c.report();
     judge(&c, &disturbances, begin, judged_until, &mut counts);
     judge_load(&c, &mut counts);
-    eprintln!(
+    let summary = format!(
         "drill {backend:?} {seconds}s seed {seed} with {load} load jobs ({} runs, ran twice {}, fences out of order {}): events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}; SQLite file locked by a frozen writer {}",
         counts.load_runs,
         counts.load_ran_twice,
@@ -334,12 +337,18 @@ pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
         counts.skipped_overlap,
         counts.sqlite_locked_by_frozen_writer
     );
-    assert_eq!(counts.ran_twice, 0, "seed {seed}\n{report}");
-    assert_eq!(counts.overlapping, 0, "seed {seed}\n{report}");
-    assert_eq!(counts.fence_out_of_order, 0, "seed {seed}\n{report}");
-    assert_eq!(counts.missed_while_up, 0, "seed {seed}\n{report}");
-    assert_eq!(counts.load_ran_twice, 0, "seed {seed}\n{report}");
-    assert_eq!(counts.load_fence_out_of_order, 0, "seed {seed}\n{report}");
+    eprintln!("{summary}");
+    // The verdict last: a CI log cut to its tail still shows why.
+    let verdict = format!(
+        "seed {seed}\n{report}\n{summary}\n{}",
+        counts.findings.join("\n")
+    );
+    assert_eq!(counts.ran_twice, 0, "{verdict}");
+    assert_eq!(counts.overlapping, 0, "{verdict}");
+    assert_eq!(counts.fence_out_of_order, 0, "{verdict}");
+    assert_eq!(counts.missed_while_up, 0, "{verdict}");
+    assert_eq!(counts.load_ran_twice, 0, "{verdict}");
+    assert_eq!(counts.load_fence_out_of_order, 0, "{verdict}");
     counts
 }
 
@@ -405,8 +414,14 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
     for w in runs.windows(2) {
         if w[0].occurrence == w[1].occurrence {
             counts.ran_twice += 1;
+            counts
+                .findings
+                .push(format!("ran twice: {:?} and {:?}", w[0], w[1]));
         } else if w[0].fence >= w[1].fence {
             counts.fence_out_of_order += 1;
+            counts
+                .findings
+                .push(format!("fences out of order: {:?} then {:?}", w[0], w[1]));
         }
     }
 
@@ -468,9 +483,11 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                             && d.from < b.start + 1.0
                     })
                     .collect();
-                eprintln!(
+                let finding = format!(
                     "overlap: {a:?} (end used {end:.3}) with {b:?}; disturbances: {around:?}"
                 );
+                eprintln!("{finding}");
+                counts.findings.push(finding);
             }
         }
     }
@@ -551,10 +568,12 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                     .iter()
                     .filter(|d| d.from > instant - 4.0 && d.from < instant + 3.0)
                     .collect();
-                eprintln!(
-                    "missed occurrence {} (unix {instant}); disturbances around it: {around:#?}",
+                let finding = format!(
+                    "missed occurrence {} (unix {instant}); disturbances around it: {around:?}",
                     DateTime::from_timestamp(t, 0).unwrap_or_default()
                 );
+                eprintln!("{finding}");
+                counts.findings.push(finding);
             }
         }
         t += 1;
