@@ -2,7 +2,6 @@
 //! maps the result to an exit code (docs/cli.md): 0 ok, 2 usage (clap),
 //! 64 no such job, 69 store unreachable, 78 invalid configuration, 1 anything else.
 
-use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -19,8 +18,8 @@ use crate::cli::{Cli, Commands};
 use crate::config::{self, Config, JobName, Overrides};
 use crate::node::Node;
 use crate::pidfile::{self, PidFile};
-use crate::store::{self, LockStatus, Owner, RunRecord, StoreError};
-use crate::{drill, exec, guard, metrics, telemetry};
+use crate::store::{self, StoreError};
+use crate::{drill, exec, guard, http, telemetry};
 
 /// Exit code: no such job (sysexits EX_USAGE).
 pub const EXIT_NO_SUCH_JOB: u8 = 64;
@@ -215,23 +214,25 @@ async fn run(path: PathBuf) -> ExitCode {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let node = Node::new(&config, store);
+    let node = Node::new(&config, store.clone());
     let shutdown = CancellationToken::new();
-    if let Some(addr) = config.metrics_listen {
-        match metrics::bind(addr).await {
+    // The dashboard reads the configuration a reload installs.
+    let (config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config.clone()));
+    if let Some(addr) = config.http_listen {
+        match http::bind(addr).await {
             Ok(listener) => {
                 let n = node.clone();
-                let healthy: metrics::HealthCheck = Arc::new(move || n.health_problem());
-                tokio::spawn(metrics::serve(
-                    listener,
-                    node.metrics().clone(),
-                    healthy,
-                    shutdown.clone(),
-                ));
-                tracing::info!(%addr, "serving /metrics and /healthz");
+                let api = http::Api {
+                    metrics: node.metrics().clone(),
+                    healthy: Arc::new(move || n.health_problem()),
+                    store,
+                    config: config_rx,
+                };
+                tokio::spawn(http::serve(listener, Arc::new(api), shutdown.clone()));
+                tracing::info!(%addr, "serving the dashboard on /, /api/*, /metrics and /healthz");
             }
             Err(e) => {
-                eprintln!("cronlease: cannot listen on {addr} for /metrics: {e}");
+                eprintln!("cronlease: cannot listen on {addr} for the http listener: {e}");
                 return ExitCode::FAILURE;
             }
         }
@@ -251,6 +252,7 @@ async fn run(path: PathBuf) -> ExitCode {
         shutdown.clone(),
         path.clone(),
         config.clone(),
+        config_tx,
     ));
     node.run(config.jobs.clone(), shutdown).await;
     signal_task.abort();
@@ -264,6 +266,7 @@ async fn handle_signals(
     shutdown: CancellationToken,
     path: PathBuf,
     mut current: Config,
+    dashboard: tokio::sync::watch::Sender<Arc<Config>>,
 ) {
     // Restart-only settings are compared with what the daemon started with.
     let startup = current.clone();
@@ -289,6 +292,7 @@ async fn handle_signals(
                 match config::load(&path, &Overrides::from_env()) {
                     Ok(new) => {
                         apply_reload(&node, &startup, &current, &new);
+                        dashboard.send_replace(Arc::new(new.clone()));
                         current = new;
                     }
                     Err(errors) => {
@@ -617,93 +621,20 @@ async fn migrate(path: PathBuf) -> ExitCode {
     }
 }
 
-/// One job's line of `status`.
-#[derive(Debug, serde::Serialize)]
-struct JobStatus {
-    job: String,
-    /// Defined in this node's configuration.
-    configured: bool,
-    holder: Option<String>,
-    holder_node: Option<String>,
-    /// The holder has a live record in the node registry (`None`: no holder).
-    holder_alive: Option<bool>,
-    /// The holder's clock offset as its registry record says (store −
-    /// node; on etcd against the median of the live nodes' clocks).
-    holder_clock_offset_ms: Option<i64>,
-    lease_remaining_ms: u64,
-    fence: u64,
-    /// Paused cluster-wide by `cronlease pause`.
-    paused: bool,
-    last_occurrence: Option<DateTime<Utc>>,
-    last_run: Option<RunRecord>,
-}
-
 async fn status(path: PathBuf, json: bool) -> ExitCode {
     let (config, store) = match config_and_store(&path).await {
         Ok(both) => both,
         Err(code) => return code,
     };
-    let locks = match within(&config, store.status()).await {
-        Ok(l) => l,
+    let rows = match crate::status::gather(&config, store.as_ref(), call_budget(&config)).await {
+        Ok(rows) => rows,
         Err(e) => return store_failure(&e),
     };
-    // Unknown (not failed) when the registry cannot be read: a store an
-    // older version migrated has no registry until a daemon of this one
-    // starts on it.
-    let live: Option<HashMap<String, Option<i64>>> =
-        within(&config, store.nodes()).await.ok().map(|nodes| {
-            nodes
-                .into_iter()
-                .map(|n| (n.owner, n.clock_offset_ms))
-                .collect()
-        });
     let sent = Utc::now();
     let clock_offset = match within(&config, store.clock()).await {
         Ok(store_now) => crate::node::clock::offset_ms(store_now, sent, Utc::now()),
         Err(e) => return store_failure(&e),
     };
-    let mut by_job: BTreeMap<String, Option<LockStatus>> = config
-        .jobs
-        .iter()
-        .map(|j| (j.name.to_string(), None))
-        .collect();
-    for lock in locks {
-        by_job.insert(lock.job.clone(), Some(lock));
-    }
-    let mut rows = Vec::new();
-    for (job, lock) in by_job {
-        let last_run = match JobName::parse(&job) {
-            Ok(name) => match within(&config, store.history(Some(&name), 1)).await {
-                Ok(mut runs) => runs.pop(),
-                Err(e) => return store_failure(&e),
-            },
-            Err(_) => None,
-        };
-        rows.push(JobStatus {
-            configured: config.jobs.iter().any(|j| j.name.as_str() == job),
-            holder_node: lock
-                .as_ref()
-                .and_then(|l| l.holder.as_deref())
-                .map(|h| Owner::node_of(h).to_string()),
-            holder_alive: lock
-                .as_ref()
-                .and_then(|l| l.holder.as_ref())
-                .zip(live.as_ref())
-                .map(|(h, live)| live.contains_key(h)),
-            holder_clock_offset_ms: lock
-                .as_ref()
-                .and_then(|l| l.holder.as_ref())
-                .zip(live.as_ref())
-                .and_then(|(h, live)| live.get(h).copied().flatten()),
-            holder: lock.as_ref().and_then(|l| l.holder.clone()),
-            lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
-            fence: lock.as_ref().map_or(0, |l| l.fence),
-            paused: lock.as_ref().is_some_and(|l| l.paused),
-            last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
-            last_run,
-            job,
-        });
-    }
     let mut out = std::io::stdout().lock();
     if json {
         print_json(&mut out, &rows);

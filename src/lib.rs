@@ -21,8 +21,9 @@
 //! - [`drill`]: the failover drill as a command, with its verdict.
 //! - [`crontab`]: `import-crontab`, a crontab's lines as `[[job]]` TOML.
 //! - [`pidfile`]: the locked pid file and finding the daemon it names.
-//! - [`telemetry`] sets up logging; [`metrics`] serves `/metrics` and
-//!   `/healthz`; [`systemd`] speaks sd_notify.
+//! - [`telemetry`] sets up logging; [`metrics`] counts; [`http`] serves the
+//!   dashboard, `/api/*`, `/metrics` and `/healthz`; [`status`] gathers what
+//!   `status --json` and `/api/status` show; [`systemd`] speaks sd_notify.
 //! - `fuzzing` (feature `fuzzing`, hidden): the store decoders, reachable by
 //!   the fuzz targets in `fuzz/` (docs/fuzzing.md).
 
@@ -36,11 +37,13 @@ pub mod exec;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod guard;
+pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod output;
 pub mod pidfile;
 pub mod schedule;
+pub mod status;
 pub mod store;
 pub mod systemd;
 pub mod telemetry;

@@ -1,15 +1,7 @@
-//! Metrics (docs/operations.md) and the HTTP endpoint that serves them.
-//!
-//! `[metrics] listen` serves `/metrics` (Prometheus scrapes it; OpenMetrics
-//! text, via the prometheus-client crate) and `/healthz` (200 when the store
-//! answered within the last lease margin, 503 otherwise). The endpoint is a
-//! deliberately small HTTP/1.1 responder: two GET paths, a bounded request,
-//! a timeout per connection.
+//! Metrics (docs/operations.md), encoded as OpenMetrics text by the
+//! prometheus-client crate; [`crate::http`] serves them on `/metrics`.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -17,9 +9,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
@@ -194,97 +183,4 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
-}
-
-/// Answers `/healthz`: `None` when healthy, else the reason.
-pub type HealthCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
-
-/// Serves `/metrics` and `/healthz` until `stop`; `healthy` answers `/healthz`.
-pub async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    healthy: HealthCheck,
-    stop: CancellationToken,
-) {
-    loop {
-        let (conn, _) = tokio::select! {
-            () = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("metrics endpoint: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        let healthy = healthy.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(5),
-                respond(conn, &metrics, healthy.as_ref()),
-            )
-            .await;
-        });
-    }
-}
-
-/// Binds the endpoint's listener (done at start, so a taken port fails fast).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
-async fn respond(
-    mut conn: TcpStream,
-    metrics: &Metrics,
-    healthy: &(dyn Fn() -> Option<String> + Send + Sync),
-) -> std::io::Result<()> {
-    let mut request = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut buf).await?;
-        if n == 0 || request.len() > 16 * 1024 {
-            return Ok(());
-        }
-        request.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&request);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => (
-            "200 OK",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
-        ("GET", "/healthz") => match healthy() {
-            None => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string()),
-            Some(reason) => (
-                "503 Service Unavailable",
-                "text/plain; charset=utf-8",
-                format!("{reason}\n"),
-            ),
-        },
-        ("GET", _) => (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "not found: try /metrics or /healthz\n".to_string(),
-        ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            "GET only\n".to_string(),
-        ),
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await?;
-    if method != "HEAD" {
-        conn.write_all(body.as_bytes()).await?;
-    }
-    conn.shutdown().await
 }

@@ -1149,7 +1149,7 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Where `run` writes its pid, for `cronlease step-down`.
     pub pid_file: PathBuf,
-    pub metrics_listen: Option<SocketAddr>,
+    pub http_listen: Option<SocketAddr>,
     pub log: LogConfig,
     /// Sorted by name; names are unique.
     pub jobs: Vec<Job>,
@@ -1182,7 +1182,7 @@ impl Config {
             placement,
             shutdown_grace,
             pid_file,
-            metrics_listen,
+            http_listen,
             log,
             // Jobs are applied by the node; where they came from is not a setting.
             jobs: _,
@@ -1251,11 +1251,7 @@ impl Config {
             true,
         );
         note(*pid_file != self.pid_file, "pid_file", false);
-        note(
-            *metrics_listen != self.metrics_listen,
-            "metrics.listen",
-            false,
-        );
+        note(*http_listen != self.http_listen, "http.listen", false);
         note(*format != self.log.format, "log.format", false);
         note(*level != self.log.level, "log.level", true);
         c
@@ -1561,16 +1557,31 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         Duration::from_secs(30),
         &mut errors,
     );
-    let metrics_listen = raw.metrics.as_ref().and_then(|m| {
-        m.listen
+    // `[metrics]` is the old name of `[http]`: either, not both.
+    let http_table =
+        match (&raw.http, &raw.metrics) {
+            (Some(h), Some(_)) => {
+                errors.push(src.at(
+                &h.listen,
+                "both [http] and [metrics] are set: keep [http] ([metrics] is its old name)"
+                    .to_string(),
+            ));
+                None
+            }
+            (Some(h), None) => Some((h, "http.listen")),
+            (None, Some(m)) => Some((m, "metrics.listen")),
+            (None, None) => None,
+        };
+    let http_listen = http_table.and_then(|(h, key)| {
+        h.listen
             .get_ref()
             .parse::<SocketAddr>()
             .map_err(|_| {
                 errors.push(src.at(
-                    &m.listen,
+                    &h.listen,
                     format!(
-                        "invalid metrics.listen {:?}: expected IP:PORT such as \"127.0.0.1:9187\"",
-                        m.listen.get_ref()
+                        "invalid {key} {:?}: expected IP:PORT such as \"127.0.0.1:9187\"",
+                        h.listen.get_ref()
                     ),
                 ))
             })
@@ -1678,7 +1689,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
                 || PathBuf::from(DEFAULT_PID_FILE),
                 |p| base.join(p.get_ref()),
             ),
-            metrics_listen,
+            http_listen,
             log,
             jobs,
             job_files,

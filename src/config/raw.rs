@@ -24,7 +24,9 @@ pub struct RawConfig {
     pub cluster: RawCluster,
     #[serde(default)]
     pub jobs: RawJobs,
-    pub metrics: Option<RawMetrics>,
+    pub http: Option<RawHttp>,
+    /// The old name of `[http]`, kept as an alias.
+    pub metrics: Option<RawHttp>,
     #[serde(default)]
     pub log: RawLog,
     #[serde(default)]
@@ -70,7 +72,7 @@ pub struct RawJobs {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawMetrics {
+pub struct RawHttp {
     pub listen: Spanned<String>,
 }
 

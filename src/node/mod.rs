@@ -457,7 +457,7 @@ impl Node {
             renew_queue: Batcher::new(BATCH_WINDOW),
             record_queue: Batcher::new(RECORD_WINDOW),
             root,
-            keep_health_fresh: config.metrics_listen.is_some(),
+            keep_health_fresh: config.http_listen.is_some(),
             started_at,
             live_nodes: Mutex::new(Vec::new()),
             beaten_at: Mutex::new(None),

@@ -254,6 +254,22 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         "invalid metrics.listen",
     ),
     (
+        "bad http address",
+        "[store]\nurl = \"sqlite://x.db\"\n[http]\nlisten = \"0.0.0.0\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        4,
+        "invalid http.listen",
+    ),
+    (
+        "http and its old name metrics both",
+        "[store]\nurl = \"sqlite://x.db\"\n[http]\nlisten = \"127.0.0.1:1\"\n[metrics]\nlisten = \"127.0.0.1:2\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        4,
+        "both [http] and [metrics]",
+    ),
+    (
         "NUL in a shell command",
         GOOD_MAIN,
         "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\ncommand = \"true\\u0000\"\n",

@@ -16,6 +16,7 @@ mod cluster;
 mod config_errors;
 mod conformance;
 mod crontab;
+mod dashboard;
 mod disk;
 mod drill;
 mod drill_command;

@@ -96,7 +96,11 @@ fn sd_notify_ready_only_once_the_store_answers_then_watchdog_and_stopping() {
 pub(crate) fn http_get(port: u16, path: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     let code = body

@@ -1,0 +1,122 @@
+// cronlease dashboard: reads /api/status, /api/nodes and /api/history of
+// the daemon that served it, every 2 s. No other host is ever asked.
+"use strict";
+
+const REFRESH_MS = 2000;
+const TIMELINE_RUNS = 400;
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
+  return e;
+}
+
+function time(t) {
+  if (!t) return "-";
+  return t.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC");
+}
+
+function outcomeClass(o) {
+  return ["ok", "skipped", "failed", "timeout", "not_started", "killed", "lease_lost"].includes(o) ? "o-" + o : "o-other";
+}
+
+function renderJobs(rows) {
+  const body = document.querySelector("#jobs tbody");
+  body.replaceChildren(...rows.map((r) => {
+    const alive = r.holder_alive === null || r.holder_alive === undefined ? el("span", { class: "muted" }, "-")
+      : r.holder_alive ? el("span", { class: "ok" }, "yes" + (r.holder_clock_offset_ms != null ? ` (${r.holder_clock_offset_ms >= 0 ? "+" : ""}${r.holder_clock_offset_ms} ms)` : ""))
+      : el("span", { class: "bad" }, "no heartbeat");
+    const last = r.last_run ? el("span", { class: r.last_run.outcome === "ok" ? "ok" : "bad" },
+      `${r.last_run.outcome}${r.last_run.exit_code != null ? " (" + r.last_run.exit_code + ")" : ""} on ${r.last_run.node}`) : "-";
+    return el("tr", { "data-job": r.job },
+      el("td", {}, r.job + (r.configured ? "" : " (not configured here)")),
+      el("td", { class: "holder" }, r.holder_node || "-"),
+      el("td", {}, alive),
+      el("td", { class: "fence" }, r.fence),
+      el("td", {}, r.holder ? (r.lease_remaining_ms / 1000).toFixed(1) + " s" : "-"),
+      el("td", {}, r.paused ? el("span", { class: "paused" }, "PAUSED") : "-"),
+      el("td", {}, last),
+      el("td", {}, time(r.last_occurrence)),
+      el("td", {}, time(r.next_fire)));
+  }));
+}
+
+function renderNodes(nodes) {
+  const body = document.querySelector("#nodes tbody");
+  body.replaceChildren(...nodes.map((n) => el("tr", { "data-node": n.node },
+    el("td", {}, n.node), el("td", {}, n.owner), el("td", {}, n.version),
+    el("td", {}, time(n.started_at)), el("td", {}, time(n.last_seen)),
+    el("td", {}, n.clock_offset_ms == null ? "-" : `${n.clock_offset_ms >= 0 ? "+" : ""}${n.clock_offset_ms} ms`),
+    el("td", {}, n.jobs_held))));
+}
+
+function renderTimeline(runs) {
+  const box = document.getElementById("timeline");
+  if (runs.length === 0) {
+    box.replaceChildren(el("p", { class: "muted" }, "no runs recorded yet"));
+    document.getElementById("timeline-range").textContent = "";
+    return;
+  }
+  const starts = runs.map((r) => Date.parse(r.started_at));
+  const ends = runs.map((r) => Date.parse(r.finished_at));
+  const from = Math.min(...starts);
+  const to = Math.max(Date.now(), ...ends);
+  const span = Math.max(to - from, 1000);
+  const byNode = new Map();
+  for (const r of runs) {
+    if (!byNode.has(r.node)) byNode.set(r.node, []);
+    byNode.get(r.node).push(r);
+  }
+  const lanes = [...byNode.keys()].sort().map((node) => {
+    const track = el("div", { class: "track" });
+    for (const r of byNode.get(node)) {
+      const s = Date.parse(r.started_at), e = Date.parse(r.finished_at);
+      const bar = el("div", {
+        class: "run " + outcomeClass(r.outcome),
+        title: `${r.job} fence ${r.fence} ${r.outcome} (occurrence ${time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}`,
+        "data-job": r.job, "data-fence": r.fence,
+      });
+      bar.style.left = ((s - from) / span * 100).toFixed(3) + "%";
+      bar.style.width = (Math.max(e - s, 0) / span * 100).toFixed(3) + "%";
+      track.append(bar);
+    }
+    return el("div", { class: "lane", "data-node": node }, el("div", { class: "name" }, node), track);
+  });
+  const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped"]]
+    .map(([c, t]) => el("span", {}, el("i", { class: "swatch " + c }), t)));
+  box.replaceChildren(...lanes, legend);
+  document.getElementById("timeline-range").textContent =
+    `last ${runs.length} runs, ${time(new Date(from).toISOString())} to ${time(new Date(to).toISOString())}`;
+}
+
+async function fetchJson(path) {
+  const res = await fetch(path, { cache: "no-store" });
+  const body = await res.json();
+  if (!res.ok) throw new Error(body.error || res.statusText);
+  return body;
+}
+
+async function refresh() {
+  const error = document.getElementById("error");
+  try {
+    const [status, nodes, runs] = await Promise.all([
+      fetchJson("/api/status"), fetchJson("/api/nodes"), fetchJson("/api/history?limit=" + TIMELINE_RUNS),
+    ]);
+    renderJobs(status);
+    renderNodes(nodes);
+    renderTimeline(runs);
+    error.hidden = true;
+    document.getElementById("updated").textContent = "updated " + time(new Date().toISOString());
+    document.body.dataset.loaded = "yes";
+  } catch (e) {
+    error.textContent = "store: " + e.message;
+    error.hidden = false;
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+refresh();

@@ -1,0 +1,241 @@
+//! The daemon's HTTP listener (`[http] listen`, docs/operations.md): axum
+//! routes on hyper's HTTP/1.1 server.
+//!
+//! - `/metrics` (OpenMetrics text) and `/healthz` (200, or 503 with why);
+//! - `/` the read-only dashboard: an HTML page, its script and its style,
+//!   all compiled into the binary; a Content-Security-Policy lets the page
+//!   talk to this listener only, so it works offline and sends nothing
+//!   elsewhere;
+//! - `/api/status` (what `status --json` prints), `/api/nodes` (`nodes
+//!   --json`), `/api/history?job=J&limit=N` (`history --json` without the
+//!   output tails: job output stays with `cronlease logs`).
+//!
+//! Bounded: request heads of at most 16 KiB read within 5 s, GET and HEAD
+//! only, at most 64 connections at once, each closed after 60 s; every
+//! store call within the command budget (`op_timeout`, at least 5 s).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, JobName};
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError, bounded};
+
+/// Answers `/healthz`: `None` when healthy, else the reason.
+pub type HealthCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_HEAD: usize = 16 * 1024;
+const MAX_CONNECTIONS: usize = 64;
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// `/api/history`'s default and largest `limit`.
+const HISTORY_DEFAULT: u32 = 200;
+const HISTORY_MAX: u32 = 2000;
+
+const PAGE: &str = include_str!("dashboard/index.html");
+const SCRIPT: &str = include_str!("dashboard/dashboard.js");
+const STYLE: &str = include_str!("dashboard/dashboard.css");
+/// The page may load its own script and style and ask this listener, and
+/// nothing else.
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// What the routes read: the metrics, the health check, the store and the
+/// current configuration (replaced on reload).
+pub struct Api {
+    pub metrics: Arc<Metrics>,
+    pub healthy: HealthCheck,
+    pub store: Arc<dyn Store>,
+    pub config: watch::Receiver<Arc<Config>>,
+}
+
+/// Binds the listener (done at start, so a taken port fails fast).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves the routes on `listener` until `stop`.
+pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken) {
+    let router = routes(api);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (stream, _) = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("http listener: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        // Beyond the limit a connection is closed at once, not queued.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_HEAD)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_LIFETIME, connection) => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn routes(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/assets/dashboard.js", get(script))
+        .route("/assets/dashboard.css", get(style))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/api/status", get(status))
+        .route("/api/nodes", get(nodes))
+        .route("/api/history", get(history))
+        .fallback(not_found)
+        .with_state(api)
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, POLICY),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        SCRIPT,
+    )
+        .into_response()
+}
+
+async fn style() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+}
+
+async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    text(
+        StatusCode::OK,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        api.metrics.encode(),
+    )
+}
+
+async fn healthz(State(api): State<Arc<Api>>) -> Response {
+    match (api.healthy)() {
+        None => text(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
+        Some(reason) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            format!("{reason}\n"),
+        ),
+    }
+}
+
+async fn not_found() -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        "text/plain; charset=utf-8",
+        "not found: try /, /metrics, /healthz, /api/status, /api/nodes or /api/history\n".into(),
+    )
+}
+
+/// A JSON answer, or 503 with the store's one-line error.
+fn json<T: serde::Serialize>(result: Result<T, StoreError>) -> Response {
+    match result {
+        Ok(value) => ([(header::CACHE_CONTROL, "no-store")], axum::Json(value)).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({
+                "error": crate::config::one_line(&e.to_string())
+            })),
+        )
+            .into_response(),
+    }
+}
+
+fn budget(config: &Config) -> Duration {
+    config.store.op_timeout.max(Duration::from_secs(5))
+}
+
+async fn status(State(api): State<Arc<Api>>) -> Response {
+    let config = api.config.borrow().clone();
+    json(crate::status::gather(&config, api.store.as_ref(), budget(&config)).await)
+}
+
+async fn nodes(State(api): State<Arc<Api>>) -> Response {
+    let config = api.config.borrow().clone();
+    json(bounded(budget(&config), api.store.nodes()).await)
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct HistoryQuery {
+    job: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn history(
+    State(api): State<Arc<Api>>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Response {
+    let Ok(Query(query)) = query else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "text/plain; charset=utf-8",
+            "expected /api/history?job=NAME&limit=N (both optional)\n".into(),
+        );
+    };
+    let job = match query.job.as_deref().map(JobName::parse).transpose() {
+        Ok(job) => job,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("job: {}\n", crate::config::one_line(&e)),
+            );
+        }
+    };
+    let limit = query.limit.unwrap_or(HISTORY_DEFAULT).clamp(1, HISTORY_MAX);
+    let config = api.config.borrow().clone();
+    let runs = bounded(budget(&config), api.store.history(job.as_ref(), limit))
+        .await
+        .map(|mut runs| {
+            for run in &mut runs {
+                run.output.clear();
+            }
+            runs
+        });
+    json(runs)
+}

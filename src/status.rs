@@ -1,0 +1,90 @@
+//! What `status --json` prints and the dashboard's `/api/status` serves:
+//! one row per job, gathered from the store's locks, its node registry and
+//! each job's newest history record (one place, so the two never differ).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::config::{Config, JobName};
+use crate::store::{LockStatus, Owner, RunRecord, Store, StoreError, bounded};
+
+/// One job's line of `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStatus {
+    pub job: String,
+    /// Defined in this node's configuration.
+    pub configured: bool,
+    pub holder: Option<String>,
+    pub holder_node: Option<String>,
+    /// The holder has a live record in the node registry (`None`: no holder).
+    pub holder_alive: Option<bool>,
+    /// The holder's clock offset as its registry record says (store −
+    /// node; on etcd against the median of the live nodes' clocks).
+    pub holder_clock_offset_ms: Option<i64>,
+    pub lease_remaining_ms: u64,
+    pub fence: u64,
+    /// Paused cluster-wide by `cronlease pause`.
+    pub paused: bool,
+    pub last_occurrence: Option<DateTime<Utc>>,
+    pub last_run: Option<RunRecord>,
+    /// The job's next scheduled instant after now, by this node's
+    /// configuration (`None` for a job not configured here).
+    pub next_fire: Option<DateTime<Utc>>,
+}
+
+/// Every configured job, and every job the store has a lock for, in name
+/// order; each store call bounded by `call`.
+pub async fn gather(
+    config: &Config,
+    store: &dyn Store,
+    call: Duration,
+) -> Result<Vec<JobStatus>, StoreError> {
+    let locks = bounded(call, store.status()).await?;
+    // Unknown (not failed) when the registry cannot be read: a store an
+    // older version migrated has no registry until a daemon of this one
+    // starts on it.
+    let live: Option<HashMap<String, Option<i64>>> =
+        bounded(call, store.nodes()).await.ok().map(|nodes| {
+            nodes
+                .into_iter()
+                .map(|n| (n.owner, n.clock_offset_ms))
+                .collect()
+        });
+    let mut by_job: BTreeMap<String, Option<LockStatus>> = config
+        .jobs
+        .iter()
+        .map(|j| (j.name.to_string(), None))
+        .collect();
+    for lock in locks {
+        by_job.insert(lock.job.clone(), Some(lock));
+    }
+    let now = Utc::now();
+    let mut rows = Vec::with_capacity(by_job.len());
+    for (job, lock) in by_job {
+        let last_run = match JobName::parse(&job) {
+            Ok(name) => bounded(call, store.history(Some(&name), 1)).await?.pop(),
+            Err(_) => None,
+        };
+        let configured = config.jobs.iter().find(|j| j.name.as_str() == job);
+        let holder = lock.as_ref().and_then(|l| l.holder.clone());
+        let live_entry = holder.as_ref().zip(live.as_ref());
+        rows.push(JobStatus {
+            configured: configured.is_some(),
+            next_fire: configured.and_then(|j| j.schedule.next_after(now)),
+            holder_node: holder.as_deref().map(|h| Owner::node_of(h).to_string()),
+            holder_alive: live_entry.map(|(h, live)| live.contains_key(h)),
+            holder_clock_offset_ms: live_entry.and_then(|(h, live)| live.get(h).copied().flatten()),
+            holder,
+            lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
+            fence: lock.as_ref().map_or(0, |l| l.fence),
+            paused: lock.as_ref().is_some_and(|l| l.paused),
+            last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
+            last_run,
+            job,
+        });
+    }
+    Ok(rows)
+}

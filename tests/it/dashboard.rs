@@ -1,0 +1,304 @@
+//! The dashboard in a real browser: headless Chromium (Debian `chromium`,
+//! `.ci/services` installs it) loads `/` of a 3-node cluster's daemon with
+//! every host name but loopback unresolvable, runs the page's script, and
+//! the DOM it leaves shows every job with its holder; after a SIGKILL of
+//! the holder a peer's dashboard shows the takeover. `/api/status` is what
+//! `status --json` prints. The listener's bounds: 405 for other methods, a
+//! request head over 16 KiB refused, an idle connection closed.
+//!
+//! The screenshot in the README is this test's: `CRONLEASE_SCREENSHOT=docs/dashboard.png
+//! cargo test --all-features --test it dashboard::` writes it there.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::cluster::Cluster;
+use crate::service::http_get;
+use crate::support::{Backend, binary, free_port};
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+fn chromium() -> &'static str {
+    let found = Command::new("chromium")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "chromium is not installed: `apt-get install chromium` (or run .ci/services)"
+    );
+    "chromium"
+}
+
+/// Chromium's flags: headless, and no host but loopback resolves, so a
+/// request leaving the host would fail (and the page would show it).
+fn browser(extra: &[&str], url: &str) -> std::process::Output {
+    let profile = tempfile::tempdir().unwrap();
+    Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            "--virtual-time-budget=4000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(url)
+        .output()
+        .unwrap()
+}
+
+/// The page's DOM after its script ran (a completed refresh marks the body
+/// `data-loaded="yes"`).
+fn dom(port: u16) -> String {
+    let out = browser(&["--dump-dom"], &format!("http://127.0.0.1:{port}/"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text of the `td` with `class` in the jobs table's row of `job`.
+fn cell(dom: &str, job: &str, class: &str) -> Option<String> {
+    let row_start = dom.find(&format!("<tr data-job=\"{job}\">"))?;
+    let row = &dom[row_start..];
+    let row = &row[..row.find("</tr>")?];
+    let at = row.find(&format!("<td class=\"{class}\">"))?;
+    let rest = &row[at..];
+    let text = &rest[rest.find('>')? + 1..rest.find("</td>")?];
+    Some(text.to_string())
+}
+
+/// Node lanes of the timeline.
+fn lanes(dom: &str) -> Vec<String> {
+    dom.match_indices("<div class=\"lane\" data-node=\"")
+        .filter_map(|(i, m)| {
+            let rest = &dom[i + m.len()..];
+            Some(rest[..rest.find('"')?].to_string())
+        })
+        .collect()
+}
+
+fn cluster() -> (Cluster, Vec<u16>) {
+    let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = \"echo tick\"\n[[job]]\nname = \"report\"\nschedule = \"*/2 * * * * *\"\ncommand = \"sleep 0.3\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    let mut ports = Vec::new();
+    for n in NODES {
+        let port = free_port();
+        let path = c.config(n);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!("\n[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+        std::fs::write(&path, text).unwrap();
+        ports.push(port);
+        c.start(n);
+    }
+    (c, ports)
+}
+
+fn holder_of(c: &Cluster, job: &str) -> Option<String> {
+    let rows = c.cli_json("n1", &["status"]).ok()?;
+    let row = rows.as_array()?.iter().find(|r| r["job"] == job)?;
+    row["holder_node"].as_str().map(str::to_string)
+}
+
+/// Rows without what changes from one moment to the next.
+fn steady(mut rows: serde_json::Value) -> serde_json::Value {
+    for row in rows.as_array_mut().into_iter().flatten() {
+        if let Some(o) = row.as_object_mut() {
+            o.remove("lease_remaining_ms");
+            o.remove("holder_clock_offset_ms");
+        }
+    }
+    rows
+}
+
+fn api_status(port: u16) -> serde_json::Value {
+    let (code, text) = http_get(port, "/api/status");
+    assert_eq!(code, 200, "{text}");
+    let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+    serde_json::from_str(body).unwrap()
+}
+
+#[test]
+fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
+    let (mut c, ports) = cluster();
+    let port_of = |n: &str| ports[NODES.iter().position(|x| *x == n).unwrap()];
+    let holder = crate::support::wait_until(
+        "a holder of tick with a few runs",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let runs = c.all_history("n1", Some("tick"));
+            (runs.as_array()?.len() >= 3).then_some(())?;
+            holder_of(&c, "tick")
+        },
+    );
+
+    // /api/status is `status --json` (asked between two identical answers).
+    crate::support::wait_until(
+        "/api/status equal to status --json",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let before = steady(api_status(port_of("n1")));
+            let cli = steady(c.cli_json("n1", &["status"]).ok()?);
+            let after = steady(api_status(port_of("n1")));
+            (before == after && cli == before).then_some(())
+        },
+    );
+
+    // The page: every job, its holder, a timeline lane for the holder.
+    let page = crate::support::wait_until(
+        "the dashboard to show tick's holder",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let d = dom(port_of("n1"));
+            (d.contains("data-loaded=\"yes\"")
+                && cell(&d, "tick", "holder").as_deref() == Some(holder.as_str()))
+            .then_some(d)
+        },
+    );
+    assert!(cell(&page, "report", "holder").is_some(), "{page}");
+    assert!(lanes(&page).contains(&holder), "{page}");
+    assert!(
+        page.contains("<tr data-node=\"n2\">"),
+        "live nodes lack n2: {page}"
+    );
+
+    // A takeover appears after a kill, on a peer's dashboard.
+    let fence_before: u64 = cell(&page, "tick", "fence").unwrap().parse().unwrap();
+    c.signal(&holder, Signal::SIGKILL);
+    c.wait_exit(&holder, Duration::from_secs(10));
+    let peer = NODES.iter().copied().find(|n| *n != holder).unwrap();
+    let after = crate::support::wait_until(
+        "the peer's dashboard to show the takeover",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let d = dom(port_of(peer));
+            let new = cell(&d, "tick", "holder")?;
+            let fence: u64 = cell(&d, "tick", "fence")?.parse().ok()?;
+            let lanes = lanes(&d);
+            (new != holder
+                && new != "-"
+                && fence > fence_before
+                && lanes.contains(&holder)
+                && lanes.contains(&new))
+            .then_some(d)
+        },
+    );
+    assert!(!after.contains("class=\"error\">store"), "{after}");
+
+    // The README's picture, from the same page.
+    let shot = std::env::var("CRONLEASE_SCREENSHOT").unwrap_or_else(|_| {
+        std::env::temp_dir()
+            .join(format!("cronlease-dashboard-{}.png", std::process::id()))
+            .display()
+            .to_string()
+    });
+    let out = browser(
+        &["--window-size=1280,720", &format!("--screenshot={shot}")],
+        &format!("http://127.0.0.1:{}/", port_of(peer)),
+    );
+    assert!(
+        Path::new(&shot).metadata().is_ok_and(|m| m.len() > 10_000),
+        "no screenshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.stop_all();
+}
+
+/// Every asset is served from the binary and names no other host; the page
+/// carries a policy that lets it talk to this listener only.
+#[test]
+fn the_page_loads_nothing_from_elsewhere_and_the_listener_is_bounded() {
+    let (mut c, ports) = cluster();
+    let port = ports[0];
+    crate::support::wait_until(
+        "the listener",
+        Duration::from_secs(20),
+        || c.report(),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).ok(),
+    );
+    let (code, page) = http_get(port, "/");
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.to_lowercase()
+            .contains("content-security-policy: default-src 'none'; script-src 'self'"),
+        "{page}"
+    );
+    for asset in ["/", "/assets/dashboard.js", "/assets/dashboard.css"] {
+        let (code, text) = http_get(port, asset);
+        assert_eq!(code, 200, "{asset}");
+        let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+        assert!(!body.contains("://"), "{asset} names another host: {body}");
+        assert!(
+            !body.contains("src=\"//") && !body.contains("href=\"//"),
+            "{asset}"
+        );
+    }
+    // Other methods, oversized heads, idle connections.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 405"), "{text}");
+
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let big = "a".repeat(20 * 1024);
+    let _ = write!(
+        s,
+        "GET /api/status HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n"
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 431"),
+        "an oversized head was served: {}",
+        &text[..text.len().min(200)]
+    );
+
+    // An idle connection (nothing sent) is closed by the server: read
+    // returns EOF (0) rather than timing out on our side after 20 s.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf);
+    assert!(n.is_ok(), "an idle connection was kept open: {n:?}");
+
+    // The history route: bad query 400; the output tail `logs` shows is
+    // never served.
+    let (code, _) = http_get(port, "/api/history?limit=many");
+    assert_eq!(code, 400);
+    crate::support::wait_until(
+        "a tick run with its output in history",
+        Duration::from_secs(20),
+        || c.report(),
+        || {
+            let out = Command::new(binary())
+                .args(["logs", "tick", "-c"])
+                .arg(c.config("n1"))
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .contains("tick")
+                .then_some(())
+        },
+    );
+    let (code, text) = http_get(port, "/api/history?job=tick&limit=5");
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("\"job\":\"tick\""), "{text}");
+    assert!(!text.contains("\"output\":\"tick"), "{text}");
+    c.stop_all();
+}
