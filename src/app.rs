@@ -128,12 +128,7 @@ async fn within<T>(
     config: &Config,
     call: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    store::bounded(call_budget(config), call).await
-}
-
-/// What a command allows one store call: `op_timeout`, at least 5 s.
-fn call_budget(config: &Config) -> Duration {
-    config.store.op_timeout.max(Duration::from_secs(5))
+    store::bounded(config.store.call_budget(), call).await
 }
 
 /// Prints `value` as pretty JSON on one stdout write.
@@ -386,7 +381,15 @@ async fn run_drill(
         Ok(both) => both,
         Err(code) => return code,
     };
-    let report = match drill::run(&config, store.as_ref(), how, &jobs, call_budget(&config)).await {
+    let report = match drill::run(
+        &config,
+        store.as_ref(),
+        how,
+        &jobs,
+        config.store.call_budget(),
+    )
+    .await
+    {
         Ok(r) => r,
         Err(drill::DrillError::Store(e)) => return store_failure(&e),
         Err(e @ drill::DrillError::NoSuchJob(_)) => {
@@ -626,10 +629,11 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
         Ok(both) => both,
         Err(code) => return code,
     };
-    let rows = match crate::status::gather(&config, store.as_ref(), call_budget(&config)).await {
-        Ok(rows) => rows,
-        Err(e) => return store_failure(&e),
-    };
+    let rows =
+        match crate::status::gather(&config, store.as_ref(), config.store.call_budget()).await {
+            Ok(rows) => rows,
+            Err(e) => return store_failure(&e),
+        };
     let sent = Utc::now();
     let clock_offset = match within(&config, store.clock()).await {
         Ok(store_now) => crate::node::clock::offset_ms(store_now, sent, Utc::now()),

@@ -186,18 +186,14 @@ fn json<T: serde::Serialize>(result: Result<T, StoreError>) -> Response {
     }
 }
 
-fn budget(config: &Config) -> Duration {
-    config.store.op_timeout.max(Duration::from_secs(5))
-}
-
 async fn status(State(api): State<Arc<Api>>) -> Response {
     let config = api.config.borrow().clone();
-    json(crate::status::gather(&config, api.store.as_ref(), budget(&config)).await)
+    json(crate::status::gather(&config, api.store.as_ref(), config.store.call_budget()).await)
 }
 
 async fn nodes(State(api): State<Arc<Api>>) -> Response {
     let config = api.config.borrow().clone();
-    json(bounded(budget(&config), api.store.nodes()).await)
+    json(bounded(config.store.call_budget(), api.store.nodes()).await)
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -229,13 +225,16 @@ async fn history(
     };
     let limit = query.limit.unwrap_or(HISTORY_DEFAULT).clamp(1, HISTORY_MAX);
     let config = api.config.borrow().clone();
-    let runs = bounded(budget(&config), api.store.history(job.as_ref(), limit))
-        .await
-        .map(|mut runs| {
-            for run in &mut runs {
-                run.output.clear();
-            }
-            runs
-        });
+    let runs = bounded(
+        config.store.call_budget(),
+        api.store.history(job.as_ref(), limit),
+    )
+    .await
+    .map(|mut runs| {
+        for run in &mut runs {
+            run.output.clear();
+        }
+        runs
+    });
     json(runs)
 }

@@ -989,6 +989,12 @@ impl StoreHandover {
 }
 
 impl StoreConfig {
+    /// What a command, the dashboard or the drill allows one store call:
+    /// `op_timeout`, at least 5 s (a person waits; a daemon's claim does not).
+    pub fn call_budget(&self) -> Duration {
+        self.op_timeout.max(Duration::from_secs(5))
+    }
+
     /// This config for the job guard ([`StoreHandover`]).
     pub fn handover(&self) -> StoreHandover {
         StoreHandover {
