@@ -49,6 +49,10 @@ fn started(backend: Backend, nodes: &[&str]) -> Cluster {
 fn drill_reports_the_takeover(backend: Backend, how: &str) {
     let mut c = started(backend, &["n1", "n2", "n3"]);
     let old = holder(&c, "n1");
+    // Between instants: a holder killed after its claim and before its
+    // spawn loses that occurrence by design (at most once), which the drill
+    // would rightly report as missed.
+    crate::cluster::at_fraction_of_second(0.4);
     let out = drill(&c, &old, &[how, "--json"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)
