@@ -2,7 +2,7 @@
 //! leader, done for them with a verdict (docs/cli.md).
 //!
 //! On the host whose daemon holds leases: read which jobs that daemon holds
-//! (their owner, fence and last occurrence), disturb it through its pid file
+//! (its owner from the node registry; their fence and last occurrence), disturb it through its pid file
 //! (SIGKILL, SIGTERM or SIGUSR1 for a step-down; [`pidfile::daemon_pid`]
 //! refuses any process that is not `cronlease run` with this config), then
 //! watch the store until every one of those jobs is held by another owner or
@@ -63,6 +63,10 @@ pub enum DrillError {
         "the daemon of node {node} holds no live lease{of}: nothing to take over; run the drill on the host `cronlease status` shows as holder"
     )]
     NothingHeld { node: String, of: String },
+    #[error(
+        "{count} live daemons call themselves node {node} in the node registry: the drill cannot tell which one it disturbs; give each host its own `node` (a daemon killed a moment ago leaves its record for up to a margin and a third: then retry)"
+    )]
+    SameNodeName { node: String, count: usize },
     #[error("{0}")]
     Store(#[from] StoreError),
     #[error("cannot signal cronlease pid {pid}: {source}")]
@@ -153,6 +157,26 @@ pub async fn run(
     }
     let pid = pidfile::daemon_pid(&config.pid_file, &config.path)?;
     let node = config.node.as_str().to_string();
+    // The daemon's own owner, from the registry: a second daemon calling
+    // itself the same node (a copied config) holds leases the signal would
+    // not move. Without a readable registry, any owner of this node.
+    let own: Option<String> = match bounded(call, store.nodes()).await {
+        Ok(records) => {
+            let mine: Vec<String> = records
+                .into_iter()
+                .filter(|r| r.node == node)
+                .map(|r| r.owner)
+                .collect();
+            if mine.len() > 1 {
+                return Err(DrillError::SameNodeName {
+                    node,
+                    count: mine.len(),
+                });
+            }
+            mine.into_iter().next()
+        }
+        Err(_) => None,
+    };
     let locks = bounded(call, store.status()).await?;
     let held: Vec<Held> = locks
         .iter()
@@ -161,7 +185,11 @@ pub async fn run(
             let job = JobName::parse(&l.job).ok()?;
             let configured = config.jobs.iter().any(|j| j.name == job);
             let asked = wanted.is_empty() || wanted.contains(&job);
-            (Owner::node_of(owner) == node && configured && asked).then(|| Held {
+            let ours = match &own {
+                Some(own) => owner == own,
+                None => Owner::node_of(owner) == node,
+            };
+            (ours && configured && asked).then(|| Held {
                 job,
                 owner: owner.to_string(),
                 fence: l.fence,

@@ -184,6 +184,44 @@ fn unknown_jobs_and_a_host_holding_nothing_disturb_nobody() {
 }
 
 #[test]
+fn two_daemons_calling_themselves_the_same_node_are_refused() {
+    let mut c = started(Backend::Sqlite, &["n1", "n2"]);
+    // A copied config: node n1 again, its own pid file.
+    let copy = c.dir.path().join("n1-copy.toml");
+    let text = std::fs::read_to_string(c.config("n1"))
+        .unwrap()
+        .replace("pid_file = \"n1.pid\"", "pid_file = \"n1-copy.pid\"");
+    std::fs::write(&copy, text).unwrap();
+    let mut twin = Command::new(binary())
+        .args(["run", "-c"])
+        .arg(&copy)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    crate::support::wait_until(
+        "two registry records of n1",
+        Duration::from_secs(20),
+        || c.report(),
+        || (c.registry("n2").iter().filter(|n| *n == "n1").count() == 2).then_some(()),
+    );
+    let out = drill(&c, "n1", &["--kill"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("2 live daemons call themselves node n1") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(c.is_running("n1"), "the drill signalled n1");
+    assert!(
+        matches!(twin.try_wait(), Ok(None)),
+        "the drill signalled the twin"
+    );
+    let _ = twin.kill();
+    let _ = twin.wait();
+}
+
+#[test]
 fn a_forged_pid_file_is_refused_and_its_process_left_alone() {
     let mut c = started(Backend::Sqlite, &["n1", "n2"]);
     let old = holder(&c, "n1");
