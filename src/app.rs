@@ -217,12 +217,8 @@ async fn run(path: PathBuf) -> ExitCode {
         match http::bind(addr).await {
             Ok(listener) => {
                 let n = node.clone();
-                let api = http::Api {
-                    metrics: node.metrics().clone(),
-                    healthy: Arc::new(move || n.health_problem()),
-                    store,
-                    config: config_rx,
-                };
+                let healthy: http::HealthCheck = Arc::new(move || n.health_problem());
+                let api = http::Api::new(node.metrics().clone(), healthy, store, config_rx);
                 tokio::spawn(http::serve(listener, Arc::new(api), shutdown.clone()));
                 tracing::info!(%addr, "serving the dashboard on /, /api/*, /metrics and /healthz");
             }
@@ -415,11 +411,7 @@ async fn run_drill(
 }
 
 fn print_drill(out: &mut impl Write, report: &drill::Report) {
-    let signal = match report.disturbance {
-        "kill" => "SIGKILL",
-        "term" => "SIGTERM",
-        _ => "SIGUSR1 (step-down)",
-    };
+    let signal = report.disturbance.describe();
     let _ = writeln!(
         out,
         "drill: {signal} to cronlease pid {} (node {}) at {}; watched {:.1} s",
@@ -442,7 +434,11 @@ fn print_drill(out: &mut impl Write, report: &drill::Report) {
             vec![
                 j.job.clone(),
                 j.old_holder.clone(),
-                j.new_holder.clone().unwrap_or_else(|| "none".to_string()),
+                match (&j.new_holder, j.back_on_this_node) {
+                    (Some(node), _) => node.clone(),
+                    (None, Some(_)) => format!("none ({} again)", j.old_holder),
+                    (None, None) => "none".to_string(),
+                },
                 format!(
                     "{} -> {}",
                     j.fence_before,
@@ -471,6 +467,9 @@ fn print_drill(out: &mut impl Write, report: &drill::Report) {
         &rows,
     );
     for j in &report.jobs {
+        if let Some(e) = &j.error {
+            let _ = writeln!(out, "{}: store error: {e}", j.job);
+        }
         for (what, list) in [("missed", &j.missed), ("ran twice", &j.doubled)] {
             if !list.is_empty() {
                 let at: Vec<String> = list.iter().map(|t| time(Some(*t))).collect();
@@ -481,15 +480,19 @@ fn print_drill(out: &mut impl Write, report: &drill::Report) {
     let verdict = if report.passed {
         "passed: every job taken over by another node, no occurrence missed or run twice"
     } else {
-        "FAILED: see the table (NEW none: nobody took over within twice the longest lease)"
+        "FAILED: see the table (NEW none: no other node took over before the watch ended)"
     };
     let _ = writeln!(out, "{verdict}");
     let after = match report.disturbance {
-        "kill" => "the daemon on this host was killed: systemd restarts it (Restart=on-failure)",
-        "term" => {
+        drill::Disturbance::Kill => {
+            "the daemon on this host was killed: systemd restarts it (Restart=on-failure)"
+        }
+        drill::Disturbance::Term => {
             "the daemon on this host stopped cleanly and stays stopped: `systemctl start cronlease`"
         }
-        _ => "the daemon on this host keeps running and claims again after one margin",
+        drill::Disturbance::StepDown => {
+            "the daemon on this host keeps running and claims again after one margin"
+        }
     };
     let _ = writeln!(out, "{after}");
 }

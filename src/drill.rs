@@ -24,7 +24,8 @@ use crate::schedule::Schedule;
 use crate::store::{LockStatus, Outcome, Owner, RunRecord, Store, StoreError, bounded};
 
 /// How the drill disturbs the local daemon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Disturbance {
     /// SIGKILL: a crash (its guard kills its jobs and hands the leases over).
     Kill,
@@ -43,11 +44,12 @@ impl Disturbance {
         }
     }
 
-    fn name(self) -> &'static str {
+    /// How the report names the signal.
+    pub fn describe(self) -> &'static str {
         match self {
-            Disturbance::Kill => "kill",
-            Disturbance::Term => "term",
-            Disturbance::StepDown => "step-down",
+            Disturbance::Kill => "SIGKILL",
+            Disturbance::Term => "SIGTERM",
+            Disturbance::StepDown => "SIGUSR1 (step-down)",
         }
     }
 }
@@ -94,19 +96,27 @@ pub struct JobReport {
     pub missed: Vec<DateTime<Utc>>,
     /// Occurrences that ran more than once.
     pub doubled: Vec<DateTime<Utc>>,
+    /// No peer took over, but this node holds the job again with this
+    /// fence (restarted, or stepped down and won the next occurrence).
+    pub back_on_this_node: Option<u64>,
+    /// A store call that failed while watching or reading history.
+    pub error: Option<String>,
 }
 
 impl JobReport {
     /// Taken over, with no occurrence missed or doubled.
     pub fn passed(&self) -> bool {
-        self.new_holder.is_some() && self.missed.is_empty() && self.doubled.is_empty()
+        self.new_holder.is_some()
+            && self.missed.is_empty()
+            && self.doubled.is_empty()
+            && self.error.is_none()
     }
 }
 
 /// The whole report (`drill --json` prints it).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub disturbance: &'static str,
+    pub disturbance: Disturbance,
     pub pid: i32,
     pub node: String,
     pub disturbed_at: DateTime<Utc>,
@@ -120,6 +130,9 @@ pub struct Report {
 const POLL: Duration = Duration::from_millis(100);
 /// How long, after the takeovers, the drill waits for their runs' history.
 const HISTORY_WAIT: Duration = Duration::from_secs(3);
+/// The most missed instants listed per job (a job that fires every second
+/// and was never taken over would list the whole watch).
+const MISSED_LISTED: usize = 100;
 /// The most history read per job to judge misses and doubles.
 const HISTORY_READ: u32 = 1000;
 
@@ -208,47 +221,67 @@ pub async fn run(
     }
     let jobs: BTreeMap<&JobName, &Job> = config.jobs.iter().map(|j| (&j.name, j)).collect();
     let disturbed_at = Utc::now();
-    let watch = 2 * held
+    let mut watch = held
         .iter()
         .filter_map(|h| jobs.get(&h.job))
-        .map(|j| longest_lease(j, disturbed_at, config.lease_margin))
+        .map(|j| watch_for(j, disturbed_at, config.lease_margin))
         .max()
         .unwrap_or(config.lease_margin);
+    if how == Disturbance::Term {
+        // A clean stop lets running jobs finish, on their leases.
+        watch += config.shutdown_grace;
+    }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), how.signal())
         .map_err(|source| DrillError::Signal { pid, source })?;
     let started = tokio::time::Instant::now();
     let deadline = started + watch;
 
     let mut taken: BTreeMap<JobName, Taken> = BTreeMap::new();
+    let mut back: BTreeMap<JobName, u64> = BTreeMap::new();
+    let mut store_error: Option<String> = None;
     while taken.len() < held.len() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(POLL).await;
-        // An unanswered poll is tried again until the deadline: the store
-        // may be briefly busy with the takeover itself.
-        let Ok(locks) = bounded(call, store.status()).await else {
-            continue;
+        // An unanswered poll is tried again until the deadline (the store
+        // may be busy with the takeover itself), and said in the report.
+        let locks = match bounded(call, store.status()).await {
+            Ok(locks) => locks,
+            Err(e) => {
+                store_error = Some(crate::config::one_line(&e.to_string()));
+                continue;
+            }
         };
         for h in &held {
             if taken.contains_key(&h.job) {
                 continue;
             }
-            if let Some(t) = taken_over(h, &locks) {
-                taken.insert(h.job.clone(), t);
+            match taken_over(h, &locks) {
+                Some(Seen::Peer(t)) => {
+                    taken.insert(h.job.clone(), t);
+                }
+                Some(Seen::Back(fence)) => {
+                    back.insert(h.job.clone(), fence);
+                }
+                None => {}
             }
         }
     }
     let watched = started.elapsed();
 
     // The takeover runs' own records give their lateness; they are written
-    // when each run ends, so wait a little for them.
-    let mut histories: BTreeMap<JobName, Vec<RunRecord>> = BTreeMap::new();
+    // when each run ends, so wait a little for them. A history that cannot
+    // be read is said in the report (the daemon is disturbed by now).
+    let mut histories: BTreeMap<JobName, Result<Vec<RunRecord>, String>> = BTreeMap::new();
     let history_by = tokio::time::Instant::now() + HISTORY_WAIT;
     for h in &held {
         let fence_after = taken.get(&h.job).map(|t| t.fence);
         let runs = loop {
-            let runs = bounded(call, store.history(Some(&h.job), HISTORY_READ)).await?;
-            let recorded = fence_after.is_none_or(|f| runs.iter().any(|r| r.fence == f));
-            if recorded || tokio::time::Instant::now() >= history_by {
-                break runs;
+            let read = bounded(call, store.history(Some(&h.job), HISTORY_READ)).await;
+            let done = match &read {
+                Ok(runs) => fence_after.is_none_or(|f| runs.iter().any(|r| r.fence == f)),
+                Err(_) => false,
+            };
+            if done || tokio::time::Instant::now() >= history_by {
+                break read.map_err(|e| crate::config::one_line(&e.to_string()));
             }
             tokio::time::sleep(POLL).await;
         };
@@ -259,20 +292,32 @@ pub async fn run(
     let reports: Vec<JobReport> = held
         .iter()
         .map(|h| {
-            let runs = histories.get(&h.job).map(Vec::as_slice).unwrap_or(&[]);
+            let (runs, history_error) = match histories.get(&h.job) {
+                Some(Ok(runs)) => (runs.as_slice(), None),
+                Some(Err(e)) => (&[][..], Some(e.clone())),
+                None => (&[][..], None),
+            };
             let schedule = jobs.get(&h.job).map(|j| &j.schedule);
-            judge(
+            let mut report = judge(
                 h,
                 taken.get(&h.job),
                 runs,
                 schedule,
                 now,
                 config.lease_margin,
-            )
+            );
+            if report.new_holder.is_none() {
+                report.back_on_this_node = back.get(&h.job).copied();
+                report.error = store_error.clone();
+            }
+            if history_error.is_some() {
+                report.error = history_error;
+            }
+            report
         })
         .collect();
     Ok(Report {
-        disturbance: how.name(),
+        disturbance: how,
         pid,
         node,
         disturbed_at,
@@ -282,29 +327,53 @@ pub async fn run(
     })
 }
 
-/// The longest lease the job's next two occurrences get: the gap between
-/// them plus the margin (a lease lasts to the next occurrence and a margin).
-fn longest_lease(job: &Job, now: DateTime<Utc>, margin: Duration) -> Duration {
-    let next = job.schedule.next_after(now);
-    let after = next.and_then(|n| job.schedule.next_after(n));
+/// How long to watch a job: twice its longest lease (the gap between its
+/// next two occurrences, plus the margin), and at least until its next
+/// occurrence plus two margins (an irregular schedule's next gap may be
+/// short while its next instant is far).
+fn watch_for(job: &Job, now: DateTime<Utc>, margin: Duration) -> Duration {
+    watch_for_schedule(&job.schedule, now, margin)
+}
+
+fn watch_for_schedule(schedule: &Schedule, now: DateTime<Utc>, margin: Duration) -> Duration {
+    let next = schedule.next_after(now);
+    let after = next.and_then(|n| schedule.next_after(n));
     let gap = next
         .zip(after)
         .and_then(|(a, b)| (b - a).to_std().ok())
         .unwrap_or(Duration::from_secs(60));
-    gap + margin
+    let until_next = next
+        .and_then(|n| (n - now).to_std().ok())
+        .unwrap_or_default();
+    (2 * (gap + margin)).max(until_next + 2 * margin)
 }
 
-/// A live lease of the job held by an owner other than the drilled one,
-/// with a higher fence.
-fn taken_over(h: &Held, locks: &[LockStatus]) -> Option<Taken> {
+/// What a poll saw of a job the drilled daemon held.
+enum Seen {
+    /// Held by another node, with a higher fence: taken over.
+    Peer(Taken),
+    /// Held by this node again (the daemon restarted, or stepped down and
+    /// won the next occurrence), with this fence: not a takeover.
+    Back(u64),
+}
+
+/// A live lease of the job with a higher fence than the drilled daemon's,
+/// and whose node holds it.
+fn taken_over(h: &Held, locks: &[LockStatus]) -> Option<Seen> {
     let lock = locks.iter().find(|l| l.job == h.job.as_str())?;
     let owner = lock.holder.as_deref()?;
-    (owner != h.owner && lock.fence > h.fence).then(|| Taken {
+    if lock.fence <= h.fence {
+        return None;
+    }
+    if Owner::node_of(owner) == Owner::node_of(&h.owner) {
+        return Some(Seen::Back(lock.fence));
+    }
+    Some(Seen::Peer(Taken {
         owner: owner.to_string(),
         fence: lock.fence,
         occurrence: lock.last_occurrence,
         seen: Utc::now(),
-    })
+    }))
 }
 
 /// A record of a run that happened (its command started, or it was
@@ -354,7 +423,7 @@ fn judge(
                 missed.push(instant);
             }
             t = schedule.next_after(instant);
-            if missed.len() >= 100 {
+            if missed.len() >= MISSED_LISTED {
                 break;
             }
         }
@@ -382,6 +451,8 @@ fn judge(
         takeover_delay_ms,
         missed,
         doubled,
+        back_on_this_node: None,
+        error: None,
     }
 }
 
@@ -490,6 +561,52 @@ mod tests {
         assert!(!r.passed());
         assert_eq!(r.missed, vec![at(1), at(2)]);
         assert_eq!(r.takeover_delay_ms, None);
+    }
+
+    fn lock(holder: &str, fence: u64) -> LockStatus {
+        LockStatus {
+            job: "tick".into(),
+            holder: Some(holder.into()),
+            lease_remaining_ms: 1000,
+            fence,
+            last_occurrence: Some(at(1)),
+            last_owner: Some(holder.into()),
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn only_another_node_with_a_higher_fence_has_taken_over() {
+        let h = held();
+        // The same lease still, or the same node restarted: no takeover.
+        assert!(taken_over(&h, &[lock("n1#a", 10)]).is_none());
+        assert!(matches!(
+            taken_over(&h, &[lock("n1#c", 11)]),
+            Some(Seen::Back(11))
+        ));
+        assert!(matches!(
+            taken_over(&h, &[lock("n1#a", 11)]),
+            Some(Seen::Back(11))
+        ));
+        // Another node, but the fence did not move: not yet.
+        assert!(taken_over(&h, &[lock("n2#b", 10)]).is_none());
+        match taken_over(&h, &[lock("n2#b", 11)]) {
+            Some(Seen::Peer(t)) => assert_eq!((t.owner.as_str(), t.fence), ("n2#b", 11)),
+            _ => panic!("n2 with fence 11 took over"),
+        }
+    }
+
+    #[test]
+    fn the_watch_covers_an_irregular_schedules_far_next_instant() {
+        // At 10:30, `0 0 9,10 * * *` fires next at 09:00 the day after, then
+        // at 10:00: the gap (1 h) is short, the next instant 22.5 h away.
+        let s = Schedule::parse("0 0 9,10 * * *", "UTC").unwrap();
+        let now = Utc.with_ymd_and_hms(2026, 11, 26, 10, 30, 0).unwrap();
+        let w = watch_for_schedule(&s, now, Duration::from_secs(1));
+        assert!(w >= Duration::from_secs(22 * 3600 + 1800), "{w:?}");
+        let every = Schedule::parse("* * * * * *", "UTC").unwrap();
+        let w = watch_for_schedule(&every, now, Duration::from_secs(1));
+        assert_eq!(w, Duration::from_secs(4));
     }
 
     #[test]

@@ -7,12 +7,17 @@
 //!   talk to this listener only, so it works offline and sends nothing
 //!   elsewhere;
 //! - `/api/status` (what `status --json` prints), `/api/nodes` (`nodes
-//!   --json`), `/api/history?job=J&limit=N` (`history --json` without the
-//!   output tails: job output stays with `cronlease logs`).
+//!   --json`), `/api/history?job=J&limit=N` (`history --json`), all without
+//!   the runs' output tails: job output stays with `cronlease logs`, which
+//!   needs the store's credentials.
 //!
 //! Bounded: request heads of at most 16 KiB read within 5 s, GET and HEAD
-//! only, at most 64 connections at once, each closed after 60 s; every
-//! store call within the command budget (`op_timeout`, at least 5 s).
+//! only, at most 64 connections at once, each ended (gracefully) after
+//! 60 s. The store is asked by one request at a time, and `/api/status`
+//! answers from a snapshot at most a second old, so however many pages are
+//! open the daemon's own claims never queue behind them for its store
+//! connections; every store call within the command budget (`op_timeout`,
+//! at least 5 s).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +32,7 @@ use axum::routing::get;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Mutex, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, JobName};
@@ -44,21 +49,42 @@ const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// `/api/history`'s default and largest `limit`.
 const HISTORY_DEFAULT: u32 = 200;
 const HISTORY_MAX: u32 = 2000;
+/// How old a `/api/status` snapshot may be when served again.
+const SNAPSHOT_AGE: Duration = Duration::from_secs(1);
 
 const PAGE: &str = include_str!("dashboard/index.html");
 const SCRIPT: &str = include_str!("dashboard/dashboard.js");
 const STYLE: &str = include_str!("dashboard/dashboard.css");
 /// The page may load its own script and style and ask this listener, and
 /// nothing else.
-const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// What the routes read: the metrics, the health check, the store and the
 /// current configuration (replaced on reload).
 pub struct Api {
-    pub metrics: Arc<Metrics>,
-    pub healthy: HealthCheck,
-    pub store: Arc<dyn Store>,
-    pub config: watch::Receiver<Arc<Config>>,
+    metrics: Arc<Metrics>,
+    healthy: HealthCheck,
+    store: Arc<dyn Store>,
+    config: watch::Receiver<Arc<Config>>,
+    /// One store-reading request at a time, and the last `/api/status`.
+    reading: Mutex<Option<(tokio::time::Instant, serde_json::Value)>>,
+}
+
+impl Api {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        healthy: HealthCheck,
+        store: Arc<dyn Store>,
+        config: watch::Receiver<Arc<Config>>,
+    ) -> Api {
+        Api {
+            metrics,
+            healthy,
+            store,
+            config,
+            reading: Mutex::new(None),
+        }
+    }
 }
 
 /// Binds the listener (done at start, so a taken port fails fast).
@@ -95,10 +121,15 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEAD)
                 .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
             tokio::select! {
-                _ = tokio::time::timeout(CONNECTION_LIFETIME, connection) => {}
+                _ = connection.as_mut() => return,
+                () = tokio::time::sleep(CONNECTION_LIFETIME) => {}
                 () = stop.cancelled() => {}
             }
+            // Past its time: finish the response under way, then close.
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
         });
     }
 }
@@ -134,15 +165,22 @@ async fn page() -> Response {
 }
 
 async fn script() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-        SCRIPT,
-    )
-        .into_response()
+    asset("text/javascript; charset=utf-8", SCRIPT)
 }
 
 async fn style() -> Response {
-    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 async fn metrics(State(api): State<Arc<Api>>) -> Response {
@@ -187,11 +225,29 @@ fn json<T: serde::Serialize>(result: Result<T, StoreError>) -> Response {
 }
 
 async fn status(State(api): State<Arc<Api>>) -> Response {
+    let mut reading = api.reading.lock().await;
+    if let Some((at, rows)) = reading.as_ref() {
+        if at.elapsed() < SNAPSHOT_AGE {
+            return json(Ok(rows.clone()));
+        }
+    }
     let config = api.config.borrow().clone();
-    json(crate::status::gather(&config, api.store.as_ref(), config.store.call_budget()).await)
+    let rows = crate::status::gather(&config, api.store.as_ref(), config.store.call_budget())
+        .await
+        .map(|mut rows| {
+            for run in rows.iter_mut().filter_map(|r| r.last_run.as_mut()) {
+                run.output.clear();
+            }
+            serde_json::to_value(rows).unwrap_or_default()
+        });
+    if let Ok(rows) = &rows {
+        *reading = Some((tokio::time::Instant::now(), rows.clone()));
+    }
+    json(rows)
 }
 
 async fn nodes(State(api): State<Arc<Api>>) -> Response {
+    let _reading = api.reading.lock().await;
     let config = api.config.borrow().clone();
     json(bounded(config.store.call_budget(), api.store.nodes()).await)
 }
@@ -224,6 +280,7 @@ async fn history(
         }
     };
     let limit = query.limit.unwrap_or(HISTORY_DEFAULT).clamp(1, HISTORY_MAX);
+    let _reading = api.reading.lock().await;
     let config = api.config.borrow().clone();
     let runs = bounded(
         config.store.call_budget(),

@@ -1564,20 +1564,16 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         &mut errors,
     );
     // `[metrics]` is the old name of `[http]`: either, not both.
-    let http_table =
-        match (&raw.http, &raw.metrics) {
-            (Some(h), Some(_)) => {
-                errors.push(src.at(
-                &h.listen,
-                "both [http] and [metrics] are set: keep [http] ([metrics] is its old name)"
-                    .to_string(),
-            ));
-                None
-            }
-            (Some(h), None) => Some((h, "http.listen")),
-            (None, Some(m)) => Some((m, "metrics.listen")),
-            (None, None) => None,
-        };
+    const BOTH: &str = "both [http] and [metrics] are set: keep [http] ([metrics] is its old name)";
+    let http_table = match (&raw.http, &raw.metrics) {
+        (Some(h), Some(_)) => {
+            errors.push(src.at(&h.listen, BOTH.to_string()));
+            None
+        }
+        (Some(h), None) => Some((h, "http.listen")),
+        (None, Some(m)) => Some((m, "metrics.listen")),
+        (None, None) => None,
+    };
     let http_listen = http_table.and_then(|(h, key)| {
         h.listen
             .get_ref()

@@ -92,31 +92,47 @@ function renderTimeline(runs) {
     `last ${runs.length} runs, ${time(new Date(from).toISOString())} to ${time(new Date(to).toISOString())}`;
 }
 
+const TIMEOUT_MS = 10000;
+
+// One endpoint's JSON; an error names the endpoint and what went wrong.
 async function fetchJson(path) {
-  const res = await fetch(path, { cache: "no-store" });
-  const body = await res.json();
-  if (!res.ok) throw new Error(body.error || res.statusText);
-  return body;
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), TIMEOUT_MS);
+  try {
+    const res = await fetch(path, { cache: "no-store", signal: abort.signal });
+    const type = res.headers.get("content-type") || "";
+    const body = type.includes("application/json") ? await res.json() : { error: (await res.text()).trim() };
+    if (!res.ok) throw new Error(body.error || res.statusText);
+    return body;
+  } catch (e) {
+    throw new Error(path + ": " + (e.name === "AbortError" ? "no answer within " + TIMEOUT_MS / 1000 + " s" : e.message));
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
+// Each part is drawn from its own answer: one failing endpoint leaves the
+// others current and is named in the header.
 async function refresh() {
+  const parts = [
+    ["/api/status", renderJobs],
+    ["/api/nodes", renderNodes],
+    ["/api/history?limit=" + TIMELINE_RUNS, renderTimeline],
+  ];
+  const results = await Promise.allSettled(parts.map(([path]) => fetchJson(path)));
+  const errors = [];
+  results.forEach((r, i) => {
+    if (r.status === "fulfilled") parts[i][1](r.value);
+    else errors.push(r.reason.message);
+  });
   const error = document.getElementById("error");
-  try {
-    const [status, nodes, runs] = await Promise.all([
-      fetchJson("/api/status"), fetchJson("/api/nodes"), fetchJson("/api/history?limit=" + TIMELINE_RUNS),
-    ]);
-    renderJobs(status);
-    renderNodes(nodes);
-    renderTimeline(runs);
-    error.hidden = true;
+  error.textContent = errors.join("; ");
+  error.hidden = errors.length === 0;
+  if (errors.length === 0) {
     document.getElementById("updated").textContent = "updated " + time(new Date().toISOString());
     document.body.dataset.loaded = "yes";
-  } catch (e) {
-    error.textContent = "store: " + e.message;
-    error.hidden = false;
-  } finally {
-    setTimeout(refresh, REFRESH_MS);
   }
+  setTimeout(refresh, REFRESH_MS);
 }
 
 refresh();
