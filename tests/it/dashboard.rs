@@ -9,7 +9,7 @@
 //! The screenshot in the README is this test's: `CRONLEASE_SCREENSHOT=docs/dashboard.png
 //! cargo test --all-features --test it dashboard::` writes it there.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::cluster::Cluster;
-use crate::service::http_get;
+use crate::service::{http_get, http_request};
 use crate::support::{Backend, binary, free_port};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -280,26 +280,16 @@ fn the_page_loads_nothing_from_elsewhere_and_the_listener_is_bounded() {
         );
     }
     // Other methods, oversized heads, idle connections.
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "POST /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 405"), "{text}");
-
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let big = "a".repeat(20 * 1024);
-    let _ = write!(
-        s,
-        "GET /api/status HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n"
+    let text = http_request(
+        port,
+        "POST /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
     );
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
+    assert!(text.starts_with("HTTP/1.1 405"), "{text}");
+    let big = "a".repeat(20 * 1024);
+    let text = http_request(
+        port,
+        &format!("GET /api/status HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n"),
+    );
     assert!(
         text.is_empty() || text.starts_with("HTTP/1.1 431"),
         "an oversized head was served: {}",

@@ -94,21 +94,28 @@ fn sd_notify_ready_only_once_the_store_answers_then_watchdog_and_stopping() {
 }
 
 pub(crate) fn http_get(port: u16, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    let code = body
+    let text = http_request(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
+    );
+    let code = text
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (code, body)
+    (code, text)
+}
+
+/// Sends `request` as is and reads until the server closes (at most 10 s);
+/// what came back, "" when the server closed without answering.
+pub(crate) fn http_request(port: u16, request: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A server that refuses a request may close before all of it is sent.
+    let _ = s.write_all(request.as_bytes());
+    let mut bytes = Vec::new();
+    let _ = s.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The value of the first sample line starting with `series`.
