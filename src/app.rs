@@ -422,11 +422,7 @@ fn print_drill(out: &mut impl Write, report: &drill::Report) {
             .to_rfc3339_opts(SecondsFormat::Millis, true),
         report.watched_ms as f64 / 1000.0
     );
-    let time = |t: Option<DateTime<Utc>>| {
-        t.map_or("-".to_string(), |t| {
-            t.to_rfc3339_opts(SecondsFormat::Secs, true)
-        })
-    };
+    let time = |t: Option<DateTime<Utc>>| t.map_or("-".to_string(), rfc3339);
     let rows: Vec<Vec<String>> = report
         .jobs
         .iter()
@@ -509,7 +505,7 @@ async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> ExitCode {
     } else {
         let mut jobs = Vec::new();
         for name in &args.jobs {
-            match config.jobs.iter().find(|j| j.name.as_str() == name) {
+            match config.job(name) {
                 Some(j) if !jobs.contains(&j.name) => jobs.push(j.name.clone()),
                 Some(_) => {}
                 None => {
@@ -791,7 +787,7 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
     };
     if let Some(job) = &job {
         // A job removed from the configuration still has its history.
-        if runs.is_empty() && !config.jobs.iter().any(|j| &j.name == job) {
+        if runs.is_empty() && config.job(job.as_str()).is_none() {
             eprintln!(
                 "cronlease: no such job {job:?}: not in {} and no history in the store (`cronlease check` lists the jobs)",
                 path.display()
@@ -882,7 +878,7 @@ async fn logs(path: PathBuf, job: String, fence: Option<u64>) -> ExitCode {
         Ok(r) => r,
         Err(e) => return store_failure(&e),
     };
-    if runs.is_empty() && !config.jobs.iter().any(|j| j.name == job) {
+    if runs.is_empty() && config.job(job.as_str()).is_none() {
         eprintln!(
             "cronlease: no such job {job:?}: not in {} and no history in the store (`cronlease check` lists the jobs)",
             path.display()

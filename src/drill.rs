@@ -2,11 +2,12 @@
 //! leader, done for them with a verdict (docs/cli.md).
 //!
 //! On the host whose daemon holds leases: read which jobs that daemon holds
-//! (its owner from the node registry; their fence and last occurrence), disturb it through its pid file
-//! (SIGKILL, SIGTERM or SIGUSR1 for a step-down; [`pidfile::daemon_pid`]
-//! refuses any process that is not `cronlease run` with this config), then
-//! watch the store until every one of those jobs is held by another owner or
-//! twice the longest of their leases passed. The report gives, per job, the
+//! (its owner from the node registry; their fence and last occurrence),
+//! disturb it through its pid file (SIGKILL, SIGTERM or SIGUSR1 for a
+//! step-down; [`pidfile::daemon_pid`] refuses any process that is not
+//! `cronlease run` with this config), then watch the store until every one
+//! of those jobs is held by another node or the watch ([`watch_for`]) ends.
+//! The report gives, per job, the
 //! old and new holder, the fence before and after, the takeover's lateness
 //! after its scheduled instant, and from history the occurrences in between
 //! that no run covered (missed) or that ran twice (doubled).
@@ -18,7 +19,7 @@ use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
-use crate::config::{Config, Job, JobName};
+use crate::config::{Config, JobName};
 use crate::pidfile::{self, PidFileError};
 use crate::schedule::Schedule;
 use crate::store::{LockStatus, Outcome, Owner, RunRecord, Store, StoreError, bounded};
@@ -163,7 +164,7 @@ pub async fn run(
 ) -> Result<Report, DrillError> {
     let mut wanted = Vec::new();
     for name in only {
-        match config.jobs.iter().find(|j| j.name.as_str() == name) {
+        match config.job(name) {
             Some(j) => wanted.push(j.name.clone()),
             None => return Err(DrillError::NoSuchJob(crate::config::one_line(name))),
         }
@@ -196,7 +197,7 @@ pub async fn run(
         .filter_map(|l| {
             let owner = l.holder.as_deref()?;
             let job = JobName::parse(&l.job).ok()?;
-            let configured = config.jobs.iter().any(|j| j.name == job);
+            let configured = config.job(job.as_str()).is_some();
             let asked = wanted.is_empty() || wanted.contains(&job);
             let ours = match &own {
                 Some(own) => owner == own,
@@ -219,12 +220,11 @@ pub async fn run(
         };
         return Err(DrillError::NothingHeld { node, of });
     }
-    let jobs: BTreeMap<&JobName, &Job> = config.jobs.iter().map(|j| (&j.name, j)).collect();
     let disturbed_at = Utc::now();
     let mut watch = held
         .iter()
-        .filter_map(|h| jobs.get(&h.job))
-        .map(|j| watch_for(j, disturbed_at, config.lease_margin))
+        .filter_map(|h| config.job(h.job.as_str()))
+        .map(|j| watch_for(&j.schedule, disturbed_at, config.lease_margin))
         .max()
         .unwrap_or(config.lease_margin);
     if how == Disturbance::Term {
@@ -297,7 +297,7 @@ pub async fn run(
                 Some(Err(e)) => (&[][..], Some(e.clone())),
                 None => (&[][..], None),
             };
-            let schedule = jobs.get(&h.job).map(|j| &j.schedule);
+            let schedule = config.job(h.job.as_str()).map(|j| &j.schedule);
             let mut report = judge(
                 h,
                 taken.get(&h.job),
@@ -331,11 +331,7 @@ pub async fn run(
 /// next two occurrences, plus the margin), and at least until its next
 /// occurrence plus two margins (an irregular schedule's next gap may be
 /// short while its next instant is far).
-fn watch_for(job: &Job, now: DateTime<Utc>, margin: Duration) -> Duration {
-    watch_for_schedule(&job.schedule, now, margin)
-}
-
-fn watch_for_schedule(schedule: &Schedule, now: DateTime<Utc>, margin: Duration) -> Duration {
+fn watch_for(schedule: &Schedule, now: DateTime<Utc>, margin: Duration) -> Duration {
     let next = schedule.next_after(now);
     let after = next.and_then(|n| schedule.next_after(n));
     let gap = next
@@ -602,10 +598,10 @@ mod tests {
         // at 10:00: the gap (1 h) is short, the next instant 22.5 h away.
         let s = Schedule::parse("0 0 9,10 * * *", "UTC").unwrap();
         let now = Utc.with_ymd_and_hms(2026, 11, 26, 10, 30, 0).unwrap();
-        let w = watch_for_schedule(&s, now, Duration::from_secs(1));
+        let w = watch_for(&s, now, Duration::from_secs(1));
         assert!(w >= Duration::from_secs(22 * 3600 + 1800), "{w:?}");
         let every = Schedule::parse("* * * * * *", "UTC").unwrap();
-        let w = watch_for_schedule(&every, now, Duration::from_secs(1));
+        let w = watch_for(&every, now, Duration::from_secs(1));
         assert_eq!(w, Duration::from_secs(4));
     }
 

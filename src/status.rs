@@ -68,7 +68,7 @@ pub async fn gather(
             Ok(name) => bounded(call, store.history(Some(&name), 1)).await?.pop(),
             Err(_) => None,
         };
-        let configured = config.jobs.iter().find(|j| j.name.as_str() == job);
+        let configured = config.job(&job);
         let holder = lock.as_ref().and_then(|l| l.holder.clone());
         let live_entry = holder.as_ref().zip(live.as_ref());
         rows.push(JobStatus {

@@ -1174,6 +1174,15 @@ pub struct Changes {
 }
 
 impl Config {
+    /// The job of that name, found in the sorted `jobs` (a binary search:
+    /// `status` and the dashboard ask once per job).
+    pub fn job(&self, name: &str) -> Option<&Job> {
+        self.jobs
+            .binary_search_by(|j| j.name.as_str().cmp(name))
+            .ok()
+            .and_then(|i| self.jobs.get(i))
+    }
+
     /// Compares every setting of `self` (the running configuration) with
     /// `new`. Both are taken apart in full, so a setting added later does not
     /// compile until it is classified here as live or restart-only.
