@@ -145,15 +145,23 @@ impl Cluster {
         self.dir.path().join(format!("{node}.toml"))
     }
 
+    /// `cronlease ARGS -c <node's config>` (whatever `CRONLEASE_CONFIG`
+    /// says), run to its end.
+    pub fn cli(&self, node: &str, args: &[&str]) -> std::process::Output {
+        Command::new(binary())
+            .args(args)
+            .arg("-c")
+            .arg(self.config(node))
+            .env_remove("CRONLEASE_CONFIG")
+            .output()
+            .unwrap()
+    }
+
     /// `cronlease ARGS --json -c <node's config>`, its stdout parsed.
     pub fn cli_json(&self, node: &str, args: &[&str]) -> serde_json::Result<serde_json::Value> {
-        let out = Command::new(binary())
-            .args(args)
-            .args(["--json", "-c"])
-            .arg(self.config(node))
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout)
+        let mut args = args.to_vec();
+        args.push("--json");
+        serde_json::from_slice(&self.cli(node, &args).stdout)
     }
 
     /// Every run `cronlease history --json` lists (of `job`, or of every

@@ -18,7 +18,7 @@ use nix::sys::signal::Signal;
 
 use crate::cluster::Cluster;
 use crate::service::{http_get, http_request};
-use crate::support::{Backend, binary, free_port};
+use crate::support::{Backend, free_port};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 
@@ -121,12 +121,7 @@ fn steady(mut rows: serde_json::Value) -> serde_json::Value {
 }
 
 fn cli(c: &Cluster, args: &[&str]) {
-    let out = Command::new(binary())
-        .args(args)
-        .arg("-c")
-        .arg(c.config("n1"))
-        .output()
-        .unwrap();
+    let out = c.cli("n1", args);
     assert!(
         out.status.success(),
         "{}",
@@ -157,9 +152,12 @@ fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
     );
 
     // /api/status is `status --json`, asked with the jobs paused (no fence
-    // or last run moves) and bracketed by two answers of the listener (the
-    // next fire time moves each second): equal to one of them. Its rows
-    // carry no output tail, though the runs have one (`echo tick`).
+    // or last run moves) and bracketed by two fresh answers of listeners
+    // (the next fire time moves each second): equal to one of them. A
+    // listener answers from a snapshot up to 1 s old, so the two come from
+    // n2 and n3 (same jobs, same store), each last asked over a second ago,
+    // the first early in a second. Its rows carry no output tail, though
+    // the runs have one (`echo tick`).
     cli(&c, &["pause", "--all"]);
     std::thread::sleep(Duration::from_millis(1500));
     crate::support::wait_until(
@@ -167,9 +165,11 @@ fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
         Duration::from_secs(30),
         || c.report(),
         || {
-            let before = api_status(port_of("n1"));
+            std::thread::sleep(Duration::from_millis(1100));
+            crate::cluster::at_fraction_of_second(0.05);
+            let before = api_status(port_of("n2"));
             let cli = c.cli_json("n1", &["status"]).ok()?;
-            let after = api_status(port_of("n1"));
+            let after = api_status(port_of("n3"));
             let served = [&before, &after].map(|rows| rows.to_string());
             assert!(
                 served.iter().all(|r| !r.contains("\"output\":\"tick")),
@@ -313,11 +313,7 @@ fn the_page_loads_nothing_from_elsewhere_and_the_listener_is_bounded() {
         Duration::from_secs(20),
         || c.report(),
         || {
-            let out = Command::new(binary())
-                .args(["logs", "tick", "-c"])
-                .arg(c.config("n1"))
-                .output()
-                .ok()?;
+            let out = c.cli("n1", &["logs", "tick"]);
             String::from_utf8_lossy(&out.stdout)
                 .contains("tick")
                 .then_some(())

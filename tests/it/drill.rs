@@ -12,14 +12,13 @@
 //! at random points around the instants, with load jobs every second.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 
 use crate::cluster::Cluster;
-use crate::support::{Backend, binary};
+use crate::support::Backend;
 
 const MARGIN: f64 = 1.0;
 /// How long the judged job sleeps between its start and end lines.
@@ -274,11 +273,7 @@ pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
             }
             _ => {
                 if step_down_by_command {
-                    let out = Command::new(binary())
-                        .args(["step-down", "-c"])
-                        .arg(c.config(&node))
-                        .output()
-                        .unwrap();
+                    let out = c.cli(&node, &["step-down"]);
                     assert!(
                         out.status.success(),
                         "{}",

@@ -11,14 +11,9 @@ use crate::cluster::{Cluster, check_exactly_once};
 use crate::support::{Backend, binary};
 
 fn drill(c: &Cluster, node: &str, args: &[&str]) -> Output {
-    Command::new(binary())
-        .arg("drill")
-        .args(args)
-        .arg("-c")
-        .arg(c.config(node))
-        .env_remove("CRONLEASE_CONFIG")
-        .output()
-        .unwrap()
+    let mut args = args.to_vec();
+    args.insert(0, "drill");
+    c.cli(node, &args)
 }
 
 /// The node holding `tick`, asked through `via`'s config.

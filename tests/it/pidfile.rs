@@ -10,12 +10,7 @@ use crate::cluster::Cluster;
 use crate::support::{Backend, binary, wait_until};
 
 fn step_down(c: &Cluster, node: &str) -> std::process::Output {
-    Command::new(binary())
-        .args(["step-down", "-c"])
-        .arg(c.config(node))
-        .env_remove("CRONLEASE_CONFIG")
-        .output()
-        .unwrap()
+    c.cli(node, &["step-down"])
 }
 
 /// `cronlease run` with `node`'s config, outside the cluster's bookkeeping.

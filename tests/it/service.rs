@@ -281,12 +281,7 @@ fn passwords_never_appear_in_any_output() {
             &["check"],
             &["step-down"],
         ] {
-            let out = Command::new(binary())
-                .args(args)
-                .arg("-c")
-                .arg(c.config("n1"))
-                .output()
-                .unwrap();
+            let out = c.cli("n1", args);
             outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
             outputs.push(String::from_utf8_lossy(&out.stderr).into_owned());
         }
