@@ -49,6 +49,9 @@ pub fn main(cli: Cli) -> ExitCode {
             json,
         } => with_runtime(|| history(config.config, job, limit, json)),
         Commands::Logs { config, job, fence } => with_runtime(|| logs(config.config, job, fence)),
+        Commands::Trigger { config, job, wait } => {
+            with_runtime(|| trigger(config.config, job, wait))
+        }
         Commands::Pause(args) => with_runtime(|| set_paused(args, true)),
         Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
@@ -495,6 +498,137 @@ fn print_drill(out: &mut impl Write, report: &drill::Report) {
 
 /// `cronlease pause` / `resume`: the mark kept with each job's lock, which
 /// every claim reads atomically (docs/cli.md).
+/// How long `trigger --wait` waits for a node to take the request before
+/// it gives up (the request stays pending).
+const TRIGGER_CLAIM_WAIT: Duration = Duration::from_secs(30);
+/// How often `trigger --wait` looks at the store.
+const TRIGGER_POLL: Duration = Duration::from_millis(200);
+/// How long `trigger --wait` goes on through store errors.
+const TRIGGER_STORE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// `trigger JOB [--wait]` (docs/cli.md): records a manual run's request in
+/// the store, where a node claims and runs it. Exit 1 when refused (a run
+/// of the job in progress, or another request still pending); with
+/// `--wait`, 0 when the run ended `ok` and 1 otherwise.
+async fn trigger(path: PathBuf, name: String, wait: bool) -> ExitCode {
+    let (config, store) = match config_and_store(&path).await {
+        Ok(both) => both,
+        Err(code) => return code,
+    };
+    let Some(job) = config.job(&name) else {
+        eprintln!(
+            "cronlease: no job named {:?} in {}; `cronlease check -c {}` lists the jobs",
+            config::one_line(&name),
+            path.display(),
+            path.display()
+        );
+        return ExitCode::from(EXIT_NO_SUCH_JOB);
+    };
+    let job = job.name.clone();
+    let id = store::TriggerId::new();
+    match within(&config, store.request_trigger(&job, id)).await {
+        Ok(store::TriggerAnswer::Accepted) => {}
+        Ok(store::TriggerAnswer::Running { holder }) => {
+            eprintln!(
+                "cronlease: refused: a run of {job} is in progress{} (overlap); trigger it again once it has ended (`cronlease status` shows it)",
+                holder.map_or(String::new(), |h| format!(
+                    " on {}",
+                    store::Owner::node_of(&config::one_line(&h))
+                ))
+            );
+            return ExitCode::FAILURE;
+        }
+        Ok(store::TriggerAnswer::Pending(pending)) => {
+            eprintln!(
+                "cronlease: refused: a manual run of {job} was requested already (trigger {pending}) and has not started yet; it runs once a node takes it"
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => return store_failure(&e),
+    }
+    println!("trigger {id}: requested a run of {job} on one node of the cluster");
+    if !wait {
+        return ExitCode::SUCCESS;
+    }
+    wait_for_trigger(&config, store.as_ref(), &job, id).await
+}
+
+/// `trigger --wait`: waits until a node took the request and its run is in
+/// history, and says how it ended.
+async fn wait_for_trigger(
+    config: &Config,
+    store: &dyn store::Store,
+    job: &JobName,
+    id: store::TriggerId,
+) -> ExitCode {
+    let asked = tokio::time::Instant::now();
+    let mut claimed = false;
+    let mut failing_since: Option<tokio::time::Instant> = None;
+    // Looks in a row that found no live lease and no record of the run.
+    let mut unheld = 0;
+    loop {
+        tokio::time::sleep(TRIGGER_POLL).await;
+        let look = async {
+            if !claimed {
+                let pending = within(config, store.pending_triggers()).await?;
+                claimed = !pending.iter().any(|(_, p)| *p == id);
+                if !claimed {
+                    return Ok(None);
+                }
+            }
+            let keep = config.store.history_limit.max(1);
+            let runs = within(config, store.history(Some(job), keep)).await?;
+            if let Some(run) = runs.into_iter().find(|r| r.trigger == Some(id)) {
+                return Ok(Some(Ok(run)));
+            }
+            let locks = within(config, store.status()).await?;
+            let held = locks
+                .iter()
+                .any(|l| l.job == job.as_str() && l.holder.is_some());
+            unheld = if held { 0 } else { unheld + 1 };
+            Ok(Some(Err(())))
+        };
+        match look.await {
+            Ok(Some(Ok(run))) => {
+                let exit = match run.exit_code {
+                    Some(code) => format!(" (exit code {code})"),
+                    None => String::new(),
+                };
+                println!(
+                    "trigger {id}: {job} ran on {} with fence {}: {}{exit}",
+                    run.node, run.fence, run.outcome
+                );
+                return if run.outcome == store::Outcome::Ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                };
+            }
+            Ok(result) => {
+                failing_since = None;
+                if result.is_none() && asked.elapsed() >= TRIGGER_CLAIM_WAIT {
+                    eprintln!(
+                        "cronlease: no node took trigger {id} within {TRIGGER_CLAIM_WAIT:?}: is a daemon with job {job} running? The request stays pending and runs once one takes it"
+                    );
+                    return ExitCode::FAILURE;
+                }
+                if unheld >= 3 {
+                    eprintln!(
+                        "cronlease: trigger {id} was taken, but no node holds {job} and history has no record of its run: the node running it stopped without recording it (its host died?)"
+                    );
+                    return ExitCode::FAILURE;
+                }
+            }
+            Err(e) => {
+                let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= TRIGGER_STORE_PATIENCE {
+                    return store_failure(&e);
+                }
+            }
+        }
+    }
+}
+
 async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> ExitCode {
     let (config, store) = match config_and_store(&args.config.config).await {
         Ok(both) => both,
@@ -822,6 +956,7 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
                 } else {
                     "no".into()
                 },
+                r.trigger.map_or_else(|| "-".into(), |id| id.to_string()),
                 crate::output::excerpt(&r.output),
             ]
         })
@@ -837,6 +972,7 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
             "TOOK",
             "OUTCOME",
             "TAKEOVER",
+            "TRIGGER",
             "OUTPUT",
         ],
         &table,

@@ -91,6 +91,16 @@ pub enum Commands {
         #[arg(long, value_name = "N")]
         fence: Option<u64>,
     },
+    /// Run a job once now, on exactly one node of the cluster
+    Trigger {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The job
+        job: String,
+        /// Wait for the run's outcome: exit 0 when it ended ok, 1 otherwise
+        #[arg(long)]
+        wait: bool,
+    },
     /// Pause jobs cluster-wide: no node claims an occurrence until resume
     Pause(PauseArgs),
     /// Resume paused jobs

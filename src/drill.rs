@@ -477,6 +477,7 @@ mod tests {
             delay_ms: 40,
             decision_ms: 0,
             output: String::new(),
+            trigger: None,
         }
     }
 

@@ -127,6 +127,9 @@ pub struct RunSpec<'a> {
     /// A run of the job, which the guard records `killed` if the daemon
     /// dies during it; false for its `on_failure` command.
     pub is_run: bool,
+    /// A manual run (`cronlease trigger`): its request's id, given to the
+    /// process as `CRONLEASE_TRIGGER`.
+    pub trigger: Option<crate::store::TriggerId>,
 }
 
 /// This process's environment less [`WITHHELD_ENV`], read once: a thousand
@@ -202,6 +205,9 @@ impl Launch {
             spec.occurrence.to_rfc3339_opts(SecondsFormat::Secs, true),
         ));
         env.push(("CRONLEASE_NODE".into(), spec.node.as_str().to_string()));
+        if let Some(id) = spec.trigger {
+            env.push(("CRONLEASE_TRIGGER".into(), id.to_string()));
+        }
         Launch {
             program,
             args,
@@ -328,6 +334,7 @@ pub async fn run(
         takeover: spec.takeover,
         decision_ms: spec.decision_ms,
         started_at,
+        trigger: spec.trigger.map(crate::store::TriggerId::get),
     };
     let note = spec.is_run.then_some(&note);
     let mut process = match start(&Launch::new(&spec), note, guard).await {

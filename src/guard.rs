@@ -113,6 +113,9 @@ pub struct RunNote {
     pub decision_ms: u64,
     /// When it started (the guard knows for the jobs it starts itself).
     pub started_at: chrono::DateTime<chrono::Utc>,
+    /// A manual run's request id.
+    #[serde(default)]
+    pub trigger: Option<i64>,
 }
 
 /// What the guard tells the daemon.
@@ -643,6 +646,7 @@ fn hand_over(
             takeover: r.takeover,
             decision_ms: r.decision_ms,
             output: String::new(),
+            trigger: r.trigger.and_then(crate::store::TriggerId::from_stored),
         })
         .collect();
     let jobs: Vec<JobName> = jobs.iter().filter_map(|j| JobName::parse(j).ok()).collect();

@@ -22,7 +22,7 @@ use std::time::Duration;
 use chrono::SecondsFormat;
 use cronlease::config::{JobName, Misfire};
 use cronlease::fuzzing;
-use cronlease::store::{ClaimRequest, Decision, LockRow, Owner, decide, from_ms};
+use cronlease::store::{ClaimRequest, Decision, LockRow, Owner, TriggerId, decide, from_ms};
 use libfuzzer_sys::fuzz_target;
 
 /// Reads the fields of a `d` input in order.
@@ -69,6 +69,8 @@ fn claim_rule(bytes: &[u8]) {
         last_occurrence: (flags & 4 != 0).then(|| f.int()),
         running: flags & 8 != 0,
         paused: more & 2 != 0,
+        trigger: (more & 8 != 0).then(|| f.int()),
+        last_trigger: (more & 16 != 0).then(|| f.int()),
         now: f.int(),
     };
     let req = ClaimRequest {
@@ -88,10 +90,19 @@ fn claim_rule(bytes: &[u8]) {
         head_start: (flags & 64 != 0).then(|| f.ms(366 * 24 * 3600 * 1000)),
         after_unanswered: flags & 128 != 0,
         recheck_only: more & 1 != 0,
+        manual: (more & 4 != 0)
+            .then(|| TriggerId::from_stored(f.int()))
+            .flatten(),
     };
     let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
     match decide(&row, &req) {
-        Decision::Claim { fence, won, .. } => {
+        Decision::Claim {
+            fence,
+            won,
+            last_occurrence,
+            manual,
+            ..
+        } => {
             assert!(
                 fence > floor && fence >= row.fence,
                 "fence {fence} after row fence {} and floor {floor}",
@@ -101,9 +112,19 @@ fn claim_rule(bytes: &[u8]) {
             // A paused job is claimed by nobody: only a win from before the
             // pause, whose answer was lost, is answered again.
             assert!(
-                !row.paused || req.after_unanswered,
+                !row.paused || req.after_unanswered || req.manual.is_some(),
                 "a paused job's claim won without being a retry"
             );
+            // A manual run takes only its own pending request and never
+            // moves the schedule.
+            if let Some(id) = req.manual {
+                assert_eq!(manual, Some(id));
+                assert_eq!(last_occurrence, row.last_occurrence);
+                assert!(
+                    row.trigger == Some(id.get()) || row.last_trigger == Some(id.get()),
+                    "a manual claim won a request that was not pending"
+                );
+            }
         }
         Decision::Refuse(_) => {}
         Decision::FenceExhausted => assert_eq!(row.fence.max(floor), i64::MAX),

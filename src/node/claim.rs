@@ -259,11 +259,16 @@ impl Node {
             head_start: Some(self.head_start),
             after_unanswered,
             recheck_only: false,
+            manual: None,
         }
     }
 
     /// lease = time to the next occurrence + margin.
-    fn lease_for(&self, occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
+    pub(super) fn lease_for(
+        &self,
+        occurrence: DateTime<Utc>,
+        next: Option<DateTime<Utc>>,
+    ) -> Duration {
         gap(occurrence, next) + self.margin
     }
 
@@ -630,7 +635,7 @@ impl Node {
     }
 
     /// Counts one claim attempt in `cronlease_claims_total{job,result}`.
-    fn count_claim(&self, job: &JobName, result: &str) {
+    pub(super) fn count_claim(&self, job: &JobName, result: &str) {
         self.metrics
             .claims
             .get_or_create(&ClaimLabel {
@@ -649,6 +654,7 @@ impl Node {
                 .previous_owner
                 .as_deref()
                 .is_some_and(|p| p != self.owner.as_str()),
+            trigger: None,
         }
     }
 

@@ -16,6 +16,8 @@
 //!   ends) and claim nothing for one lease margin, so a peer takes over.
 //! - Reload (`SIGHUP`): apply a new job set; removed jobs stop being claimed
 //!   and their running runs finish.
+//! - Manual runs (`cronlease trigger`): pending requests are looked for a
+//!   few times a second and claimed like occurrences ([`trigger`]).
 //!
 //! Cancellation is one token tree under `root` (cancelled last, when the
 //! node has shut down: it ends the batchers): `claims` (stop claiming) has a
@@ -33,6 +35,7 @@ pub mod health;
 pub mod lease;
 mod membership;
 mod run;
+mod trigger;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -347,6 +350,8 @@ pub struct Node {
     /// When the last heartbeat that went through was sent, on its own or
     /// in a claim batch ([`membership`]).
     beaten_at: Mutex<Option<tokio::time::Instant>>,
+    /// Manual runs' requests being claimed now ([`trigger`]).
+    triggers: trigger::InFlight,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -462,6 +467,7 @@ impl Node {
             live_nodes: Mutex::new(Vec::new()),
             beaten_at: Mutex::new(None),
             store_url: config.store.url.clone(),
+            triggers: trigger::InFlight::default(),
         })
     }
 
@@ -589,6 +595,9 @@ impl Node {
         self.apply_jobs(jobs);
         let node = self.clone();
         self.handlers.spawn(async move { node.scheduler().await });
+        let node = self.clone();
+        self.handlers
+            .spawn(async move { node.watch_triggers().await });
         shutdown.cancelled().await;
         self.shut_down().await;
         self.root.cancel();

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::{JobState, LeaseClock, Node};
 use crate::exec::{Finished, RunSpec, StopReason};
 use crate::metrics::Metrics;
-use crate::store::{Outcome, Renewal, RunRecord, StoreError};
+use crate::store::{Outcome, Renewal, RunRecord, StoreError, TriggerId};
 
 /// A won occurrence, to run.
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +34,8 @@ pub(super) struct RunTicket {
     pub takeover: bool,
     /// From the claimed instant to the claim's answer, in milliseconds.
     pub decision_ms: u64,
+    /// A manual run: its request's id.
+    pub trigger: Option<TriggerId>,
 }
 
 impl Node {
@@ -144,6 +146,7 @@ impl Node {
             clock: self.wall.as_ref(),
             secrets: &self.store_url,
             is_run: true,
+            trigger: ticket.trigger,
         }
     }
 
@@ -292,6 +295,7 @@ impl Node {
                 .max(0) as u64,
             decision_ms: ticket.decision_ms,
             output: finished.output,
+            trigger: ticket.trigger,
         };
         let labels = crate::metrics::RunLabel {
             job: job.name.to_string(),

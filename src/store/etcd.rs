@@ -13,6 +13,10 @@
 //!   `max(ceil(L), 2 s)` ([`lease_ttl_secs`]), and etcd may grant more. The
 //!   recorded end keeps a lease to its length below that (a 300 ms lease
 //!   ends after 300 ms, not 2 s);
+//! - `{p}trigger/<job>~<id>`: a manual run's request pending in the job's
+//!   state (put in the same transaction as the request, deleted in the one
+//!   of the claim that takes it), so nodes find pending requests with one
+//!   keys-only range read;
 //! - `{p}runs/<job>/<fence>`: one finished run each (JSON), the fence
 //!   zero-padded so keys sort by fence; created only while absent, so a
 //!   retried write records nothing twice. Each job keeps its newest
@@ -59,8 +63,8 @@ use tokio::sync::Notify;
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
-    Renewal, RunData, RunRecord, StoreError, decide, fence_exhausted, from_ms, lock, newest_first,
-    run_from_json, to_ms,
+    Renewal, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, fence_exhausted,
+    from_ms, lock, newest_first, run_from_json, to_ms, trigger_row,
 };
 use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
 
@@ -272,6 +276,12 @@ struct LockState {
     /// resume change it; every other write keeps it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     paused: bool,
+    /// A manual run's request, pending until a node claims it (`trigger`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    trigger: Option<i64>,
+    /// The request the last manual claim took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_trigger: Option<i64>,
 }
 
 fn unknown_is_running() -> bool {
@@ -435,6 +445,15 @@ impl EtcdStore {
     /// The registry's key of `owner` (`""`: the registry's prefix).
     fn node_key(&self, owner: &str) -> String {
         format!("{}node/{owner}", self.prefix)
+    }
+
+    fn triggers_root(&self) -> String {
+        format!("{}trigger/", self.prefix)
+    }
+
+    /// A pending request's key: `{p}trigger/<job>~<id>`.
+    fn trigger_key(&self, job: &str, id: TriggerId) -> String {
+        format!("{}{job}~{id}", self.triggers_root())
     }
 
     fn runs_root(&self) -> String {
@@ -920,7 +939,11 @@ impl EtcdStore {
         let due_by = self
             .median_now_ms()
             .saturating_add(super::duration_ms(req.max_offset));
-        if !req.recheck_only && (to_ms(req.occurrence) > due_by || self.clocks.unsettled(now)) {
+        let scheduled = req.manual.is_none();
+        if scheduled
+            && !req.recheck_only
+            && (to_ms(req.occurrence) > due_by || self.clocks.unsettled(now))
+        {
             return (
                 None,
                 ClaimOutcome::Lost(super::Lost {
@@ -931,6 +954,7 @@ impl EtcdStore {
                     too_early: true,
                     idle_wait: None,
                     paused: false,
+                    trigger_gone: false,
                 }),
             );
         }
@@ -941,17 +965,20 @@ impl EtcdStore {
                 fence,
                 expires_at,
                 last_occurrence,
+                manual,
                 won,
             } => {
                 let state = LockState {
                     owner: req.owner.as_str().to_string(),
                     fence: fence.to_string(),
-                    last_occurrence: Some(last_occurrence),
+                    last_occurrence,
                     modified_at: view.now,
                     running: true,
-                    // Won only while not paused, or an earlier win answered
-                    // again: the mark stays as it is.
+                    // Won only while not paused (or a manual run, or an
+                    // earlier win answered again): the mark stays as it is.
                     paused: row.paused,
+                    trigger: if manual.is_some() { None } else { row.trigger },
+                    last_trigger: manual.map(TriggerId::get).or(row.last_trigger),
                 };
                 let lease = LeaseValue {
                     owner: req.owner.as_str().to_string(),
@@ -961,7 +988,7 @@ impl EtcdStore {
                 {
                     Ok((json, lease_json)) => {
                         let (lock, lease) = (self.lock_key(job), self.lease_key(job));
-                        let plan = Plan {
+                        let mut plan = Plan {
                             when: vec![
                                 unchanged(&lock, view.keys.lock.as_ref()),
                                 unchanged(&lease, view.keys.lease.as_ref()),
@@ -971,6 +998,9 @@ impl EtcdStore {
                                 PlanOp::PutLeased(lease, lease_json, lease_ttl_secs(req.lease)),
                             ],
                         };
+                        if let Some(id) = manual {
+                            plan.ops.push(PlanOp::Delete(self.trigger_key(job, id)));
+                        }
                         (Some(plan), ClaimOutcome::Won(won))
                     }
                     Err(e) => (None, ClaimOutcome::Failed(e.to_string())),
@@ -1289,6 +1319,8 @@ fn row_of(state: Option<&(LockState, i64)>, view: &JobView) -> LockRow {
         last_occurrence: state.and_then(|(s, _)| s.last_occurrence),
         running: state.is_some_and(|(s, _)| s.running),
         paused: state.is_some_and(|(s, _)| s.paused),
+        trigger: state.and_then(|(s, _)| s.trigger),
+        last_trigger: state.and_then(|(s, _)| s.last_trigger),
         now,
     }
 }
@@ -1554,6 +1586,8 @@ impl Locks for EtcdStore {
                     modified_at: view.now,
                     running: false,
                     paused,
+                    trigger: None,
+                    last_trigger: None,
                 },
                 Err(why) => {
                     failed = Some(format!(
@@ -1584,6 +1618,90 @@ impl Locks for EtcdStore {
             Some(why) => Err(self.backend(&why)),
             None => Ok(()),
         }
+    }
+
+    async fn request_trigger(
+        &self,
+        job: &JobName,
+        id: TriggerId,
+    ) -> Result<TriggerAnswer, StoreError> {
+        let client = self.client().await?;
+        let name = job.as_str();
+        let (_, answers) = self
+            .read_decide_write(&client, &[name], Want::LockAndLease, |_, view| {
+                let state = match read_state(view.keys.lock.as_ref()) {
+                    Ok(state) => state,
+                    Err(why) => {
+                        return (
+                            None,
+                            Err(format!(
+                                "the lock key {} of job {name} is unreadable ({why}); delete it (etcdctl del) to start the job afresh",
+                                self.lock_key(name)
+                            )),
+                        );
+                    }
+                };
+                let mut row = row_of(state.as_ref(), view);
+                let answer = trigger_row(&mut row, id);
+                if answer != TriggerAnswer::Accepted {
+                    return (None, Ok(answer));
+                }
+                let state = match state {
+                    Some((state, _)) => LockState {
+                        trigger: row.trigger,
+                        ..state
+                    },
+                    // A job never claimed: its state, free, with the request.
+                    None => LockState {
+                        owner: String::new(),
+                        fence: "0".into(),
+                        last_occurrence: None,
+                        modified_at: view.now,
+                        running: false,
+                        paused: false,
+                        trigger: row.trigger,
+                        last_trigger: None,
+                    },
+                };
+                match serde_json::to_vec(&state) {
+                    Ok(json) => {
+                        let (lock, lease) = (self.lock_key(name), self.lease_key(name));
+                        let plan = Plan {
+                            when: vec![
+                                unchanged(&lock, view.keys.lock.as_ref()),
+                                unchanged(&lease, view.keys.lease.as_ref()),
+                            ],
+                            ops: vec![
+                                PlanOp::Put(lock, json),
+                                PlanOp::Put(self.trigger_key(name, id), Vec::new()),
+                            ],
+                        };
+                        (Some(plan), Ok(answer))
+                    }
+                    Err(e) => (None, Err(e.to_string())),
+                }
+            })
+            .await?;
+        match answers.into_iter().next() {
+            Some(Ok(answer)) => Ok(answer),
+            Some(Err(why)) => Err(self.backend(&why)),
+            None => Err(self.backend("no answer to a trigger")),
+        }
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
+        let client = self.client().await?;
+        let root = self.triggers_root();
+        let keys = self.keys_under(&client, &root).await?;
+        let mut pending: Vec<(String, TriggerId)> = keys
+            .iter()
+            .filter_map(|key| {
+                let (job, id) = key.strip_prefix(&root)?.rsplit_once('~')?;
+                Some((job.to_string(), TriggerId::parse(id)?))
+            })
+            .collect();
+        pending.sort();
+        Ok(pending)
     }
 
     /// A linearizable read: it needs the cluster's quorum, and this user's
@@ -1715,6 +1833,22 @@ impl EtcdStore {
             }
             _ => None,
         };
+        // A request found gone (its state no longer names it: a hand edit)
+        // leaves its key behind: it goes, best effort.
+        let stale: Vec<TxnOp> = requests
+            .iter()
+            .zip(&outcomes)
+            .filter_map(|(req, outcome)| match (req.manual, outcome) {
+                (Some(id), ClaimOutcome::Lost(lost)) if lost.trigger_gone => {
+                    Some(TxnOp::delete(self.trigger_key(req.job.as_str(), id), None))
+                }
+                _ => None,
+            })
+            .collect();
+        if !stale.is_empty() {
+            let mut kv = client.kv_client();
+            let _ = self.timed(kv.txn(Txn::new().and_then(stale))).await;
+        }
         // Leases are counted on this host's clock (`now`); the clock it is
         // measured against is the live nodes' median.
         let now = now.saturating_add(self.median_now_ms() - now_ms());
@@ -2098,6 +2232,8 @@ mod tests {
             modified_at: 19_000,
             running: true,
             paused: false,
+            trigger: None,
+            last_trigger: None,
         };
         let lease = Entry {
             value: br##"{"owner":"b#2","expires_at":20300}"##.to_vec(),

@@ -26,7 +26,8 @@ use tokio::time::Instant;
 use super::registry::{BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry, sorted};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
-    RunRecord, Store, StoreError, claim_rows, clears_running, duration_ms, from_ms, to_ms,
+    RunRecord, Store, StoreError, TriggerAnswer, TriggerId, claim_rows, clears_running,
+    duration_ms, from_ms, to_ms, trigger_row,
 };
 use crate::config::JobName;
 
@@ -40,6 +41,38 @@ struct Lock {
     running: bool,
     /// `cronlease pause`: claims are refused.
     paused: bool,
+    /// A manual run's pending request, and the last one claimed.
+    trigger: Option<i64>,
+    last_trigger: Option<i64>,
+}
+
+impl Lock {
+    fn row(&self, now: i64) -> LockRow {
+        LockRow {
+            owner: self.owner.clone(),
+            fence: self.fence,
+            expires_at: self.expires_at,
+            last_occurrence: self.last_occurrence,
+            running: self.running,
+            paused: self.paused,
+            trigger: self.trigger,
+            last_trigger: self.last_trigger,
+            now,
+        }
+    }
+
+    fn from_row(row: LockRow) -> Self {
+        Lock {
+            owner: row.owner,
+            fence: row.fence,
+            expires_at: row.expires_at,
+            last_occurrence: row.last_occurrence,
+            running: row.running,
+            paused: row.paused,
+            trigger: row.trigger,
+            last_trigger: row.last_trigger,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -283,6 +316,28 @@ impl Locks for MemoryStore {
         Ok(())
     }
 
+    async fn request_trigger(
+        &self,
+        job: &JobName,
+        id: TriggerId,
+    ) -> Result<TriggerAnswer, StoreError> {
+        let now = self.now_ms();
+        let mut s = self.count("request_trigger", 1)?;
+        let lock = s.locks.entry(job.to_string()).or_default();
+        let mut row = lock.row(now);
+        let answer = trigger_row(&mut row, id);
+        *lock = Lock::from_row(row);
+        Ok(answer)
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
+        let s = self.count("pending_triggers", 0)?;
+        Ok(s.locks
+            .iter()
+            .filter_map(|(job, l)| Some((job.clone(), TriggerId::from_stored(l.trigger?)?)))
+            .collect())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         drop(self.count("ping", 0)?);
         Ok(())
@@ -406,33 +461,12 @@ fn claim_in(s: &mut State, requests: &[ClaimRequest], now: i64) -> Vec<ClaimOutc
         .iter()
         .filter_map(|req| {
             let lock = s.locks.get(req.job.as_str())?;
-            Some((
-                req.job.as_str().to_string(),
-                LockRow {
-                    owner: lock.owner.clone(),
-                    fence: lock.fence,
-                    expires_at: lock.expires_at,
-                    last_occurrence: lock.last_occurrence,
-                    running: lock.running,
-                    paused: lock.paused,
-                    now,
-                },
-            ))
+            Some((req.job.as_str().to_string(), lock.row(now)))
         })
         .collect();
     let outcomes = claim_rows(&mut rows, requests, now);
     for (job, row) in rows {
-        s.locks.insert(
-            job,
-            Lock {
-                owner: row.owner,
-                fence: row.fence,
-                expires_at: row.expires_at,
-                last_occurrence: row.last_occurrence,
-                running: row.running,
-                paused: row.paused,
-            },
-        );
+        s.locks.insert(job, Lock::from_row(row));
     }
     outcomes
 }

@@ -84,6 +84,80 @@ impl fmt::Display for Owner {
     }
 }
 
+/// The id of a manual run's request (`cronlease trigger`): random and
+/// positive, kept as a 64-bit integer, shown as 16 hex digits. It names the
+/// request in the job's lock (pending), in the claim that takes it and in
+/// the run's history record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TriggerId(i64);
+
+impl TriggerId {
+    /// A fresh id (never 0).
+    pub fn new() -> Self {
+        let mut bytes = [0u8; 8];
+        if getrandom::fill(&mut bytes).is_err() {
+            let now = Utc::now().timestamp_nanos_opt().unwrap_or_default() as u64;
+            bytes = (now ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+        }
+        let raw = (u64::from_le_bytes(bytes) >> 1) as i64;
+        TriggerId(raw.max(1))
+    }
+
+    /// An id as a store keeps it (a positive integer); anything else is none.
+    pub fn from_stored(raw: i64) -> Option<Self> {
+        (raw > 0).then_some(TriggerId(raw))
+    }
+
+    /// The stored form.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// An id as shown: 16 hex digits.
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        if s.len() != 16 {
+            return None;
+        }
+        i64::from_str_radix(s, 16).ok().and_then(Self::from_stored)
+    }
+
+    /// An id as a store keeps it in text: decimal.
+    pub fn parse_stored(s: &str) -> Option<Self> {
+        s.trim().parse().ok().and_then(Self::from_stored)
+    }
+}
+
+impl Default for TriggerId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for TriggerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl Serialize for TriggerId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// The store's answer to a manual run's request ([`Locks::request_trigger`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TriggerAnswer {
+    /// Recorded with the job's lock: a node claims it.
+    Accepted,
+    /// A run of the job is in progress (its lease is live and its run not
+    /// recorded): refused, nothing recorded.
+    Running { holder: Option<String> },
+    /// Another request of the job is pending, not yet claimed: refused.
+    Pending(TriggerId),
+}
+
 /// One claim of one occurrence of one job.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
@@ -119,6 +193,11 @@ pub struct ClaimRequest {
     /// occurrence's window closed on an unanswered claim, so a win nobody
     /// ran is recorded instead of vanishing.
     pub recheck_only: bool,
+    /// A manual run: claims the pending request with this id instead of an
+    /// occurrence ([`decide`]). `occurrence`, `previous`, `misfire`,
+    /// `max_offset` and `head_start` are not used, the pause mark is not
+    /// checked, and the job's last occurrence stays as it is.
+    pub manual: Option<TriggerId>,
 }
 
 /// One lease renewal in a batch.
@@ -164,6 +243,9 @@ pub struct Lost {
     /// claims an occurrence of it until it is resumed, so there is nothing
     /// to wait for.
     pub paused: bool,
+    /// A manual claim refused because its request is no longer pending
+    /// (claimed already, or never recorded): nothing to try again.
+    pub trigger_gone: bool,
 }
 
 /// The answer to a [`ClaimRequest`].
@@ -285,6 +367,8 @@ pub struct RunRecord {
     /// The run's output tail (`output_tail`, [`crate::output`]); empty when
     /// none was kept, and in records of older versions.
     pub output: String,
+    /// A manual run (`cronlease trigger`): its request's id.
+    pub trigger: Option<TriggerId>,
 }
 
 /// How long a run on a lease may go when the store can end leases before
@@ -376,6 +460,23 @@ pub trait Locks: Send + Sync + 'static {
     /// claim sees it atomically and a paused job's claims are refused
     /// ([`Lost::paused`]). Leases, fences and running runs are left alone.
     async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError>;
+
+    /// Records a manual run's request with the job's lock (a lock is
+    /// created for a job never claimed), atomically refused while a run of
+    /// the job is in progress or another request is pending
+    /// ([`trigger_row`]). A node finds it through
+    /// [`Locks::pending_triggers`] and claims it with
+    /// [`ClaimRequest::manual`].
+    async fn request_trigger(
+        &self,
+        job: &JobName,
+        id: TriggerId,
+    ) -> Result<TriggerAnswer, StoreError>;
+
+    /// The pending manual runs' requests: (job, id), sorted by job. Asked by
+    /// every node a few times a second, so kept cheap (an index, a set, a
+    /// directory), never a read of every lock.
+    async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError>;
 
     /// A cheap round trip, to tell whether the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
@@ -633,6 +734,8 @@ pub(crate) struct RunData {
     pub(crate) decision_ms: u64,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub(crate) output: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) trigger: Option<i64>,
 }
 
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
@@ -652,6 +755,7 @@ impl From<&RunRecord> for RunData {
             delay_ms: run.delay_ms,
             decision_ms: run.decision_ms,
             output: run.output.clone(),
+            trigger: run.trigger.map(TriggerId::get),
         }
     }
 }
@@ -677,6 +781,7 @@ pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> R
             delay_ms: r.delay_ms,
             decision_ms: r.decision_ms,
             output: r.output,
+            trigger: r.trigger.and_then(TriggerId::from_stored),
         },
         Err(_) => RunRecord {
             job: job.to_string(),
@@ -692,6 +797,7 @@ pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> R
             delay_ms: 0,
             decision_ms: 0,
             output: String::new(),
+            trigger: None,
         },
     }
 }
@@ -748,6 +854,11 @@ pub struct LockRow {
     /// Paused by `cronlease pause`: every claim is refused (a running run
     /// goes on; its renewals are not claims).
     pub paused: bool,
+    /// A manual run's request, pending until a node claims it.
+    pub trigger: Option<i64>,
+    /// The request the last manual claim took (so a retry after a lost
+    /// answer is answered with the same win).
+    pub last_trigger: Option<i64>,
     /// The store's clock when the row was read.
     pub now: i64,
 }
@@ -762,19 +873,45 @@ impl LockRow {
             last_occurrence: None,
             running: false,
             paused: false,
+            trigger: None,
+            last_trigger: None,
             now,
         }
     }
+
+    /// A live lease whose run is not recorded yet: a run is in progress.
+    pub fn run_in_progress(&self) -> bool {
+        self.running && self.owner.is_some() && self.expires_at > self.now
+    }
+}
+
+/// Decides a manual run's request on the job's lock row and, when it is
+/// accepted, writes it there: refused while a run is in progress (a live
+/// lease whose run is not recorded) or another request is pending. The
+/// pause mark does not matter: an operator asked.
+pub fn trigger_row(row: &mut LockRow, id: TriggerId) -> TriggerAnswer {
+    if let Some(pending) = row.trigger.and_then(TriggerId::from_stored) {
+        return TriggerAnswer::Pending(pending);
+    }
+    if row.run_in_progress() {
+        return TriggerAnswer::Running {
+            holder: row.owner.clone(),
+        };
+    }
+    row.trigger = Some(id.get());
+    TriggerAnswer::Accepted
 }
 
 /// What [`decide`] wants written, with the answer to give.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Write these values, answer `Won`.
+    /// Write these values, answer `Won`. With `manual`, the request is
+    /// taken: the pending mark is cleared and the id kept as the last one.
     Claim {
         fence: i64,
         expires_at: i64,
-        last_occurrence: i64,
+        last_occurrence: Option<i64>,
+        manual: Option<TriggerId>,
         won: Won,
     },
     /// Leave the row alone, answer `Lost`.
@@ -817,13 +954,18 @@ pub fn claim_row(row: &mut LockRow, req: &ClaimRequest) -> ClaimOutcome {
             fence,
             expires_at,
             last_occurrence,
+            manual,
             won,
         } => {
             row.owner = Some(req.owner.as_str().to_string());
             row.fence = fence;
             row.expires_at = expires_at;
-            row.last_occurrence = Some(last_occurrence);
+            row.last_occurrence = last_occurrence;
             row.running = true;
+            if let Some(id) = manual {
+                row.trigger = None;
+                row.last_trigger = Some(id.get());
+            }
             ClaimOutcome::Won(won)
         }
         Decision::Refuse(lost) => ClaimOutcome::Lost(lost),
@@ -874,6 +1016,9 @@ fn remaining(row: &LockRow, live: bool) -> Duration {
 /// Applies the claim rule to one lock row.
 pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
+    if let Some(id) = req.manual {
+        return decide_manual(row, req, id, floor);
+    }
     if let Some(last) = unanswered_win(row, req, floor) {
         // Our own claim whose answer was lost: the same win, same fence; the
         // lease counts again from now.
@@ -884,7 +1029,8 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
             } else {
                 row.now.saturating_add(duration_ms(req.lease))
             },
-            last_occurrence: last,
+            last_occurrence: Some(last),
+            manual: None,
             won: Won {
                 fence: row.fence.max(0) as u64,
                 occurrence: from_ms(last),
@@ -903,6 +1049,7 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
             too_early: false,
             idle_wait: None,
             paused: true,
+            trigger_gone: false,
         });
     }
     let occurrence = to_ms(req.occurrence);
@@ -932,6 +1079,7 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
                 .filter(|_| held_by_other)
                 .map(|w| Duration::from_millis(w.max(0) as u64)),
             paused: false,
+            trigger_gone: false,
         });
     }
     let missed = match (req.misfire, req.previous, row.last_occurrence) {
@@ -946,11 +1094,70 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     Decision::Claim {
         fence,
         expires_at: row.now.saturating_add(duration_ms(req.lease)),
-        last_occurrence: to_ms(claimed),
+        last_occurrence: Some(to_ms(claimed)),
+        manual: None,
         won: Won {
             fence: fence as u64,
             occurrence: claimed,
             catch_up: missed.is_some(),
+            previous_owner: row.owner.clone(),
+        },
+    }
+}
+
+/// The claim rule for a manual run (docs/protocol.md, "Manual runs"): it
+/// wins iff its request is still the pending one and no run of the job is in
+/// progress; it then takes the lease (from whoever held it idle) with a fence
+/// of its own, sets the running mark and clears the request. The last
+/// occurrence is left alone, so no scheduled occurrence is refused, skipped
+/// or caught up because of it. The occurrence it answers is the store's now.
+fn decide_manual(row: &LockRow, req: &ClaimRequest, id: TriggerId, floor: i64) -> Decision {
+    let live = row.owner.is_some() && row.expires_at > row.now;
+    let ours = row.owner.as_deref() == Some(req.owner.as_str());
+    if req.after_unanswered && ours && row.fence > floor && row.last_trigger == Some(id.get()) {
+        // Our own manual claim whose answer was lost: the same win.
+        return Decision::Claim {
+            fence: row.fence,
+            expires_at: if req.recheck_only {
+                row.expires_at
+            } else {
+                row.now.saturating_add(duration_ms(req.lease))
+            },
+            last_occurrence: row.last_occurrence,
+            manual: Some(id),
+            won: Won {
+                fence: row.fence.max(0) as u64,
+                occurrence: from_ms(row.now),
+                catch_up: false,
+                previous_owner: None,
+            },
+        };
+    }
+    let gone = row.trigger != Some(id.get());
+    if gone || req.recheck_only || row.run_in_progress() {
+        return Decision::Refuse(Lost {
+            holder: if live { row.owner.clone() } else { None },
+            remaining: remaining(row, live),
+            last_occurrence: row.last_occurrence.map(from_ms),
+            fence: row.fence.max(0) as u64,
+            too_early: false,
+            idle_wait: None,
+            paused: false,
+            trigger_gone: gone,
+        });
+    }
+    let Some(fence) = row.fence.max(floor).checked_add(1) else {
+        return Decision::FenceExhausted;
+    };
+    Decision::Claim {
+        fence,
+        expires_at: row.now.saturating_add(duration_ms(req.lease)),
+        last_occurrence: row.last_occurrence,
+        manual: Some(id),
+        won: Won {
+            fence: fence as u64,
+            occurrence: from_ms(row.now),
+            catch_up: false,
             previous_owner: row.owner.clone(),
         },
     }
@@ -974,6 +1181,7 @@ mod tests {
             head_start: None,
             after_unanswered: false,
             recheck_only: false,
+            manual: None,
         }
     }
 
@@ -985,6 +1193,8 @@ mod tests {
             last_occurrence: last,
             running: true,
             paused: false,
+            trigger: None,
+            last_trigger: None,
             now: 19_900,
         }
     }
@@ -1000,7 +1210,8 @@ mod tests {
             Decision::Claim {
                 fence: 1,
                 expires_at: 21_400,
-                last_occurrence: 20_000,
+                last_occurrence: Some(20_000),
+                manual: None,
                 won: Won {
                     catch_up: false,
                     ..
@@ -1025,6 +1236,7 @@ mod tests {
                 too_early: false,
                 idle_wait: None,
                 paused: false,
+                trigger_gone: false,
             })
         );
     }
@@ -1064,7 +1276,7 @@ mod tests {
             d,
             Decision::Claim {
                 fence: 8,
-                last_occurrence: 19_000,
+                last_occurrence: Some(19_000),
                 won: Won { catch_up: true, .. },
                 ..
             }
@@ -1076,7 +1288,7 @@ mod tests {
         assert!(matches!(
             d,
             Decision::Claim {
-                last_occurrence: 20_000,
+                last_occurrence: Some(20_000),
                 won: Won {
                     catch_up: false,
                     ..
@@ -1139,7 +1351,8 @@ mod tests {
             Decision::Claim {
                 fence: 8,
                 expires_at: 21_000,
-                last_occurrence: 20_000,
+                last_occurrence: Some(20_000),
+                manual: None,
                 won: Won {
                     fence: 8,
                     occurrence: from_ms(20_000),
@@ -1168,7 +1381,8 @@ mod tests {
             Decision::Claim {
                 fence: 8,
                 expires_at: 21_400,
-                last_occurrence: 19_000,
+                last_occurrence: Some(19_000),
+                manual: None,
                 won: Won {
                     fence: 8,
                     occurrence: from_ms(19_000),
@@ -1183,7 +1397,7 @@ mod tests {
             decide(&committed, &retry),
             Decision::Claim {
                 fence: 9,
-                last_occurrence: 20_000,
+                last_occurrence: Some(20_000),
                 won: Won {
                     catch_up: false,
                     ..
@@ -1198,7 +1412,7 @@ mod tests {
             decide(&committed, &retry),
             Decision::Claim {
                 fence: 8,
-                last_occurrence: 20_000,
+                last_occurrence: Some(20_000),
                 won: Won {
                     catch_up: false,
                     ..
@@ -1214,7 +1428,7 @@ mod tests {
             decide(&ran, &seen),
             Decision::Claim {
                 fence: 9,
-                last_occurrence: 20_000,
+                last_occurrence: Some(20_000),
                 ..
             }
         ));
@@ -1347,6 +1561,7 @@ mod tests {
                 too_early: true,
                 idle_wait: None,
                 paused: false,
+                trigger_gone: false,
             })
         );
     }

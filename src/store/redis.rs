@@ -37,7 +37,8 @@ use tokio::sync::OnceCell;
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner, Renewal,
-    RunRecord, StoreError, Won, duration_ms, from_ms, newest_first, to_ms,
+    RunRecord, StoreError, TriggerAnswer, TriggerId, Won, duration_ms, from_ms, newest_first,
+    to_ms,
 };
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, TlsFiles, one_line};
 
@@ -47,6 +48,7 @@ static RELEASE: &str = include_str!("redis/release.lua");
 static RECORD: &str = include_str!("redis/record.lua");
 static REGISTRY: &str = include_str!("redis/registry.lua");
 pub(crate) static PAUSE: &str = include_str!("redis/pause.lua");
+pub(crate) static TRIGGER: &str = include_str!("redis/trigger.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
@@ -63,6 +65,7 @@ pub struct RedisStore {
     record: Script,
     registry: Script,
     pause: Script,
+    trigger: Script,
     warned_persistence: AtomicBool,
 }
 
@@ -140,11 +143,12 @@ impl RedisStore {
             record: Script::new(RECORD),
             registry: Script::new(REGISTRY),
             pause: Script::new(PAUSE),
+            trigger: Script::new(TRIGGER),
             warned_persistence: AtomicBool::new(false),
         }
     }
 
-    fn scripts(&self) -> [&Script; 6] {
+    fn scripts(&self) -> [&Script; 7] {
         [
             &self.claim,
             &self.renew,
@@ -152,6 +156,7 @@ impl RedisStore {
             &self.record,
             &self.registry,
             &self.pause,
+            &self.trigger,
         ]
     }
 
@@ -681,6 +686,11 @@ fn store_error(url: &StoreUrl, e: &redis::RedisError) -> StoreError {
 }
 
 /// `{prefix}{job}:kind`: the braces make one job's keys a hash tag.
+/// The hash of pending manual runs' requests: job -> id.
+pub(crate) fn triggers_key(prefix: &str) -> String {
+    format!("{prefix}triggers")
+}
+
 fn job_key(prefix: &str, job: &str, kind: &str) -> String {
     format!("{prefix}{{{job}}}:{kind}")
 }
@@ -748,7 +758,7 @@ fn forgotten(reply: &redis::Value) -> bool {
 /// The keys and arguments of `claim.lua` for `requests`.
 fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(2 * requests.len());
-    let mut args = Vec::with_capacity(10 * requests.len());
+    let mut args = Vec::with_capacity(12 * requests.len());
     for r in requests {
         let job = r.job.as_str();
         keys.push(job_key(prefix, job, "lease"));
@@ -770,8 +780,11 @@ fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String>, Vec<Stri
             r.head_start
                 .map(|h| duration_ms(h).to_string())
                 .unwrap_or_default(),
+            r.manual.map(|id| id.get().to_string()).unwrap_or_default(),
+            job.to_string(),
         ]);
     }
+    keys.push(triggers_key(prefix));
     (keys, args)
 }
 
@@ -820,6 +833,9 @@ fn record_args(runs: &[RunRecord], keep: u32, prefix: &str) -> (Vec<String>, Vec
         if !run.output.is_empty() {
             fields.extend(["output".to_string(), run.output.clone()]);
         }
+        if let Some(id) = run.trigger {
+            fields.extend(["trigger".to_string(), id.get().to_string()]);
+        }
         args.push(run.fence.to_string());
         args.push(if super::ends_a_run(run) { "1" } else { "0" }.to_string());
         args.push(fields.len().to_string());
@@ -855,6 +871,7 @@ fn run_from_fields(f: &HashMap<String, String>) -> Option<RunRecord> {
         delay_ms: int("delay_ms")?.max(0) as u64,
         decision_ms: int("decision_ms").unwrap_or(0).max(0) as u64,
         output: f.get("output").cloned().unwrap_or_default(),
+        trigger: int("trigger").and_then(TriggerId::from_stored),
     })
 }
 
@@ -883,6 +900,7 @@ fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) -> RunRecord 
         delay_ms: 0,
         decision_ms: 0,
         output: String::new(),
+        trigger: None,
     }
 }
 
@@ -930,6 +948,7 @@ fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
             too_early: too_early == 1,
             idle_wait: (idle >= 0).then(|| Duration::from_millis(idle as u64)),
             paused: paused == 1,
+            trigger_gone: paused == 2,
         })
     }
 }
@@ -1006,6 +1025,49 @@ impl Locks for RedisStore {
         let args = [if paused { "1" } else { "0" }.to_string(), String::new()];
         let _written: i64 = self.eval(&self.pause, &keys, &args).await?;
         Ok(())
+    }
+
+    async fn request_trigger(
+        &self,
+        job: &JobName,
+        id: TriggerId,
+    ) -> Result<TriggerAnswer, StoreError> {
+        let keys = [
+            self.key(job.as_str(), "lease"),
+            self.key(job.as_str(), "state"),
+            triggers_key(&self.prefix),
+        ];
+        let args = [id.get().to_string(), job.as_str().to_string()];
+        let (code, pending, holder): (i64, String, Option<String>) =
+            self.eval(&self.trigger, &keys, &args).await?;
+        Ok(match code {
+            0 => TriggerAnswer::Accepted,
+            1 => TriggerAnswer::Running { holder },
+            _ => match TriggerId::parse_stored(&pending) {
+                Some(pending) => TriggerAnswer::Pending(pending),
+                None => {
+                    return Err(self.malformed(format!(
+                        "job {job} has a malformed pending request: {}",
+                        one_line(&pending)
+                    )));
+                }
+            },
+        })
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
+        let mut conn = self.conn().await?;
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(triggers_key(&self.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut pending: Vec<(String, TriggerId)> = all
+            .into_iter()
+            .filter_map(|(job, id)| Some((job, TriggerId::parse_stored(&id)?)))
+            .collect();
+        pending.sort();
+        Ok(pending)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

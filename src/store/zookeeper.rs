@@ -20,6 +20,11 @@
 //!   session timeout after the last word from it), not only when the lease
 //!   runs out.
 //!
+//! - `triggers/<job>~<id>`: a manual run's request pending on `locks/<job>`
+//!   (created in the same multi as the request's write there, deleted once
+//!   a claim took it or found it gone), so nodes find pending requests by
+//!   listing one directory;
+//!
 //! - `nodes/<owner>`: the node registry, one persistent node per daemon
 //!   incarnation holding its heartbeat (JSON); live while its `mtime` plus
 //!   the heartbeat's ttl is ahead of the store's now.
@@ -53,8 +58,8 @@ use zookeeper_client as zk;
 use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
-    Renewal, RunBound, RunData, RunRecord, StoreError, decide, duration_ms, fence_exhausted,
-    from_ms, lock, newest_first, run_from_json,
+    Renewal, RunBound, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide,
+    duration_ms, fence_exhausted, from_ms, lock, newest_first, run_from_json, trigger_row,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
 /// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
@@ -131,6 +136,16 @@ struct LockData {
     /// resume change it; every other write keeps it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     paused: bool,
+    /// A manual run's request, pending until a node claims it (`trigger`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    trigger: Option<i64>,
+    /// The request the last manual claim took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_trigger: Option<i64>,
+    /// Not stored: the `triggers/<job>~<id>` node to create in the same
+    /// multi as this write (a request just accepted), so nodes find it.
+    #[serde(skip)]
+    announce: Option<String>,
 }
 
 fn unknown_is_running() -> bool {
@@ -180,6 +195,11 @@ impl ZkStore {
 
     fn lock_path(&self, job: &str) -> String {
         format!("{}/locks/{job}", self.base)
+    }
+
+    /// `name` is `<job>~<id>` ([`trigger_name`]).
+    fn trigger_path(&self, name: &str) -> String {
+        format!("{}/triggers/{name}", self.base)
     }
 
     fn runs_path(&self, job: &str) -> String {
@@ -462,7 +482,10 @@ impl ZkStore {
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         for (c, chunk) in writes.chunks(MULTI_OPS).enumerate() {
             let mut writer = client.new_multi_writer();
-            for (job, data, version) in chunk {
+            // The write each operation belongs to (an announcement is one
+            // more operation of its write).
+            let mut of_write = Vec::with_capacity(chunk.len());
+            for (w, (job, data, version)) in chunk.iter().enumerate() {
                 let json = serde_json::to_vec(data).map_err(|e| StoreError::Backend {
                     store: self.url.redacted().into(),
                     reason: e.to_string(),
@@ -473,6 +496,13 @@ impl ZkStore {
                     None => writer.add_create(&path, &json, &persistent),
                 }
                 .map_err(|e| self.err(e))?;
+                of_write.push(w);
+                if let Some(name) = &data.announce {
+                    writer
+                        .add_create(&self.trigger_path(name), b"", &persistent)
+                        .map_err(|e| self.err(e))?;
+                    of_write.push(w);
+                }
             }
             match tokio::time::timeout(self.op_timeout, writer.commit()).await {
                 Err(_) => return Err(StoreError::Timeout(self.op_timeout)),
@@ -480,7 +510,10 @@ impl ZkStore {
                 Ok(Err(zk::MultiWriteError::OperationFailed {
                     index,
                     source: zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode,
-                })) => return Ok(Some(c * MULTI_OPS + index)),
+                })) => {
+                    let w = of_write.get(index).copied().unwrap_or(0);
+                    return Ok(Some(c * MULTI_OPS + w));
+                }
                 Ok(Err(e)) => return Err(self.err(e.into())),
             }
         }
@@ -617,22 +650,40 @@ impl ZkStore {
                         fence,
                         expires_at,
                         last_occurrence,
+                        manual,
                         won,
-                    } => (
-                        Some(LockData {
-                            owner: Some(req.owner.as_str().to_string()),
-                            fence: fence.to_string(),
-                            expires_at,
-                            last_occurrence: Some(last_occurrence),
-                            modified_at: now,
-                            session: Some(session.to_string()),
-                            running: true,
-                            // Won only while not paused, or an earlier win
-                            // answered again: the mark stays as it is.
-                            paused: matches!(node, Node::Present(d, _) if d.paused),
-                        }),
-                        ClaimOutcome::Won(won),
-                    ),
+                    } => {
+                        let kept = match node {
+                            Node::Present(d, _) => Some(d),
+                            _ => None,
+                        };
+                        let (trigger, last_trigger) = match manual {
+                            Some(id) => (None, Some(id.get())),
+                            None => (
+                                kept.and_then(|d| d.trigger),
+                                kept.and_then(|d| d.last_trigger),
+                            ),
+                        };
+                        (
+                            Some(LockData {
+                                owner: Some(req.owner.as_str().to_string()),
+                                fence: fence.to_string(),
+                                expires_at,
+                                last_occurrence,
+                                modified_at: now,
+                                session: Some(session.to_string()),
+                                running: true,
+                                // Won only while not paused (or a manual run,
+                                // or an earlier win answered again): the mark
+                                // stays as it is.
+                                paused: kept.is_some_and(|d| d.paused),
+                                trigger,
+                                last_trigger,
+                                announce: None,
+                            }),
+                            ClaimOutcome::Won(won),
+                        )
+                    }
                     Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
                     Decision::FenceExhausted => (
                         None,
@@ -641,6 +692,30 @@ impl ZkStore {
                 }
             })
             .await?;
+        // A request taken, or found gone: its announcement goes (best
+        // effort; one left behind is found gone, and deleted, next time).
+        let done: Vec<String> = requests
+            .iter()
+            .zip(&outcomes)
+            .filter_map(|(req, outcome)| {
+                let id = req.manual?;
+                let over = match outcome {
+                    ClaimOutcome::Won(_) => true,
+                    ClaimOutcome::Lost(lost) => lost.trigger_gone,
+                    ClaimOutcome::Failed(_) => false,
+                };
+                over.then(|| self.trigger_path(&trigger_name(req.job.as_str(), id)))
+            })
+            .collect();
+        if !done.is_empty() {
+            if let Ok(client) = self.client().await {
+                for path in done {
+                    let _ = self
+                        .idempotent(client.delete(&path, None), zk::Error::NoNode)
+                        .await;
+                }
+            }
+        }
         let claimed = Claimed {
             store_now: from_ms(now),
             outcomes,
@@ -756,6 +831,11 @@ async fn keep_confirming(session: Weak<Mutex<Option<Session>>>, client: zk::Clie
     }
 }
 
+/// A pending request's announcement under `triggers/`: `<job>~<id>`.
+fn trigger_name(job: &str, id: TriggerId) -> String {
+    format!("{job}~{id}")
+}
+
 /// The shared claim rule's view of a lock node.
 fn row_of(node: &Node, now: i64) -> LockRow {
     match node {
@@ -766,6 +846,8 @@ fn row_of(node: &Node, now: i64) -> LockRow {
             last_occurrence: d.last_occurrence,
             running: d.running,
             paused: d.paused,
+            trigger: d.trigger,
+            last_trigger: d.last_trigger,
             now,
         },
         _ => LockRow::free(now),
@@ -788,7 +870,7 @@ impl Locks for ZkStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        for dir in ["locks", "runs", "live", "nodes"] {
+        for dir in ["locks", "runs", "live", "nodes", "triggers"] {
             self.timed(client.mkdir(&format!("{}/{dir}", self.base), &persistent))
                 .await?;
         }
@@ -892,6 +974,9 @@ impl Locks for ZkStore {
                     session: None,
                     running: false,
                     paused,
+                    trigger: None,
+                    last_trigger: None,
+                    announce: None,
                 }),
                 (),
             ),
@@ -900,6 +985,83 @@ impl Locks for ZkStore {
         })
         .await?;
         Ok(())
+    }
+
+    async fn request_trigger(
+        &self,
+        job: &JobName,
+        id: TriggerId,
+    ) -> Result<TriggerAnswer, StoreError> {
+        let client = self.client().await?;
+        // A store prepared by a version without manual runs has no directory
+        // for their announcements yet.
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        self.timed(client.mkdir(&format!("{}/triggers", self.base), &persistent))
+            .await?;
+        let (_, answers) = self
+            .read_decide_write(&[job.as_str()], &[], |_, node, now, _| {
+                if let Node::Unreadable(why) = node {
+                    return (None, Err(why.clone()));
+                }
+                let mut row = row_of(node, now);
+                let answer = trigger_row(&mut row, id);
+                if answer != TriggerAnswer::Accepted {
+                    return (None, Ok(answer));
+                }
+                let announce = Some(trigger_name(job.as_str(), id));
+                let data = match node {
+                    Node::Present(d, _) => LockData {
+                        trigger: row.trigger,
+                        announce,
+                        ..d.clone()
+                    },
+                    // A job never claimed: its lock node, free, with the request.
+                    _ => LockData {
+                        owner: None,
+                        fence: "0".into(),
+                        expires_at: 0,
+                        last_occurrence: None,
+                        modified_at: now,
+                        session: None,
+                        running: false,
+                        paused: false,
+                        trigger: row.trigger,
+                        last_trigger: None,
+                        announce,
+                    },
+                };
+                (Some(data), Ok(answer))
+            })
+            .await?;
+        let answer = answers
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err("no answer".into()));
+        answer.map_err(|why| StoreError::Backend {
+            store: self.url.redacted().into(),
+            reason: why,
+        })
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
+        let client = self.client().await?;
+        let names = match self
+            .timed(client.list_children(&format!("{}/triggers", self.base)))
+            .await
+        {
+            Ok(names) => names,
+            Err(StoreError::NotMigrated { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut pending: Vec<(String, TriggerId)> = names
+            .iter()
+            .filter_map(|name| {
+                let (job, id) = name.rsplit_once('~')?;
+                Some((job.to_string(), TriggerId::parse(id)?))
+            })
+            .collect();
+        pending.sort();
+        Ok(pending)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -95,6 +95,8 @@ fn status_and_migrate_exit_69_when_the_store_is_unreachable() {
             &["nodes"],
             &["pause", "tick"],
             &["resume", "--all"],
+            &["trigger", "tick"],
+            &["trigger", "tick", "--wait"],
         ] {
             let out = cronlease(cmd, &config);
             let stderr = String::from_utf8_lossy(&out.stderr);

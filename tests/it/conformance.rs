@@ -9,8 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
-    ClaimOutcome, ClaimRequest, Heartbeat, Lost, Outcome, Owner, Renewal, RunRecord, Store, Won,
-    from_ms,
+    ClaimOutcome, ClaimRequest, Heartbeat, Lost, Outcome, Owner, Renewal, RunRecord, Store,
+    TriggerAnswer, TriggerId, Won, from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -38,6 +38,7 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         head_start: None,
         after_unanswered: false,
         recheck_only: false,
+        manual: None,
     }
 }
 
@@ -315,6 +316,7 @@ pub async fn history_is_bounded_and_newest_first(h: &Harness) {
             delay_ms: 3,
             decision_ms: 1,
             output: String::new(),
+            trigger: None,
         };
         a.record_run(&run, 3).await.unwrap();
     }
@@ -466,6 +468,7 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
         delay_ms: 0,
         decision_ms: 0,
         output: String::new(),
+        trigger: None,
     };
     a.record_run(&ok, 100).await.unwrap();
     a.record_run(
@@ -691,6 +694,7 @@ fn run(name: &str, fence: u64) -> RunRecord {
         delay_ms: 2,
         decision_ms: 1,
         output: String::new(),
+        trigger: None,
     }
 }
 
@@ -759,6 +763,7 @@ pub async fn recheck_takes_nothing(h: &Harness) {
     let recheck = |owner: &str| ClaimRequest {
         after_unanswered: true,
         recheck_only: true,
+        manual: None,
         ..req("r", owner, 10, 60_000)
     };
     // A free lock: refused, and nothing written (b's claim gets fence 1).
@@ -796,6 +801,7 @@ pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
     let retry = ClaimRequest {
         after_unanswered: true,
         recheck_only: false,
+        manual: None,
         fence_floor: 1,
         ..req("m", "a#1", 11, 60_000)
     };
@@ -807,6 +813,7 @@ pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
     let peer = ClaimRequest {
         after_unanswered: true,
         recheck_only: false,
+        manual: None,
         fence_floor: 1,
         ..req("m", "b#1", 11, 60_000)
     };
@@ -936,6 +943,130 @@ pub async fn a_paused_job_is_refused_until_resumed(h: &Harness) {
     );
 }
 
+/// A manual claim of request `id` (as a node sends it: the present, no
+/// head start).
+fn manual(name: &str, owner: &str, id: TriggerId) -> ClaimRequest {
+    ClaimRequest {
+        occurrence: Utc::now(),
+        previous: None,
+        head_start: Some(Duration::ZERO),
+        manual: Some(id),
+        ..req(name, owner, 0, 60_000)
+    }
+}
+
+fn pending(list: &[(String, TriggerId)], name: &str) -> Vec<TriggerId> {
+    list.iter()
+        .filter(|(j, _)| j == name)
+        .map(|(_, id)| *id)
+        .collect()
+}
+
+/// Manual runs (`cronlease trigger`): a request is recorded with the job's
+/// lock unless a run is in progress or another request is pending; exactly
+/// one claim of it wins, with a fence of its own, whoever held the lease
+/// idle and whether or not the job is paused; it never moves the job's last
+/// occurrence; a claim retried after a lost answer gets the same win.
+pub async fn a_manual_run_is_claimed_once_and_keeps_the_schedule(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    // A job never claimed: accepted and listed; a second request waits its turn.
+    let t1 = TriggerId::new();
+    assert_eq!(
+        a.request_trigger(&job("m"), t1).await.unwrap(),
+        TriggerAnswer::Accepted
+    );
+    assert_eq!(pending(&b.pending_triggers().await.unwrap(), "m"), [t1]);
+    let t2 = TriggerId::new();
+    assert_eq!(
+        b.request_trigger(&job("m"), t2).await.unwrap(),
+        TriggerAnswer::Pending(t1)
+    );
+    let l = lost(claim(&b, manual("m", "b#1", t2)).await);
+    assert!(l.trigger_gone, "{l:?}");
+    // Two claimers at once: one wins it, with the first fence.
+    let (x, y) = tokio::join!(
+        claim(&a, manual("m", "a#1", t1)),
+        claim(&b, manual("m", "b#1", t1))
+    );
+    let (w, winner, loser, lose) = match (x, y) {
+        (ClaimOutcome::Won(w), other) => (w, "a#1", "b#1", other),
+        (other, ClaimOutcome::Won(w)) => (w, "b#1", "a#1", other),
+        other => panic!("no manual claim won: {other:?}"),
+    };
+    assert_eq!((w.fence, w.catch_up), (1, false));
+    assert!(
+        (w.occurrence - Utc::now()).num_seconds().abs() <= 5,
+        "a manual run's occurrence is the store's now: {w:?}"
+    );
+    assert!(matches!(lose, ClaimOutcome::Lost(_)), "{lose:?}");
+    let (ws, ls) = if winner == "a#1" { (&a, &b) } else { (&b, &a) };
+    assert!(pending(&ls.pending_triggers().await.unwrap(), "m").is_empty());
+    let l = lost(claim(ls, manual("m", loser, t1)).await);
+    assert!(l.trigger_gone, "taken once: {l:?}");
+    // Its run in progress: a request is refused, and so is a peer's claim of
+    // an occurrence.
+    match ls
+        .request_trigger(&job("m"), TriggerId::new())
+        .await
+        .unwrap()
+    {
+        TriggerAnswer::Running { holder } => assert_eq!(holder.as_deref(), Some(winner)),
+        other => panic!("a run in progress must refuse a request: {other:?}"),
+    }
+    assert!(pending(&ls.pending_triggers().await.unwrap(), "m").is_empty());
+    let l = lost(claim(ls, req("m", loser, 10, 60_000)).await);
+    assert_eq!(l.holder.as_deref(), Some(winner));
+    // Recorded: history names the request, and the schedule is untouched.
+    let mut run = finished("m", winner, 1, Utc::now(), Outcome::Ok);
+    run.trigger = Some(t1);
+    ws.record_run(&run, 10).await.unwrap();
+    let history = ls.history(Some(&job("m")), 10).await.unwrap();
+    assert_eq!(history[0].trigger, Some(t1), "{history:?}");
+    let st = ls.status().await.unwrap();
+    let m = st.iter().find(|s| s.job == "m").unwrap();
+    assert_eq!((m.fence, m.last_occurrence), (1, None));
+    // The holder's next occurrence: its own fence, not a catch-up.
+    let s = won(claim(ws, req("m", winner, 10, 60_000)).await);
+    assert_eq!((s.fence, s.occurrence, s.catch_up), (2, occ(10), false));
+    ws.record_run(&finished("m", winner, 2, occ(10), Outcome::Ok), 10)
+        .await
+        .unwrap();
+    // Idle, held by the winner, and paused: a request is taken by the
+    // other node at once, without a head start.
+    ws.set_paused(&[job("m")], true).await.unwrap();
+    let t3 = TriggerId::new();
+    assert_eq!(
+        ls.request_trigger(&job("m"), t3).await.unwrap(),
+        TriggerAnswer::Accepted
+    );
+    let mut first = manual("m", loser, t3);
+    first.fence_floor = 2;
+    let m3 = won(claim(ls, first.clone()).await);
+    assert_eq!(
+        (m3.fence, m3.previous_owner.as_deref()),
+        (3, Some(winner)),
+        "{m3:?}"
+    );
+    // Its answer lost: asked again, the same win.
+    first.after_unanswered = true;
+    assert_eq!(won(claim(ls, first).await).fence, 3);
+    let st = ls.status().await.unwrap();
+    let m = st.iter().find(|s| s.job == "m").unwrap();
+    assert_eq!(
+        (m.fence, m.last_occurrence, m.holder.as_deref()),
+        (3, Some(occ(10)), Some(loser))
+    );
+    // The schedule goes on where it was: 10 stays claimed, 11 is paused.
+    let l = lost(claim(ws, req("m", winner, 11, 60_000)).await);
+    assert!(l.paused, "{l:?}");
+    ls.set_paused(&[job("m")], false).await.unwrap();
+    let mut done = finished("m", loser, 3, Utc::now(), Outcome::Failed);
+    done.trigger = Some(t3);
+    ls.record_run(&done, 10).await.unwrap();
+    let n = won(claim(ls, req("m", loser, 11, 60_000)).await);
+    assert_eq!((n.fence, n.occurrence, n.catch_up), (4, occ(11), false));
+}
+
 /// A claim of `at` (an instant near now) with a head start of
 /// `head_start_ms`, or none.
 fn near(name: &str, owner: &str, at: DateTime<Utc>, head_start_ms: Option<u64>) -> ClaimRequest {
@@ -962,6 +1093,7 @@ fn finished(name: &str, owner: &str, fence: u64, at: DateTime<Utc>, outcome: Out
         delay_ms: 0,
         decision_ms: 0,
         output: String::new(),
+        trigger: None,
     }
 }
 
@@ -1223,7 +1355,8 @@ macro_rules! conformance {
                 node_registry_lists_live_nodes_until_their_beats_stop,
                 a_claim_batch_carries_the_heartbeat,
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
-                a_paused_job_is_refused_until_resumed
+                a_paused_job_is_refused_until_resumed,
+                a_manual_run_is_claimed_once_and_keeps_the_schedule
             );
         }
     };

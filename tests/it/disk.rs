@@ -47,6 +47,7 @@ fn request(job: &str, occurrence_s: i64) -> ClaimRequest {
         head_start: None,
         after_unanswered: false,
         recheck_only: false,
+        manual: None,
     }
 }
 
@@ -147,5 +148,6 @@ fn run(job: &str, fence: u64) -> cronlease::store::RunRecord {
         delay_ms: 0,
         decision_ms: 0,
         output: String::new(),
+        trigger: None,
     }
 }

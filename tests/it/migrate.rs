@@ -85,6 +85,7 @@ async fn version_1_duplicates_are_removed(backend: Backend) {
         delay_ms: 3,
         decision_ms: 2,
         output: String::new(),
+        trigger: None,
     };
     s.record_run(&run, 100).await.unwrap();
     s.record_run(&run, 100).await.unwrap();

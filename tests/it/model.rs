@@ -362,6 +362,8 @@ impl Protocol {
             last_occurrence: s.row.last,
             running: s.row.running,
             paused: false,
+            trigger: None,
+            last_trigger: None,
             now: s.now,
         };
         let req = ClaimRequest {
@@ -376,6 +378,7 @@ impl Protocol {
             head_start: Some(Self::dur(self.head_start)),
             after_unanswered: after_unanswered && self.rules.retry_finds_its_win,
             recheck_only: false,
+            manual: None,
         };
         // The store's batch step (a batch of one: the model has one job),
         // which decides with `decide` and writes the winner's row.

@@ -293,6 +293,7 @@ impl Harness {
                 delay_ms: 0,
                 decision_ms: 0,
                 output: String::new(),
+                trigger: None,
             });
             return;
         }

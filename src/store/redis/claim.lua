@@ -4,7 +4,9 @@
 -- equal to the lease), KEYS[2i] the state hash that never expires (fence,
 -- last_occurrence, owner, modified_at, running: "1" from a claim until its
 -- run is recorded, "0" after; absent counts as "1"; paused: "1" while the
--- job is paused, written only by pause.lua); ARGV[10(i-1)+1..10]
+-- job is paused, written only by pause.lua; trigger: a pending manual run's
+-- request id, written by trigger.lua; last_trigger: the one the last manual
+-- claim took); ARGV[12(i-1)+1..12]
 -- owner, occurrence
 -- (ms), previous occurrence (ms) or "", lease (ms), fence floor (decimal u64),
 -- "run_once" or "skip", max clock offset (ms: an occurrence later than now +
@@ -12,12 +14,16 @@
 -- "1" for a recheck only (answer that earlier win without extending its
 -- lease; refuse anything else, writing nothing), the head start (ms; "" for
 -- none): another owner's live lease whose run is over ("0") is taken over
--- once the clock is that far past the occurrence.
+-- once the clock is that far past the occurrence, the id of the manual
+-- run's request claimed instead of the occurrence ("" for an occurrence; see
+-- manual() below), and the job's name. The last key, KEYS[2n+1], is the hash of pending
+-- requests (job -> id) that nodes poll.
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
 -- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
 -- now_ms, too_early, repaired, idle_wait, paused}, idle_wait the ms left of an idle
 -- holder's head start when that holder kept the claim out (else -1), paused
--- 1 when the claim was refused because the job is paused; won is -1 when the fence is at its maximum
+-- 1 when the claim was refused because the job is paused, 2 when a manual
+-- claim's request is no longer pending; won is -1 when the fence is at its maximum
 -- (2^63-1): nothing is written for that request; won is -2 when the request
 -- failed in the server (a key of the wrong type), with the error as the
 -- fifth element: the other requests are decided as usual.
@@ -125,11 +131,69 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   return {1, new_fence, tonumber(claimed), catch_up, previous_owner or false, 0, last or -1, now_ms, 0, repaired, -1, 0}
 end
 
+-- A manual run (docs/protocol.md, "Manual runs"): won iff request `id` is
+-- still the job's pending one and no run is in progress (a live lease whose
+-- run is not recorded); takes the lease, with a fence of its own, sets the
+-- running mark and clears the request. The last occurrence stays.
+local function manual(lease_key, state_key, owner, id, lease_ms, floor_s, unanswered, recheck, job)
+  local triggers = KEYS[#KEYS]
+  local holder = redis.call('GET', lease_key)
+  local remaining = 0
+  if holder then
+    remaining = redis.call('PTTL', lease_key)
+    if remaining < 0 then remaining = 0 end
+  end
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'trigger', 'last_trigger')
+  local fence = decimal(state[1])
+  local last = tonumber(state[2])
+  local floor = decimal(floor_s)
+  if unanswered == '1' and state[3] == owner and greater(fence, floor) and state[6] == id then
+    if recheck ~= '1' then
+      redis.call('SET', lease_key, owner, 'PX', lease_ms)
+      redis.call('HSET', state_key, 'modified_at', now)
+    end
+    return {1, fence, now_ms, 0, false, 0, last or -1, now_ms, 0, 0, -1, 0}
+  end
+  if state[5] ~= id then
+    -- Taken or never recorded: an announcement left behind goes.
+    if redis.call('HGET', triggers, job) == id then redis.call('HDEL', triggers, job) end
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, 0, -1, 2}
+  end
+  if recheck == '1' or (holder and state[4] ~= '0') then
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, 0, -1, 0}
+  end
+  local base = fence
+  if greater(floor, base) then base = floor end
+  if not greater(MAX_FENCE, base) then
+    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, 0, -1, 0}
+  end
+  local new_fence
+  redis.call('SET', lease_key, owner, 'PX', lease_ms)
+  if #base <= 15 then
+    new_fence = string.format('%d', tonumber(base) + 1)
+    redis.call('HSET', state_key, 'fence', new_fence)
+  else
+    redis.call('HSET', state_key, 'fence', base)
+    redis.call('HINCRBY', state_key, 'fence', 1)
+    new_fence = redis.call('HGET', state_key, 'fence')
+  end
+  redis.call('HSET', state_key, 'owner', owner, 'modified_at', now, 'running', '1', 'last_trigger', id)
+  redis.call('HDEL', state_key, 'trigger')
+  if redis.call('HGET', triggers, job) == id then redis.call('HDEL', triggers, job) end
+  return {1, new_fence, now_ms, 0, state[3] or false, 0, last or -1, now_ms, 0, 0, -1, 0}
+end
+
 local replies = {}
-for i = 1, #KEYS / 2 do
-  local a = 10 * (i - 1)
-  local ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10])
+for i = 1, (#KEYS - 1) / 2 do
+  local a = 12 * (i - 1)
+  local ok, reply
+  if ARGV[a + 11] ~= '' then
+    ok, reply = pcall(manual, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 11], ARGV[a + 4],
+      ARGV[a + 5], ARGV[a + 8], ARGV[a + 9], ARGV[a + 12])
+  else
+    ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+      ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10])
+  end
   if ok then
     replies[i] = reply
   else

@@ -42,18 +42,19 @@ use tokio::time::Instant;
 
 use super::{
     RELEASE, RENEW, ServerLock, add_evalsha, client_for, eval_loading, job_key, manager_config,
-    record_args, renew_args, scan_keys, server_locks, store_error, stream_runs,
+    record_args, renew_args, scan_keys, server_locks, store_error, stream_runs, triggers_key,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 use crate::store::registry::{self, Heartbeat, NodeRecord, Registry};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
-    Owner, Renewal, RunRecord, StoreError, Won, decide, duration_ms, fence_exhausted, from_ms,
-    newest_first, to_ms,
+    Owner, Renewal, RunRecord, StoreError, TriggerAnswer, TriggerId, Won, decide, duration_ms,
+    fence_exhausted, from_ms, newest_first, to_ms,
 };
 
 static LEASE: &str = include_str!("redlock_lease.lua");
 static WRITE: &str = include_str!("redlock_write.lua");
+static WITHDRAW: &str = include_str!("withdraw.lua");
 
 /// Once a majority of masters answered, how much longer the others are
 /// waited for: a stopped or partitioned master must not hold every claim
@@ -77,6 +78,8 @@ pub struct RedlockStore {
     record: Script,
     registry: Script,
     pause: Script,
+    trigger: Script,
+    withdraw: Script,
     /// Keep restarted masters out of quorums; off only through a test's
     /// failpoint, to show what it prevents.
     quarantine: bool,
@@ -101,7 +104,8 @@ struct Life {
 }
 
 /// One master's answer to phase 1 for one request: got, holder, pttl,
-/// fence, last occurrence, state owner, idle wait (`redlock_lease.lua`).
+/// fence, last occurrence, state owner, idle wait, paused, pause
+/// generation, pending request, last request taken (`redlock_lease.lua`).
 type LeaseEntry = (
     i64,
     Option<String>,
@@ -112,6 +116,8 @@ type LeaseEntry = (
     i64,
     i64,
     i64,
+    Option<String>,
+    Option<String>,
 );
 /// A master's phase-1 answer: its clock and an entry per request.
 type LeaseAnswer = Option<Result<(i64, Vec<LeaseEntry>), StoreError>>;
@@ -145,6 +151,10 @@ struct Tally {
     /// The pause mark of the highest generation any master reported (a
     /// tie between marks reads as paused).
     pause: PauseMark,
+    /// A manual claim: counted masters where its request is pending, and
+    /// whether any master says a claim took it already.
+    trigger_pending: usize,
+    trigger_taken: bool,
     errors: Vec<String>,
 }
 
@@ -219,6 +229,8 @@ impl RedlockStore {
             record: Script::new(super::RECORD),
             registry: Script::new(super::REGISTRY),
             pause: Script::new(super::PAUSE),
+            trigger: Script::new(super::TRIGGER),
+            withdraw: Script::new(WITHDRAW),
             quarantine: true,
         })
     }
@@ -236,7 +248,7 @@ impl RedlockStore {
         self.masters.len() / 2 + 1
     }
 
-    fn scripts(&self) -> [&Script; 7] {
+    fn scripts(&self) -> [&Script; 9] {
         [
             &self.lease,
             &self.write,
@@ -245,6 +257,8 @@ impl RedlockStore {
             &self.record,
             &self.registry,
             &self.pause,
+            &self.trigger,
+            &self.withdraw,
         ]
     }
 
@@ -548,8 +562,19 @@ impl RedlockStore {
             let Some(Ok((_, entries))) = answer else {
                 continue;
             };
-            let Some((got, holder, pttl, fence, last, state_owner, idle_wait, paused, pause_gen)) =
-                entries.get(slot)
+            let Some((
+                got,
+                holder,
+                pttl,
+                fence,
+                last,
+                state_owner,
+                idle_wait,
+                paused,
+                pause_gen,
+                trigger,
+                last_trigger,
+            )) = entries.get(slot)
             else {
                 continue;
             };
@@ -574,10 +599,18 @@ impl RedlockStore {
                 t.last = Some(t.last.map_or(*last, |l| l.max(*last)));
             }
             t.pause = t.pause.merge(PauseMark(*pause_gen, *paused == 1));
+            let names = |stored: &Option<String>| {
+                req.manual.is_some()
+                    && stored.as_deref().and_then(TriggerId::parse_stored) == req.manual
+            };
+            t.trigger_taken |= names(last_trigger);
             if !self.counts(&self.masters[m], req.lease) {
                 continue;
             }
             t.counted += 1;
+            if names(trigger) {
+                t.trigger_pending += 1;
+            }
             match (got, holder) {
                 (1, _) => t.ours += 1,
                 (2, _) => {
@@ -716,6 +749,7 @@ impl RedlockStore {
                             too_early: false,
                             idle_wait: idle_wait.map(|w| w.min(remaining)),
                             paused: t.pause.1,
+                            trigger_gone: req.manual.is_some() && t.trigger_taken,
                         }));
                     }
                     // Still split after the last round: a short wait, so the
@@ -729,6 +763,7 @@ impl RedlockStore {
                             too_early: false,
                             idle_wait: None,
                             paused: t.pause.1,
+                            trigger_gone: req.manual.is_some() && t.trigger_taken,
                         }));
                     }
                     Vote::Split { .. } => split.push(i),
@@ -811,7 +846,7 @@ impl RedlockStore {
         started: Instant,
         outcomes: &mut [Option<ClaimOutcome>],
     ) -> Result<(), StoreError> {
-        let mut to_write: Vec<(usize, i64, i64, Won, Vec<usize>)> = Vec::new();
+        let mut to_write: Vec<(usize, i64, Option<i64>, Won, Vec<usize>)> = Vec::new();
         let mut refused: Vec<(&ClaimRequest, Vec<usize>)> = Vec::new();
         for (i, t) in ours {
             let req = &requests[i];
@@ -827,6 +862,14 @@ impl RedlockStore {
                 // The mark of the highest generation among the answers,
                 // a majority: a pause written to a majority is among them.
                 paused: t.pause.1,
+                // A request is pending when a majority has it and no master
+                // saw it taken (a taking claim wrote a majority, which every
+                // majority read meets).
+                trigger: req
+                    .manual
+                    .filter(|_| t.trigger_pending >= self.majority() && !t.trigger_taken)
+                    .map(TriggerId::get),
+                last_trigger: req.manual.filter(|_| t.trigger_taken).map(TriggerId::get),
                 now: store_now,
             };
             match decide(&row, req) {
@@ -869,7 +912,7 @@ impl RedlockStore {
             .iter()
             .all(|(i, ..)| validity(requests[*i].lease, started.elapsed()).is_some());
         let written = if valid_before {
-            let claims: Vec<(&ClaimRequest, i64, i64)> = to_write
+            let claims: Vec<(&ClaimRequest, i64, Option<i64>)> = to_write
                 .iter()
                 .map(|(i, f, l, ..)| (&requests[*i], *f, *l))
                 .collect();
@@ -905,9 +948,9 @@ impl RedlockStore {
 
     /// Phase 2: writes each decided claim; per claim, how many counted
     /// masters wrote it.
-    async fn write_claims(&self, claims: &[(&ClaimRequest, i64, i64)]) -> Vec<usize> {
-        let mut keys = Vec::with_capacity(2 * claims.len());
-        let mut args = Vec::with_capacity(4 * claims.len());
+    async fn write_claims(&self, claims: &[(&ClaimRequest, i64, Option<i64>)]) -> Vec<usize> {
+        let mut keys = Vec::with_capacity(2 * claims.len() + 1);
+        let mut args = Vec::with_capacity(6 * claims.len());
         for (r, fence, last) in claims {
             keys.push(self.key(r.job.as_str(), "lease"));
             keys.push(self.key(r.job.as_str(), "state"));
@@ -915,9 +958,12 @@ impl RedlockStore {
                 r.owner.as_str().to_string(),
                 duration_ms(r.lease).max(1).to_string(),
                 fence.to_string(),
-                last.to_string(),
+                last.map(|l| l.to_string()).unwrap_or_default(),
+                r.manual.map(|id| id.get().to_string()).unwrap_or_default(),
+                r.job.as_str().to_string(),
             ]);
         }
+        keys.push(triggers_key(&self.prefix));
         let leases: Vec<Duration> = claims.iter().map(|(r, ..)| r.lease).collect();
         let (done, _) = self.each_request(&self.write, &keys, &args, &leases).await;
         done
@@ -1189,6 +1235,107 @@ impl Locks for RedlockStore {
             .each(|m| self.eval_on::<i64>(m, &self.pause, k, a))
             .await;
         self.quorum(answers).map(|_| ())
+    }
+
+    /// `trigger.lua` on every master: accepted when a majority took the
+    /// request (a claim then finds it on a majority, and takes it on one);
+    /// otherwise it is withdrawn where it was taken, and the answer is the
+    /// run in progress or the pending request the masters named.
+    async fn request_trigger(
+        &self,
+        job: &JobName,
+        id: TriggerId,
+    ) -> Result<TriggerAnswer, StoreError> {
+        let name = job.as_str();
+        let keys = [
+            self.key(name, "lease"),
+            self.key(name, "state"),
+            triggers_key(&self.prefix),
+        ];
+        let args = [id.get().to_string(), name.to_string()];
+        let (k, a) = (&keys, &args);
+        let accepted = |answers: &[Option<Result<(i64, String, Option<String>), StoreError>>]| {
+            answers
+                .iter()
+                .filter(|a| matches!(a, Some(Ok((0, _, _)))))
+                .count()
+        };
+        let answers = self
+            .each_until(
+                |m| self.eval_on::<(i64, String, Option<String>)>(m, &self.trigger, k, a),
+                |answers| accepted(answers) >= self.majority(),
+            )
+            .await;
+        if accepted(&answers) >= self.majority() {
+            return Ok(TriggerAnswer::Accepted);
+        }
+        let took: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| !matches!(a, Some(Ok((1 | 2, _, _)))))
+            .map(|(m, _)| m)
+            .collect();
+        let withdraw_keys = [self.key(name, "state"), triggers_key(&self.prefix)];
+        let (wk, took) = (&withdraw_keys, &took);
+        let masters: Vec<&Master> = took.iter().map(|&m| &self.masters[m]).collect();
+        let calls = masters
+            .iter()
+            .map(|m| self.eval_on::<i64>(m, &self.withdraw, wk, a));
+        for r in futures_util::future::join_all(calls).await {
+            if let Err(e) = r {
+                tracing::debug!(store = %self.url, "withdrawing a request a majority did not take failed ({e})");
+            }
+        }
+        let refusals: Vec<(i64, String, Option<String>)> = answers
+            .into_iter()
+            .filter_map(|a| match a {
+                Some(Ok(r)) if r.0 != 0 => Some(r),
+                _ => None,
+            })
+            .collect();
+        if let Some((_, _, holder)) = refusals.iter().find(|r| r.0 == 1) {
+            return Ok(TriggerAnswer::Running {
+                holder: holder.clone(),
+            });
+        }
+        if let Some(pending) = refusals.iter().find_map(|r| TriggerId::parse_stored(&r.1)) {
+            return Ok(TriggerAnswer::Pending(pending));
+        }
+        Err(self.unavailable(format!(
+            "the request was taken by fewer than a majority ({}) of {} Redis masters and withdrawn",
+            self.majority(),
+            self.masters.len()
+        )))
+    }
+
+    /// The requests a majority of masters hold.
+    async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
+        let key = triggers_key(&self.prefix);
+        let k = &key;
+        let answers = self
+            .each(|m| async move {
+                let mut conn = m.connection(self.op_timeout).await?;
+                redis::cmd("HGETALL")
+                    .arg(k)
+                    .query_async::<Vec<(String, String)>>(&mut conn)
+                    .await
+                    .map_err(|e| store_error(&m.url, &e))
+            })
+            .await;
+        let answered = self.quorum(answers)?;
+        let mut seen: BTreeMap<(String, TriggerId), usize> = BTreeMap::new();
+        for (_, pairs) in answered {
+            for (job, id) in pairs {
+                if let Some(id) = TriggerId::parse_stored(&id) {
+                    *seen.entry((job, id)).or_default() += 1;
+                }
+            }
+        }
+        Ok(seen
+            .into_iter()
+            .filter(|(_, n)| *n >= self.majority())
+            .map(|(key, _)| key)
+            .collect())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -1472,6 +1619,7 @@ mod tests {
             head_start: None,
             after_unanswered: recheck_only,
             recheck_only,
+            manual: None,
         }
     }
 
@@ -1552,6 +1700,8 @@ mod tests {
                     -1,
                     paused,
                     generation,
+                    None,
+                    None,
                 )],
             )))
         };
@@ -1584,6 +1734,8 @@ mod tests {
                     -1,
                     0,
                     0,
+                    None,
+                    None,
                 )],
             )))
         };

@@ -18,19 +18,24 @@
 -- reads), ARGV[4i-1] the occurrence (ms), ARGV[4i] the head start (ms; ""
 -- for none).
 -- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner, idle_wait,
--- paused, pause_gen}, ...}}: got 2 the lease was the owner's already, 1 taken now, 0 held by
+-- paused, pause_gen, trigger, last_trigger}, ...}}: got 2 the lease was the owner's already, 1 taken now, 0 held by
 -- another (holder, pttl) or free and not taken (a recheck), -2 the request
 -- failed in the server (holder = the error). fence is a decimal string,
 -- last -1 when none, holder and state_owner false when none, idle_wait the
 -- ms left of an idle holder's head start (-1 when the rule does not apply),
 -- paused 1 when the state's pause mark is set (pause.lua), pause_gen the
 -- generation it was written with (0 when none): the node keeps the mark
--- of the highest generation, like the fence, and refuses a paused claim.
+-- of the highest generation, like the fence, and refuses a paused claim;
+-- trigger the manual run's request pending here and last_trigger the one
+-- the last manual claim took here (false when none). A manual claim comes
+-- as a claim of the present with a head start of 0: it takes a free lease,
+-- or an idle holder's, and is kept out by a busy one.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function take(lease_key, state_key, owner, lease_ms, occurrence, head_start)
-  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'claiming', 'paused', 'pause_gen')
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'claiming', 'paused', 'pause_gen', 'trigger', 'last_trigger')
+  local trig, last_trig = state[8] or false, state[9] or false
   local paused = 0
   if state[6] == '1' then paused = 1 end
   local pause_gen = tonumber(state[7]) or 0
@@ -41,14 +46,14 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
   local function take_now()
     redis.call('SET', lease_key, owner, 'PX', lease_ms)
     redis.call('HSET', state_key, 'claiming', occurrence)
-    return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1, paused, pause_gen}
+    return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
   end
   local holder = redis.call('GET', lease_key)
   if holder == owner then
     if lease_ms ~= '0' then
       redis.call('HSET', state_key, 'claiming', occurrence)
     end
-    return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen}
+    return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
   end
   if holder then
     local pttl = redis.call('PTTL', lease_key)
@@ -62,14 +67,14 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
     if head_start ~= '' and state[4] == '0' and last < occ and (tonumber(state[5]) or -1) < occ then
       local wait = occ + tonumber(head_start) - now_ms
       if wait > 0 or lease_ms == '0' then
-        return {0, holder, pttl, fence, last, state[3] or false, math.max(wait, 0), paused, pause_gen}
+        return {0, holder, pttl, fence, last, state[3] or false, math.max(wait, 0), paused, pause_gen, trig, last_trig}
       end
       return take_now()
     end
-    return {0, holder, pttl, fence, last, state[3] or false, -1, paused, pause_gen}
+    return {0, holder, pttl, fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
   end
   if lease_ms == '0' then
-    return {0, false, 0, fence, last, state[3] or false, -1, paused, pause_gen}
+    return {0, false, 0, fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
   end
   return take_now()
 end
@@ -83,7 +88,7 @@ for i = 1, #KEYS / 2 do
   else
     local e = reply
     if type(e) == 'table' then e = e.err or 'error' end
-    replies[i] = {-2, tostring(e), 0, '0', -1, false, -1, 0, 0}
+    replies[i] = {-2, tostring(e), 0, '0', -1, false, -1, 0, 0, false, false}
   end
 end
 return {now_ms, replies}

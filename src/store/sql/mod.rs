@@ -32,7 +32,8 @@ use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, S
 use super::registry::{self, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Outcome, Owner,
-    Renewal, RunRecord, StoreError, claim_row, duration_ms, from_ms, to_ms,
+    Renewal, RunRecord, StoreError, TriggerAnswer, TriggerId, claim_row, duration_ms, from_ms,
+    to_ms, trigger_row,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
@@ -77,6 +78,8 @@ enum Locked<'a> {
     /// Claims, and the node's heartbeat when it rides along.
     Claim(&'a [ClaimRequest], Option<&'a Heartbeat>),
     Renew(&'a Owner, &'a [Renewal]),
+    /// A manual run's request ([`trigger_row`]).
+    Trigger(&'a JobName, TriggerId),
 }
 
 /// The answer of a locking transaction.
@@ -84,6 +87,7 @@ enum Answer {
     /// The claims, and the live nodes when a heartbeat rode along.
     Claimed(Claimed, Option<Vec<NodeRecord>>),
     Renewed(Vec<bool>),
+    Triggered(TriggerAnswer),
 }
 
 /// The SQL implementation of [`crate::store::Store`].
@@ -114,14 +118,14 @@ type FileClock = Box<dyn Fn() -> std::io::Result<i64> + Send + Sync>;
 
 struct Queries {
     clock: SqlStr,
+    pending_triggers: SqlStr,
     status: SqlStr,
     history_all: SqlStr,
     history_job: SqlStr,
 }
 
-const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output";
-const LOCK_COLUMNS: &str =
-    "lock_name, owner, fence, expires_at, last_occurrence, modified_at, running";
+const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output, trigger_id";
+const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at, running, trigger_id, last_trigger";
 
 /// Test-only: a claim batch that finds the file named by
 /// `CRONLEASE_FAILPOINT_STOP_FILE` removes it and stops the whole process
@@ -174,6 +178,9 @@ impl Queries {
         };
         Queries {
             clock: q(format!("SELECT {now}")),
+            pending_triggers: q(format!(
+                "SELECT lock_name, trigger_id FROM {p}lock_info WHERE trigger_id IS NOT NULL ORDER BY lock_name"
+            )),
             status: q(format!(
                 "SELECT lock_name, owner, fence, expires_at, last_occurrence, {now} AS now_ms, paused FROM {p}lock_info ORDER BY lock_name"
             )),
@@ -230,7 +237,7 @@ impl BatchSql<'_> {
     /// Reads and locks the lock rows whose names are `IN names`.
     fn lock_rows_in(&self, names: &str) -> String {
         format!(
-            "SELECT lock_name, owner, fence, expires_at, last_occurrence, running, {{now}} AS now_ms, paused FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
+            "SELECT lock_name, owner, fence, expires_at, last_occurrence, running, {{now}} AS now_ms, paused, trigger_id, last_trigger FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
             p = self.p,
             lock = self.d.lock_row
         )
@@ -238,7 +245,7 @@ impl BatchSql<'_> {
 
     /// Creates the missing of `n` lock rows (name bound; empty lease).
     fn seed_rows(&self, n: usize) -> String {
-        let rows = vec!["(?, NULL, 0, 0, NULL, {now}, 0)"; n].join(", ");
+        let rows = vec!["(?, NULL, 0, 0, NULL, {now}, 0, NULL, NULL)"; n].join(", ");
         format!(
             "{} {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{}",
             self.d.insert_ignore,
@@ -252,7 +259,7 @@ impl BatchSql<'_> {
         format!(
             "INSERT INTO {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{upsert}",
             p = self.p,
-            rows = tuples(n, 7),
+            rows = tuples(n, 9),
             upsert = self.d.upsert_lock
         )
     }
@@ -285,7 +292,7 @@ impl BatchSql<'_> {
             self.d.insert_ignore,
             self.d.ignore_conflict.replace("{key}", "job, fence"),
             p = self.p,
-            rows = tuples(n, 13)
+            rows = tuples(n, 14)
         )
     }
 
@@ -750,6 +757,8 @@ impl SqlStore {
                         running: r.try_get::<i64, _>(5)? != 0,
                         now: r.try_get(6)?,
                         paused: r.try_get::<i64, _>(7)? != 0,
+                        trigger: r.try_get(8)?,
+                        last_trigger: r.try_get(9)?,
                     })
                 })()
                 .map_err(|e| format!("the lock row of job {name} cannot be read: {e}"));
@@ -794,6 +803,8 @@ impl SqlStore {
                         "last_occurrence": row.last_occurrence,
                         "modified_at": row.now,
                         "running": i64::from(row.running),
+                        "trigger_id": row.trigger,
+                        "last_trigger": row.last_trigger,
                     })
                 })
                 .collect();
@@ -815,7 +826,9 @@ impl SqlStore {
                     .bind(row.expires_at)
                     .bind(row.last_occurrence)
                     .bind(row.now)
-                    .bind(i64::from(row.running));
+                    .bind(i64::from(row.running))
+                    .bind(row.trigger)
+                    .bind(row.last_trigger);
             }
             query.execute(&mut *tx).await?;
         }
@@ -835,6 +848,7 @@ impl SqlStore {
         let mut names: Vec<&str> = match op {
             Locked::Claim(requests, _) => requests.iter().map(|r| r.job.as_str()).collect(),
             Locked::Renew(_, renewals) => renewals.iter().map(|r| r.job.as_str()).collect(),
+            Locked::Trigger(job, _) => vec![job.as_str()],
         };
         names.sort_unstable();
         names.dedup();
@@ -932,6 +946,18 @@ impl SqlStore {
                 }
                 Answer::Renewed(done)
             }
+            Locked::Trigger(job, id) => match rows.get_mut(job.as_str()) {
+                Some(Ok(row)) => {
+                    let answer = trigger_row(row, id);
+                    if answer == TriggerAnswer::Accepted {
+                        changed.insert(job.as_str(), ());
+                    }
+                    Answer::Triggered(answer)
+                }
+                Some(Err(bad)) => return Err(sqlx::Error::Protocol(bad.clone())),
+                None if !seeded => return Ok(Err(vec![job.to_string()])),
+                None => return Err(sqlx::Error::RowNotFound),
+            },
         };
         let writes: Vec<(&str, &LockRow)> = changed
             .keys()
@@ -982,7 +1008,8 @@ impl SqlStore {
                     .bind(i64::from(run.takeover))
                     .bind(run.delay_ms as i64)
                     .bind(run.decision_ms as i64)
-                    .bind((!run.output.is_empty()).then(|| run.output.clone()));
+                    .bind((!run.output.is_empty()).then(|| run.output.clone()))
+                    .bind(run.trigger.map(TriggerId::get));
             }
             query.execute(&mut *conn).await?;
         }
@@ -1158,6 +1185,9 @@ pub(crate) fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
         delay_ms: r.try_get::<i64, _>(10)?.max(0) as u64,
         decision_ms: r.try_get::<i64, _>(11)?.max(0) as u64,
         output: r.try_get::<Option<String>, _>(12)?.unwrap_or_default(),
+        trigger: r
+            .try_get::<Option<i64>, _>(13)?
+            .and_then(TriggerId::from_stored),
     })
 }
 
@@ -1180,8 +1210,8 @@ impl Locks for SqlStore {
         }
         match self.locked(Locked::Claim(requests, None)).await {
             Ok(Answer::Claimed(claimed, _)) => Ok(claimed),
-            Ok(Answer::Renewed(_)) => Err(self.err(sqlx::Error::Protocol(
-                "a claim answered as a renewal".into(),
+            Ok(_) => Err(self.err(sqlx::Error::Protocol(
+                "a claim answered as something else".into(),
             ))),
             Err(e) => Err(self.err(e)),
         }
@@ -1208,8 +1238,8 @@ impl Locks for SqlStore {
         }
         match self.locked(Locked::Renew(owner, renewals)).await {
             Ok(Answer::Renewed(done)) => Ok(done),
-            Ok(Answer::Claimed(..)) => Err(self.err(sqlx::Error::Protocol(
-                "a renewal answered as a claim".into(),
+            Ok(_) => Err(self.err(sqlx::Error::Protocol(
+                "a renewal answered as something else".into(),
             ))),
             Err(e) => Err(self.err(e)),
         }
@@ -1256,6 +1286,35 @@ impl Locks for SqlStore {
             .map_err(|e| self.err(e))?;
         }
         Ok(())
+    }
+
+    async fn request_trigger(
+        &self,
+        job: &JobName,
+        id: TriggerId,
+    ) -> Result<TriggerAnswer, StoreError> {
+        match self.locked(Locked::Trigger(job, id)).await {
+            Ok(Answer::Triggered(answer)) => Ok(answer),
+            Ok(_) => Err(self.err(sqlx::Error::Protocol(
+                "a trigger answered as something else".into(),
+            ))),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
+        let rows = sqlx::query(self.queries.pending_triggers.clone())
+            .fetch_all(&self.pool())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let job: String = r.try_get(0).ok()?;
+                let id: i64 = r.try_get(1).ok()?;
+                Some((job, TriggerId::from_stored(id)?))
+            })
+            .collect())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -1484,8 +1543,8 @@ impl Registry for SqlStore {
         }
         match self.locked(Locked::Claim(requests, Some(beat))).await {
             Ok(Answer::Claimed(claimed, nodes)) => Ok((claimed, nodes)),
-            Ok(Answer::Renewed(_)) => Err(self.err(sqlx::Error::Protocol(
-                "a claim answered as a renewal".into(),
+            Ok(_) => Err(self.err(sqlx::Error::Protocol(
+                "a claim answered as something else".into(),
             ))),
             Err(e) => Err(self.err(e)),
         }

@@ -14,7 +14,7 @@ pub static DIALECT: Dialect = Dialect {
     lock_row: " FOR UPDATE",
     insert_ignore: "INSERT IGNORE INTO",
     ignore_conflict: "",
-    upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at), running = VALUES(running)",
+    upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at), running = VALUES(running), trigger_id = VALUES(trigger_id), last_trigger = VALUES(last_trigger)",
     upsert_node: " ON DUPLICATE KEY UPDATE node = VALUES(node), version = VALUES(version), started_at = VALUES(started_at), last_seen = VALUES(last_seen), expires_at = VALUES(expires_at), clock_offset_ms = VALUES(clock_offset_ms), jobs_held = VALUES(jobs_held)",
     numbered_params: false,
     json_lock_rows: None,
@@ -32,6 +32,10 @@ pub static DIALECT: Dialect = Dialect {
         ),
         (6, include_str!("../../../migrations/mysql/0006_paused.sql")),
         (7, include_str!("../../../migrations/mysql/0007_output.sql")),
+        (
+            8,
+            include_str!("../../../migrations/mysql/0008_trigger.sql"),
+        ),
     ],
 };
 

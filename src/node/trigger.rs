@@ -1,0 +1,200 @@
+//! Manual runs (`cronlease trigger`, docs/protocol.md "Manual runs"): the
+//! node looks for pending requests every [`POLL`] and claims each one of a
+//! job it runs through the same batcher, and the same atomic step, as an
+//! occurrence ([`crate::store::ClaimRequest::manual`]).
+//!
+//! The store decides: a request is won by exactly one node, only while no
+//! run of the job is in progress, with a fence of its own; it never moves
+//! the job's last occurrence. A refused claim is left alone: a request still
+//! pending (a run was in progress) is found again at the next look. A claim
+//! without an answer is asked again, saying so, so a win whose reply was
+//! lost is answered again instead of being lost.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::run::RunTicket;
+use super::{JobState, Node, Standing};
+use crate::exec::Finished;
+use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, TriggerId};
+
+/// How often a node looks for pending requests: with the claim's round trip
+/// and the start, a request runs within a second of being made.
+pub(super) const POLL: Duration = Duration::from_millis(250);
+/// Claims of one request whose answer was lost, before the node gives up
+/// on it (a win among them stays unrun: its lease and running mark end
+/// with the lease, and `trigger --wait` says the run was not recorded).
+const ATTEMPTS: usize = 3;
+
+/// The requests this node is claiming now (not looked for again meanwhile).
+#[derive(Default)]
+pub(super) struct InFlight(std::sync::Mutex<HashSet<TriggerId>>);
+
+impl InFlight {
+    /// Marks `id` as being claimed; false when it is already.
+    fn start(&self, id: TriggerId) -> bool {
+        match self.0.lock() {
+            Ok(mut set) => set.insert(id),
+            Err(poisoned) => poisoned.into_inner().insert(id),
+        }
+    }
+
+    fn end(&self, id: TriggerId) {
+        match self.0.lock() {
+            Ok(mut set) => set.remove(&id),
+            Err(poisoned) => poisoned.into_inner().remove(&id),
+        };
+    }
+}
+
+impl Node {
+    /// Looks for pending requests until claiming stops, and claims those of
+    /// this node's jobs.
+    pub(super) async fn watch_triggers(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = self.claims.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let ready = self.paused_until().is_none()
+                && !self.clock.skewed()
+                && self.prepared.load(Ordering::SeqCst);
+            if !ready {
+                continue;
+            }
+            let Ok(pending) = self
+                .call(
+                    "pending_triggers",
+                    self.op_timeout,
+                    self.store.pending_triggers(),
+                )
+                .await
+            else {
+                continue;
+            };
+            for (job, id) in pending {
+                let Some(state) = self.state_of(&job) else {
+                    continue;
+                };
+                // A run of the job going here: the store would refuse.
+                if state.is_running() || !self.triggers.start(id) {
+                    continue;
+                }
+                let node = self.clone();
+                self.handlers.spawn(async move {
+                    node.claim_trigger(&state, id).await;
+                    node.triggers.end(id);
+                });
+            }
+        }
+    }
+
+    /// The state of the configured job named `job`, if there is one.
+    fn state_of(&self, job: &str) -> Option<Arc<JobState>> {
+        let name = crate::config::JobName::parse(job).ok()?;
+        let jobs = self.jobs.lock().ok()?;
+        jobs.get(&name).map(|e| e.state.clone())
+    }
+
+    /// Claims request `id` of the job and, won, runs it.
+    async fn claim_trigger(self: &Arc<Self>, state: &Arc<JobState>, id: TriggerId) {
+        // Another claim of the job in flight: look again next time.
+        let Ok(gate) = state.claim_gate.clone().try_lock_owned() else {
+            return;
+        };
+        let job = state.job();
+        let now = self.wall.now();
+        let next = job.schedule.next_after(now);
+        // A manual run's lease: the job's usual one (its interval + margin).
+        let lease = self.lease_for(job.schedule.previous_before(now).unwrap_or(now), next);
+        let mut request = ClaimRequest {
+            job: job.name.clone(),
+            occurrence: now,
+            previous: None,
+            misfire: job.misfire,
+            owner: self.owner.clone(),
+            lease,
+            fence_floor: state.fence_floor(),
+            max_offset: self.clock.bound(),
+            // Taken from an idle holder at once (Redlock's first phase).
+            head_start: Some(Duration::ZERO),
+            after_unanswered: false,
+            recheck_only: false,
+            manual: Some(id),
+        };
+        let mut first_sent: Option<Instant> = None;
+        for attempt in 0..ATTEMPTS {
+            let sent = Instant::now();
+            let answer =
+                match tokio::time::timeout(self.op_timeout, self.claim_queue.call(request.clone()))
+                    .await
+                {
+                    Ok(answer) => answer,
+                    Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+                };
+            match answer {
+                Ok((ClaimOutcome::Won(won), _)) => {
+                    self.count_claim(&job.name, "won");
+                    state.saw_fence(won.fence);
+                    state.lease_granted(first_sent.unwrap_or(sent).min(sent), lease);
+                    state.note_standing(Standing::Holder, won.fence);
+                    let ticket = RunTicket {
+                        fence: won.fence,
+                        occurrence: won.occurrence,
+                        decision_ms: 0,
+                        takeover: won
+                            .previous_owner
+                            .as_deref()
+                            .is_some_and(|p| p != self.owner.as_str()),
+                        trigger: Some(id),
+                    };
+                    tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed");
+                    if self.start_run(state, ticket).is_none() {
+                        drop(gate);
+                        // Cannot happen while the store refuses a manual run
+                        // during a run; recorded so its running mark ends.
+                        self.record(
+                            state,
+                            ticket,
+                            Finished::without_process(Outcome::Skipped, self.wall.now()),
+                        )
+                        .await;
+                    }
+                    return;
+                }
+                Ok((ClaimOutcome::Lost(lost), _)) => {
+                    self.count_claim(&job.name, "lost");
+                    state.saw_fence(lost.fence);
+                    if first_sent.is_some() {
+                        tracing::debug!(job = %job.name, trigger = %id, "an unanswered manual claim had not won");
+                    }
+                    return;
+                }
+                Ok((ClaimOutcome::Failed(reason), _)) => {
+                    self.count_claim(&job.name, "error");
+                    tracing::error!(job = %job.name, trigger = %id, "manual claim failed: {reason}");
+                    return;
+                }
+                Err(e) => {
+                    self.count_claim(&job.name, "error");
+                    first_sent.get_or_insert(sent);
+                    request.after_unanswered = true;
+                    if attempt + 1 == ATTEMPTS {
+                        tracing::warn!(job = %job.name, trigger = %id, "a manual claim went unanswered ({e}); if it won, the request is taken and its run did not start");
+                        return;
+                    }
+                    tokio::select! {
+                        () = self.claims.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            }
+        }
+    }
+}
