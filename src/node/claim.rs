@@ -484,6 +484,8 @@ impl Node {
                     let ticket = self.ticket(&won, decision_ms);
                     if won.catch_up {
                         tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
+                        self.after_manual_run(&state, won.fence, give_up_at, &stop)
+                            .await;
                         let started = self.start_run(&state, ticket).is_some();
                         drop(gate);
                         if started {
@@ -497,6 +499,8 @@ impl Node {
                         unanswered = None;
                         continue;
                     }
+                    self.after_manual_run(&state, won.fence, give_up_at, &stop)
+                        .await;
                     if state.is_running() {
                         // overlap = "skip": the previous run is still going at
                         // this instant. Skip this occurrence now (keeping the
@@ -607,6 +611,27 @@ impl Node {
                 }
                 ClaimOutcome::Failed(_) => {}
             }
+        }
+    }
+
+    /// A manual run never costs a scheduled occurrence (docs/protocol.md,
+    /// "Manual runs"): one won while a manual run of the job goes starts
+    /// when that run ends, within the occurrence's window (`until`).
+    async fn after_manual_run(
+        &self,
+        state: &JobState,
+        fence: u64,
+        until: Instant,
+        stop: &CancellationToken,
+    ) {
+        if !state.manual_running() {
+            return;
+        }
+        tracing::info!(job = %state.job().name, fence, "a manual run is going: this occurrence starts when it ends");
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = state.until_idle() => {}
+            () = tokio::time::sleep_until(until) => {}
         }
     }
 

@@ -110,6 +110,8 @@ struct JobRuntime {
     lease: Option<LeaseClock>,
     /// A run of the job is going (its process has not ended).
     running: bool,
+    /// That run is a manual one (`cronlease trigger`).
+    manual_running: bool,
     /// Step-down came while a run was going: release when it ends.
     release_after_run: bool,
     /// Who holds the lease, as this node last saw it (to log changes).
@@ -136,6 +138,7 @@ impl JobState {
                 fence_floor: 0,
                 lease: None,
                 running: false,
+                manual_running: false,
                 release_after_run: false,
                 standing: Standing::Unknown,
             }),
@@ -169,15 +172,31 @@ impl JobState {
         self.rt().running
     }
 
-    /// Marks a run as started; false if one is going already.
-    fn start_running(&self) -> bool {
+    /// Marks a run as started (`manual`: a manual one); false if one is
+    /// going already.
+    fn start_running(&self, manual: bool) -> bool {
         let mut rt = self.rt();
-        !std::mem::replace(&mut rt.running, true)
+        if rt.running {
+            return false;
+        }
+        rt.running = true;
+        rt.manual_running = manual;
+        true
+    }
+
+    /// Whether the run going now is a manual one.
+    fn manual_running(&self) -> bool {
+        let rt = self.rt();
+        rt.running && rt.manual_running
     }
 
     /// The run's process is over: the next occurrence may start.
     fn run_is_over(&self) {
-        self.rt().running = false;
+        {
+            let mut rt = self.rt();
+            rt.running = false;
+            rt.manual_running = false;
+        }
         self.run_ended.notify_waiters();
     }
 

@@ -59,7 +59,7 @@ impl Node {
         ticket: RunTicket,
     ) -> Option<JoinHandle<()>> {
         let job = state.job();
-        if !state.start_running() {
+        if !state.start_running(ticket.trigger.is_some()) {
             tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
             return None;
         }

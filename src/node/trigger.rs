@@ -110,9 +110,12 @@ impl Node {
         };
         let job = state.job();
         let now = self.wall.now();
-        let next = job.schedule.next_after(now);
-        // A manual run's lease: the job's usual one (its interval + margin).
-        let lease = self.lease_for(job.schedule.previous_before(now).unwrap_or(now), next);
+        // Two margins, renewed while the run goes: a node that dies during
+        // a manual run holds the job no longer than that, so the next
+        // occurrence is claimed as after any busy holder's death (a lease of
+        // the job's interval would keep a yearly job's next occurrence out,
+        // and keep Redlock's restarted masters out of its quorums for a year).
+        let lease = self.margin * 2;
         let mut request = ClaimRequest {
             job: job.name.clone(),
             occurrence: now,

@@ -38,4 +38,5 @@ mod redlock;
 mod sentinel;
 mod service;
 mod support;
+mod trigger;
 mod zookeeper;

@@ -1,0 +1,427 @@
+//! `cronlease trigger` against a real 3-node cluster per store: twenty
+//! requests at once, each accepted one run exactly once on one node with a
+//! fence of its own, each refused one (a run in progress, or a request
+//! still pending) run nowhere; `--wait` says how the run ended; a trigger
+//! next to a scheduled occurrence neither suppresses nor duplicates it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use crate::cluster::{Cluster, at_fraction_of_second, check_exactly_once};
+use crate::support::{Backend, binary, wait_until};
+
+/// `manual` runs only when triggered (its schedule is yearly) and takes
+/// 0.6 s; `fails` exits 3; `tick` runs every second and writes its
+/// scheduled runs to `{out}` and its manual ones to `{out}.tickman`.
+const JOBS: &str = r#"
+[[job]]
+name = "manual"
+schedule = "0 0 0 1 1 *"
+command = "echo \"$CRONLEASE_TRIGGER $CRONLEASE_FENCE $CRONLEASE_NODE start $(date +%s.%N)\" >> '{out}.manual'; sleep 0.6; echo \"$CRONLEASE_TRIGGER $CRONLEASE_FENCE $CRONLEASE_NODE end $(date +%s.%N)\" >> '{out}.manual'"
+
+[[job]]
+name = "fails"
+schedule = "0 0 0 1 1 *"
+command = "exit 3"
+
+[[job]]
+name = "tick"
+schedule = "* * * * * *"
+command = "if [ -n \"$CRONLEASE_TRIGGER\" ]; then echo \"$CRONLEASE_TRIGGER $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N)\" >> '{out}.tickman'; else echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N)\" >> '{out}'; fi"
+"#;
+
+/// A manual run as its job wrote it.
+#[derive(Debug, Clone)]
+struct ManualRun {
+    fence: u64,
+    node: String,
+    start: f64,
+    end: Option<f64>,
+}
+
+/// The `manual` job's runs by request id (hex), each id's lines checked to
+/// be one run.
+fn manual_runs(c: &Cluster) -> BTreeMap<String, ManualRun> {
+    let path = format!("{}.manual", c.out.display());
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut runs: BTreeMap<String, ManualRun> = BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [id, fence, node, phase, t] = f[..] else {
+            panic!("a malformed line {line:?}\n{}", c.report());
+        };
+        let (fence, t): (u64, f64) = (fence.parse().unwrap(), t.parse().unwrap());
+        match phase {
+            "start" => {
+                let again = runs.insert(
+                    id.to_string(),
+                    ManualRun {
+                        fence,
+                        node: node.to_string(),
+                        start: t,
+                        end: None,
+                    },
+                );
+                assert!(
+                    again.is_none(),
+                    "request {id} ran twice: {again:?} and fence {fence} on {node}\n{}",
+                    c.report()
+                );
+            }
+            _ => {
+                let run = runs.get_mut(id).unwrap();
+                assert_eq!((run.fence, run.node.as_str()), (fence, node), "{line}");
+                run.end = Some(t);
+            }
+        }
+    }
+    runs
+}
+
+/// The id `trigger` printed when it accepted the request.
+fn accepted_id(out: &Output) -> Option<String> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let id = stdout.strip_prefix("trigger ")?.split(':').next()?;
+    (out.status.code() == Some(0)).then(|| id.to_string())
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn twenty_at_once_each_accepted_request_runs_once(backend: Backend) {
+    let mut c = Cluster::new(backend, Some(JOBS), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    c.wait_for("the tick job to run", Duration::from_secs(30), |l| {
+        l.len() >= 2
+    });
+    c.wait_registry("n1", &["n1", "n2", "n3"], Duration::from_secs(60));
+
+    // An unknown job: 64, nothing recorded.
+    let out = c.cli("n1", &["trigger", "nosuch"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+
+    // Twenty requests at once, through the three nodes' configs.
+    let calls: Vec<std::process::Child> = (0..20)
+        .map(|i| {
+            Command::new(binary())
+                .args(["trigger", "manual", "-c"])
+                .arg(c.config(&format!("n{}", i % 3 + 1)))
+                .env_remove("CRONLEASE_CONFIG")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = calls
+        .into_iter()
+        .map(|child| child.wait_with_output().unwrap())
+        .collect();
+    let asked_at = Instant::now();
+    let mut accepted: BTreeSet<String> = BTreeSet::new();
+    let mut refused = 0;
+    for out in &outs {
+        match out.status.code() {
+            Some(0) => {
+                assert!(
+                    accepted.insert(accepted_id(out).expect("an id")),
+                    "{}",
+                    text(out)
+                );
+            }
+            Some(1) => {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    stderr.contains("refused: a run of manual is in progress")
+                        || stderr.contains("refused: a manual run of manual was requested already"),
+                    "{}",
+                    text(out)
+                );
+                refused += 1;
+            }
+            _ => panic!("trigger exits 0 or 1: {}\n{}", text(out), c.report()),
+        }
+    }
+    assert!(!accepted.is_empty(), "none of 20 accepted\n{}", c.report());
+    assert_eq!(accepted.len() + refused, 20);
+    let first = wait_until(
+        "the accepted requests to run",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let runs = manual_runs(&c);
+            accepted
+                .iter()
+                .all(|id| runs.get(id).is_some_and(|r| r.end.is_some()))
+                .then_some(runs)
+        },
+    );
+    let started = first
+        .values()
+        .map(|r| r.start)
+        .fold(f64::INFINITY, f64::min);
+    eprintln!(
+        "{backend:?}: 20 at once: {} accepted, {refused} refused; first run started {:.3} s after the last call returned",
+        accepted.len(),
+        started - unix_now() + asked_at.elapsed().as_secs_f64()
+    );
+
+    // While a run is in progress, a request is refused: wait for a start
+    // without its end, then ask.
+    // (The last run's end is recorded within a quarter second: refused
+    // as in progress until then.)
+    let running = wait_until(
+        "a request to be accepted",
+        Duration::from_secs(30),
+        || c.report(),
+        || accepted_id(&c.cli("n2", &["trigger", "manual"])),
+    );
+    accepted.insert(running.clone());
+    wait_until(
+        "the manual run to start",
+        Duration::from_secs(30),
+        || c.report(),
+        || manual_runs(&c).get(&running).is_some().then_some(()),
+    );
+    let out = c.cli("n3", &["trigger", "manual"]);
+    let runs = manual_runs(&c);
+    if runs[&running].end.is_none() {
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("in progress"),
+            "{}",
+            text(&out)
+        );
+    } else if let Some(id) = accepted_id(&out) {
+        // The run ended before the request (a slow command): a new run.
+        accepted.insert(id);
+    }
+
+    // --wait: the outcome, in the exit code.
+    for node in ["n1", "n2", "n3"] {
+        let out = wait_until(
+            "a request to be accepted",
+            Duration::from_secs(30),
+            || c.report(),
+            || {
+                let out = c.cli(node, &["trigger", "manual", "--wait"]);
+                (out.status.code() == Some(0) || !text(&out).contains("refused")).then_some(out)
+            },
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(": ok"), "{stdout}");
+        accepted.insert(accepted_id(&out).unwrap());
+    }
+    let out = c.cli("n1", &["trigger", "fails", "--wait"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("failed (exit code 3)"),
+        "{}",
+        text(&out)
+    );
+
+    // Next to scheduled occurrences: just before and just after instants.
+    let mut tick_accepted = 0;
+    for frac in [0.93, 0.03, 0.97, 0.5, 0.99, 0.01] {
+        at_fraction_of_second(frac);
+        let out = c.cli("n1", &["trigger", "tick"]);
+        match out.status.code() {
+            Some(0) => tick_accepted += 1,
+            Some(1) => {}
+            _ => panic!("{}", text(&out)),
+        }
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    let tickman = format!("{}.tickman", c.out.display());
+    wait_until(
+        "the manual tick runs",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let lines = std::fs::read_to_string(&tickman).unwrap_or_default();
+            (lines.lines().count() >= tick_accepted).then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    c.stop_all();
+    let report = c.report();
+
+    // Every accepted request ran once, one node each, nothing else ran.
+    let runs = manual_runs(&c);
+    let ran: BTreeSet<String> = runs.keys().cloned().collect();
+    assert_eq!(ran, accepted, "runs vs accepted requests\n{report}");
+    let mut in_order: Vec<&ManualRun> = runs.values().collect();
+    in_order.sort_by(|a, b| a.start.total_cmp(&b.start));
+    for w in in_order.windows(2) {
+        assert!(
+            w[0].end.is_some_and(|e| e < w[1].start),
+            "manual runs overlap: {:?} {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+        assert!(
+            w[0].fence < w[1].fence,
+            "fences out of order: {:?} {:?}\n{report}",
+            w[0],
+            w[1]
+        );
+    }
+    // History names each request once, with the fence its run had.
+    let history = c.all_history("n1", Some("manual"));
+    let recorded: BTreeMap<String, u64> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["trigger"]
+                    .as_str()
+                    .expect("a trigger in history")
+                    .to_string(),
+                r["fence"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(recorded.len(), history.as_array().unwrap().len());
+    let fences: BTreeMap<String, u64> = runs.iter().map(|(id, r)| (id.clone(), r.fence)).collect();
+    assert_eq!(recorded, fences, "history vs runs\n{report}");
+
+    // The tick job: every scheduled second exactly once, fences rising,
+    // whatever the manual runs next to them; the manual ones ran besides.
+    let scheduled = check_exactly_once(&c.lines(), &report);
+    assert!(scheduled.len() >= 8, "{report}");
+    let manual_ticks = std::fs::read_to_string(&tickman).unwrap_or_default();
+    assert_eq!(
+        manual_ticks.lines().count(),
+        tick_accepted,
+        "{manual_ticks}\n{report}"
+    );
+    let mut all_fences: Vec<u64> = scheduled.iter().map(|l| l.fence).collect();
+    all_fences.extend(
+        manual_ticks
+            .lines()
+            .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()),
+    );
+    let distinct: BTreeSet<u64> = all_fences.iter().copied().collect();
+    assert_eq!(distinct.len(), all_fences.len(), "a fence twice\n{report}");
+    let history = c.all_history("n1", Some("tick"));
+    let skipped: Vec<&serde_json::Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["outcome"] != "ok")
+        .collect();
+    assert!(
+        skipped.is_empty(),
+        "no tick run skipped or failed: {skipped:?}\n{report}"
+    );
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+macro_rules! per_store {
+    ($($name:ident => $backend:expr),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn twenty_triggers_at_once_run_each_accepted_one_once() {
+                    super::twenty_at_once_each_accepted_request_runs_once($backend);
+                }
+            }
+        )*
+    };
+}
+
+per_store!(
+    sqlite => crate::support::Backend::Sqlite,
+    postgres => crate::support::Backend::Postgres,
+    redis => crate::support::Backend::Redis,
+    redlock => crate::support::Backend::Redlock,
+    zookeeper => crate::support::Backend::ZooKeeper,
+    etcd => crate::support::Backend::Etcd,
+);
+
+/// A manual run going at a scheduled instant of its job: that occurrence
+/// is not skipped as an overlap (nor missed), it starts when the manual
+/// run ends.
+#[test]
+fn a_manual_run_across_an_instant_delays_that_occurrence_without_skipping_it() {
+    let jobs = r#"
+[[job]]
+name = "slow"
+schedule = "*/2 * * * * *"
+command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CRONLEASE_TRIGGER:-scheduled} $(date +%s.%N)\" >> '{out}'; sleep 0.6"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    let lines = |c: &Cluster| -> Vec<Vec<String>> {
+        std::fs::read_to_string(&c.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .collect()
+    };
+    wait_until(
+        "the slow job to run",
+        Duration::from_secs(30),
+        || c.report(),
+        || (lines(&c).len() >= 2).then_some(()),
+    );
+    let mut spanning = 0;
+    for _ in 0..4 {
+        // 0.7 s into an odd second: the run (0.6 s) is going at the next
+        // even instant.
+        at_fraction_of_second(0.7);
+        if chrono::Utc::now().timestamp() % 2 == 0 {
+            at_fraction_of_second(0.7);
+        }
+        let out = c.cli(["n1", "n2", "n3"][spanning % 3], &["trigger", "slow"]);
+        if out.status.code() == Some(0) {
+            spanning += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1_500));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    c.stop_all();
+    let report = c.report();
+    assert!(spanning >= 2, "{report}");
+    let history = c.all_history("n1", Some("slow"));
+    let records = history.as_array().unwrap();
+    let not_ok: Vec<&serde_json::Value> = records.iter().filter(|r| r["outcome"] != "ok").collect();
+    assert!(not_ok.is_empty(), "{not_ok:?}\n{report}");
+    let manual = records.iter().filter(|r| r["trigger"].is_string()).count();
+    assert_eq!(manual, spanning, "{report}");
+    // The scheduled occurrences: every even second, each once.
+    let mut scheduled: Vec<chrono::DateTime<chrono::Utc>> = lines(&c)
+        .iter()
+        .filter(|f| f.get(3).map(String::as_str) == Some("scheduled"))
+        .map(|f| f[0].parse().unwrap())
+        .collect();
+    scheduled.sort();
+    for w in scheduled.windows(2) {
+        assert_eq!(
+            (w[1] - w[0]).num_seconds(),
+            2,
+            "an occurrence missed or run twice between {} and {}\n{report}",
+            w[0],
+            w[1]
+        );
+    }
+}
