@@ -1524,6 +1524,118 @@ mod tests {
     }
 
     #[test]
+    fn a_request_is_refused_while_a_run_is_in_progress_or_another_is_pending() {
+        let (t1, t2) = (TriggerId(11), TriggerId(12));
+        // Free (never claimed, expired, idle): accepted, and written.
+        let mut idle = row(Some("b#1"), 4, 60_000, Some(19_000));
+        idle.running = false;
+        for mut r in [
+            row(None, 0, 0, None),
+            row(Some("b#1"), 4, 10_000, None),
+            idle,
+        ] {
+            assert_eq!(trigger_row(&mut r, t1), TriggerAnswer::Accepted);
+            assert_eq!(r.trigger, Some(11));
+            // A second one waits for the first to be taken.
+            assert_eq!(trigger_row(&mut r, t2), TriggerAnswer::Pending(t1));
+            assert_eq!(r.trigger, Some(11));
+        }
+        // A live lease whose run is not recorded: a run in progress.
+        let mut busy = row(Some("b#1"), 4, 60_000, Some(19_000));
+        assert_eq!(
+            trigger_row(&mut busy, t1),
+            TriggerAnswer::Running {
+                holder: Some("b#1".into())
+            }
+        );
+        assert_eq!(busy.trigger, None);
+        // Paused: an operator asked, so accepted.
+        let mut paused = row(None, 4, 0, Some(19_000));
+        paused.paused = true;
+        assert_eq!(trigger_row(&mut paused, t1), TriggerAnswer::Accepted);
+    }
+
+    #[test]
+    fn a_manual_claim_takes_only_its_pending_request_and_keeps_the_schedule() {
+        let id = TriggerId(7);
+        let mut manual = req("a#1", 0, None, Misfire::RunOnce, 3);
+        manual.manual = Some(id);
+        // Pending, held idle by another owner, paused, the occurrence far
+        // ahead of the clock: won, fence above the floor, last occurrence
+        // kept, the store's now as the occurrence.
+        let mut r = row(Some("b#1"), 2, 60_000, Some(19_000));
+        (r.running, r.paused, r.trigger) = (false, true, Some(7));
+        manual.occurrence = from_ms(90_000_000);
+        match decide(&r, &manual) {
+            Decision::Claim {
+                fence,
+                expires_at,
+                last_occurrence,
+                manual: taken,
+                won,
+            } => {
+                assert_eq!(
+                    (fence, expires_at, last_occurrence, taken),
+                    (4, 19_900 + 1_500, Some(19_000), Some(id))
+                );
+                assert_eq!(
+                    (won.occurrence, won.catch_up, won.previous_owner.as_deref()),
+                    (from_ms(19_900), false, Some("b#1"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut taken = r.clone();
+        assert!(matches!(
+            claim_row(&mut taken, &manual),
+            ClaimOutcome::Won(_)
+        ));
+        assert_eq!(
+            (taken.trigger, taken.last_trigger, taken.running),
+            (None, Some(7), true)
+        );
+        assert_eq!(taken.last_occurrence, Some(19_000));
+        // Taken: a second claim finds it gone; its own retry after a lost
+        // answer gets the same win, another owner's does not.
+        taken.now = 20_000;
+        match decide(&taken, &manual) {
+            Decision::Refuse(l) => assert!(l.trigger_gone && l.holder.is_some(), "{l:?}"),
+            other => panic!("{other:?}"),
+        }
+        let mut retry = manual.clone();
+        retry.after_unanswered = true;
+        assert!(matches!(
+            decide(&taken, &retry),
+            Decision::Claim { fence: 4, .. }
+        ));
+        retry.owner = Owner::from_raw("c#1");
+        assert!(matches!(decide(&taken, &retry), Decision::Refuse(_)));
+        // A run in progress: refused, the request still pending.
+        let mut busy = r.clone();
+        busy.running = true;
+        match decide(&busy, &manual) {
+            Decision::Refuse(l) => assert!(!l.trigger_gone && !l.paused, "{l:?}"),
+            other => panic!("{other:?}"),
+        }
+        // Another request pending, or none: gone.
+        for pending in [Some(8), None] {
+            let mut other = r.clone();
+            other.trigger = pending;
+            assert!(matches!(
+                decide(&other, &manual),
+                Decision::Refuse(Lost {
+                    trigger_gone: true,
+                    ..
+                })
+            ));
+        }
+        // A recheck takes nothing.
+        let mut recheck = manual.clone();
+        recheck.recheck_only = true;
+        assert!(matches!(decide(&r, &recheck), Decision::Refuse(_)));
+    }
+
+    #[test]
     fn a_lease_ending_far_after_a_store_clock_before_1970_is_refused_without_overflow() {
         // Found by fuzz/ (target replies): a hand-edited row, or a store
         // clock gone wrong, made the lease's remaining time overflow.

@@ -190,7 +190,7 @@ fn twenty_at_once_each_accepted_request_runs_once(backend: Backend) {
         "the manual run to start",
         Duration::from_secs(30),
         || c.report(),
-        || manual_runs(&c).get(&running).is_some().then_some(()),
+        || manual_runs(&c).contains_key(&running).then_some(()),
     );
     let out = c.cli("n3", &["trigger", "manual"]);
     let runs = manual_runs(&c);

@@ -174,6 +174,11 @@ impl PauseMark {
     }
 }
 
+/// A claim decided won in phase 2, to write: its request's index, fence,
+/// last occurrence (none: left as stored, a manual run), the answer, and
+/// the masters whose lease phase 1 took.
+type Decided = (usize, i64, Option<i64>, Won, Vec<usize>);
+
 /// What phase 1 makes of one request.
 #[derive(Debug)]
 enum Vote {
@@ -846,7 +851,7 @@ impl RedlockStore {
         started: Instant,
         outcomes: &mut [Option<ClaimOutcome>],
     ) -> Result<(), StoreError> {
-        let mut to_write: Vec<(usize, i64, Option<i64>, Won, Vec<usize>)> = Vec::new();
+        let mut to_write: Vec<Decided> = Vec::new();
         let mut refused: Vec<(&ClaimRequest, Vec<usize>)> = Vec::new();
         for (i, t) in ours {
             let req = &requests[i];
