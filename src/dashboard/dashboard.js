@@ -75,8 +75,8 @@ function renderTimeline(runs) {
     for (const r of byNode.get(node)) {
       const s = Date.parse(r.started_at), e = Date.parse(r.finished_at);
       const bar = el("div", {
-        class: "run " + outcomeClass(r.outcome),
-        title: `${r.job} fence ${r.fence} ${r.outcome} (occurrence ${time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}`,
+        class: "run " + outcomeClass(r.outcome) + (r.trigger ? " manual" : ""),
+        title: `${r.job} fence ${r.fence} ${r.outcome} (${r.trigger ? "manual run, trigger " + r.trigger : "occurrence " + time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}`,
         "data-job": r.job, "data-fence": r.fence,
       });
       bar.style.left = ((s - from) / span * 100).toFixed(3) + "%";
@@ -85,7 +85,7 @@ function renderTimeline(runs) {
     }
     return el("div", { class: "lane", "data-node": node }, el("div", { class: "name" }, node), track);
   });
-  const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped"]]
+  const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped"], ["manual", "manual run (trigger)"]]
     .map(([c, t]) => el("span", {}, el("i", { class: "swatch " + c }), t)));
   box.replaceChildren(...lanes, legend);
   document.getElementById("timeline-range").textContent =
