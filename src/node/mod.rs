@@ -903,7 +903,18 @@ impl Node {
                 self.runs.wait().await;
             }
         }
-        let released = self.release(&self.job_names()).await;
+        // Bounded as a whole: with a store that cannot be written, the
+        // leases expire by themselves, and the exit must not wait for that.
+        let budget = self.op_timeout * 2 + Duration::from_millis(500);
+        let released = match tokio::time::timeout(budget, self.release(&self.job_names())).await {
+            Ok(released) => released,
+            Err(_) => {
+                tracing::warn!(
+                    "could not release leases within {budget:?}; peers take over when they expire"
+                );
+                0
+            }
+        };
         self.leave_registry().await;
         if let Some(guard) = &self.guard {
             // Runs recorded, leases released: nothing for the guard to do.

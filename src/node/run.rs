@@ -319,14 +319,18 @@ impl Node {
                 .inc();
         }
         let mut last_error = None;
-        for attempt in 0..3 {
+        // A stopping node tries once: a store that cannot take the write
+        // now (a peer frozen holding SQLite's write lock) must not hold the
+        // exit past systemd's stop timeout; the loss is logged.
+        let attempts = if self.claims.is_cancelled() { 1 } else { 3 };
+        for attempt in 0..attempts {
             // Batched with the runs that end at the same moment; recording
             // is idempotent, so a retry after a lost answer adds nothing.
             match self.record_queue.call(record.clone()).await {
                 Ok(()) => return,
                 Err(e) => last_error = Some(e),
             }
-            if attempt < 2 {
+            if attempt + 1 < attempts {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
