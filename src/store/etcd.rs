@@ -284,6 +284,22 @@ struct LockState {
     last_trigger: Option<i64>,
 }
 
+impl LockState {
+    /// The state of a job never claimed, made at `now`.
+    fn free(now: i64) -> Self {
+        LockState {
+            owner: String::new(),
+            fence: "0".into(),
+            last_occurrence: None,
+            modified_at: now,
+            running: false,
+            paused: false,
+            trigger: None,
+            last_trigger: None,
+        }
+    }
+}
+
 fn unknown_is_running() -> bool {
     true
 }
@@ -1580,14 +1596,8 @@ impl Locks for EtcdStore {
                 Ok(Some((state, _))) => LockState { paused, ..state },
                 // A job never claimed: its state, free, with the mark.
                 Ok(None) => LockState {
-                    owner: String::new(),
-                    fence: "0".into(),
-                    last_occurrence: None,
-                    modified_at: view.now,
-                    running: false,
                     paused,
-                    trigger: None,
-                    last_trigger: None,
+                    ..LockState::free(view.now)
                 },
                 Err(why) => {
                     failed = Some(format!(
@@ -1653,14 +1663,8 @@ impl Locks for EtcdStore {
                     },
                     // A job never claimed: its state, free, with the request.
                     None => LockState {
-                        owner: String::new(),
-                        fence: "0".into(),
-                        last_occurrence: None,
-                        modified_at: view.now,
-                        running: false,
-                        paused: false,
                         trigger: row.trigger,
-                        last_trigger: None,
+                        ..LockState::free(view.now)
                     },
                 };
                 match serde_json::to_vec(&state) {

@@ -1013,6 +1013,21 @@ fn remaining(row: &LockRow, live: bool) -> Duration {
     }
 }
 
+/// A refusal on `row` (`live`: its lease is): who holds it, for how long,
+/// its fence and last occurrence, no reason given.
+fn refusal(row: &LockRow, live: bool) -> Lost {
+    Lost {
+        holder: if live { row.owner.clone() } else { None },
+        remaining: remaining(row, live),
+        last_occurrence: row.last_occurrence.map(from_ms),
+        fence: row.fence.max(0) as u64,
+        too_early: false,
+        idle_wait: None,
+        paused: false,
+        trigger_gone: false,
+    }
+}
+
 /// Applies the claim rule to one lock row.
 pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
@@ -1042,14 +1057,8 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     let live = row.owner.is_some() && row.expires_at > row.now;
     if row.paused {
         return Decision::Refuse(Lost {
-            holder: if live { row.owner.clone() } else { None },
-            remaining: remaining(row, live),
-            last_occurrence: row.last_occurrence.map(from_ms),
-            fence: row.fence.max(0) as u64,
-            too_early: false,
-            idle_wait: None,
             paused: true,
-            trigger_gone: false,
+            ..refusal(row, live)
         });
     }
     let occurrence = to_ms(req.occurrence);
@@ -1136,14 +1145,8 @@ fn decide_manual(row: &LockRow, req: &ClaimRequest, id: TriggerId, floor: i64) -
     let gone = row.trigger != Some(id.get());
     if gone || req.recheck_only || row.run_in_progress() {
         return Decision::Refuse(Lost {
-            holder: if live { row.owner.clone() } else { None },
-            remaining: remaining(row, live),
-            last_occurrence: row.last_occurrence.map(from_ms),
-            fence: row.fence.max(0) as u64,
-            too_early: false,
-            idle_wait: None,
-            paused: false,
             trigger_gone: gone,
+            ..refusal(row, live)
         });
     }
     let Some(fence) = row.fence.max(floor).checked_add(1) else {

@@ -148,6 +148,25 @@ struct LockData {
     announce: Option<String>,
 }
 
+impl LockData {
+    /// The lock node of a job never claimed, made at `now`.
+    fn free(now: i64) -> Self {
+        LockData {
+            owner: None,
+            fence: "0".into(),
+            expires_at: 0,
+            last_occurrence: None,
+            modified_at: now,
+            session: None,
+            running: false,
+            paused: false,
+            trigger: None,
+            last_trigger: None,
+            announce: None,
+        }
+    }
+}
+
 fn unknown_is_running() -> bool {
     true
 }
@@ -966,17 +985,8 @@ impl Locks for ZkStore {
             // A job never claimed: its lock node, free, with the mark.
             Node::Absent => (
                 Some(LockData {
-                    owner: None,
-                    fence: "0".into(),
-                    expires_at: 0,
-                    last_occurrence: None,
-                    modified_at: now,
-                    session: None,
-                    running: false,
                     paused,
-                    trigger: None,
-                    last_trigger: None,
-                    announce: None,
+                    ..LockData::free(now)
                 }),
                 (),
             ),
@@ -1017,17 +1027,9 @@ impl Locks for ZkStore {
                     },
                     // A job never claimed: its lock node, free, with the request.
                     _ => LockData {
-                        owner: None,
-                        fence: "0".into(),
-                        expires_at: 0,
-                        last_occurrence: None,
-                        modified_at: now,
-                        session: None,
-                        running: false,
-                        paused: false,
                         trigger: row.trigger,
-                        last_trigger: None,
                         announce,
+                        ..LockData::free(now)
                     },
                 };
                 (Some(data), Ok(answer))
