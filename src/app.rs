@@ -106,8 +106,13 @@ fn load_config(path: &Path) -> Result<Config, ExitCode> {
 }
 
 fn store_failure(e: &StoreError) -> ExitCode {
+    store_failure_with(e, "")
+}
+
+/// [`store_failure`] with `more` said after the error, on the same line.
+fn store_failure_with(e: &StoreError, more: &str) -> ExitCode {
     // One line, whatever a driver put in its message.
-    eprintln!("cronlease: {}", config::one_line(&e.to_string()));
+    eprintln!("cronlease: {}{more}", config::one_line(&e.to_string()));
     match e {
         StoreError::NotBuiltIn(_) => ExitCode::from(EXIT_CONFIG),
         e if e.is_unreachable() => ExitCode::from(EXIT_UNAVAILABLE),
@@ -496,8 +501,6 @@ fn print_drill(out: &mut impl Write, report: &drill::Report) {
     let _ = writeln!(out, "{after}");
 }
 
-/// `cronlease pause` / `resume`: the mark kept with each job's lock, which
-/// every claim reads atomically (docs/cli.md).
 /// How long `trigger --wait` waits for a node to take the request before
 /// it gives up (the request stays pending).
 const TRIGGER_CLAIM_WAIT: Duration = Duration::from_secs(30);
@@ -526,8 +529,21 @@ async fn trigger(path: PathBuf, name: String, wait: bool) -> ExitCode {
     };
     let job = job.name.clone();
     let id = store::TriggerId::new();
-    match within(&config, store.request_trigger(&job, id)).await {
+    // A request whose answer was lost (a timeout, a failover) may have been
+    // recorded: asked again with the same id, it is found pending as ours.
+    let mut answer = within(&config, store.request_trigger(&job, id)).await;
+    for _ in 0..2 {
+        match &answer {
+            Err(e) if e.is_unreachable() => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                answer = within(&config, store.request_trigger(&job, id)).await;
+            }
+            _ => break,
+        }
+    }
+    match answer {
         Ok(store::TriggerAnswer::Accepted) => {}
+        Ok(store::TriggerAnswer::Pending(pending)) if pending == id => {}
         Ok(store::TriggerAnswer::Running { holder }) => {
             eprintln!(
                 "cronlease: refused: a run of {job} is in progress{} (overlap); trigger it again once it has ended (`cronlease status` shows it)",
@@ -544,7 +560,12 @@ async fn trigger(path: PathBuf, name: String, wait: bool) -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
-        Err(e) => return store_failure(&e),
+        Err(e) => {
+            let more = format!(
+                "; trigger {id} of {job} may have been recorded: `cronlease history {job}` shows whether it ran"
+            );
+            return store_failure_with(&e, &more);
+        }
     }
     println!("trigger {id}: requested a run of {job} on one node of the cluster");
     if !wait {
@@ -564,7 +585,11 @@ async fn wait_for_trigger(
     let asked = tokio::time::Instant::now();
     let mut claimed = false;
     let mut failing_since: Option<tokio::time::Instant> = None;
-    // Looks in a row that found no live lease and no record of the run.
+    // Who held the job at the first look after the request was taken (the
+    // node running it), and looks in a row that found the job held by
+    // nobody or by another owner with no record of the run: its node
+    // stopped holding it without recording it.
+    let mut runner: Option<Option<String>> = None;
     let mut unheld = 0;
     loop {
         tokio::time::sleep(TRIGGER_POLL).await;
@@ -582,10 +607,16 @@ async fn wait_for_trigger(
                 return Ok(Some(Ok(run)));
             }
             let locks = within(config, store.status()).await?;
-            let held = locks
+            let holder = locks
                 .iter()
-                .any(|l| l.job == job.as_str() && l.holder.is_some());
-            unheld = if held { 0 } else { unheld + 1 };
+                .find(|l| l.job == job.as_str())
+                .and_then(|l| l.holder.clone());
+            let first = runner.get_or_insert_with(|| holder.clone());
+            let still = holder.is_some() && (first.is_none() || *first == holder);
+            if first.is_none() {
+                *first = holder;
+            }
+            unheld = if still { 0 } else { unheld + 1 };
             Ok(Some(Err(())))
         };
         match look.await {
@@ -629,6 +660,8 @@ async fn wait_for_trigger(
     }
 }
 
+/// `cronlease pause` / `resume`: the mark kept with each job's lock, which
+/// every claim reads atomically (docs/cli.md).
 async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> ExitCode {
     let (config, store) = match config_and_store(&args.config.config).await {
         Ok(both) => both,

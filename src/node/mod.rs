@@ -917,7 +917,8 @@ impl Node {
         };
         self.leave_registry().await;
         if let Some(guard) = &self.guard {
-            // Runs recorded, leases released: nothing for the guard to do.
+            // Runs over and (as far as the store let us) recorded, leases
+            // released or left to expire: nothing for the guard to do.
             guard.bye().await;
         }
         tracing::info!(released, "leases released; stopped");

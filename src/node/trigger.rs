@@ -43,6 +43,7 @@ impl InFlight {
         }
     }
 
+    /// The claim of `id` is over (won, refused or given up).
     fn end(&self, id: TriggerId) {
         match self.0.lock() {
             Ok(mut set) => set.remove(&id),
@@ -160,12 +161,14 @@ impl Node {
                     tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed");
                     if self.start_run(state, ticket).is_none() {
                         drop(gate);
-                        // Cannot happen while the store refuses a manual run
-                        // during a run; recorded so its running mark ends.
+                        // Not expected while the store refuses a manual
+                        // claim during a run of the job; recorded (an
+                        // outcome that ends the lock's running mark) so
+                        // the job is not held busy until the lease ends.
                         self.record(
                             state,
                             ticket,
-                            Finished::without_process(Outcome::Skipped, self.wall.now()),
+                            Finished::without_process(Outcome::NotStarted, self.wall.now()),
                         )
                         .await;
                     }

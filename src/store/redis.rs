@@ -686,13 +686,13 @@ fn store_error(url: &StoreUrl, e: &redis::RedisError) -> StoreError {
 }
 
 /// `{prefix}{job}:kind`: the braces make one job's keys a hash tag.
+fn job_key(prefix: &str, job: &str, kind: &str) -> String {
+    format!("{prefix}{{{job}}}:{kind}")
+}
+
 /// The hash of pending manual runs' requests: job -> id.
 pub(crate) fn triggers_key(prefix: &str) -> String {
     format!("{prefix}triggers")
-}
-
-fn job_key(prefix: &str, job: &str, kind: &str) -> String {
-    format!("{prefix}{{{job}}}:{kind}")
 }
 
 /// Runs `build(which)`'s pipeline on `conn`: `lead` commands first (the

@@ -1025,20 +1025,30 @@ pub async fn a_manual_run_is_claimed_once_and_keeps_the_schedule(h: &Harness) {
     let st = ls.status().await.unwrap();
     let m = st.iter().find(|s| s.job == "m").unwrap();
     assert_eq!((m.fence, m.last_occurrence), (1, None));
-    // The holder's next occurrence: its own fence, not a catch-up.
-    let s = won(claim(ws, req("m", winner, 10, 60_000)).await);
-    assert_eq!((s.fence, s.occurrence, s.catch_up), (2, occ(10), false));
-    ws.record_run(&finished("m", winner, 2, occ(10), Outcome::Ok), 10)
-        .await
-        .unwrap();
-    // Idle, held by the winner, and paused: a request is taken by the
-    // other node at once, without a head start.
-    ws.set_paused(&[job("m")], true).await.unwrap();
+    // A request pending, then the holder's next occurrence: its own fence,
+    // not a catch-up.
     let t3 = TriggerId::new();
     assert_eq!(
         ls.request_trigger(&job("m"), t3).await.unwrap(),
         TriggerAnswer::Accepted
     );
+    let s = won(claim(ws, req("m", winner, 10, 60_000)).await);
+    assert_eq!((s.fence, s.occurrence, s.catch_up), (2, occ(10), false));
+    // That run in progress keeps the request out, the holder's own manual
+    // claim included; it stays pending.
+    let mut own = manual("m", winner, t3);
+    own.fence_floor = 2;
+    for (store, claim_of) in [(ws, own), (ls, manual("m", loser, t3))] {
+        let l = lost(claim(store, claim_of).await);
+        assert!(!l.trigger_gone, "{l:?}");
+    }
+    assert_eq!(pending(&ls.pending_triggers().await.unwrap(), "m"), [t3]);
+    ws.record_run(&finished("m", winner, 2, occ(10), Outcome::Ok), 10)
+        .await
+        .unwrap();
+    // Idle, held by the winner, and paused: the request is taken by the
+    // other node at once, without a head start.
+    ws.set_paused(&[job("m")], true).await.unwrap();
     let mut first = manual("m", loser, t3);
     first.fence_floor = 2;
     let m3 = won(claim(ls, first.clone()).await);

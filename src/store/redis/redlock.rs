@@ -154,6 +154,9 @@ struct Tally {
     /// A manual claim: counted masters where its request is pending, and
     /// whether any master says a claim took it already.
     trigger_pending: usize,
+    /// A manual claim: counted masters where the lease is ours and the run
+    /// of our last claim is not recorded (a run in progress).
+    ours_busy: usize,
     trigger_taken: bool,
     errors: Vec<String>,
 }
@@ -484,7 +487,7 @@ impl RedlockStore {
         beat: Option<&[String]>,
     ) -> (LeaseAnswers, Option<Vec<NodeRecord>>) {
         let mut keys = Vec::with_capacity(2 * which.len());
-        let mut args = Vec::with_capacity(4 * which.len());
+        let mut args = Vec::with_capacity(5 * which.len());
         for &i in which {
             let r = &requests[i];
             keys.push(self.key(r.job.as_str(), "lease"));
@@ -500,6 +503,7 @@ impl RedlockStore {
                 r.head_start
                     .map_or(String::new(), |h| duration_ms(h).to_string()),
             );
+            args.push(if r.manual.is_some() { "1" } else { "" }.to_string());
         }
         let (keys, args) = (&keys, &args);
         // Settled when each request has a majority for one owner.
@@ -618,10 +622,11 @@ impl RedlockStore {
             }
             match (got, holder) {
                 (1, _) => t.ours += 1,
-                (2, _) => {
+                (2 | 3, _) => {
                     t.ours += 1;
                     t.ours_before += 1;
                     t.ours_pttl.push(*pttl);
+                    t.ours_busy += usize::from(*got == 3);
                 }
                 (_, Some(h)) => {
                     t.others.push((h.clone(), *pttl));
@@ -855,14 +860,23 @@ impl RedlockStore {
         let mut refused: Vec<(&ClaimRequest, Vec<usize>)> = Vec::new();
         for (i, t) in ours {
             let req = &requests[i];
+            // A manual claim on our own lease whose run is in progress (a
+            // majority says so) sees it as such: refused unless it retries
+            // an earlier manual win.
+            let busy = req.manual.is_some() && t.ours_busy >= self.majority();
             let row = LockRow {
-                owner: t.fence_owner.clone(),
+                owner: if busy {
+                    Some(req.owner.as_str().to_string())
+                } else {
+                    t.fence_owner.clone()
+                },
                 fence: i64::try_from(t.fence).unwrap_or(i64::MAX),
-                expires_at: 0,
+                expires_at: if busy { store_now.saturating_add(1) } else { 0 },
                 last_occurrence: t.last,
                 // The lease was decided in phase 1 (where an idle holder's
                 // head start is judged by each master's running mark and
-                // clock): no live lease is left for the claim rule to see.
+                // clock): no live lease is left for the claim rule to see,
+                // but a manual claim's own busy one (above).
                 running: true,
                 // The mark of the highest generation among the answers,
                 // a majority: a pause written to a majority is among them.

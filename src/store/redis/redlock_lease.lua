@@ -13,12 +13,13 @@
 -- than the head start, is not taken over here between its two phases
 -- (which could leave the occurrence to nobody).
 -- Per request i (from 1): KEYS[2i-1] the lease key, KEYS[2i] the state hash
--- (fence, last_occurrence, owner, running, claiming); ARGV[4i-3] the
--- owner, ARGV[4i-2] the lease (ms), or "0" to take nothing (a recheck only
--- reads), ARGV[4i-1] the occurrence (ms), ARGV[4i] the head start (ms; ""
--- for none).
+-- (fence, last_occurrence, owner, running, claiming); ARGV[5i-4] the
+-- owner, ARGV[5i-3] the lease (ms), or "0" to take nothing (a recheck only
+-- reads), ARGV[5i-2] the occurrence (ms), ARGV[5i-1] the head start (ms; ""
+-- for none), ARGV[5i] "1" for a manual run's claim.
 -- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner, idle_wait,
--- paused, pause_gen, trigger, last_trigger}, ...}}: got 2 the lease was the owner's already, 1 taken now, 0 held by
+-- paused, pause_gen, trigger, last_trigger}, ...}}: got 2 the lease was the owner's already (3: and its
+-- run is not recorded, for a manual claim), 1 taken now, 0 held by
 -- another (holder, pttl) or free and not taken (a recheck), -2 the request
 -- failed in the server (holder = the error). fence is a decimal string,
 -- last -1 when none, holder and state_owner false when none, idle_wait the
@@ -27,13 +28,13 @@
 -- generation it was written with (0 when none): the node keeps the mark
 -- of the highest generation, like the fence, and refuses a paused claim;
 -- trigger the manual run's request pending here and last_trigger the one
--- the last manual claim took here (false when none). A manual claim comes
--- as a claim of the present with a head start of 0: it takes a free lease,
--- or an idle holder's, and is kept out by a busy one.
+-- the last manual claim took here (false when none). A manual claim takes
+-- a free lease, or an idle holder's at once (no head start, no clock
+-- compared), and is kept out by a busy one, its own owner's included.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function take(lease_key, state_key, owner, lease_ms, occurrence, head_start)
+local function take(lease_key, state_key, owner, lease_ms, occurrence, head_start, manual)
   local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'claiming', 'paused', 'pause_gen', 'trigger', 'last_trigger')
   local trig, last_trig = state[8] or false, state[9] or false
   local paused = 0
@@ -49,6 +50,21 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
     return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
   end
   local holder = redis.call('GET', lease_key)
+  if manual == '1' and holder then
+    -- A state without the running mark counts busy. The owner's own busy
+    -- lease answers 3: the node refuses the claim unless it is the retry
+    -- of an earlier manual win (whose run set the mark).
+    local busy = state[4] ~= '0'
+    if holder == owner then
+      local got = 2
+      if busy then got = 3 end
+      return {got, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+    end
+    if busy or lease_ms == '0' then
+      return {0, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+    end
+    return take_now()
+  end
   if holder == owner then
     if lease_ms ~= '0' then
       redis.call('HSET', state_key, 'claiming', occurrence)
@@ -81,8 +97,8 @@ end
 
 local replies = {}
 for i = 1, #KEYS / 2 do
-  local a = 4 * (i - 1)
-  local ok, reply = pcall(take, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+  local a = 5 * (i - 1)
+  local ok, reply = pcall(take, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
   if ok then
     replies[i] = reply
   else
