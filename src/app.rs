@@ -501,6 +501,17 @@ fn print_drill(out: &mut impl Write, report: &drill::Report) {
     let _ = writeln!(out, "{after}");
 }
 
+/// Exit 64 for a job `name` the configuration at `path` does not have.
+fn no_such_configured_job(name: &str, path: &Path) -> ExitCode {
+    eprintln!(
+        "cronlease: no job named {:?} in {}; `cronlease check -c {}` lists the jobs",
+        config::one_line(name),
+        path.display(),
+        path.display()
+    );
+    ExitCode::from(EXIT_NO_SUCH_JOB)
+}
+
 /// How long `trigger --wait` waits for a node to take the request before
 /// it gives up (the request stays pending).
 const TRIGGER_CLAIM_WAIT: Duration = Duration::from_secs(30);
@@ -519,13 +530,7 @@ async fn trigger(path: PathBuf, name: String, wait: bool) -> ExitCode {
         Err(code) => return code,
     };
     let Some(job) = config.job(&name) else {
-        eprintln!(
-            "cronlease: no job named {:?} in {}; `cronlease check -c {}` lists the jobs",
-            config::one_line(&name),
-            path.display(),
-            path.display()
-        );
-        return ExitCode::from(EXIT_NO_SUCH_JOB);
+        return no_such_configured_job(&name, &path);
     };
     let job = job.name.clone();
     let id = store::TriggerId::new();
@@ -675,15 +680,7 @@ async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> ExitCode {
             match config.job(name) {
                 Some(j) if !jobs.contains(&j.name) => jobs.push(j.name.clone()),
                 Some(_) => {}
-                None => {
-                    eprintln!(
-                        "cronlease: no job named {:?} in {}; `cronlease check -c {}` lists the jobs",
-                        config::one_line(name),
-                        args.config.config.display(),
-                        args.config.config.display()
-                    );
-                    return ExitCode::from(EXIT_NO_SUCH_JOB);
-                }
+                None => return no_such_configured_job(name, &args.config.config),
             }
         }
         jobs

@@ -175,9 +175,7 @@ impl Node {
     /// a claim of the job still in flight) go to their handler without a
     /// queued claim: it waits and claims on its own.
     pub(super) fn claim_instant(self: &Arc<Self>, due: Vec<Due>) {
-        let ready = self.paused_until().is_none()
-            && !self.clock.skewed()
-            && self.prepared.load(Ordering::SeqCst);
+        let ready = self.ready_to_claim();
         let sent = Instant::now();
         // [0]: jobs this node holds or has not seen held, sent at once;
         // [1]: jobs another node held, sent FOLLOWER_LEAD later;
@@ -235,6 +233,15 @@ impl Node {
                 node.handle_occurrence(d, queued).await;
             });
         }
+    }
+
+    /// Whether this node claims now: not stepped down, its clock within
+    /// bounds, the store prepared. (A node that is not yet claims nothing,
+    /// scheduled or manual.)
+    pub(super) fn ready_to_claim(&self) -> bool {
+        self.paused_until().is_none()
+            && !self.clock.skewed()
+            && self.prepared.load(Ordering::SeqCst)
     }
 
     /// The claim of `occurrence` as this node sends it now.

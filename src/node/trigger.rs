@@ -12,7 +12,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,7 +19,7 @@ use tokio::time::Instant;
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
 use crate::exec::Finished;
-use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, TriggerId};
+use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, TriggerId, lock};
 
 /// How often a node looks for pending requests: with the claim's round trip
 /// and the start, a request runs within a second of being made.
@@ -37,18 +36,12 @@ pub(super) struct InFlight(std::sync::Mutex<HashSet<TriggerId>>);
 impl InFlight {
     /// Marks `id` as being claimed; false when it is already.
     fn start(&self, id: TriggerId) -> bool {
-        match self.0.lock() {
-            Ok(mut set) => set.insert(id),
-            Err(poisoned) => poisoned.into_inner().insert(id),
-        }
+        lock(&self.0).insert(id)
     }
 
     /// The claim of `id` is over (won, refused or given up).
     fn end(&self, id: TriggerId) {
-        match self.0.lock() {
-            Ok(mut set) => set.remove(&id),
-            Err(poisoned) => poisoned.into_inner().remove(&id),
-        };
+        lock(&self.0).remove(&id);
     }
 }
 
@@ -63,10 +56,7 @@ impl Node {
                 () = self.claims.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let ready = self.paused_until().is_none()
-                && !self.clock.skewed()
-                && self.prepared.load(Ordering::SeqCst);
-            if !ready {
+            if !self.ready_to_claim() {
                 continue;
             }
             let Ok(pending) = self

@@ -64,7 +64,8 @@ use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
     Renewal, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, fence_exhausted,
-    from_ms, lock, newest_first, run_from_json, to_ms, trigger_row,
+    from_ms, lock, newest_first, pending_from_entries, run_from_json, to_ms, trigger_entry,
+    trigger_row,
 };
 use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
 
@@ -469,7 +470,7 @@ impl EtcdStore {
 
     /// A pending request's key: `{p}trigger/<job>~<id>`.
     fn trigger_key(&self, job: &str, id: TriggerId) -> String {
-        format!("{}{job}~{id}", self.triggers_root())
+        format!("{}{}", self.triggers_root(), trigger_entry(job, id))
     }
 
     fn runs_root(&self) -> String {
@@ -1697,15 +1698,9 @@ impl Locks for EtcdStore {
         let client = self.client().await?;
         let root = self.triggers_root();
         let keys = self.keys_under(&client, &root).await?;
-        let mut pending: Vec<(String, TriggerId)> = keys
-            .iter()
-            .filter_map(|key| {
-                let (job, id) = key.strip_prefix(&root)?.rsplit_once('~')?;
-                Some((job.to_string(), TriggerId::parse(id)?))
-            })
-            .collect();
-        pending.sort();
-        Ok(pending)
+        Ok(pending_from_entries(
+            keys.iter().filter_map(|key| key.strip_prefix(&root)),
+        ))
     }
 
     /// A linearizable read: it needs the cluster's quorum, and this user's

@@ -146,6 +146,29 @@ impl Serialize for TriggerId {
     }
 }
 
+/// A pending request's name where a store lists them by name (ZooKeeper's
+/// `triggers/` children, etcd's `trigger/` keys): `<job>~<id>`.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn trigger_entry(job: &str, id: TriggerId) -> String {
+    format!("{job}~{id}")
+}
+
+/// The pending requests a store listed by name ([`trigger_entry`]),
+/// sorted; a name this version cannot read is left out.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn pending_from_entries<'a>(
+    names: impl Iterator<Item = &'a str>,
+) -> Vec<(String, TriggerId)> {
+    let mut pending: Vec<(String, TriggerId)> = names
+        .filter_map(|name| {
+            let (job, id) = name.rsplit_once('~')?;
+            Some((job.to_string(), TriggerId::parse(id)?))
+        })
+        .collect();
+    pending.sort();
+    pending
+}
+
 /// The store's answer to a manual run's request ([`Locks::request_trigger`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TriggerAnswer {
@@ -1035,24 +1058,14 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         return decide_manual(row, req, id, floor);
     }
     if let Some(last) = unanswered_win(row, req, floor) {
-        // Our own claim whose answer was lost: the same win, same fence; the
-        // lease counts again from now.
-        return Decision::Claim {
-            fence: row.fence,
-            expires_at: if req.recheck_only {
-                row.expires_at
-            } else {
-                row.now.saturating_add(duration_ms(req.lease))
-            },
-            last_occurrence: Some(last),
-            manual: None,
-            won: Won {
-                fence: row.fence.max(0) as u64,
-                occurrence: from_ms(last),
-                catch_up: last != to_ms(req.occurrence),
-                previous_owner: None,
-            },
-        };
+        return same_win(
+            row,
+            req,
+            Some(last),
+            None,
+            from_ms(last),
+            last != to_ms(req.occurrence),
+        );
     }
     let live = row.owner.is_some() && row.expires_at > row.now;
     if row.paused {
@@ -1114,6 +1127,35 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     }
 }
 
+/// Our own claim whose answer was lost, answered again: the same win with
+/// the same fence (`occurrence` and `catch_up` as it won them); the lease
+/// counts again from now, except for a recheck, which takes nothing.
+fn same_win(
+    row: &LockRow,
+    req: &ClaimRequest,
+    last_occurrence: Option<i64>,
+    manual: Option<TriggerId>,
+    occurrence: DateTime<Utc>,
+    catch_up: bool,
+) -> Decision {
+    Decision::Claim {
+        fence: row.fence,
+        expires_at: if req.recheck_only {
+            row.expires_at
+        } else {
+            row.now.saturating_add(duration_ms(req.lease))
+        },
+        last_occurrence,
+        manual,
+        won: Won {
+            fence: row.fence.max(0) as u64,
+            occurrence,
+            catch_up,
+            previous_owner: None,
+        },
+    }
+}
+
 /// The claim rule for a manual run (docs/protocol.md, "Manual runs"): it
 /// wins iff its request is still the pending one and no run of the job is in
 /// progress; it then takes the lease (from whoever held it idle) with a fence
@@ -1124,23 +1166,14 @@ fn decide_manual(row: &LockRow, req: &ClaimRequest, id: TriggerId, floor: i64) -
     let live = row.owner.is_some() && row.expires_at > row.now;
     let ours = row.owner.as_deref() == Some(req.owner.as_str());
     if req.after_unanswered && ours && row.fence > floor && row.last_trigger == Some(id.get()) {
-        // Our own manual claim whose answer was lost: the same win.
-        return Decision::Claim {
-            fence: row.fence,
-            expires_at: if req.recheck_only {
-                row.expires_at
-            } else {
-                row.now.saturating_add(duration_ms(req.lease))
-            },
-            last_occurrence: row.last_occurrence,
-            manual: Some(id),
-            won: Won {
-                fence: row.fence.max(0) as u64,
-                occurrence: from_ms(row.now),
-                catch_up: false,
-                previous_owner: None,
-            },
-        };
+        return same_win(
+            row,
+            req,
+            row.last_occurrence,
+            Some(id),
+            from_ms(row.now),
+            false,
+        );
     }
     let gone = row.trigger != Some(id.get());
     if gone || req.recheck_only || row.run_in_progress() {

@@ -59,7 +59,8 @@ use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Regis
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
     Renewal, RunBound, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide,
-    duration_ms, fence_exhausted, from_ms, lock, newest_first, run_from_json, trigger_row,
+    duration_ms, fence_exhausted, from_ms, lock, newest_first, pending_from_entries, run_from_json,
+    trigger_entry, trigger_row,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
 /// Operations per multi request: well inside ZooKeeper's 1 MiB request limit
@@ -216,7 +217,7 @@ impl ZkStore {
         format!("{}/locks/{job}", self.base)
     }
 
-    /// `name` is `<job>~<id>` ([`trigger_name`]).
+    /// `name` is `<job>~<id>` ([`trigger_entry`]).
     fn trigger_path(&self, name: &str) -> String {
         format!("{}/triggers/{name}", self.base)
     }
@@ -723,7 +724,7 @@ impl ZkStore {
                     ClaimOutcome::Lost(lost) => lost.trigger_gone,
                     ClaimOutcome::Failed(_) => false,
                 };
-                over.then(|| self.trigger_path(&trigger_name(req.job.as_str(), id)))
+                over.then(|| self.trigger_path(&trigger_entry(req.job.as_str(), id)))
             })
             .collect();
         if !done.is_empty() {
@@ -848,11 +849,6 @@ async fn keep_confirming(session: Weak<Mutex<Option<Session>>>, client: zk::Clie
             _ => return,
         }
     }
-}
-
-/// A pending request's announcement under `triggers/`: `<job>~<id>`.
-fn trigger_name(job: &str, id: TriggerId) -> String {
-    format!("{job}~{id}")
 }
 
 /// The shared claim rule's view of a lock node.
@@ -1018,7 +1014,7 @@ impl Locks for ZkStore {
                 if answer != TriggerAnswer::Accepted {
                     return (None, Ok(answer));
                 }
-                let announce = Some(trigger_name(job.as_str(), id));
+                let announce = Some(trigger_entry(job.as_str(), id));
                 let data = match node {
                     Node::Present(d, _) => LockData {
                         trigger: row.trigger,
@@ -1055,15 +1051,7 @@ impl Locks for ZkStore {
             Err(StoreError::NotMigrated { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        let mut pending: Vec<(String, TriggerId)> = names
-            .iter()
-            .filter_map(|name| {
-                let (job, id) = name.rsplit_once('~')?;
-                Some((job.to_string(), TriggerId::parse(id)?))
-            })
-            .collect();
-        pending.sort();
-        Ok(pending)
+        Ok(pending_from_entries(names.iter().map(String::as_str)))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
