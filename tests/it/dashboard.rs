@@ -140,14 +140,14 @@ fn api_status(port: u16) -> serde_json::Value {
 fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
     let (mut c, ports) = cluster();
     let port_of = |n: &str| ports[NODES.iter().position(|x| *x == n).unwrap()];
-    let holder = crate::support::wait_until(
+    crate::support::wait_until(
         "a holder of tick with a few runs",
         Duration::from_secs(30),
         || c.report(),
         || {
             let runs = c.all_history("n1", Some("tick"));
             (runs.as_array()?.len() >= 3).then_some(())?;
-            holder_of(&c, "tick")
+            holder_of(&c, "tick").map(drop)
         },
     );
 
@@ -185,16 +185,19 @@ fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
     );
     cli(&c, &["resume", "--all"]);
 
-    // The page: every job, its holder, a timeline lane for the holder.
-    let page = crate::support::wait_until(
+    // The page: every job, its holder, a timeline lane for the holder. The
+    // holder is asked again: the leases lapsed during the pause, so any
+    // node may have won tick's first occurrence after the resume.
+    let (holder, page) = crate::support::wait_until(
         "the dashboard to show tick's holder",
         Duration::from_secs(30),
         || c.report(),
         || {
+            let holder = holder_of(&c, "tick")?;
             let d = dom(port_of("n1"));
             (d.contains("data-loaded=\"yes\"")
                 && cell(&d, "tick", "holder").as_deref() == Some(holder.as_str()))
-            .then_some(d)
+            .then_some((holder, d))
         },
     );
     assert!(cell(&page, "report", "holder").is_some(), "{page}");
