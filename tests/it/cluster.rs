@@ -197,14 +197,17 @@ impl Cluster {
     }
 
     /// Polls [`Cluster::registry`] until it lists exactly `want`; returns
-    /// when the first poll that saw it ended, or panics after `limit`.
+    /// when the first poll that saw it started (each poll is a `nodes`
+    /// process, a few hundred ms under load: its end would add that to the
+    /// registry's own latency), or panics after `limit`.
     pub fn wait_registry(&self, via: &str, want: &[&str], limit: Duration) -> Instant {
         let start = Instant::now();
         let mut last = Vec::new();
         while start.elapsed() < limit {
+            let asked = Instant::now();
             last = self.registry(via);
             if last == want {
-                return Instant::now();
+                return asked;
             }
             std::thread::sleep(Duration::from_millis(20));
         }

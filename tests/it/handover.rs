@@ -61,13 +61,39 @@ fn kill_holder(c: &mut Cluster, death: Death, busy: bool) -> Case {
     // the way), and its guard has 0.4 s to hand over before the next
     // instant; a dead host's run is recorded too (the record gathers for
     // 250 ms after the run), so its lease counts as idle.
-    at_fraction_of_second(match (death, busy) {
+    let at = match (death, busy) {
         (_, true) => 0.1,
         (Death::Daemon, false) => 0.6,
         (Death::Host, false) => 0.85,
-    });
-    let runs = c.runs();
-    let killed_run = runs.last().unwrap().clone();
+    };
+    // The run of this second, seen going (busy) or over (idle) by `at`
+    // plus 0.1 s; else the next second is tried (a run started late under
+    // load would make the previous second's run the one "killed").
+    let killed_run = (0..5)
+        .find_map(|_| {
+            at_fraction_of_second(at);
+            let second = Utc::now().timestamp();
+            loop {
+                let run = c.runs().last().cloned()?;
+                if run.occurrence.timestamp() == second && run.end.is_none() == busy {
+                    return Some(run);
+                }
+                let now = Utc::now();
+                if now.timestamp() != second
+                    || f64::from(now.timestamp_subsec_millis()) / 1000.0 > at + 0.1
+                {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no run of its second was {} at {at} s into it in 5 tries\n{}",
+                if busy { "going" } else { "over" },
+                c.report()
+            )
+        });
     let holder = killed_run.node.clone();
     c.guard_pid(&holder);
     let logged = c.log(&holder).len();

@@ -63,7 +63,20 @@ fn three_hundred_jobs_each_once(backend: Backend) {
         c.start(n);
     }
     // Judge three instants, all nodes up well before the first.
-    let first = next_instant(Utc::now() + TimeDelta::seconds(3));
+    // Every node up (registered, so past its migrations and claiming)
+    // before the first judged instant: one started after it would start
+    // its jobs at their next occurrence, not catch that one up.
+    // (`nodes` fails until the first node has created the tables.)
+    crate::support::wait_until(
+        "all three nodes in the registry",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let listed = c.cli_json("n1", &["nodes"]).ok()?;
+            (listed.as_array()?.len() == 3).then_some(())
+        },
+    );
+    let first = next_instant(Utc::now() + TimeDelta::seconds(2));
     let last = first + TimeDelta::seconds(10);
     let window = [first, first + TimeDelta::seconds(5), last];
     crate::support::wait_until(
@@ -155,7 +168,20 @@ fn spread_over_three_nodes(backend: Backend) {
     for n in ["n1", "n2", "n3"] {
         c.start(n);
     }
-    let first = next_instant(Utc::now() + TimeDelta::seconds(3));
+    // Every node up (registered, so past its migrations and claiming)
+    // before the first judged instant: one started after it would start
+    // its jobs at their next occurrence, not catch that one up.
+    // (`nodes` fails until the first node has created the tables.)
+    crate::support::wait_until(
+        "all three nodes in the registry",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let listed = c.cli_json("n1", &["nodes"]).ok()?;
+            (listed.as_array()?.len() == 3).then_some(())
+        },
+    );
+    let first = next_instant(Utc::now() + TimeDelta::seconds(2));
     let instant = |k: i64| first + TimeDelta::seconds(5 * k);
     let sleep_until = |t: DateTime<Utc>| {
         let wait = (t - Utc::now()).to_std().unwrap_or_default();

@@ -69,7 +69,20 @@ fn step_down_never_signals_a_process_that_is_not_this_configs_daemon() {
         .process_group(0)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    crate::support::wait_until(
+        "flock to hold the pid file",
+        Duration::from_secs(10),
+        String::new,
+        || {
+            let free = Command::new("flock")
+                .args(["-n"])
+                .arg(&pid_file)
+                .arg("true")
+                .status()
+                .is_ok_and(|s| s.success());
+            (!free).then_some(())
+        },
+    );
     std::fs::write(&pid_file, format!("{}\n", locker.id())).unwrap();
     let out = step_down(&c, "n1");
     let err = String::from_utf8_lossy(&out.stderr);
