@@ -56,17 +56,11 @@ fn next_instant(t: DateTime<Utc>) -> DateTime<Utc> {
     DateTime::from_timestamp((s / 5 + 1) * 5, 0).unwrap()
 }
 
-fn three_hundred_jobs_each_once(backend: Backend) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let mut c = Cluster::new(backend, Some(&job_file()), "");
-    for n in ["n1", "n2", "n3"] {
-        c.start(n);
-    }
-    // Judge three instants, all nodes up well before the first.
-    // Every node up (registered, so past its migrations and claiming)
-    // before the first judged instant: one started after it would start
-    // its jobs at their next occurrence, not catch that one up.
-    // (`nodes` fails until the first node has created the tables.)
+/// The first `*/5` instant judged, at least 2 s after every node is up
+/// (registered, so past its migrations and claiming): a node started after
+/// it would start its jobs at their next occurrence, not catch that one
+/// up. (`nodes` fails until the first node has created the tables.)
+fn first_judged_instant(c: &Cluster) -> DateTime<Utc> {
     crate::support::wait_until(
         "all three nodes in the registry",
         Duration::from_secs(30),
@@ -76,7 +70,17 @@ fn three_hundred_jobs_each_once(backend: Backend) {
             (listed.as_array()?.len() == 3).then_some(())
         },
     );
-    let first = next_instant(Utc::now() + TimeDelta::seconds(2));
+    next_instant(Utc::now() + TimeDelta::seconds(2))
+}
+
+fn three_hundred_jobs_each_once(backend: Backend) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::new(backend, Some(&job_file()), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    // Judge three instants, all nodes up well before the first.
+    let first = first_judged_instant(&c);
     let last = first + TimeDelta::seconds(10);
     let window = [first, first + TimeDelta::seconds(5), last];
     crate::support::wait_until(
@@ -168,20 +172,7 @@ fn spread_over_three_nodes(backend: Backend) {
     for n in ["n1", "n2", "n3"] {
         c.start(n);
     }
-    // Every node up (registered, so past its migrations and claiming)
-    // before the first judged instant: one started after it would start
-    // its jobs at their next occurrence, not catch that one up.
-    // (`nodes` fails until the first node has created the tables.)
-    crate::support::wait_until(
-        "all three nodes in the registry",
-        Duration::from_secs(30),
-        || c.report(),
-        || {
-            let listed = c.cli_json("n1", &["nodes"]).ok()?;
-            (listed.as_array()?.len() == 3).then_some(())
-        },
-    );
-    let first = next_instant(Utc::now() + TimeDelta::seconds(2));
+    let first = first_judged_instant(&c);
     let instant = |k: i64| first + TimeDelta::seconds(5 * k);
     let sleep_until = |t: DateTime<Utc>| {
         let wait = (t - Utc::now()).to_std().unwrap_or_default();
