@@ -594,7 +594,7 @@ async fn wait_for_trigger(
     // node running it), and looks in a row that found the job held by
     // nobody or by another owner with no record of the run: its node
     // stopped holding it without recording it.
-    let mut runner: Option<Option<String>> = None;
+    let mut runner: Option<String> = None;
     let mut unheld = 0;
     loop {
         tokio::time::sleep(TRIGGER_POLL).await;
@@ -616,10 +616,9 @@ async fn wait_for_trigger(
                 .iter()
                 .find(|l| l.job == job.as_str())
                 .and_then(|l| l.holder.clone());
-            let first = runner.get_or_insert_with(|| holder.clone());
-            let still = holder.is_some() && (first.is_none() || *first == holder);
-            if first.is_none() {
-                *first = holder;
+            let still = holder.is_some() && (runner.is_none() || runner == holder);
+            if runner.is_none() {
+                runner = holder;
             }
             unheld = if still { 0 } else { unheld + 1 };
             Ok(Some(Err(())))

@@ -466,10 +466,14 @@ impl Drop for Cluster {
     }
 }
 
+/// How far into its second `t` is, in seconds.
+pub fn fraction_of_second(t: DateTime<Utc>) -> f64 {
+    f64::from(t.timestamp_subsec_millis()) / 1000.0
+}
+
 /// Sleeps until the wall clock is `frac` into a second (away from instants).
 pub fn at_fraction_of_second(frac: f64) {
-    let now = Utc::now();
-    let into = now.timestamp_subsec_millis() as f64 / 1000.0;
+    let into = fraction_of_second(Utc::now());
     let wait = if into < frac {
         frac - into
     } else {

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use nix::sys::signal::Signal;
 
-use crate::cluster::{Cluster, Run, assert_no_overlap, at_fraction_of_second, timed_job};
+use crate::cluster::{
+    Cluster, Run, assert_no_overlap, at_fraction_of_second, fraction_of_second, timed_job,
+};
 use crate::support::Backend;
 
 const MARGIN: f64 = 1.0;
@@ -79,9 +81,7 @@ fn kill_holder(c: &mut Cluster, death: Death, busy: bool) -> Case {
                     return Some(run);
                 }
                 let now = Utc::now();
-                if now.timestamp() != second
-                    || f64::from(now.timestamp_subsec_millis()) / 1000.0 > at + 0.1
-                {
+                if now.timestamp() != second || fraction_of_second(now) > at + 0.1 {
                     return None;
                 }
                 std::thread::sleep(Duration::from_millis(5));

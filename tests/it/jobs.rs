@@ -248,15 +248,7 @@ command = "echo start $(date +%s.%N) >> '{out}.slow'; sleep 2.5; echo end $(date
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
     c.start("n1");
     let file = format!("{}.slow", c.out.display());
-    wait_until(
-        "a second run of slow to start",
-        Duration::from_secs(30),
-        || c.report(),
-        || {
-            let text = std::fs::read_to_string(&file).unwrap_or_default();
-            (text.matches("start").count() >= 2).then_some(())
-        },
-    );
+    wait_for_starts(&c, &file, 2, Duration::from_secs(30));
     c.stop_all();
     let text = std::fs::read_to_string(&file).unwrap();
     let events: Vec<(&str, f64)> = text
@@ -591,15 +583,18 @@ fn processes_in(groups: &[i32]) -> usize {
 
 /// Waits until the job wrote `start` to `file`.
 fn wait_for_start(c: &Cluster, file: &str) {
+    wait_for_starts(c, file, 1, Duration::from_secs(15));
+}
+
+/// Waits until the job's runs wrote `start` to `file` `n` times.
+fn wait_for_starts(c: &Cluster, file: &str, n: usize, limit: Duration) {
     wait_until(
-        "the run to start",
-        Duration::from_secs(15),
+        &format!("{n} run(s) to start"),
+        limit,
         || c.report(),
         || {
-            std::fs::read_to_string(file)
-                .unwrap_or_default()
-                .contains("start")
-                .then_some(())
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            (text.matches("start").count() >= n).then_some(())
         },
     );
 }

@@ -75,7 +75,7 @@ fn step_down_never_signals_a_process_that_is_not_this_configs_daemon() {
         String::new,
         || {
             let free = Command::new("flock")
-                .args(["-n"])
+                .arg("-n")
                 .arg(&pid_file)
                 .arg("true")
                 .status()
