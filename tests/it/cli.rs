@@ -512,3 +512,65 @@ fn import_crontab_output_passes_check() {
     );
     assert_eq!(zone.status.code(), Some(2), "{zone:?}");
 }
+
+/// Every TOML file the repository ships (config/, examples/, debian/) passes
+/// `check`: the main configs as they are, and each job file by being loaded
+/// through one of them (`check` names the file of each job it loaded). The
+/// README's quickstart runs config/example.toml.
+#[test]
+fn every_shipped_config_and_job_file_passes_check() {
+    fn tomls(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                tomls(&path, out);
+            } else if path.extension().is_some_and(|e| e == "toml") {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["config", "examples", "debian"] {
+        tomls(&root.join(dir), &mut files);
+    }
+    files.sort();
+    let is_main = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .any(|l| l.trim() == "[store]")
+    };
+    let (mains, job_files): (Vec<_>, Vec<_>) = files.iter().partition(|p| is_main(p));
+    assert!(
+        mains.iter().any(|p| p.ends_with("config/example.toml")),
+        "config/example.toml is among them: {files:?}"
+    );
+    let mut loaded = String::new();
+    for config in &mains {
+        let out = Command::new(binary())
+            .args(["check", "--next", "1", "-c"])
+            .arg(config.strip_prefix(root).unwrap())
+            .current_dir(root)
+            .env_remove("CRONLEASE_STORE_URL")
+            .env_remove("CRONLEASE_CONFIG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: {stdout}{}",
+            config.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        loaded.push_str(&stdout);
+    }
+    for job_file in job_files {
+        let shown = job_file.strip_prefix(root).unwrap().display().to_string();
+        assert!(
+            loaded.contains(&format!("{shown}:")),
+            "{shown} is loaded by none of {mains:?}, so no check covers it:\n{loaded}"
+        );
+    }
+}

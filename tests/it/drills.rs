@@ -432,13 +432,11 @@ per_store!(
     randomized_drill
 );
 
-/// The randomized drill, with its duration from `CRONLEASE_DRILL_SECONDS`
-/// (default 120): `CRONLEASE_DRILL_SECONDS=600 cargo test --all-features --test it drill -- --nocapture`.
+/// The randomized drill: 20 s, 240 s in the long tier (`CRONLEASE_LONG=1`),
+/// or `CRONLEASE_DRILL_SECONDS`: `CRONLEASE_DRILL_SECONDS=600 cargo nextest
+/// run --all-features randomized_drill --no-capture`.
 fn randomized_drill(backend: Backend) {
-    let seconds = std::env::var("CRONLEASE_DRILL_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
+    let seconds = crate::support::drill_seconds("CRONLEASE_DRILL_SECONDS", 20, 240);
     crate::drill::run(backend, seconds);
 }
 
@@ -446,14 +444,11 @@ fn randomized_drill(backend: Backend) {
 /// the instants (before the claim, with the claim batch in flight or inside
 /// the store's transaction, between claim and spawn, as the runs start),
 /// restarted 0.3-1.5 s later, with 50 load jobs every second; judged as the
-/// randomized drill is. `CRONLEASE_KILL_SECONDS` (default 30) sets its
-/// length: `CRONLEASE_KILL_SECONDS=120 cargo test --all-features --test it
-/// kill_anywhere -- --nocapture` is the long form.
+/// randomized drill is. 10 s, 120 s in the long tier (`CRONLEASE_LONG=1`),
+/// or `CRONLEASE_KILL_SECONDS`: `CRONLEASE_KILL_SECONDS=600 cargo nextest
+/// run --all-features kill_anywhere --no-capture`.
 fn kill_anywhere(backend: Backend) {
-    let seconds = std::env::var("CRONLEASE_KILL_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(30);
+    let seconds = crate::support::drill_seconds("CRONLEASE_KILL_SECONDS", 10, 120);
     let counts = crate::drill::run_plan(backend, seconds, &crate::drill::Plan::KILL_ANYWHERE);
     assert!(
         counts

@@ -16,6 +16,9 @@ use crate::cluster::Cluster;
 use crate::support::Backend;
 
 const JOBS: usize = 300;
+/// One of these tests at a time: under `cargo test` (threads) this lock,
+/// under `cargo nextest` (a process per test) the `many` test group of
+/// `.config/nextest.toml`.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A job and one of its instants; the runs seen are (fence, node).

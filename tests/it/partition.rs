@@ -16,9 +16,9 @@
 //! killed before writing its end. Besides: no occurrence twice, fences in
 //! order.
 //!
-//! `CRONLEASE_PARTITION_SECONDS` (default 20) sets the flapping drill's
-//! length: `CRONLEASE_PARTITION_SECONDS=600 cargo test --all-features --test
-//! it partition::flapping -- --nocapture` is its long form.
+//! The flapping drill runs 12 s, 120 s in the long tier (`CRONLEASE_LONG=1`),
+//! or `CRONLEASE_PARTITION_SECONDS`: `CRONLEASE_PARTITION_SECONDS=600 cargo
+//! nextest run --all-features partition::flapping --no-capture`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -705,10 +705,7 @@ fn flapping(backend: Backend) {
     if skipped_without_root("flapping") {
         return;
     }
-    let seconds: u64 = std::env::var("CRONLEASE_PARTITION_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+    let seconds = crate::support::drill_seconds("CRONLEASE_PARTITION_SECONDS", 12, 120);
     let seed = std::env::var("CRONLEASE_PARTITION_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

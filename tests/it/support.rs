@@ -161,6 +161,22 @@ pub fn wait_for_uptime(urls: &[&str], secs: u64) {
     }
 }
 
+/// The long tier (`CRONLEASE_LONG=1`, which `.ci/long` sets): the drills
+/// run their long forms. The default tier runs them short, so that the
+/// README's test command stays within minutes (docs/testing.md).
+pub fn long_tier() -> bool {
+    std::env::var("CRONLEASE_LONG").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// A drill's length in seconds: `var` when it is set (a number), else
+/// `long` in the long tier and `short` in the default one.
+pub fn drill_seconds(var: &str, short: u64, long: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if long_tier() { long } else { short })
+}
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A prefix no other test (or test run) uses.
