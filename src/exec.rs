@@ -22,16 +22,13 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::config::{Command, Job, NodeName, StoreUrl};
 use crate::guard::{Guard, RunNote, StartError};
 use crate::node::clock::WallClock;
-use crate::output::Tail;
+use crate::output::{LogLines, Tail};
 use crate::store::Outcome;
-
-/// Longest output line logged as one event; longer lines are split.
-const MAX_LINE: u64 = 16 * 1024;
 
 /// Environment variables of the daemon that a job must not inherit.
 const WITHHELD_ENV: &[&str] = &[
@@ -549,8 +546,9 @@ struct Pumped {
 }
 
 /// Logs a stream line by line, tagged with job and fence and without the
-/// store's password, and keeps its end in the tail.
-async fn pump(stream: impl AsyncRead + Unpin, to: Pumped) {
+/// store's password (never split between two events: [`LogLines`]), and
+/// keeps its end in the tail.
+async fn pump(mut stream: impl AsyncRead + Unpin, to: Pumped) {
     let Pumped {
         job,
         fence,
@@ -558,26 +556,22 @@ async fn pump(stream: impl AsyncRead + Unpin, to: Pumped) {
         tail,
         secrets,
     } = to;
-    let mut reader = BufReader::new(stream);
-    let mut line = Vec::new();
+    let log = |event: Vec<u8>| {
+        let text = secrets.scrub(&String::from_utf8_lossy(&event));
+        tracing::info!(target: "cronlease::job", job = %job, fence, stream = name, "{text}");
+    };
+    let mut lines = LogLines::new(secrets.secret_forms());
+    let mut chunk = vec![0u8; 8192];
     loop {
-        line.clear();
-        match (&mut reader)
-            .take(MAX_LINE)
-            .read_until(b'\n', &mut line)
-            .await
-        {
+        match stream.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
-            Ok(_) => {
+            Ok(n) => {
                 if let Ok(mut tail) = tail.lock() {
-                    tail.push(&line);
+                    tail.push(&chunk[..n]);
                 }
-                while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                    line.pop();
-                }
-                let text = secrets.scrub(&String::from_utf8_lossy(&line));
-                tracing::info!(target: "cronlease::job", job = %job, fence, stream = name, "{text}");
+                lines.push(&chunk[..n]).into_iter().for_each(log);
             }
         }
     }
+    lines.finish().into_iter().for_each(log);
 }

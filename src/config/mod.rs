@@ -694,19 +694,40 @@ impl StoreUrl {
             }
             _ => text.to_string(),
         };
-        let text = redact_urls_in(&text);
+        let mut text = redact_urls_in(&text);
+        for form in self.own_secret_forms() {
+            text = text.replace(&form, "***");
+        }
+        text
+    }
+
+    /// Every form in which [`scrub`](Self::scrub) finds a password: as
+    /// written and URL-encoded, every master's for a Redlock store. For
+    /// cutting a text where no password is split. Never log these.
+    pub fn secret_forms(&self) -> Vec<String> {
+        let mut forms = match &self.kind {
+            StoreKind::Redlock(masters) => {
+                masters.iter().flat_map(StoreUrl::secret_forms).collect()
+            }
+            _ => Vec::new(),
+        };
+        forms.extend(self.own_secret_forms());
+        forms
+    }
+
+    /// This URL's own password, as written and URL-encoded.
+    fn own_secret_forms(&self) -> Vec<String> {
         match &self.secret {
             Some(secret) if !secret.is_empty() => {
                 let encoded: String =
                     url::form_urlencoded::byte_serialize(secret.as_bytes()).collect();
-                let text = text.replace(secret.as_str(), "***");
-                if encoded.len() > 2 {
-                    text.replace(&encoded, "***")
-                } else {
-                    text
+                let mut forms = vec![secret.clone()];
+                if encoded.len() > 2 && encoded != *secret {
+                    forms.push(encoded);
                 }
+                forms
             }
-            _ => text,
+            _ => Vec::new(),
         }
     }
 }
