@@ -288,7 +288,26 @@ async fn handle_signals(
                 if shutdown.is_cancelled() {
                     continue;
                 }
-                match config::load(&path, &Overrides::from_env()) {
+                // Parsed off the runtime: a large configuration takes
+                // seconds to load, and claims, renewals and the watchdog
+                // must not wait for it. Applying it is one cheap step.
+                let load = {
+                    let path = path.clone();
+                    tokio::task::spawn_blocking(move || config::load(&path, &Overrides::from_env()))
+                };
+                let loaded = match load.await {
+                    Ok(loaded) => loaded,
+                    Err(e) => {
+                        tracing::error!(
+                            "SIGHUP: the configuration load failed: {e}; keeping the current jobs"
+                        );
+                        continue;
+                    }
+                };
+                if shutdown.is_cancelled() {
+                    continue;
+                }
+                match loaded {
                     Ok(new) => {
                         apply_reload(&node, &startup, &current, &new);
                         dashboard.send_replace(Arc::new(new.clone()));
@@ -378,7 +397,7 @@ fn step_down(path: &Path) -> ExitCode {
 async fn run_drill(
     path: PathBuf,
     how: drill::Disturbance,
-    jobs: Vec<String>,
+    jobs: Vec<JobName>,
     json: bool,
 ) -> ExitCode {
     let (config, store) = match config_and_store(&path).await {
@@ -524,13 +543,13 @@ const TRIGGER_STORE_PATIENCE: Duration = Duration::from_secs(30);
 /// the store, where a node claims and runs it. Exit 1 when refused (a run
 /// of the job in progress, or another request still pending); with
 /// `--wait`, 0 when the run ended `ok` and 1 otherwise.
-async fn trigger(path: PathBuf, name: String, wait: bool) -> ExitCode {
+async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCode {
     let (config, store) = match config_and_store(&path).await {
         Ok(both) => both,
         Err(code) => return code,
     };
-    let Some(job) = config.job(&name) else {
-        return no_such_configured_job(&name, &path);
+    let Some(job) = config.job(name.as_str()) else {
+        return no_such_configured_job(name.as_str(), &path);
     };
     let job = job.name.clone();
     let id = store::TriggerId::new();
@@ -676,10 +695,10 @@ async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> ExitCode {
     } else {
         let mut jobs = Vec::new();
         for name in &args.jobs {
-            match config.job(name) {
+            match config.job(name.as_str()) {
                 Some(j) if !jobs.contains(&j.name) => jobs.push(j.name.clone()),
                 Some(_) => {}
-                None => return no_such_configured_job(name, &args.config.config),
+                None => return no_such_configured_job(name.as_str(), &args.config.config),
             }
         }
         jobs
@@ -930,16 +949,12 @@ async fn nodes(path: PathBuf, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> ExitCode {
+async fn history(path: PathBuf, job: Option<JobName>, limit: u32, json: bool) -> ExitCode {
     let config = match load_config(&path) {
         Ok(c) => c,
         Err(code) => return code,
     };
     telemetry::init_default();
-    let job = match job.as_deref().map(job_arg).transpose() {
-        Ok(j) => j,
-        Err(code) => return code,
-    };
     let store = match store::connect(&config.store).await {
         Ok(s) => s,
         Err(e) => return store_failure(&e),
@@ -1009,27 +1024,14 @@ async fn history(path: PathBuf, job: Option<String>, limit: u32, json: bool) -> 
     ExitCode::SUCCESS
 }
 
-/// A job name given on the command line; a malformed one is a usage error
-/// (exit 2).
-fn job_arg(name: &str) -> Result<JobName, ExitCode> {
-    JobName::parse(name).map_err(|e| {
-        eprintln!("cronlease: {e}");
-        ExitCode::from(2)
-    })
-}
-
 /// `logs JOB [--fence N]`: the output tail of the job's newest run in
 /// history, or of run N; exit 1 when history has no such run.
-async fn logs(path: PathBuf, job: String, fence: Option<u64>) -> ExitCode {
+async fn logs(path: PathBuf, job: JobName, fence: Option<u64>) -> ExitCode {
     let config = match load_config(&path) {
         Ok(c) => c,
         Err(code) => return code,
     };
     telemetry::init_default();
-    let job = match job_arg(&job) {
-        Ok(j) => j,
-        Err(code) => return code,
-    };
     let store = match store::connect(&config.store).await {
         Ok(s) => s,
         Err(e) => return store_failure(&e),

@@ -4,10 +4,13 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::DEFAULT_CONFIG_PATH;
+use crate::config::{DEFAULT_CONFIG_PATH, JobName};
 
 /// High-availability cron: every host runs the same jobs, a shared lock store
 /// makes each occurrence run exactly once.
+///
+/// Every job name on the command line is parsed here, by one parser: a
+/// malformed one is a usage error (exit 2) for every command.
 #[derive(Debug, Parser)]
 #[command(name = "cronlease", version, about, long_about = None)]
 pub struct Cli {
@@ -32,9 +35,10 @@ pub struct PauseArgs {
     #[arg(
         required_unless_present = "all",
         conflicts_with = "all",
-        value_name = "JOB"
+        value_name = "JOB",
+        value_parser = JobName::parse
     )]
-    pub jobs: Vec<String>,
+    pub jobs: Vec<JobName>,
     /// Every job of the configuration
     #[arg(long)]
     pub all: bool,
@@ -73,7 +77,8 @@ pub enum Commands {
         #[command(flatten)]
         config: ConfigArg,
         /// Only this job's runs
-        job: Option<String>,
+        #[arg(value_parser = JobName::parse)]
+        job: Option<JobName>,
         /// At most this many runs
         #[arg(long, default_value_t = 20, value_name = "N")]
         limit: u32,
@@ -86,7 +91,8 @@ pub enum Commands {
         #[command(flatten)]
         config: ConfigArg,
         /// The job
-        job: String,
+        #[arg(value_parser = JobName::parse)]
+        job: JobName,
         /// That run of the job (its fence) instead of the newest
         #[arg(long, value_name = "N")]
         fence: Option<u64>,
@@ -96,7 +102,8 @@ pub enum Commands {
         #[command(flatten)]
         config: ConfigArg,
         /// The job
-        job: String,
+        #[arg(value_parser = JobName::parse)]
+        job: JobName,
         /// Wait for the run's outcome: exit 0 when it ended ok, 1 otherwise
         #[arg(long)]
         wait: bool,
@@ -140,8 +147,8 @@ pub enum Commands {
         #[arg(long, group = "how")]
         step_down: bool,
         /// Only these of the jobs the daemon holds
-        #[arg(long, num_args = 1.., value_name = "J")]
-        jobs: Vec<String>,
+        #[arg(long, num_args = 1.., value_name = "J", value_parser = JobName::parse)]
+        jobs: Vec<JobName>,
         /// Print JSON instead of a table
         #[arg(long)]
         json: bool,

@@ -159,14 +159,14 @@ pub async fn run(
     config: &Config,
     store: &dyn Store,
     how: Disturbance,
-    only: &[String],
+    only: &[JobName],
     call: Duration,
 ) -> Result<Report, DrillError> {
     let mut wanted = Vec::new();
     for name in only {
-        match config.job(name) {
+        match config.job(name.as_str()) {
             Some(j) => wanted.push(j.name.clone()),
-            None => return Err(DrillError::NoSuchJob(crate::config::one_line(name))),
+            None => return Err(DrillError::NoSuchJob(name.as_str().to_string())),
         }
     }
     let pid = pidfile::daemon_pid(&config.pid_file, &config.path)?;

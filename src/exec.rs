@@ -27,7 +27,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::config::{Command, Job, NodeName, StoreUrl};
 use crate::guard::{Guard, RunNote, StartError};
 use crate::node::clock::WallClock;
-use crate::output::{LogLines, Tail};
+use crate::output::{LogLines, Tail, escape_controls};
 use crate::store::Outcome;
 
 /// Environment variables of the daemon that a job must not inherit.
@@ -545,9 +545,9 @@ struct Pumped {
     secrets: StoreUrl,
 }
 
-/// Logs a stream line by line, tagged with job and fence and without the
-/// store's password (never split between two events: [`LogLines`]), and
-/// keeps its end in the tail.
+/// Logs a stream line by line, tagged with job and fence, without the
+/// store's password (never split between two events: [`LogLines`]) and
+/// with control characters escaped, and keeps its end in the tail.
 async fn pump(mut stream: impl AsyncRead + Unpin, to: Pumped) {
     let Pumped {
         job,
@@ -558,6 +558,7 @@ async fn pump(mut stream: impl AsyncRead + Unpin, to: Pumped) {
     } = to;
     let log = |event: Vec<u8>| {
         let text = secrets.scrub(&String::from_utf8_lossy(&event));
+        let text = escape_controls(&text);
         tracing::info!(target: "cronlease::job", job = %job, fence, stream = name, "{text}");
     };
     let mut lines = LogLines::new(secrets.secret_forms());

@@ -124,6 +124,26 @@ impl LogLines {
     }
 }
 
+/// A log event's text with every control character but tab escaped as in
+/// Rust (`\0` as `\u{0}`, a bare CR as `\r`, ESC as `\u{1b}`): a job's
+/// bytes cannot truncate a line of the text log, overwrite it on a
+/// terminal, or send a terminal escape sequence.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    let control = |c: char| c.is_control() && c != '\t';
+    if !text.chars().any(control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if control(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 fn trim_line_end(line: &mut Vec<u8>) {
     while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         line.pop();
@@ -436,5 +456,14 @@ mod tests {
         let mut spanning = LogLines::with_max(8, vec!["abcd".into()]);
         assert_eq!(spanning.push(b"0123abcd99"), vec![b"0123".to_vec()]);
         assert_eq!(spanning.finish(), Some(b"abcd99".to_vec()));
+    }
+
+    #[test]
+    fn control_characters_are_escaped_for_the_log() {
+        assert_eq!(escape_controls("plain\ttext é"), "plain\ttext é");
+        assert_eq!(
+            escape_controls("nul:\0:cr:\r:esc:\u{1b}[31m"),
+            "nul:\\u{0}:cr:\\r:esc:\\u{1b}[31m"
+        );
     }
 }

@@ -574,3 +574,37 @@ fn every_shipped_config_and_job_file_passes_check() {
         );
     }
 }
+
+/// A malformed job name is a usage error, exit 2 with one line naming the
+/// rule, for every command that takes job names (one parser for all);
+/// a well-formed name the configuration lacks stays exit 64.
+#[test]
+fn a_malformed_job_name_is_exit_2_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let config = write_config(dir.path(), &format!("sqlite://{}", db.display()));
+    let bad = "no such/job!";
+    let commands: [&[&str]; 6] = [
+        &["history", bad],
+        &["logs", bad],
+        &["trigger", bad],
+        &["pause", bad],
+        &["resume", "tick", bad],
+        &["drill", "--jobs", bad],
+    ];
+    for args in commands {
+        let out = cronlease(args, &config);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("invalid job name"), "{args:?}: {stderr}");
+    }
+    for args in [&["trigger", "absent"][..], &["pause", "absent"]] {
+        let out = cronlease(args, &config);
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -2,7 +2,8 @@
 //! `cronlease logs`, through a real daemon: a job writing 1 MiB keeps only
 //! its last bytes, invalid UTF-8 arrives as U+FFFD, and the store's
 //! password from `password_file` never reaches history, also when the job
-//! prints it.
+//! prints it; nor the daemon's log, in any piece, and a job's control bytes
+//! reach the log escaped.
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -124,4 +125,58 @@ echo last line
     assert_eq!(code(&["logs", "quiet"]), Some(1));
     assert_eq!(code(&["logs", "no-such-job"]), Some(64));
     assert_eq!(code(&["logs", "bad name!"]), Some(2));
+}
+
+/// A password whose every 4 characters are unlike anything else a log holds.
+const LOG_SECRET: &str = "Q7zkS3cr3tPa55w0rdJ9";
+
+/// The daemon's own log (issue 29): a line of 16,380 bytes and then the
+/// password, longer than one log event, logs no piece of the password; NUL
+/// bytes and a bare CR from a job arrive escaped, not raw.
+#[test]
+fn the_daemon_log_holds_no_split_password_and_no_raw_control_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("store.pass");
+    std::fs::write(&secret_file, format!("{LOG_SECRET}\n")).unwrap();
+    let script = dir.path().join("print.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "head -c 16380 /dev/zero | tr '\\0' y\necho \"$(cat '{}')XYZ\"\nprintf 'nul:\\000:cr:\\r:end\\n'\n",
+            secret_file.display()
+        ),
+    )
+    .unwrap();
+    let jobs = format!(
+        "[[job]]\nname = \"print\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/sh\", \"{}\"]\n",
+        script.display()
+    );
+    let mut c = Cluster::build(
+        Backend::Postgres,
+        None,
+        Some(&jobs),
+        "",
+        &format!("password_file = \"{}\"", secret_file.display()),
+    );
+    c.start("n1");
+    wait_until(
+        "the job's last line in the log",
+        Duration::from_secs(30),
+        || c.report(),
+        || c.log("n1").contains(":end").then_some(()),
+    );
+    c.stop_all();
+    let log = c.log("n1");
+    for piece in (0..=LOG_SECRET.len() - 4).map(|i| &LOG_SECRET[i..i + 4]) {
+        assert!(
+            !log.contains(piece),
+            "the log holds {piece:?} of the password"
+        );
+    }
+    assert!(log.contains("***XYZ"), "the password's line, scrubbed");
+    assert!(
+        !log.contains('\0') && !log.contains(":\r:"),
+        "raw control bytes"
+    );
+    assert!(log.contains(r"nul:\u{0}:cr:\r:end"), "escaped");
 }
