@@ -23,6 +23,20 @@ fn cli(c: &Cluster, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// One node on PostgreSQL (trust authentication here: it takes the password
+/// without needing it) whose password comes from `secret_file`, started.
+fn started_with_password(jobs: &str, secret_file: &std::path::Path) -> Cluster {
+    let mut c = Cluster::build(
+        Backend::Postgres,
+        None,
+        Some(jobs),
+        "",
+        &format!("password_file = \"{}\"", secret_file.display()),
+    );
+    c.start("n1");
+    c
+}
+
 #[test]
 fn a_run_keeps_only_its_output_tail_without_secrets_and_logs_prints_it() {
     // PostgreSQL (trust authentication here) takes the password without
@@ -56,14 +70,7 @@ echo last line
         "[[job]]\nname = \"loud\"\nschedule = \"* * * * * *\"\noutput_tail = \"2KiB\"\ncommand = [\"/bin/sh\", \"{}\"]\n\n[[job]]\nname = \"quiet\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"true\"\n",
         script.display()
     );
-    let mut c = Cluster::build(
-        Backend::Postgres,
-        None,
-        Some(&jobs),
-        "",
-        &format!("password_file = \"{}\"", secret_file.display()),
-    );
-    c.start("n1");
+    let mut c = started_with_password(&jobs, &secret_file);
     let history = wait_until(
         "two runs of the loud job",
         Duration::from_secs(30),
@@ -151,14 +158,7 @@ fn the_daemon_log_holds_no_split_password_and_no_raw_control_bytes() {
         "[[job]]\nname = \"print\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/sh\", \"{}\"]\n",
         script.display()
     );
-    let mut c = Cluster::build(
-        Backend::Postgres,
-        None,
-        Some(&jobs),
-        "",
-        &format!("password_file = \"{}\"", secret_file.display()),
-    );
-    c.start("n1");
+    let mut c = started_with_password(&jobs, &secret_file);
     wait_until(
         "the job's last line in the log",
         Duration::from_secs(30),
