@@ -62,6 +62,7 @@ pub fn main(cli: Cli) -> ExitCode {
             term,
             step_down,
             jobs,
+            force,
             json,
         } => {
             let how = if term {
@@ -71,7 +72,7 @@ pub fn main(cli: Cli) -> ExitCode {
             } else {
                 drill::Disturbance::Kill
             };
-            with_runtime(|| run_drill(config.config, how, jobs, json))
+            with_runtime(|| run_drill(config.config, how, jobs, force, json))
         }
         Commands::ImportCrontab {
             file,
@@ -398,6 +399,7 @@ async fn run_drill(
     path: PathBuf,
     how: drill::Disturbance,
     jobs: Vec<JobName>,
+    force: bool,
     json: bool,
 ) -> ExitCode {
     let (config, store) = match config_and_store(&path).await {
@@ -407,8 +409,11 @@ async fn run_drill(
     let report = match drill::run(
         &config,
         store.as_ref(),
-        how,
-        &jobs,
+        drill::Ask {
+            how,
+            only: &jobs,
+            force,
+        },
         config.store.call_budget(),
     )
     .await

@@ -149,6 +149,10 @@ pub enum Commands {
         /// Only these of the jobs the daemon holds
         #[arg(long, num_args = 1.., value_name = "J", value_parser = JobName::parse)]
         jobs: Vec<JobName>,
+        /// Drill even when no other live node is in the node registry to
+        /// take over (the jobs then miss occurrences until this daemon is back)
+        #[arg(long)]
+        force: bool,
         /// Print JSON instead of a table
         #[arg(long)]
         json: bool,

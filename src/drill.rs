@@ -70,6 +70,10 @@ pub enum DrillError {
         "{count} live daemons call themselves node {node} in the node registry: the drill cannot tell which one it disturbs; give each host its own `node` (a daemon killed a moment ago leaves its record for up to a margin and a third: then retry)"
     )]
     SameNodeName { node: String, count: usize },
+    #[error(
+        "no other live node is in the node registry: nobody would take over node {node}'s jobs, and the drill would only make them miss occurrences; start another node first, or give --force to drill anyway"
+    )]
+    NoPeer { node: String },
     #[error("{0}")]
     Store(#[from] StoreError),
     #[error("cannot signal cronlease pid {pid}: {source}")]
@@ -153,15 +157,24 @@ struct Taken {
     seen: DateTime<Utc>,
 }
 
-/// Runs the drill: `only` narrows it to those jobs; `call` bounds each
-/// store call.
+/// What a drill is asked to do.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub how: Disturbance,
+    /// Only these of the jobs the daemon holds (empty: all).
+    pub only: &'a [JobName],
+    /// Drill even with no other live node in the registry to take over.
+    pub force: bool,
+}
+
+/// Runs the drill `ask`; `call` bounds each store call.
 pub async fn run(
     config: &Config,
     store: &dyn Store,
-    how: Disturbance,
-    only: &[JobName],
+    ask: Ask<'_>,
     call: Duration,
 ) -> Result<Report, DrillError> {
+    let Ask { how, only, force } = ask;
     let mut wanted = Vec::new();
     for name in only {
         match config.job(name.as_str()) {
@@ -173,9 +186,15 @@ pub async fn run(
     let node = config.node.as_str().to_string();
     // The daemon's own owner, from the registry: a second daemon calling
     // itself the same node (a copied config) holds leases the signal would
-    // not move. Without a readable registry, any owner of this node.
+    // not move. Without a readable registry (--force), any owner of this
+    // node. With no other live node nobody would take over: refused unless
+    // forced (the registry does not say which jobs a node has, so any
+    // other live node counts).
     let own: Option<String> = match bounded(call, store.nodes()).await {
         Ok(records) => {
+            if !force && records.iter().all(|r| r.node == node) {
+                return Err(DrillError::NoPeer { node });
+            }
             let mine: Vec<String> = records
                 .into_iter()
                 .filter(|r| r.node == node)
@@ -189,6 +208,7 @@ pub async fn run(
             }
             mine.into_iter().next()
         }
+        Err(e) if !force => return Err(DrillError::Store(e)),
         Err(_) => None,
     };
     let locks = bounded(call, store.status()).await?;

@@ -13,7 +13,9 @@
 //!
 //! Bounded: request heads of at most 16 KiB read within 5 s, GET and HEAD
 //! only, at most 64 connections at once, each ended (gracefully) after
-//! 60 s. The store is asked by one request at a time, and `/api/status`
+//! 60 s. Beyond those 64, 16 more are kept for the probes: one request
+//! each, within 2 s, to `/healthz` or `/metrics` only, so idle browser tabs
+//! or a scanner holding every connection cannot fail a health check. The store is asked by one request at a time, and `/api/status`
 //! answers from a snapshot at most a second old, so however many pages are
 //! open the daemon's own claims never queue behind them for its store
 //! connections; every store call within the command budget (`op_timeout`,
@@ -46,6 +48,11 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_HEAD: usize = 16 * 1024;
 const MAX_CONNECTIONS: usize = 64;
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// Connections beyond [`MAX_CONNECTIONS`] kept for `/healthz` and
+/// `/metrics`: one request each, answered within [`PROBE_LIFETIME`] or
+/// dropped.
+const PROBE_CONNECTIONS: usize = 16;
+const PROBE_LIFETIME: Duration = Duration::from_secs(2);
 /// `/api/history`'s default and largest `limit`.
 const HISTORY_DEFAULT: u32 = 200;
 const HISTORY_MAX: u32 = 2000;
@@ -94,8 +101,10 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves the routes on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken) {
+    let probe_router = probe_routes(api.clone());
     let router = routes(api);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let probe_slots = Arc::new(Semaphore::new(PROBE_CONNECTIONS));
     loop {
         let (stream, _) = tokio::select! {
             () = stop.cancelled() => return,
@@ -108,24 +117,42 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken
                 }
             },
         };
-        // Beyond the limit a connection is closed at once, not queued.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        // Beyond the limit a connection gets a probe's slot, and beyond
+        // those it is closed at once, not queued.
+        let (slot, service, probe) = if let Ok(slot) = slots.clone().try_acquire_owned() {
+            (slot, TowerToHyperService::new(router.clone()), false)
+        } else if let Ok(slot) = probe_slots.clone().try_acquire_owned() {
+            (slot, TowerToHyperService::new(probe_router.clone()), true)
+        } else {
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
+                .header_read_timeout(if probe {
+                    PROBE_LIFETIME
+                } else {
+                    HEADER_TIMEOUT
+                })
+                .keep_alive(!probe)
                 .max_buf_size(MAX_HEAD)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
+            let lifetime = if probe {
+                PROBE_LIFETIME
+            } else {
+                CONNECTION_LIFETIME
+            };
             tokio::select! {
                 _ = connection.as_mut() => return,
-                () = tokio::time::sleep(CONNECTION_LIFETIME) => {}
+                () = tokio::time::sleep(lifetime) => {}
                 () = stop.cancelled() => {}
+            }
+            if probe {
+                // A probe's slot is not held past its time.
+                return;
             }
             // Past its time: finish the response under way, then close.
             connection.as_mut().graceful_shutdown();
@@ -146,6 +173,25 @@ fn routes(api: Arc<Api>) -> Router {
         .route("/api/history", get(history))
         .fallback(not_found)
         .with_state(api)
+}
+
+/// What a connection beyond [`MAX_CONNECTIONS`] is served: the probes.
+fn probe_routes(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .fallback(busy)
+        .with_state(api)
+}
+
+async fn busy() -> Response {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "text/plain; charset=utf-8",
+        format!(
+            "busy: {MAX_CONNECTIONS} connections are open; only /healthz and /metrics answer beyond them\n"
+        ),
+    )
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response {

@@ -1315,13 +1315,45 @@ impl Overrides {
 struct Source {
     origin: String,
     text: String,
+    /// Where each line starts (byte offsets): a position is found in
+    /// O(log lines), not by counting from the file's start, which made
+    /// loading a file of n jobs O(n²) (every job's location is kept).
+    line_starts: Vec<usize>,
 }
 
 impl Source {
+    fn new(origin: String, text: String) -> Source {
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Source {
+            origin,
+            text,
+            line_starts,
+        }
+    }
+
+    /// Line and column (from 1; the column in characters) of `offset`.
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let line = self.line_starts.partition_point(|start| *start <= offset);
+        let start = self
+            .line_starts
+            .get(line.wrapping_sub(1))
+            .copied()
+            .unwrap_or(0);
+        let col = self
+            .text
+            .get(start..offset)
+            .map_or(0, |l| l.chars().count())
+            + 1;
+        (line.max(1), col)
+    }
+
     fn error_at(&self, span: Option<Range<usize>>, message: impl Into<String>) -> ConfigError {
         ConfigError {
             origin: self.origin.clone(),
-            position: span.map(|s| line_col(&self.text, s.start)),
+            position: span.map(|s| self.line_col(s.start)),
             // A message may quote a value: never a password in a URL.
             message: redact_urls_in(&one_line(&message.into())),
         }
@@ -1331,14 +1363,6 @@ impl Source {
     }
 }
 
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
-    let before = text.get(..offset).unwrap_or(text);
-    let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, col)
-}
-
 /// `s` on one line: every run of white space (newlines too) becomes one space.
 pub fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -1346,10 +1370,7 @@ pub fn one_line(s: &str) -> String {
 
 fn read_source(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Source> {
     match std::fs::read_to_string(path) {
-        Ok(text) => Some(Source {
-            origin: path.display().to_string(),
-            text,
-        }),
+        Ok(text) => Some(Source::new(path.display().to_string(), text)),
         Err(e) => {
             errors.push(ConfigError {
                 origin: path.display().to_string(),
@@ -1899,7 +1920,7 @@ fn validate_job(
     let name = JobName::parse(rj.name.get_ref())
         .map_err(|m| errors.push(src.at(&rj.name, m)))
         .ok();
-    let (line, col) = line_col(&src.text, rj.name.span().start);
+    let (line, col) = src.line_col(rj.name.span().start);
     let here = format!("{}:{line}:{col}", src.origin);
     if let Some(n) = &name {
         // Keyed ignoring case: MySQL's default collation compares lock
@@ -1964,6 +1985,9 @@ fn validate_job(
             env.insert(key.clone(), v.get_ref().clone());
         }
     }
+    if let Some(command) = &command {
+        exec_space(src, rj, command, errors);
+    }
     for (v, what) in [
         (&rj.working_dir, "working_dir"),
         (&rj.user, "user"),
@@ -2004,6 +2028,72 @@ fn validate_job(
 
 /// A command (`command`, `on_failure`): a string runs as `/bin/sh -c`, an
 /// array is an argv.
+/// The longest single argument or `NAME=value` string the kernel's exec
+/// takes (Linux's MAX_ARG_STRLEN: 32 pages).
+const MAX_ARG_STRLEN: usize = 32 * 4096;
+/// Room kept, within the OS argument limit, for what a run's environment
+/// gets beside `env` (CRONLEASE_*, what the daemon passes on: PATH, HOME).
+const ENV_RESERVE: usize = 32 * 1024;
+
+/// The OS argument limit (ARG_MAX: argv and environment together), as
+/// this process sees it; 2 MiB, Linux's usual value, if it cannot tell.
+fn arg_max() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::ARG_MAX)
+        .ok()
+        .flatten()
+        .and_then(|v| usize::try_from(v).ok())
+        .unwrap_or(2 * 1024 * 1024)
+}
+
+/// Refuses a job whose command and `env` could never be executed: one
+/// string over MAX_ARG_STRLEN, or all of them over ARG_MAX (less
+/// [`ENV_RESERVE`]); every run of it would be `not_started`.
+fn exec_space(src: &Source, rj: &RawJob, command: &Command, errors: &mut Vec<ConfigError>) {
+    // Each string takes its bytes, a NUL and a pointer.
+    let cost = |len: usize| len + 1 + std::mem::size_of::<usize>();
+    let argv: Vec<usize> = match command {
+        Command::Argv(args) => args.iter().map(String::len).collect(),
+        Command::Shell(s) => vec!["/bin/sh".len(), "-c".len(), s.len()],
+    };
+    let mut total: usize = argv.iter().map(|l| cost(*l)).sum();
+    if let Some(longest) = argv.iter().max().filter(|l| **l + 1 > MAX_ARG_STRLEN) {
+        errors.push(src.at(
+            &rj.command,
+            format!(
+                "an argument of the command is {longest} bytes, over the OS limit of {MAX_ARG_STRLEN} bytes for one (MAX_ARG_STRLEN): it could never be started"
+            ),
+        ));
+    }
+    let mut largest: Option<&Spanned<String>> = None;
+    for (k, v) in rj.env.iter().flatten() {
+        let len = k.get_ref().len() + 1 + v.get_ref().len();
+        total += cost(len);
+        if len + 1 > MAX_ARG_STRLEN {
+            errors.push(src.at(
+                v,
+                format!(
+                    "environment variable {:?} is {len} bytes as NAME=value, over the OS limit of {MAX_ARG_STRLEN} bytes for one (MAX_ARG_STRLEN): the job could never be started",
+                    k.get_ref()
+                ),
+            ));
+        }
+        if largest.is_none_or(|l| l.get_ref().len() < v.get_ref().len()) {
+            largest = Some(v);
+        }
+    }
+    let limit = arg_max().saturating_sub(ENV_RESERVE);
+    if total > limit {
+        let message = format!(
+            "the command and env take {total} bytes, over the OS argument limit of {} bytes (ARG_MAX, less {ENV_RESERVE} kept for the variables cronlease adds): the job could never be started",
+            arg_max()
+        );
+        errors.push(match largest {
+            Some(v) => src.at(v, message),
+            None => src.at(&rj.command, message),
+        });
+    }
+}
+
 fn command_of(
     src: &Source,
     v: &Spanned<toml::Value>,
@@ -2269,10 +2359,15 @@ mod tests {
 
     #[test]
     fn line_col_counts_from_one() {
-        let t = "a = 1\nbb = 2\n";
-        assert_eq!(line_col(t, 0), (1, 1));
-        assert_eq!(line_col(t, 6), (2, 1));
-        assert_eq!(line_col(t, 9), (2, 4));
+        let t = Source::new("t".into(), "a = 1\nbb = 2\né = 3".into());
+        assert_eq!(t.line_col(0), (1, 1));
+        assert_eq!(t.line_col(5), (1, 6));
+        assert_eq!(t.line_col(6), (2, 1));
+        assert_eq!(t.line_col(9), (2, 4));
+        assert_eq!(t.line_col(13), (3, 1));
+        // Columns count characters: "é" is two bytes.
+        assert_eq!(t.line_col(16), (3, 3));
+        assert_eq!(t.line_col(999), (3, 6));
     }
 
     #[test]

@@ -2,8 +2,12 @@
 //! offset").
 //!
 //! Every claim reply carries the store's clock. The offset is store − local,
-//! the local instant taken halfway through the round trip. A node whose
-//! offset exceeds `cluster.max_clock_offset` logs one error, fails `/healthz`
+//! the local instant taken halfway through the round trip; the store read
+//! its clock somewhere in that trip, so the true offset is within half the
+//! round trip of that. A reading counts as out of bounds only when even the
+//! nearest offset it allows is, and a reading whose half round trip alone
+//! exceeds the bound (a store that stalled) says nothing and is discarded.
+//! A node whose offset exceeds `cluster.max_clock_offset` logs one error, fails `/healthz`
 //! with the reason and claims nothing until a later reading is back within
 //! the bound (it then logs once more). The store refuses early occurrences on
 //! its own as well, so even a node that has not noticed cannot run a job early.
@@ -80,6 +84,12 @@ pub fn beyond_bound(offset_ms: i64, bound: Duration) -> bool {
     u128::from(offset_ms.unsigned_abs()) > bound.as_millis()
 }
 
+/// How far the true offset may lie from [`offset_ms`]'s estimate: half the
+/// round trip, in ms.
+pub fn uncertainty_ms(sent: DateTime<Utc>, received: DateTime<Utc>) -> i64 {
+    ((received - sent).num_milliseconds().max(0) + 1) / 2
+}
+
 impl ClockWatch {
     pub fn new(bound: Duration) -> Self {
         ClockWatch {
@@ -88,18 +98,34 @@ impl ClockWatch {
         }
     }
 
-    /// Takes a reading; returns the offset in milliseconds.
+    /// Takes a reading; returns the offset in milliseconds, or `None` when
+    /// the round trip was too long for the reading to bound the offset
+    /// (half of it beyond `cluster.max_clock_offset`): then nothing changes.
     pub fn observe(
         &self,
         store_now: DateTime<Utc>,
         sent: DateTime<Utc>,
         received: DateTime<Utc>,
-    ) -> i64 {
+    ) -> Option<i64> {
         let offset = offset_ms(store_now, sent, received);
-        let skewed = beyond_bound(offset, self.bound());
+        let uncertainty = uncertainty_ms(sent, received);
         let bound = self.bound().as_millis();
+        if u128::from(uncertainty.unsigned_abs()) > bound {
+            tracing::debug!(
+                offset_ms = offset,
+                round_trip_ms = (received - sent).num_milliseconds(),
+                "clock reading discarded: its round trip was too long to bound the offset"
+            );
+            return None;
+        }
+        // Out of bounds only if the offset nearest to zero that the
+        // reading allows is.
+        let skewed = beyond_bound(
+            offset.signum() * (offset.abs() - uncertainty).max(0),
+            self.bound(),
+        );
         let Ok(mut r) = self.state.lock() else {
-            return offset;
+            return Some(offset);
         };
         if skewed && !r.skewed {
             tracing::error!(
@@ -120,7 +146,7 @@ impl ClockWatch {
             offset_ms: Some(offset),
             skewed,
         };
-        offset
+        Some(offset)
     }
 
     /// The last offset read (store − local, ms), if any.
@@ -183,8 +209,46 @@ mod tests {
         assert!(w.problem().unwrap().contains("-5000 ms"));
         assert_eq!(
             w.observe(from_ms(20_000), from_ms(20_100), from_ms(20_100)),
-            -100
+            Some(-100)
         );
         assert!(!w.skewed());
+    }
+
+    /// A store that stalled 2.5 s (issue 29) answered with its clock at the
+    /// end of the trip: the midpoint estimate says 1.2 s behind on a right
+    /// clock. Half that round trip is beyond the bound: the reading is
+    /// discarded, nothing is reported. A shorter trip counts as out of
+    /// bounds only when even its nearest offset is; a real skew still shows
+    /// through a slow trip.
+    #[test]
+    fn a_stalled_round_trip_is_no_clock_offset() {
+        let w = ClockWatch::new(Duration::from_millis(500));
+        assert_eq!(
+            w.observe(from_ms(12_450), from_ms(10_000), from_ms(12_500)),
+            None
+        );
+        assert!(!w.skewed() && w.problem().is_none());
+        assert_eq!(w.last_offset_ms(), None);
+        // 900 ms round trip, the store's clock read at its end: +440 ms
+        // estimated, 450 ms uncertain: within bounds.
+        assert_eq!(
+            w.observe(from_ms(20_890), from_ms(20_000), from_ms(20_900)),
+            Some(440)
+        );
+        assert!(!w.skewed());
+        // 800 ms behind by the estimate, 400 ms uncertain: maybe 400 ms.
+        assert_eq!(
+            w.observe(from_ms(31_200), from_ms(30_000), from_ms(30_800)),
+            Some(800)
+        );
+        assert!(!w.skewed());
+        // A local clock 5 s ahead, read through a 600 ms trip: beyond
+        // whatever the trip allows.
+        assert_eq!(
+            w.observe(from_ms(10_300), from_ms(15_000), from_ms(15_600)),
+            Some(-5_000)
+        );
+        assert!(w.skewed());
+        assert!(uncertainty_ms(from_ms(0), from_ms(901)) == 451);
     }
 }

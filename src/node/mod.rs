@@ -539,8 +539,9 @@ impl Node {
         sent: chrono::DateTime<chrono::Utc>,
         received: chrono::DateTime<chrono::Utc>,
     ) {
-        let offset = self.clock.observe(store_now, sent, received);
-        self.metrics.clock_offset.set(offset as f64 / 1000.0);
+        if let Some(offset) = self.clock.observe(store_now, sent, received) {
+            self.metrics.clock_offset.set(offset as f64 / 1000.0);
+        }
     }
 
     /// Reads the store's clock once more (claims are held back while the

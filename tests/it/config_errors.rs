@@ -561,3 +561,65 @@ fn quoted_values_in_errors_are_redacted() {
     assert!(!shown.is_empty());
     assert!(shown.iter().all(|e| !e.contains("s3cretpw")), "{shown:#?}");
 }
+
+/// A job the OS could never start is refused at load, naming the limit and
+/// pointing at the value (issue 29: such a job passed `check`, then every
+/// run was `not_started`): one `NAME=value` over MAX_ARG_STRLEN, a shell
+/// command over it, and an env over ARG_MAX in all. An env of 1 MB passes.
+#[test]
+fn a_job_over_the_os_argument_limits_is_refused_with_the_limit_named() {
+    let job = |command: &str, env: &[(String, usize)]| {
+        let vars: Vec<String> = env
+            .iter()
+            .map(|(k, n)| format!("{k} = \"{}\"", "v".repeat(*n)))
+            .collect();
+        format!(
+            "[[job]]\nname = \"big\"\nschedule = \"* * * * *\"\ncommand = \"{command}\"\nenv = {{ {} }}\n",
+            vars.join(", ")
+        )
+    };
+    let one_too_long = job("true", &[("ONE".into(), 200_000)]);
+    let command_too_long = format!(
+        "[[job]]\nname = \"big\"\nschedule = \"* * * * *\"\ncommand = \"echo {}\"\n",
+        "c".repeat(140_000)
+    );
+    let many: Vec<(String, usize)> = (0..20).map(|i| (format!("V{i}"), 120_000)).collect();
+    let all_too_long = job("true", &many);
+    for (case, text, line, fragment) in [
+        (
+            "one env value",
+            one_too_long,
+            5,
+            "over the OS limit of 131072 bytes for one (MAX_ARG_STRLEN)",
+        ),
+        (
+            "the command",
+            command_too_long,
+            4,
+            "over the OS limit of 131072 bytes for one (MAX_ARG_STRLEN)",
+        ),
+        (
+            "the env in all",
+            all_too_long,
+            5,
+            "over the OS argument limit of",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let errors = match load(dir.path(), GOOD_MAIN, &[("a.toml", &text)]) {
+            Ok(_) => panic!("{case}: accepted"),
+            Err(e) => e,
+        };
+        let e = errors
+            .iter()
+            .find(|e| e.message.contains(fragment))
+            .unwrap_or_else(|| panic!("{case}: no error contains {fragment:?}: {errors:?}"));
+        assert_eq!(e.position.map(|p| p.0), Some(line), "{case}: {e}");
+        assert!(e.origin.ends_with("a.toml"), "{case}: {e}");
+        assert!(!e.to_string().contains('\n'), "{case}: one line");
+    }
+    let ten: Vec<(String, usize)> = (0..10).map(|i| (format!("V{i}"), 100_000)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = load(dir.path(), GOOD_MAIN, &[("a.toml", &job("true", &ten))]);
+    assert!(loaded.is_ok(), "1 MB of env: {:?}", loaded.err());
+}

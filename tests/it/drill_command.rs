@@ -164,10 +164,27 @@ fn step_down_sqlite() {
     drill_reports_the_takeover(Backend::Sqlite, "--step-down");
 }
 
+/// With no other live node in the registry the drill refuses (exit 1, one
+/// line, no signal: it would only cause misses); `--force` drills anyway
+/// and reports the miss.
 #[test]
-fn with_no_peer_to_take_over_the_drill_reports_the_miss_and_exits_1() {
-    let c = started(Backend::Sqlite, &["n1"]);
-    let out = drill(&c, "n1", &["--kill"]);
+fn with_no_peer_to_take_over_the_drill_refuses_and_forced_reports_the_miss() {
+    let mut c = started(Backend::Sqlite, &["n1"]);
+    for how in ["--kill", "--term", "--step-down"] {
+        let out = drill(&c, "n1", &[how]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{how}: {err}");
+        assert!(
+            err.contains("no other live node is in the node registry") && err.lines().count() == 1,
+            "{how}: {err}"
+        );
+        assert!(c.is_running("n1"), "a refused {how} drill signalled n1");
+    }
+    let before = c.lines().len();
+    c.wait_for("n1 still runs tick", Duration::from_secs(10), |l| {
+        l.len() > before
+    });
+    let out = drill(&c, "n1", &["--kill", "--force"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     let tick = text

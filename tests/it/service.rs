@@ -587,3 +587,47 @@ fn postgres_over_tls_trusts_only_its_ca() {
         Duration::from_secs(20),
     );
 }
+
+/// 64 idle connections (browser tabs, a scanner) hold every general slot
+/// of the listener: `/healthz` and `/metrics` still answer from the slots
+/// kept for probes, other paths are busy (503), and once the idle ones are
+/// gone everything answers again (issue 29).
+#[test]
+fn healthz_and_metrics_answer_with_every_connection_taken() {
+    let port = free_port();
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        None,
+        &format!("[http]\nlisten = \"127.0.0.1:{port}\""),
+    );
+    c.start("n1");
+    wait_until(
+        "/healthz to answer",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let listening = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+            (listening && http_get(port, "/healthz").0 == 200).then_some(())
+        },
+    );
+    let idle: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    // Let the listener accept them all before the probes come.
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, text) = http_get(port, "/healthz");
+    assert_eq!(code, 200, "{text}");
+    let (code, text) = http_get(port, "/metrics");
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("cronlease_store_up"), "{text}");
+    let (code, text) = http_get(port, "/api/status");
+    assert_eq!(code, 503, "{text}");
+    drop(idle);
+    wait_until(
+        "/api/status to answer again",
+        Duration::from_secs(10),
+        || c.report(),
+        || (http_get(port, "/api/status").0 == 200).then_some(()),
+    );
+    c.stop_all();
+}
