@@ -1883,12 +1883,21 @@ impl EtcdStore {
     fn beat_answered(&self, beat: &Heartbeat, read: &GetResponse, sent: i64) -> Vec<NodeRecord> {
         let prefix = self.node_key("");
         let live = live_records(read.kvs(), &prefix, sent);
-        // Only live peers' clocks are waited for: a dead node's key stays
-        // until its etcd lease ends, a minute after its last beat.
-        let others: HashSet<String> = live
+        // Every other record's clock is waited for, not only those live by
+        // this node's clock: a node whose clock ran ahead saw its peers'
+        // records as expired, waited for none and judged its first claim
+        // on its own clock alone, running it early (a node 5 s ahead, in
+        // about one run in five of
+        // `clock::etcd_measures_each_node_against_the_median_of_the_live_clocks`).
+        // A dead node's key stays until its etcd lease ends, a minute after
+        // its last beat; its reading is waited for one record's life at most.
+        let others: HashSet<String> = read
+            .kvs()
             .iter()
-            .map(|n| n.owner.clone())
-            .filter(|o| o != beat.owner.as_str())
+            .filter_map(|kv| {
+                let owner = std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()?;
+                (owner != beat.owner.as_str()).then(|| owner.to_string())
+            })
             .collect();
         self.clocks
             .expect(others, sent, BeatData::from(beat).ttl_ms);
