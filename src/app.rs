@@ -265,11 +265,21 @@ async fn handle_signals(
     node: Arc<Node>,
     shutdown: CancellationToken,
     path: PathBuf,
-    mut current: Config,
+    current: Config,
     dashboard: tokio::sync::watch::Sender<Arc<Config>>,
 ) {
-    // Restart-only settings are compared with what the daemon started with.
-    let startup = current.clone();
+    // Reloads run in a task of their own, so a stop signal is acted on
+    // while a large configuration loads; SIGHUPs during a load ask for one
+    // more load after it.
+    let reload = Arc::new(tokio::sync::Notify::new());
+    let reloads = tokio::spawn(reload_on_request(
+        reload.clone(),
+        node.clone(),
+        shutdown.clone(),
+        path,
+        current,
+        dashboard,
+    ));
     while let Some(signal) = signals.next().await {
         match signal {
             SIGTERM | SIGINT if shutdown.is_cancelled() => {
@@ -285,52 +295,66 @@ async fn handle_signals(
                 tracing::info!("{name} received: shutting down");
                 shutdown.cancel();
             }
-            SIGHUP => {
-                if shutdown.is_cancelled() {
-                    continue;
-                }
-                // Parsed off the runtime: a large configuration takes
-                // seconds to load, and claims, renewals and the watchdog
-                // must not wait for it. Applying it is one cheap step.
-                let load = {
-                    let path = path.clone();
-                    tokio::task::spawn_blocking(move || config::load(&path, &Overrides::from_env()))
-                };
-                let loaded = match load.await {
-                    Ok(loaded) => loaded,
-                    Err(e) => {
-                        tracing::error!(
-                            "SIGHUP: the configuration load failed: {e}; keeping the current jobs"
-                        );
-                        continue;
-                    }
-                };
-                if shutdown.is_cancelled() {
-                    continue;
-                }
-                match loaded {
-                    Ok(new) => {
-                        apply_reload(&node, &startup, &current, &new);
-                        dashboard.send_replace(Arc::new(new.clone()));
-                        current = new;
-                    }
-                    Err(errors) => {
-                        for e in &errors.0 {
-                            tracing::error!("{e}");
-                        }
-                        tracing::error!(
-                            errors = errors.0.len(),
-                            "SIGHUP: configuration invalid; keeping the current jobs"
-                        );
-                    }
-                }
-            }
+            SIGHUP if !shutdown.is_cancelled() => reload.notify_one(),
             SIGUSR1 if !shutdown.is_cancelled() => {
                 tracing::info!("SIGUSR1: stepping down");
                 let node = node.clone();
                 tokio::spawn(async move { node.step_down().await });
             }
             _ => {}
+        }
+    }
+    reloads.abort();
+}
+
+/// Loads the configuration at each request (SIGHUP) and applies it, until
+/// shutdown. The load (parsing, validating, reading every job file) runs
+/// off the runtime: a large configuration takes seconds, and claims,
+/// renewals and the watchdog must not wait for it. Applying the result is
+/// one cheap step.
+async fn reload_on_request(
+    requested: Arc<tokio::sync::Notify>,
+    node: Arc<Node>,
+    shutdown: CancellationToken,
+    path: PathBuf,
+    mut current: Config,
+    dashboard: tokio::sync::watch::Sender<Arc<Config>>,
+) {
+    // Restart-only settings are compared with what the daemon started with.
+    let startup = current.clone();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = requested.notified() => {}
+        }
+        let load = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || config::load(&path, &Overrides::from_env()))
+        };
+        let loaded = tokio::select! {
+            () = shutdown.cancelled() => return,
+            loaded = load => loaded,
+        };
+        match loaded {
+            Ok(Ok(new)) => {
+                apply_reload(&node, &startup, &current, &new);
+                dashboard.send_replace(Arc::new(new.clone()));
+                current = new;
+            }
+            Ok(Err(errors)) => {
+                for e in &errors.0 {
+                    tracing::error!("{e}");
+                }
+                tracing::error!(
+                    errors = errors.0.len(),
+                    "SIGHUP: configuration invalid; keeping the current jobs"
+                );
+            }
+            Err(e) => {
+                tracing::error!(
+                    "SIGHUP: the configuration load failed: {e}; keeping the current jobs"
+                );
+            }
         }
     }
 }
