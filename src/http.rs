@@ -15,8 +15,8 @@
 //! only, at most 64 connections at once, each ended (gracefully) after
 //! 60 s. Beyond those 64, 16 more are kept for the probes: one request
 //! each, within 2 s, to `/healthz` or `/metrics` only, so idle browser tabs
-//! or a scanner holding every connection cannot fail a health check. The store is asked by one request at a time, and `/api/status`
-//! answers from a snapshot at most a second old, so however many pages are
+//! or a scanner holding every connection cannot fail a health check. The
+//! store is asked by one request at a time, and `/api/status` answers from a snapshot at most a second old, so however many pages are
 //! open the daemon's own claims never queue behind them for its store
 //! connections; every store call within the command budget (`op_timeout`,
 //! at least 5 s).
@@ -119,32 +119,28 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken
         };
         // Beyond the limit a connection gets a probe's slot, and beyond
         // those it is closed at once, not queued.
-        let (slot, service, probe) = if let Ok(slot) = slots.clone().try_acquire_owned() {
-            (slot, TowerToHyperService::new(router.clone()), false)
-        } else if let Ok(slot) = probe_slots.clone().try_acquire_owned() {
-            (slot, TowerToHyperService::new(probe_router.clone()), true)
-        } else {
-            continue;
-        };
+        // A probe's connection: one request, its head and its answer
+        // within PROBE_LIFETIME.
+        let (slot, service, probe, head_within, lifetime) =
+            if let Ok(slot) = slots.clone().try_acquire_owned() {
+                let service = TowerToHyperService::new(router.clone());
+                (slot, service, false, HEADER_TIMEOUT, CONNECTION_LIFETIME)
+            } else if let Ok(slot) = probe_slots.clone().try_acquire_owned() {
+                let service = TowerToHyperService::new(probe_router.clone());
+                (slot, service, true, PROBE_LIFETIME, PROBE_LIFETIME)
+            } else {
+                continue;
+            };
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(if probe {
-                    PROBE_LIFETIME
-                } else {
-                    HEADER_TIMEOUT
-                })
+                .header_read_timeout(head_within)
                 .keep_alive(!probe)
                 .max_buf_size(MAX_HEAD)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
-            let lifetime = if probe {
-                PROBE_LIFETIME
-            } else {
-                CONNECTION_LIFETIME
-            };
             tokio::select! {
                 _ = connection.as_mut() => return,
                 () = tokio::time::sleep(lifetime) => {}

@@ -2037,12 +2037,16 @@ const ENV_RESERVE: usize = 32 * 1024;
 
 /// The OS argument limit (ARG_MAX: argv and environment together), as
 /// this process sees it; 2 MiB, Linux's usual value, if it cannot tell.
+/// Asked once: every job of every load checks against it.
 fn arg_max() -> usize {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::ARG_MAX)
-        .ok()
-        .flatten()
-        .and_then(|v| usize::try_from(v).ok())
-        .unwrap_or(2 * 1024 * 1024)
+    static ARG_MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ARG_MAX.get_or_init(|| {
+        nix::unistd::sysconf(nix::unistd::SysconfVar::ARG_MAX)
+            .ok()
+            .flatten()
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(2 * 1024 * 1024)
+    })
 }
 
 /// Refuses a job whose command and `env` could never be executed: one
@@ -2081,11 +2085,10 @@ fn exec_space(src: &Source, rj: &RawJob, command: &Command, errors: &mut Vec<Con
             largest = Some(v);
         }
     }
-    let limit = arg_max().saturating_sub(ENV_RESERVE);
-    if total > limit {
+    let arg_max = arg_max();
+    if total > arg_max.saturating_sub(ENV_RESERVE) {
         let message = format!(
-            "the command and env take {total} bytes, over the OS argument limit of {} bytes (ARG_MAX, less {ENV_RESERVE} kept for the variables cronlease adds): the job could never be started",
-            arg_max()
+            "the command and env take {total} bytes, over the OS argument limit of {arg_max} bytes (ARG_MAX, less {ENV_RESERVE} kept for the variables cronlease adds): the job could never be started"
         );
         errors.push(match largest {
             Some(v) => src.at(v, message),

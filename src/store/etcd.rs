@@ -1179,11 +1179,7 @@ async fn read_clocks(
                         let Some(kv) = event.kv() else {
                             continue;
                         };
-                        let Some(owner) = kv
-                            .key()
-                            .strip_prefix(prefix.as_bytes())
-                            .and_then(|o| std::str::from_utf8(o).ok())
-                        else {
+                        let Some(owner) = owner_of(kv, &prefix) else {
                             continue;
                         };
                         if matches!(event.event_type(), EventType::Delete) {
@@ -1895,7 +1891,7 @@ impl EtcdStore {
             .kvs()
             .iter()
             .filter_map(|kv| {
-                let owner = std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()?;
+                let owner = owner_of(kv, &prefix)?;
                 (owner != beat.owner.as_str()).then(|| owner.to_string())
             })
             .collect();
@@ -1916,11 +1912,16 @@ impl EtcdStore {
 /// The live records among a range read of the registry, by this host's
 /// clock (etcd has none): a record is live while its key exists (its etcd
 /// lease did not run out) and its recorded end is ahead of `now`.
+/// The owner a registry key under `prefix` names.
+fn owner_of<'a>(kv: &'a KeyValue, prefix: &str) -> Option<&'a str> {
+    std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()
+}
+
 fn live_records(kvs: &[KeyValue], prefix: &str, now: i64) -> Vec<NodeRecord> {
     registry::sorted(
         kvs.iter()
             .filter_map(|kv| {
-                let owner = std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()?;
+                let owner = owner_of(kv, prefix)?;
                 let data = BeatData::parse(kv.value())?;
                 let seen = data.last_seen?;
                 let ends = seen.saturating_add(data.ttl_ms);
