@@ -79,6 +79,7 @@ async fn measure(backend: support::Backend, batch: usize, rounds: usize) -> Vec<
                 head_start: None,
                 after_unanswered: false,
                 recheck_only: false,
+                window_end: None,
                 manual: None,
             })
             .collect();

@@ -826,7 +826,10 @@ async fn migrate(path: PathBuf) -> ExitCode {
     };
     match tokio::time::timeout(Duration::from_secs(60), store.prepare()).await {
         Ok(Ok(())) => {
-            println!("{}: schema up to date", store.describe());
+            match store.schema_notice() {
+                Some(note) => println!("{}: {note}; nothing applied", store.describe()),
+                None => println!("{}: schema up to date", store.describe()),
+            }
             ExitCode::SUCCESS
         }
         Ok(Err(e)) => store_failure(&e),
@@ -975,7 +978,27 @@ async fn nodes(path: PathBuf, json: bool) -> ExitCode {
         if nodes.len() == 1 { "" } else { "s" },
         bound.as_millis()
     );
+    for (name, owners) in name_twins(&nodes) {
+        let _ = writeln!(
+            out,
+            "WARNING: {} live daemons use the node name {name} ({}): give each host its own `node`",
+            owners.len(),
+            owners.join(", ")
+        );
+    }
     ExitCode::SUCCESS
+}
+
+/// Node names more than one live daemon uses, with their owners.
+fn name_twins(nodes: &[store::NodeRecord]) -> Vec<(&str, Vec<&str>)> {
+    let mut by_name: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for n in nodes {
+        by_name
+            .entry(n.node.as_str())
+            .or_default()
+            .push(n.owner.as_str());
+    }
+    by_name.into_iter().filter(|(_, o)| o.len() > 1).collect()
 }
 
 async fn history(path: PathBuf, job: Option<JobName>, limit: u32, json: bool) -> ExitCode {

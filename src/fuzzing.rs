@@ -75,6 +75,7 @@ mod redis_replies {
                 head_start: Some(Duration::from_millis(50)),
                 after_unanswered: false,
                 recheck_only: false,
+                window_end: None,
                 manual: None,
             })
             .collect();

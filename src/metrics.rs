@@ -67,6 +67,8 @@ pub struct Metrics {
     pub jobs: Gauge,
     /// Live nodes in the store's node registry, at this node's last heartbeat.
     pub nodes_alive: Gauge,
+    /// Other live daemons in the registry under this node's name.
+    pub node_name_twins: Gauge,
     pub store_up: Gauge,
     /// store − local clock, seconds, from the last claim reply.
     pub clock_offset: Gauge<f64, AtomicU64>,
@@ -93,6 +95,7 @@ impl Metrics {
             leases_held: Gauge::default(),
             jobs: Gauge::default(),
             nodes_alive: Gauge::default(),
+            node_name_twins: Gauge::default(),
             store_up: Gauge::default(),
             clock_offset: Gauge::default(),
             registry: Registry::default(),
@@ -157,6 +160,11 @@ impl Metrics {
             "cronlease_nodes_alive",
             "Live nodes in the store's node registry, at this node's last heartbeat",
             m.nodes_alive.clone(),
+        );
+        registry.register(
+            "cronlease_node_name_twins",
+            "Other live daemons in the store's node registry under this node's name",
+            m.node_name_twins.clone(),
         );
         registry.register(
             "cronlease_store_up",

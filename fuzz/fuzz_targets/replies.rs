@@ -90,6 +90,7 @@ fn claim_rule(bytes: &[u8]) {
         head_start: (flags & 64 != 0).then(|| f.ms(366 * 24 * 3600 * 1000)),
         after_unanswered: flags & 128 != 0,
         recheck_only: more & 1 != 0,
+        window_end: None,
         manual: (more & 4 != 0)
             .then(|| TriggerId::from_stored(f.int()))
             .flatten(),

@@ -266,6 +266,8 @@ impl Node {
             head_start: Some(self.head_start),
             after_unanswered,
             recheck_only: false,
+            window_end: next
+                .or_else(|| occurrence.checked_add_signed(chrono::TimeDelta::seconds(60))),
             manual: None,
         }
     }
@@ -473,12 +475,31 @@ impl Node {
                 ClaimOutcome::Won(w) if w.catch_up => "caught_up",
                 ClaimOutcome::Won(_) => "won",
                 ClaimOutcome::Lost(l) if l.paused => "paused",
+                ClaimOutcome::Lost(l) if l.stale => "stale",
                 ClaimOutcome::Lost(l) if l.too_early => "too_early",
                 ClaimOutcome::Lost(_) => "lost",
                 ClaimOutcome::Failed(_) => "error",
             };
             self.count_claim(&job.name, result);
             match outcome {
+                ClaimOutcome::Won(won) if Instant::now() >= give_up_at => {
+                    // Answered after the occurrence's window (it waited
+                    // behind a stalled store): too late to run, and running
+                    // it would push out the occurrence due now. Recorded, so
+                    // the win is not lost silently (docs/protocol.md,
+                    // "Claims answered late").
+                    drop(gate);
+                    state.saw_fence(won.fence);
+                    state.note_standing(Standing::Holder, won.fence);
+                    tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, late_ms = (self.wall.now() - occurrence).num_milliseconds(), "a claim answered only after its occurrence's window: not run, recorded as lease_lost");
+                    self.record(
+                        &state,
+                        self.ticket(&won, decision_ms),
+                        Finished::without_process(Outcome::LeaseLost, self.wall.now()),
+                    )
+                    .await;
+                    return false;
+                }
                 ClaimOutcome::Won(won) => {
                     state.saw_fence(won.fence);
                     // A retried claim that won earlier: its lease counts
@@ -528,6 +549,15 @@ impl Node {
                     drop(gate);
                     state.saw_fence(lost.fence);
                     tracing::debug!(job = %job.name, %occurrence, "job paused; occurrence not claimed");
+                    return false;
+                }
+                ClaimOutcome::Lost(lost) if lost.stale => {
+                    // The store decided it after the window: nothing won,
+                    // nothing written; the next occurrence is claimed on
+                    // its own.
+                    drop(gate);
+                    state.saw_fence(lost.fence);
+                    tracing::info!(job = %job.name, %occurrence, "the store answered this claim only after the occurrence's window: not run");
                     return false;
                 }
                 ClaimOutcome::Lost(lost) if lost.too_early => {

@@ -85,12 +85,39 @@ impl Node {
     /// A beat sent at `sent` went through and answered with `nodes`.
     pub(super) fn beaten(&self, nodes: Vec<NodeRecord>, sent: Instant) {
         self.metrics.nodes_alive.set(nodes.len() as i64);
+        self.note_name_twins(&nodes);
         if let Ok(mut live) = self.live_nodes.lock() {
             *live = nodes;
         }
         if let Ok(mut at) = self.beaten_at.lock() {
             *at = (*at).max(Some(sent));
         }
+    }
+
+    /// Warns once about each other live daemon that uses this node's name
+    /// (a copied config): the two split the jobs between them unevenly, and
+    /// `status`, `drill` and `spread` cannot tell them apart. Counted in
+    /// `cronlease_node_name_twins` for as long as both are live.
+    fn note_name_twins(&self, nodes: &[NodeRecord]) {
+        let twins: Vec<&NodeRecord> = nodes
+            .iter()
+            .filter(|n| n.node == self.name.as_str() && n.owner != self.owner.as_str())
+            .collect();
+        self.metrics.node_name_twins.set(twins.len() as i64);
+        let Ok(mut warned) = self.name_twins.lock() else {
+            return;
+        };
+        for twin in &twins {
+            if warned.insert(twin.owner.clone()) {
+                tracing::warn!(
+                    node = %self.name,
+                    other_owner = %twin.owner,
+                    other_started = %twin.started_at.to_rfc3339(),
+                    "another live daemon uses this node's name: two daemons with one name split the jobs unevenly and cannot be told apart; give each host its own `node`"
+                );
+            }
+        }
+        warned.retain(|owner| twins.iter().any(|t| &t.owner == owner));
     }
 
     /// When the last beat that went through was sent.

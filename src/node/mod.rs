@@ -364,6 +364,9 @@ pub struct Node {
     started_at: DateTime<Utc>,
     /// The live nodes as of the last heartbeat ([`membership`]).
     live_nodes: Mutex<Vec<crate::store::NodeRecord>>,
+    /// Other live daemons under this node's name, already warned about
+    /// ([`membership`]).
+    name_twins: Mutex<std::collections::BTreeSet<String>>,
     /// The store's URL: its password never reaches an output tail.
     store_url: crate::config::StoreUrl,
     /// When the last heartbeat that went through was sent, on its own or
@@ -484,6 +487,7 @@ impl Node {
             keep_health_fresh: config.http_listen.is_some(),
             started_at,
             live_nodes: Mutex::new(Vec::new()),
+            name_twins: Mutex::new(std::collections::BTreeSet::new()),
             beaten_at: Mutex::new(None),
             store_url: config.store.url.clone(),
             triggers: trigger::InFlight::default(),

@@ -120,6 +120,7 @@ impl Node {
             head_start: Some(Duration::ZERO),
             after_unanswered: false,
             recheck_only: false,
+            window_end: None,
             manual: Some(id),
         };
         let mut first_sent: Option<Instant> = None;

@@ -972,6 +972,7 @@ impl EtcdStore {
                     idle_wait: None,
                     paused: false,
                     trigger_gone: false,
+                    stale: false,
                 }),
             );
         }

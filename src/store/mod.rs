@@ -216,6 +216,12 @@ pub struct ClaimRequest {
     /// occurrence's window closed on an unanswered claim, so a win nobody
     /// ran is recorded instead of vanishing.
     pub recheck_only: bool,
+    /// Where the occurrence's window ends (the next occurrence): a claim
+    /// the store decides at or after this instant, by its clock, is stale
+    /// (it waited behind a stall) and is refused without writing anything
+    /// (docs/protocol.md, "Claims answered late"). `None`: no bound (a
+    /// manual run, a tool).
+    pub window_end: Option<DateTime<Utc>>,
     /// A manual run: claims the pending request with this id instead of an
     /// occurrence ([`decide`]). `occurrence`, `previous`, `misfire`,
     /// `max_offset` and `head_start` are not used, the pause mark is not
@@ -269,6 +275,9 @@ pub struct Lost {
     /// A manual claim refused because its request is no longer pending
     /// (claimed already, or never recorded): nothing to try again.
     pub trigger_gone: bool,
+    /// Refused because the store decided it after the occurrence's window
+    /// ([`ClaimRequest::window_end`]): too late to run, nothing written.
+    pub stale: bool,
 }
 
 /// The answer to a [`ClaimRequest`].
@@ -417,8 +426,44 @@ pub enum StoreError {
         "store {store} has no cronlease tables yet: run `cronlease migrate` (or start `cronlease run`, which applies them)"
     )]
     NotMigrated { store: String },
+    #[error(
+        "store {store} has cronlease schema version {found}, newer than this binary knows ({known}) and marked incompatible with it (versions {breaking} and up): claiming nothing; upgrade cronlease on this host (docs/operations.md, \"Upgrade\")"
+    )]
+    SchemaTooNew {
+        store: String,
+        found: i64,
+        known: i64,
+        breaking: i64,
+    },
     #[error("{0}")]
     NotBuiltIn(String),
+}
+
+/// Schema versions are numbered so that a change older binaries cannot work
+/// with starts a new block of this many: a binary refuses a schema from a
+/// later block, and claims on a newer one of its own block with a WARN
+/// (docs/operations.md, "Upgrade").
+pub const SCHEMA_BLOCK: i64 = 100;
+
+/// What a binary that knows schema versions up to `known` makes of a store
+/// at version `found`: `None` when it knows it; `Some(Ok(note))` for a newer
+/// version it may still use (the note says so); `Some(Err(e))` for one it
+/// must not claim on.
+pub fn newer_schema(store: &str, found: i64, known: i64) -> Option<Result<String, StoreError>> {
+    if found <= known {
+        return None;
+    }
+    if found / SCHEMA_BLOCK > known / SCHEMA_BLOCK {
+        return Some(Err(StoreError::SchemaTooNew {
+            store: store.to_string(),
+            found,
+            known,
+            breaking: found / SCHEMA_BLOCK * SCHEMA_BLOCK,
+        }));
+    }
+    Some(Ok(format!(
+        "schema version {found} is newer than this binary knows ({known}); it is compatible, so this binary claims on it, but upgrade cronlease on this host"
+    )))
 }
 
 impl StoreError {
@@ -509,6 +554,12 @@ pub trait Locks: Send + Sync + 'static {
 
     /// The URL with secrets redacted, for messages.
     fn describe(&self) -> &str;
+
+    /// After [`Locks::prepare`]: a note about the store's schema an operator
+    /// should read (a newer version than this binary knows), if any.
+    fn schema_notice(&self) -> Option<String> {
+        None
+    }
 
     /// For a store where a holder's leases can end before their length, the
     /// bound on a run whose claim or last renewal was sent at `sent`:
@@ -1048,6 +1099,7 @@ fn refusal(row: &LockRow, live: bool) -> Lost {
         idle_wait: None,
         paused: false,
         trigger_gone: false,
+        stale: false,
     }
 }
 
@@ -1071,6 +1123,15 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     if row.paused {
         return Decision::Refuse(Lost {
             paused: true,
+            ..refusal(row, live)
+        });
+    }
+    if req
+        .window_end
+        .is_some_and(|end| row.now >= to_ms(end) && !req.recheck_only)
+    {
+        return Decision::Refuse(Lost {
+            stale: true,
             ..refusal(row, live)
         });
     }
@@ -1102,6 +1163,7 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
                 .map(|w| Duration::from_millis(w.max(0) as u64)),
             paused: false,
             trigger_gone: false,
+            stale: false,
         });
     }
     let missed = match (req.misfire, req.previous, row.last_occurrence) {
@@ -1179,6 +1241,7 @@ fn decide_manual(row: &LockRow, req: &ClaimRequest, id: TriggerId, floor: i64) -
     if gone || req.recheck_only || row.run_in_progress() {
         return Decision::Refuse(Lost {
             trigger_gone: gone,
+            stale: false,
             ..refusal(row, live)
         });
     }
@@ -1217,6 +1280,7 @@ mod tests {
             head_start: None,
             after_unanswered: false,
             recheck_only: false,
+            window_end: None,
             manual: None,
         }
     }
@@ -1273,6 +1337,7 @@ mod tests {
                 idle_wait: None,
                 paused: false,
                 trigger_gone: false,
+                stale: false,
             })
         );
     }
@@ -1661,6 +1726,7 @@ mod tests {
                 decide(&other, &manual),
                 Decision::Refuse(Lost {
                     trigger_gone: true,
+                    stale: false,
                     ..
                 })
             ));
@@ -1710,6 +1776,7 @@ mod tests {
                 idle_wait: None,
                 paused: false,
                 trigger_gone: false,
+                stale: false,
             })
         );
     }

@@ -84,7 +84,8 @@ enum Link {
 /// One claim's answer from `claim.lua`, in its order: `{won, fence,
 /// occurrence, catch_up, holder/previous owner (or the error when won is
 /// -2), remaining, last, now, too_early, repaired, idle_wait, paused}`
-/// (idle_wait -1 unless an idle holder's head start kept the claim out;
+/// (too_early 1 when the occurrence is ahead of the server's clock, 2 when
+/// the claim is stale: the occurrence's window ended; idle_wait -1 unless an idle holder's head start kept the claim out;
 /// paused 1 when the job's pause mark refused it). The fence comes as a
 /// decimal string: Lua numbers are doubles.
 pub(crate) type ClaimReply = (
@@ -758,7 +759,7 @@ fn forgotten(reply: &redis::Value) -> bool {
 /// The keys and arguments of `claim.lua` for `requests`.
 fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(2 * requests.len());
-    let mut args = Vec::with_capacity(12 * requests.len());
+    let mut args = Vec::with_capacity(13 * requests.len());
     for r in requests {
         let job = r.job.as_str();
         keys.push(job_key(prefix, job, "lease"));
@@ -782,6 +783,9 @@ fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String>, Vec<Stri
                 .unwrap_or_default(),
             r.manual.map(|id| id.get().to_string()).unwrap_or_default(),
             job.to_string(),
+            r.window_end
+                .map(|e| to_ms(e).to_string())
+                .unwrap_or_default(),
         ]);
     }
     keys.push(triggers_key(prefix));
@@ -946,6 +950,7 @@ fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutcome {
             last_occurrence: (last >= 0).then(|| from_ms(last)),
             fence,
             too_early: too_early == 1,
+            stale: too_early == 2,
             idle_wait: (idle >= 0).then(|| Duration::from_millis(idle as u64)),
             paused: paused == 1,
             trigger_gone: paused == 2,

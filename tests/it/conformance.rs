@@ -38,6 +38,7 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         head_start: None,
         after_unanswered: false,
         recheck_only: false,
+        window_end: None,
         manual: None,
     }
 }
@@ -448,6 +449,47 @@ pub async fn occurrence_beyond_the_store_clock_is_refused(h: &Harness) {
     assert_eq!(w.fence, 2);
 }
 
+/// A claim the store decides after its occurrence's window (it waited
+/// behind a stall) is refused as stale and writes nothing; a retry of our
+/// own unanswered win, or a recheck, is still answered with that win, so
+/// the node can record it (docs/protocol.md, "Claims answered late").
+pub async fn a_claim_decided_after_its_window_is_stale(h: &Harness) {
+    let a = h.store().await;
+    let now = from_ms(Utc::now().timestamp_millis());
+    let at = |t: DateTime<Utc>, end: DateTime<Utc>, owner: &str| ClaimRequest {
+        occurrence: t,
+        previous: Some(t - TimeDelta::seconds(1)),
+        window_end: Some(end),
+        ..req("stale", owner, 0, 5_000)
+    };
+    let old = now - TimeDelta::seconds(3);
+    let l = lost(claim(&a, at(old, old + TimeDelta::seconds(1), "a#1")).await);
+    assert!(l.stale && !l.too_early, "{l:?}");
+    assert_eq!((l.fence, l.last_occurrence, l.holder), (0, None, None));
+    // Nothing was written: the claim of the present wins with the first fence.
+    let w = won(claim(&a, at(now, now + TimeDelta::seconds(10), "b#1")).await);
+    assert_eq!((w.fence, w.occurrence), (1, now));
+    // Our own win whose answer was lost is answered again after the window
+    // (retried, or rechecked), so the node can record it.
+    let retry = ClaimRequest {
+        after_unanswered: true,
+        ..at(now, now - TimeDelta::milliseconds(1), "b#1")
+    };
+    assert_eq!(won(claim(&a, retry.clone()).await).fence, 1);
+    let recheck = ClaimRequest {
+        recheck_only: true,
+        ..retry
+    };
+    assert_eq!(won(claim(&a, recheck).await).fence, 1);
+    // Another owner's stale claim of a later occurrence takes nothing (it
+    // may be refused for the live lease first: Redlock asks the masters for
+    // the lease before it decides).
+    let later = now + TimeDelta::milliseconds(200);
+    let l = lost(claim(&a, at(later, now - TimeDelta::milliseconds(1), "c#1")).await);
+    assert!(l.stale || l.holder.as_deref() == Some("b#1"), "{l:?}");
+    assert_eq!((l.fence, l.last_occurrence), (1, Some(now)), "{l:?}");
+}
+
 /// A history row this version does not understand (a newer version's
 /// outcome, a hand edit, a malformed entry) is shown as `unknown(...)`, and
 /// the other rows and jobs are listed as usual.
@@ -763,6 +805,7 @@ pub async fn recheck_takes_nothing(h: &Harness) {
     let recheck = |owner: &str| ClaimRequest {
         after_unanswered: true,
         recheck_only: true,
+        window_end: None,
         manual: None,
         ..req("r", owner, 10, 60_000)
     };
@@ -801,6 +844,7 @@ pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
     let retry = ClaimRequest {
         after_unanswered: true,
         recheck_only: false,
+        window_end: None,
         manual: None,
         fence_floor: 1,
         ..req("m", "a#1", 11, 60_000)
@@ -813,6 +857,7 @@ pub async fn retried_claim_keeps_its_lost_win(h: &Harness) {
     let peer = ClaimRequest {
         after_unanswered: true,
         recheck_only: false,
+        window_end: None,
         manual: None,
         fence_floor: 1,
         ..req("m", "b#1", 11, 60_000)
@@ -1353,6 +1398,7 @@ macro_rules! conformance {
                 shedlock_extend_and_not_extend_expired,
                 shedlock_fuzz_unprotected_counter,
                 occurrence_beyond_the_store_clock_is_refused,
+                a_claim_decided_after_its_window_is_stale,
                 history_shows_rows_it_does_not_understand,
                 fences_stay_exact_and_never_wrap,
                 batch_answers_like_one_by_one,

@@ -47,6 +47,7 @@ fn request(job: &str, occurrence_s: i64) -> ClaimRequest {
         head_start: None,
         after_unanswered: false,
         recheck_only: false,
+        window_end: None,
         manual: None,
     }
 }

@@ -537,6 +537,7 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
             head_start: None,
             after_unanswered: false,
             recheck_only: false,
+            window_end: None,
             manual: None,
         };
         let won = store.claim(&[thief]).await.unwrap().outcomes;

@@ -257,3 +257,35 @@ fn delayed_idle_holder_zookeeper() {
 fn delayed_idle_holder_etcd() {
     delayed_idle_holder(Backend::Etcd);
 }
+
+/// Two live daemons under one node name (a copied config): each warns once
+/// about the other, and `nodes` says so.
+#[test]
+fn two_daemons_with_one_node_name_are_warned_about() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    let n2 = c.config("n2");
+    let text = std::fs::read_to_string(&n2).unwrap();
+    std::fs::write(&n2, text.replace("node = \"n2\"", "node = \"n1\"")).unwrap();
+    c.start("n1");
+    c.start("n2");
+    let warning = "another live daemon uses this node's name";
+    crate::support::wait_until(
+        "both daemons warned",
+        Duration::from_secs(30),
+        || c.report(),
+        || (c.log("n1").contains(warning) && c.log("n2").contains(warning)).then_some(()),
+    );
+    let listed = c.cli("n1", &["nodes"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        text.contains("WARNING: 2 live daemons use the node name n1"),
+        "{text}\n{}",
+        c.report()
+    );
+    // Once, not at every heartbeat.
+    std::thread::sleep(Duration::from_secs(2));
+    for node in ["n1", "n2"] {
+        assert_eq!(c.log(node).matches(warning).count(), 1, "{}", c.report());
+    }
+    c.stop_all();
+}

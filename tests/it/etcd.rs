@@ -274,6 +274,7 @@ async fn a_lease_is_rounded_up_to_whole_seconds_for_its_etcd_lease() {
             head_start: None,
             after_unanswered: false,
             recheck_only: false,
+            window_end: None,
             manual: None,
         };
         let claimed = store.claim(&[req]).await.unwrap();
@@ -317,6 +318,7 @@ async fn a_claimer_waiting_out_a_lease_is_woken_when_its_key_is_deleted() {
         head_start: None,
         after_unanswered: false,
         recheck_only: false,
+        window_end: None,
         manual: None,
     };
     let won = a.claim(&[req("a#1")]).await.unwrap();

@@ -203,6 +203,7 @@ async fn ghost_claimed_11_59_30(w: &World) {
             head_start: None,
             after_unanswered: false,
             recheck_only: false,
+            window_end: None,
             manual: None,
         }])
         .await

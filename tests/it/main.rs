@@ -37,6 +37,7 @@ mod pidfile;
 mod redlock;
 mod sentinel;
 mod service;
+mod stall;
 mod support;
 mod trigger;
 mod zookeeper;

@@ -111,3 +111,107 @@ async fn version_1_duplicates_are_removed_mysql() {
 async fn version_1_duplicates_are_removed_postgres() {
     version_1_duplicates_are_removed(Backend::Postgres).await;
 }
+
+/// A schema newer than this binary (a rollback, a mixed-version cluster) is
+/// named, never accepted silently: a newer version of this binary's block
+/// is used with a WARN and nothing applied; one of a later block (a change
+/// older binaries cannot work with) is refused, by `migrate` (exit 1) and by
+/// `run`, which claims nothing.
+async fn a_newer_schema_is_named_and_an_incompatible_one_refused(backend: Backend) {
+    backend.require();
+    let dir = tempfile::tempdir().unwrap();
+    let url = backend.url(dir.path());
+    let p = unique("sv");
+    let config_file = dir.path().join("c.toml");
+    let out = dir.path().join("out");
+    std::fs::write(
+        &config_file,
+        format!(
+            "node = \"n1\"\npid_file = \"n1.pid\"\n[store]\nurl = \"{url}\"\ntable_prefix = \"{p}\"\nop_timeout = \"1s\"\n[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = \"echo run >> '{}'\"\n",
+            out.display()
+        ),
+    )
+    .unwrap();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(crate::support::binary())
+            .args(args)
+            .arg("-c")
+            .arg(&config_file)
+            .current_dir(dir.path())
+            .env_remove("CRONLEASE_STORE_URL")
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    };
+    let first = cli(&["migrate"]);
+    assert!(first.status.success(), "{first:?}");
+    assert!(String::from_utf8_lossy(&first.stdout).contains("schema up to date"));
+    let mut config = StoreConfig::new(StoreUrl::parse(&url, dir.path()).unwrap());
+    config.table_prefix = p.clone();
+    let h = Harness::for_config(config.clone());
+
+    // 99: newer, same block. Named by `migrate`; `run` warns and claims.
+    h.raw_sql(&format!(
+        "INSERT INTO {p}cronlease_schema (version, applied_at) VALUES (99, 0)"
+    ))
+    .await;
+    let newer = cli(&["migrate"]);
+    let said = String::from_utf8_lossy(&newer.stdout);
+    assert!(newer.status.success(), "{newer:?}");
+    assert!(
+        said.contains("schema version 99 is newer than this binary knows")
+            && said.contains("nothing applied"),
+        "{said}"
+    );
+    let s = store::connect(&config).await.unwrap();
+    s.prepare().await.unwrap();
+    assert!(s.schema_notice().is_some_and(|n| n.contains("99")));
+
+    // 100: a later block. `migrate` refuses, `run` claims nothing.
+    h.raw_sql(&format!(
+        "INSERT INTO {p}cronlease_schema (version, applied_at) VALUES (100, 0)"
+    ))
+    .await;
+    let refused = cli(&["migrate"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        said.contains("schema version 100, newer than this binary knows")
+            && said.contains("incompatible"),
+        "{said}"
+    );
+    assert!(matches!(
+        s.prepare().await,
+        Err(store::StoreError::SchemaTooNew { found: 100, .. })
+    ));
+    let log = std::fs::File::create(dir.path().join("run.log")).unwrap();
+    let mut daemon = std::process::Command::new(crate::support::binary())
+        .args(["run", "-c"])
+        .arg(&config_file)
+        .current_dir(dir.path())
+        .env_remove("CRONLEASE_STORE_URL")
+        .env_remove("RUST_LOG")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
+    assert!(log.contains("schema version 100"), "{log}");
+    assert!(
+        !out.exists(),
+        "the job ran on an incompatible schema\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_named_and_an_incompatible_one_refused_sqlite() {
+    a_newer_schema_is_named_and_an_incompatible_one_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_named_and_an_incompatible_one_refused_postgres() {
+    a_newer_schema_is_named_and_an_incompatible_one_refused(Backend::Postgres).await;
+}

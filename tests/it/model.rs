@@ -378,6 +378,7 @@ impl Protocol {
             head_start: Some(Self::dur(self.head_start)),
             after_unanswered: after_unanswered && self.rules.retry_finds_its_win,
             recheck_only: false,
+            window_end: None,
             manual: None,
         };
         // The store's batch step (a batch of one: the model has one job),

@@ -123,6 +123,7 @@ fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
         head_start: None,
         after_unanswered: false,
         recheck_only: false,
+        window_end: None,
         manual: None,
     }
 }

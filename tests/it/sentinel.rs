@@ -276,6 +276,7 @@ async fn a_switch_master_announcement_moves_the_store_before_its_next_call() {
         head_start: None,
         after_unanswered: false,
         recheck_only: false,
+        window_end: None,
         manual: None,
     };
     let first = store.claim(&[request(0)]).await.unwrap();

@@ -781,6 +781,11 @@ impl MariaDbServer {
         format!("mysql://root@127.0.0.1:{}/test", self.port)
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     /// Starts it and waits until it answers; creates database `test`.
     pub fn start(&mut self) {
         let d = self.dir.path();

@@ -286,3 +286,15 @@ fn a_run_stops_when_its_session_cannot_be_confirmed() {
         "the run went on to its end: {after:?}\n{report}"
     );
 }
+
+#[test]
+fn zookeeper_claims_queued_behind_a_stall_catch_up_only_the_latest() {
+    let mut server = ZkServer::new();
+    server.start();
+    crate::stall::stale_claims_do_not_run(
+        Backend::ZooKeeper,
+        &server.url(),
+        server.pid(),
+        "run_once",
+    );
+}

@@ -6,7 +6,7 @@
 -- run is recorded, "0" after; absent counts as "1"; paused: "1" while the
 -- job is paused, written only by pause.lua; trigger: a pending manual run's
 -- request id, written by trigger.lua; last_trigger: the one the last manual
--- claim took); ARGV[12(i-1)+1..12]
+-- claim took); ARGV[13(i-1)+1..13]
 -- owner, occurrence
 -- (ms), previous occurrence (ms) or "", lease (ms), fence floor (decimal u64),
 -- "run_once" or "skip", max clock offset (ms: an occurrence later than now +
@@ -16,11 +16,14 @@
 -- none): another owner's live lease whose run is over ("0") is taken over
 -- once the clock is that far past the occurrence, the id of the manual
 -- run's request claimed instead of the occurrence ("" for an occurrence; see
--- manual() below), and the job's name. The last key, KEYS[2n+1], is the hash of pending
+-- manual() below), the job's name, and where the occurrence's window ends
+-- (ms; "" for no bound): a claim decided at or after it is stale, refused
+-- writing nothing. The last key, KEYS[2n+1], is the hash of pending
 -- requests (job -> id) that nodes poll.
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
 -- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
--- now_ms, too_early, repaired, idle_wait, paused}, idle_wait the ms left of an idle
+-- now_ms, too_early, repaired, idle_wait, paused}, too_early 1 when the
+-- occurrence is ahead of the clock, 2 when the claim is stale, idle_wait the ms left of an idle
 -- holder's head start when that holder kept the claim out (else -1), paused
 -- 1 when the claim was refused because the job is paused, 2 when a manual
 -- claim's request is no longer pending; won is -1 when the fence is at its maximum
@@ -48,7 +51,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = string.format('%d', now_ms)
 
-local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck, head_start)
+local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck, head_start, window_end)
   local holder = redis.call('GET', lease_key)
   local remaining = 0
   local repaired = 0
@@ -85,6 +88,10 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   end
   if state[5] == '1' then
     return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, -1, 1}
+  end
+  -- Decided after the occurrence's window: it waited behind a stall.
+  if window_end ~= '' and recheck ~= '1' and now_ms >= tonumber(window_end) then
+    return {0, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 2, repaired, -1, 0}
   end
   local claimed_already = last and last >= occurrence
   -- An idle holder keeps an occurrence only for its head start.
@@ -185,14 +192,15 @@ end
 
 local replies = {}
 for i = 1, (#KEYS - 1) / 2 do
-  local a = 12 * (i - 1)
+  local a = 13 * (i - 1)
   local ok, reply
   if ARGV[a + 11] ~= '' then
     ok, reply = pcall(manual, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 11], ARGV[a + 4],
       ARGV[a + 5], ARGV[a + 8], ARGV[a + 9], ARGV[a + 12])
   else
     ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-      ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10])
+      ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10],
+      ARGV[a + 13])
   end
   if ok then
     replies[i] = reply

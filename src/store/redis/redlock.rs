@@ -760,6 +760,7 @@ impl RedlockStore {
                             idle_wait: idle_wait.map(|w| w.min(remaining)),
                             paused: t.pause.1,
                             trigger_gone: req.manual.is_some() && t.trigger_taken,
+                            stale: false,
                         }));
                     }
                     // Still split after the last round: a short wait, so the
@@ -774,6 +775,7 @@ impl RedlockStore {
                             idle_wait: None,
                             paused: t.pause.1,
                             trigger_gone: req.manual.is_some() && t.trigger_taken,
+                            stale: false,
                         }));
                     }
                     Vote::Split { .. } => split.push(i),
@@ -1638,6 +1640,7 @@ mod tests {
             head_start: None,
             after_unanswered: recheck_only,
             recheck_only,
+            window_end: None,
             manual: None,
         }
     }

@@ -33,7 +33,7 @@ use super::registry::{self, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Outcome, Owner,
     Renewal, RunRecord, StoreError, TriggerAnswer, TriggerId, claim_row, duration_ms, from_ms,
-    to_ms, trigger_row,
+    newer_schema, to_ms, trigger_row,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
@@ -105,6 +105,15 @@ pub struct SqlStore {
     op_timeout: Duration,
     /// SQLite's clock (the file system's); `None`: the database's own.
     file_clock: Option<FileClock>,
+    /// The last migration found a newer schema it may use ([`newer_schema`]).
+    schema_notice: std::sync::Mutex<Option<String>>,
+}
+
+/// What [`SqlStore::migrate`] found: the newest schema version recorded
+/// before it ran, and the newest this binary knows.
+struct SchemaVersions {
+    found: i64,
+    known: i64,
 }
 
 /// A SQLite database file and its (device, inode) when this store opened it.
@@ -468,6 +477,7 @@ impl SqlStore {
             dialect,
             op_timeout: config.op_timeout,
             file_clock,
+            schema_notice: std::sync::Mutex::new(None),
         })
     }
 
@@ -1035,7 +1045,7 @@ impl SqlStore {
 
     /// Applies pending migrations on a connection of its own, under the
     /// database's migration lock, so nodes starting together do not collide.
-    async fn migrate(&self) -> Result<(), sqlx::Error> {
+    async fn migrate(&self) -> Result<SchemaVersions, sqlx::Error> {
         let mut conn = AnyConnection::connect(&self.connect_url).await?;
         let p = &self.prefix;
         let lock_key = format!("cronlease_migrate_{p}");
@@ -1074,6 +1084,24 @@ impl SqlStore {
         )))
         .fetch_all(&mut conn)
         .await?;
+        let versions = SchemaVersions {
+            found: applied.iter().copied().max().unwrap_or(0),
+            known: self
+                .dialect
+                .migrations
+                .iter()
+                .map(|(v, _)| *v)
+                .max()
+                .unwrap_or(0),
+        };
+        if versions.found > versions.known {
+            // A newer binary migrated it: apply nothing of ours.
+            sqlx::raw_sql(AssertSqlSafe(unlock))
+                .execute(&mut conn)
+                .await?;
+            conn.close().await?;
+            return Ok(versions);
+        }
         // Tables dropped behind our back (a restore, a hand edit) while the
         // schema table still lists their version: apply the scripts again
         // (they create only what is missing) instead of failing every call.
@@ -1127,7 +1155,8 @@ impl SqlStore {
         sqlx::raw_sql(AssertSqlSafe(unlock))
             .execute(&mut conn)
             .await?;
-        conn.close().await
+        conn.close().await?;
+        Ok(versions)
     }
 }
 
@@ -1194,7 +1223,19 @@ pub(crate) fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
 #[async_trait]
 impl Locks for SqlStore {
     async fn prepare(&self) -> Result<(), StoreError> {
-        self.migrate().await.map_err(|e| self.err(e))?;
+        let versions = self.migrate().await.map_err(|e| self.err(e))?;
+        let newer = newer_schema(self.url.redacted(), versions.found, versions.known);
+        let notice = match newer {
+            Some(Err(e)) => return Err(e),
+            Some(Ok(note)) => {
+                tracing::warn!(store = %self.url.redacted(), "{note}");
+                Some(note)
+            }
+            None => None,
+        };
+        if let Ok(mut n) = self.schema_notice.lock() {
+            *n = notice;
+        }
         // Open a pooled connection now (one is kept from then on): the
         // first instant's claims should not pay for connecting (about
         // 100 ms to PostgreSQL here).
@@ -1359,6 +1400,10 @@ impl Locks for SqlStore {
 
     fn describe(&self) -> &str {
         self.url.redacted()
+    }
+
+    fn schema_notice(&self) -> Option<String> {
+        self.schema_notice.lock().ok().and_then(|n| n.clone())
     }
 }
 
