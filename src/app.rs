@@ -49,9 +49,18 @@ pub fn main(cli: Cli) -> ExitCode {
             json,
         } => with_runtime(|| history(config.config, job, limit, json)),
         Commands::Logs { config, job, fence } => with_runtime(|| logs(config.config, job, fence)),
-        Commands::Trigger { config, job, wait } => {
-            with_runtime(|| trigger(config.config, job, wait))
-        }
+        Commands::Trigger {
+            config,
+            job,
+            wait,
+            cancel: false,
+        } => with_runtime(|| trigger(config.config, job, wait)),
+        Commands::Trigger {
+            config,
+            job,
+            cancel: true,
+            ..
+        } => with_runtime(|| cancel_trigger(config.config, job)),
         Commands::Pause(args) => with_runtime(|| set_paused(args, true)),
         Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
@@ -609,7 +618,8 @@ async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCode {
         }
         Ok(store::TriggerAnswer::Pending(pending)) => {
             eprintln!(
-                "cronlease: refused: a manual run of {job} was requested already (trigger {pending}) and has not started yet; it runs once a node takes it"
+                "cronlease: refused: a manual run of {job} was requested already (trigger {pending}{}) and has not started yet; it runs once a node takes it, expires after cluster.trigger_expiry, and `cronlease trigger --cancel {job}` withdraws it",
+                request_age(pending).map_or(String::new(), |age| format!(", {age} ago"))
             );
             return ExitCode::FAILURE;
         }
@@ -625,6 +635,46 @@ async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     wait_for_trigger(&config, store.as_ref(), &job, id).await
+}
+
+/// How long ago request `id` was made, for people (`None` for an id that
+/// carries no time).
+fn request_age(id: store::TriggerId) -> Option<String> {
+    let age = (Utc::now() - id.requested_at()?).to_std().ok()?;
+    Some(humantime::format_duration(Duration::from_secs(age.as_secs())).to_string())
+}
+
+/// `trigger --cancel`: withdraws the job's pending request, if there is one
+/// (the job need not be in this configuration: it may have been removed).
+async fn cancel_trigger(path: PathBuf, job: JobName) -> ExitCode {
+    let (config, store) = match config_and_store(&path).await {
+        Ok(both) => both,
+        Err(code) => return code,
+    };
+    let pending = match within(&config, store.pending_triggers()).await {
+        Ok(p) => p,
+        Err(e) => return store_failure(&e),
+    };
+    let Some((_, id)) = pending.into_iter().find(|(j, _)| j == job.as_str()) else {
+        eprintln!("cronlease: no manual run of {job} is pending");
+        return ExitCode::FAILURE;
+    };
+    match within(&config, store.withdraw_trigger(&job, id)).await {
+        Ok(true) => {
+            println!(
+                "trigger {id}: withdrawn{}; {job} was not run for it",
+                request_age(id).map_or(String::new(), |age| format!(" (requested {age} ago)"))
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(false) => {
+            eprintln!(
+                "cronlease: trigger {id} of {job} was taken by a node meanwhile: `cronlease history {job}` shows its run"
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => store_failure(&e),
+    }
 }
 
 /// `trigger --wait`: waits until a node took the request and its run is in
@@ -907,6 +957,21 @@ async fn status(path: PathBuf, json: bool) -> ExitCode {
         ],
         &table,
     );
+    for r in &rows {
+        if let Some(p) = &r.pending_trigger {
+            let age = p.age_ms.map_or(String::new(), |ms| {
+                format!(
+                    ", requested {} ago",
+                    humantime::format_duration(Duration::from_secs(ms / 1000))
+                )
+            });
+            let _ = writeln!(
+                out,
+                "PENDING TRIGGER: {} (trigger {}{age}): no node has taken it yet; `cronlease trigger --cancel {}` withdraws it",
+                r.job, p.id, r.job
+            );
+        }
+    }
     let bound = config.max_clock_offset.as_millis();
     let verdict = if crate::node::clock::beyond_bound(clock_offset, config.max_clock_offset) {
         "OUT OF BOUNDS: a daemon on this host claims nothing; fix time sync"

@@ -107,6 +107,9 @@ pub enum Commands {
         /// Wait for the run's outcome: exit 0 when it ended ok, 1 otherwise
         #[arg(long)]
         wait: bool,
+        /// Withdraw the job's pending request instead (one no node has taken)
+        #[arg(long, conflicts_with = "wait")]
+        cancel: bool,
     },
     /// Pause jobs cluster-wide: no node claims an occurrence until resume
     Pause(PauseArgs),

@@ -69,6 +69,8 @@ pub struct Metrics {
     pub nodes_alive: Gauge,
     /// Other live daemons in the registry under this node's name.
     pub node_name_twins: Gauge,
+    /// Manual runs' requests this node withdrew because they expired.
+    pub triggers_expired: Counter,
     pub store_up: Gauge,
     /// store − local clock, seconds, from the last claim reply.
     pub clock_offset: Gauge<f64, AtomicU64>,
@@ -96,6 +98,7 @@ impl Metrics {
             jobs: Gauge::default(),
             nodes_alive: Gauge::default(),
             node_name_twins: Gauge::default(),
+            triggers_expired: Counter::default(),
             store_up: Gauge::default(),
             clock_offset: Gauge::default(),
             registry: Registry::default(),
@@ -160,6 +163,11 @@ impl Metrics {
             "cronlease_nodes_alive",
             "Live nodes in the store's node registry, at this node's last heartbeat",
             m.nodes_alive.clone(),
+        );
+        registry.register(
+            "cronlease_triggers_expired",
+            "Manual runs' requests this node withdrew because no node took them within cluster.trigger_expiry",
+            m.triggers_expired.clone(),
         );
         registry.register(
             "cronlease_node_name_twins",

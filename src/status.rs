@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::{Config, JobName};
-use crate::store::{LockStatus, Owner, RunRecord, Store, StoreError, bounded};
+use crate::store::{LockStatus, Owner, RunRecord, Store, StoreError, TriggerId, bounded};
 
 /// One job's line of `status`.
 #[derive(Debug, Clone, Serialize)]
@@ -33,6 +33,18 @@ pub struct JobStatus {
     /// The job's next scheduled instant after now, by this node's
     /// configuration (`None` for a job not configured here).
     pub next_fire: Option<DateTime<Utc>>,
+    /// A manual run's request no node has taken yet.
+    pub pending_trigger: Option<PendingTrigger>,
+}
+
+/// A pending manual run's request (`cronlease trigger`), with its age.
+#[derive(Debug, Clone, Serialize)]
+pub struct PendingTrigger {
+    pub id: TriggerId,
+    /// When it was made (the requesting host's clock); `None` for an id of
+    /// an earlier build, which carries no time.
+    pub requested_at: Option<DateTime<Utc>>,
+    pub age_ms: Option<u64>,
 }
 
 /// Every configured job, and every job the store has a lock for, in name
@@ -62,6 +74,27 @@ pub async fn gather(
         by_job.insert(lock.job.clone(), Some(lock));
     }
     let now = Utc::now();
+    let mut pending: HashMap<String, PendingTrigger> = bounded(call, store.pending_triggers())
+        .await?
+        .into_iter()
+        .map(|(job, id)| {
+            let requested_at = id.requested_at();
+            let age_ms = requested_at
+                .and_then(|at| (now - at).to_std().ok())
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            (
+                job,
+                PendingTrigger {
+                    id,
+                    requested_at,
+                    age_ms,
+                },
+            )
+        })
+        .collect();
+    for job in pending.keys() {
+        by_job.entry(job.clone()).or_insert(None);
+    }
     let mut rows = Vec::with_capacity(by_job.len());
     for (job, lock) in by_job {
         let last_run = match JobName::parse(&job) {
@@ -83,6 +116,7 @@ pub async fn gather(
             paused: lock.as_ref().is_some_and(|l| l.paused),
             last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
             last_run,
+            pending_trigger: pending.remove(&job),
             job,
         });
     }

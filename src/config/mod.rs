@@ -1171,6 +1171,9 @@ pub struct Config {
     /// `cluster.head_start`: how long after an occurrence's instant (store
     /// clock) an idle holder keeps it to itself before a peer may claim it.
     pub head_start: Duration,
+    /// `cluster.trigger_expiry`: a manual run's request no node took within
+    /// this is withdrawn by the nodes and recorded as expired.
+    pub trigger_expiry: Duration,
     /// `cluster.placement`.
     pub placement: Placement,
     pub shutdown_grace: Duration,
@@ -1215,6 +1218,7 @@ impl Config {
             lease_margin,
             max_clock_offset,
             head_start,
+            trigger_expiry,
             placement,
             shutdown_grace,
             pid_file,
@@ -1280,6 +1284,11 @@ impl Config {
             true,
         );
         note(*head_start != self.head_start, "cluster.head_start", false);
+        note(
+            *trigger_expiry != self.trigger_expiry,
+            "cluster.trigger_expiry",
+            false,
+        );
         note(*placement != self.placement, "cluster.placement", false);
         note(
             *shutdown_grace != self.shutdown_grace,
@@ -1492,6 +1501,9 @@ fn bounded_duration(
     }
 }
 
+/// `cluster.trigger_expiry` unless set.
+pub const DEFAULT_TRIGGER_EXPIRY: Duration = Duration::from_secs(3600);
+
 /// `cluster.head_start` unless set (or half the margin, if that is less).
 pub const DEFAULT_HEAD_START: Duration = Duration::from_millis(50);
 
@@ -1605,6 +1617,13 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         "cluster.head_start",
         DEFAULT_HEAD_START.min(lease_margin / 2),
         lease_margin / 2,
+        &mut errors,
+    );
+    let trigger_expiry = duration_or(
+        &src,
+        &raw.cluster.trigger_expiry,
+        "cluster.trigger_expiry",
+        DEFAULT_TRIGGER_EXPIRY,
         &mut errors,
     );
     let shutdown_grace = duration_or(
@@ -1736,6 +1755,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             lease_margin,
             max_clock_offset,
             head_start,
+            trigger_expiry,
             placement: raw.cluster.placement.unwrap_or_default(),
             shutdown_grace,
             pid_file: raw.pid_file.as_ref().map_or_else(

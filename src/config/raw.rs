@@ -61,6 +61,7 @@ pub struct RawLease {
 pub struct RawCluster {
     pub max_clock_offset: Option<Spanned<String>>,
     pub head_start: Option<Spanned<String>>,
+    pub trigger_expiry: Option<Spanned<String>>,
     pub placement: Option<super::Placement>,
 }
 

@@ -23,6 +23,19 @@ function outcomeClass(o) {
   return ["ok", "skipped", "failed", "timeout", "not_started", "killed", "lease_lost"].includes(o) ? "o-" + o : "o-other";
 }
 
+// The Paused cell: PAUSED and a pending manual run's request, with its age.
+function flags(r) {
+  const out = [];
+  if (r.paused) out.push(el("span", { class: "paused" }, "PAUSED"));
+  const p = r.pending_trigger;
+  if (p) {
+    if (out.length) out.push(" ");
+    const age = p.age_ms == null ? "" : ` (${Math.round(p.age_ms / 1000)} s)`;
+    out.push(el("span", { class: "paused", title: `trigger ${p.id}: cronlease trigger --cancel ${r.job} withdraws it` }, "trigger pending" + age));
+  }
+  return out.length ? out : ["-"];
+}
+
 function renderJobs(rows) {
   const body = document.querySelector("#jobs tbody");
   body.replaceChildren(...rows.map((r) => {
@@ -37,7 +50,7 @@ function renderJobs(rows) {
       el("td", {}, alive),
       el("td", { class: "fence" }, r.fence),
       el("td", {}, r.holder ? (r.lease_remaining_ms / 1000).toFixed(1) + " s" : "-"),
-      el("td", {}, r.paused ? el("span", { class: "paused" }, "PAUSED") : "-"),
+      el("td", {}, ...flags(r)),
       el("td", {}, last),
       el("td", {}, time(r.last_occurrence)),
       el("td", {}, time(r.next_fire)));

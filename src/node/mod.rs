@@ -313,6 +313,8 @@ pub struct Node {
     margin: Duration,
     /// `cluster.head_start` (docs/protocol.md, "Fast takeover").
     head_start: Duration,
+    /// `cluster.trigger_expiry` ([`trigger`]).
+    trigger_expiry: Duration,
     /// `cluster.placement`.
     placement: crate::config::Placement,
     clock: ClockWatch,
@@ -457,6 +459,7 @@ impl Node {
             store,
             margin: config.lease_margin,
             head_start: config.head_start,
+            trigger_expiry: config.trigger_expiry,
             placement: config.placement,
             clock: ClockWatch::new(config.max_clock_offset),
             op_timeout: config.store.op_timeout,

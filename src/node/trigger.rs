@@ -70,6 +70,16 @@ impl Node {
                 continue;
             };
             for (job, id) in pending {
+                if self.expired(id) {
+                    if self.triggers.start(id) {
+                        let node = self.clone();
+                        self.handlers.spawn(async move {
+                            node.withdraw_expired(&job, id).await;
+                            node.triggers.end(id);
+                        });
+                    }
+                    continue;
+                }
                 let Some(state) = self.state_of(&job) else {
                     continue;
                 };
@@ -83,6 +93,39 @@ impl Node {
                     node.triggers.end(id);
                 });
             }
+        }
+    }
+
+    /// Whether request `id` is older than `cluster.trigger_expiry`: no node
+    /// took it in that time (the job is on no daemon, or always running).
+    fn expired(&self, id: TriggerId) -> bool {
+        id.requested_at().is_some_and(|at| {
+            (self.wall.now() - at)
+                .to_std()
+                .is_ok_and(|age| age > self.trigger_expiry)
+        })
+    }
+
+    /// Withdraws an expired request; the node that withdrew it says so.
+    async fn withdraw_expired(&self, job: &str, id: TriggerId) {
+        let Ok(name) = crate::config::JobName::parse(job) else {
+            return;
+        };
+        let withdrawn = self
+            .call(
+                "withdraw_trigger",
+                self.op_timeout,
+                self.store.withdraw_trigger(&name, id),
+            )
+            .await;
+        if let Ok(true) = withdrawn {
+            let age = id
+                .requested_at()
+                .and_then(|at| (self.wall.now() - at).to_std().ok())
+                .map(|d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string())
+                .unwrap_or_default();
+            self.metrics.triggers_expired.inc();
+            tracing::warn!(job = %name, trigger = %id, age = %age, "a manual run's request expired: no node took it within cluster.trigger_expiry ({}); withdrawn, not run", humantime::format_duration(self.trigger_expiry));
         }
     }
 

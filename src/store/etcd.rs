@@ -1691,6 +1691,44 @@ impl Locks for EtcdStore {
         }
     }
 
+    async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let name = job.as_str();
+        let (_, answers) = self
+            .read_decide_write(&client, &[name], Want::LockAndLease, |_, view| {
+                let Ok(Some((state, _))) = read_state(view.keys.lock.as_ref()) else {
+                    return (None, Ok(false));
+                };
+                if state.trigger != Some(id.get()) {
+                    return (None, Ok(false));
+                }
+                let state = LockState {
+                    trigger: None,
+                    ..state
+                };
+                match serde_json::to_vec(&state) {
+                    Ok(json) => {
+                        let lock = self.lock_key(name);
+                        let plan = Plan {
+                            when: vec![unchanged(&lock, view.keys.lock.as_ref())],
+                            ops: vec![
+                                PlanOp::Put(lock, json),
+                                PlanOp::Delete(self.trigger_key(name, id)),
+                            ],
+                        };
+                        (Some(plan), Ok(true))
+                    }
+                    Err(e) => (None, Err(e.to_string())),
+                }
+            })
+            .await?;
+        match answers.into_iter().next() {
+            Some(Ok(withdrawn)) => Ok(withdrawn),
+            Some(Err(why)) => Err(self.backend(&why)),
+            None => Err(self.backend("no answer to a withdrawal")),
+        }
+    }
+
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let client = self.client().await?;
         let root = self.triggers_root();

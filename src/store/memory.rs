@@ -330,6 +330,17 @@ impl Locks for MemoryStore {
         Ok(answer)
     }
 
+    async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
+        let mut s = self.count("withdraw_trigger", 1)?;
+        Ok(match s.locks.get_mut(job.as_str()) {
+            Some(l) if l.trigger == Some(id.get()) => {
+                l.trigger = None;
+                true
+            }
+            _ => false,
+        })
+    }
+
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let s = self.count("pending_triggers", 0)?;
         Ok(s.locks

@@ -49,6 +49,7 @@ static RECORD: &str = include_str!("redis/record.lua");
 static REGISTRY: &str = include_str!("redis/registry.lua");
 pub(crate) static PAUSE: &str = include_str!("redis/pause.lua");
 pub(crate) static TRIGGER: &str = include_str!("redis/trigger.lua");
+pub(crate) static WITHDRAW: &str = include_str!("redis/withdraw.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
@@ -66,6 +67,7 @@ pub struct RedisStore {
     registry: Script,
     pause: Script,
     trigger: Script,
+    withdraw: Script,
     warned_persistence: AtomicBool,
 }
 
@@ -145,11 +147,12 @@ impl RedisStore {
             registry: Script::new(REGISTRY),
             pause: Script::new(PAUSE),
             trigger: Script::new(TRIGGER),
+            withdraw: Script::new(WITHDRAW),
             warned_persistence: AtomicBool::new(false),
         }
     }
 
-    fn scripts(&self) -> [&Script; 7] {
+    fn scripts(&self) -> [&Script; 8] {
         [
             &self.claim,
             &self.renew,
@@ -158,6 +161,7 @@ impl RedisStore {
             &self.registry,
             &self.pause,
             &self.trigger,
+            &self.withdraw,
         ]
     }
 
@@ -1058,6 +1062,13 @@ impl Locks for RedisStore {
                 }
             },
         })
+    }
+
+    async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
+        let keys = [self.key(job.as_str(), "state"), triggers_key(&self.prefix)];
+        let args = [id.get().to_string(), job.as_str().to_string()];
+        let withdrawn: i64 = self.eval(&self.withdraw, &keys, &args).await?;
+        Ok(withdrawn == 1)
     }
 
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {

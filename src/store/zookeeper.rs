@@ -1041,6 +1041,32 @@ impl Locks for ZkStore {
         })
     }
 
+    async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
+        let (_, answers) = self
+            .read_decide_write(&[job.as_str()], &[], |_, node, _, _| match node {
+                Node::Present(d, _) if d.trigger == Some(id.get()) => (
+                    Some(LockData {
+                        trigger: None,
+                        announce: None,
+                        ..d.clone()
+                    }),
+                    true,
+                ),
+                _ => (None, false),
+            })
+            .await?;
+        let withdrawn = answers.into_iter().next().unwrap_or(false);
+        // Its announcement goes too (best effort: one left behind is found
+        // gone, and deleted, at the next look).
+        if let Ok(client) = self.client().await {
+            let path = self.trigger_path(&trigger_entry(job.as_str(), id));
+            let _ = self
+                .idempotent(client.delete(&path, None), zk::Error::NoNode)
+                .await;
+        }
+        Ok(withdrawn)
+    }
+
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let client = self.client().await?;
         let names = match self

@@ -1012,6 +1012,45 @@ fn pending(list: &[(String, TriggerId)], name: &str) -> Vec<TriggerId> {
 /// one claim of it wins, with a fence of its own, whoever held the lease
 /// idle and whether or not the job is paused; it never moves the job's last
 /// occurrence; a claim retried after a lost answer gets the same win.
+/// `trigger --cancel` and expiry: a pending request is withdrawn once, by
+/// any store handle, and then blocks no later request; a request already
+/// claimed cannot be withdrawn. Its id carries when it was made.
+pub async fn a_pending_request_is_withdrawn_once(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let made = Utc::now() - TimeDelta::hours(2);
+    let t1 = TriggerId::made_at(made);
+    assert!(
+        t1.requested_at()
+            .is_some_and(|at| (at - made).num_milliseconds().abs() <= 1),
+        "{t1}: {:?}",
+        t1.requested_at()
+    );
+    assert_eq!(
+        a.request_trigger(&job("w"), t1).await.unwrap(),
+        TriggerAnswer::Accepted
+    );
+    assert!(
+        !b.withdraw_trigger(&job("w"), TriggerId::new())
+            .await
+            .unwrap()
+    );
+    assert_eq!(pending(&b.pending_triggers().await.unwrap(), "w"), [t1]);
+    assert!(b.withdraw_trigger(&job("w"), t1).await.unwrap());
+    assert!(!a.withdraw_trigger(&job("w"), t1).await.unwrap());
+    assert!(pending(&a.pending_triggers().await.unwrap(), "w").is_empty());
+    // Nothing left to block a new request, or to claim.
+    let l = lost(claim(&b, manual("w", "b#1", t1)).await);
+    assert!(l.trigger_gone, "{l:?}");
+    let t2 = TriggerId::new();
+    assert_eq!(
+        b.request_trigger(&job("w"), t2).await.unwrap(),
+        TriggerAnswer::Accepted
+    );
+    // Claimed: too late to withdraw.
+    won(claim(&a, manual("w", "a#1", t2)).await);
+    assert!(!b.withdraw_trigger(&job("w"), t2).await.unwrap());
+}
+
 pub async fn a_manual_run_is_claimed_once_and_keeps_the_schedule(h: &Harness) {
     let (a, b) = (h.store().await, h.store().await);
     // A job never claimed: accepted and listed; a second request waits its turn.
@@ -1412,7 +1451,8 @@ macro_rules! conformance {
                 a_claim_batch_carries_the_heartbeat,
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
                 a_paused_job_is_refused_until_resumed,
-                a_manual_run_is_claimed_once_and_keeps_the_schedule
+                a_manual_run_is_claimed_once_and_keeps_the_schedule,
+                a_pending_request_is_withdrawn_once
             );
         }
     };

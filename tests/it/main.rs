@@ -27,6 +27,7 @@ mod handover;
 #[cfg(feature = "memory")]
 mod inprocess;
 mod jobs;
+mod lua_rule;
 mod many;
 mod migrate;
 mod model;

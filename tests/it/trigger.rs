@@ -425,3 +425,103 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CRONL
         );
     }
 }
+
+/// A request for a job no daemon runs (in the operator's configuration
+/// only): `status` lists it with its age, a second trigger is refused with
+/// the way out, `trigger --cancel` withdraws it once; and a request no node
+/// takes within `cluster.trigger_expiry` is withdrawn by a running daemon,
+/// which says so.
+#[test]
+fn a_request_no_node_takes_is_listed_cancelled_and_expires() {
+    Backend::Sqlite.require();
+    let dir = tempfile::tempdir().unwrap();
+    let url = Backend::Sqlite.url(dir.path());
+    let prefix = crate::support::unique("tx");
+    let write = |name: &str, jobs: &str, extra: &str| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "node = \"{name}\"\npid_file = \"{name}.pid\"\n[cluster]\n{extra}\n[store]\nurl = \"{url}\"\ntable_prefix = \"{prefix}\"\nop_timeout = \"2s\"\n{jobs}"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let stuck = "[[job]]\nname = \"stuck\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"true\"\n";
+    let other = "[[job]]\nname = \"other\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"true\"\n";
+    let operator = write("op", stuck, "");
+    let daemon = write("n1", other, "trigger_expiry = \"3s\"");
+    let cli = |args: &[&str]| {
+        Command::new(binary())
+            .args(args)
+            .arg("-c")
+            .arg(&operator)
+            .current_dir(dir.path())
+            .env_remove("CRONLEASE_STORE_URL")
+            .output()
+            .unwrap()
+    };
+    assert!(cli(&["migrate"]).status.success());
+    let first = cli(&["trigger", "stuck"]);
+    assert!(first.status.success(), "{}", text(&first));
+    let status = cli(&["status"]);
+    assert!(
+        text(&status).contains("PENDING TRIGGER: stuck")
+            && text(&status).contains("trigger --cancel stuck"),
+        "{}",
+        text(&status)
+    );
+    let json = cli(&["status", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["job"] == "stuck")
+        .unwrap();
+    assert!(row["pending_trigger"]["age_ms"].as_u64().is_some(), "{row}");
+    let again = cli(&["trigger", "stuck"]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(
+        text(&again).contains("trigger --cancel stuck"),
+        "{}",
+        text(&again)
+    );
+    let cancel = cli(&["trigger", "--cancel", "stuck"]);
+    assert!(cancel.status.success(), "{}", text(&cancel));
+    assert!(text(&cancel).contains("withdrawn"), "{}", text(&cancel));
+    let twice = cli(&["trigger", "--cancel", "stuck"]);
+    assert_eq!(twice.status.code(), Some(1), "{}", text(&twice));
+    assert!(!text(&cli(&["status"])).contains("PENDING TRIGGER"));
+
+    // Expiry: a daemon without the job withdraws it after 3 s.
+    let log = std::fs::File::create(dir.path().join("n1.log")).unwrap();
+    let mut n1 = Command::new(binary())
+        .args(["run", "-c"])
+        .arg(&daemon)
+        .current_dir(dir.path())
+        .env_remove("CRONLEASE_STORE_URL")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let requested = cli(&["trigger", "stuck"]);
+    assert!(requested.status.success(), "{}", text(&requested));
+    let read_log = || std::fs::read_to_string(dir.path().join("n1.log")).unwrap_or_default();
+    wait_until(
+        "the request to expire",
+        Duration::from_secs(20),
+        read_log,
+        || read_log().contains("request expired").then_some(()),
+    );
+    let _ = n1.kill();
+    let _ = n1.wait();
+    assert!(
+        !text(&cli(&["status"])).contains("PENDING TRIGGER"),
+        "{}",
+        read_log()
+    );
+    // A fresh request is accepted again.
+    assert!(cli(&["trigger", "stuck"]).status.success());
+}

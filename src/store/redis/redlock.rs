@@ -1330,6 +1330,19 @@ impl Locks for RedlockStore {
     }
 
     /// The requests a majority of masters hold.
+    /// `withdraw.lua` on every master: withdrawn when a majority answered
+    /// and one of them still had it pending.
+    async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
+        let keys = [self.key(job.as_str(), "state"), triggers_key(&self.prefix)];
+        let args = [id.get().to_string(), job.as_str().to_string()];
+        let (k, a) = (&keys, &args);
+        let answers = self
+            .each(|m| self.eval_on::<i64>(m, &self.withdraw, k, a))
+            .await;
+        let answered = self.quorum(answers)?;
+        Ok(answered.iter().any(|(_, w)| *w == 1))
+    }
+
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let key = triggers_key(&self.prefix);
         let k = &key;

@@ -1343,6 +1343,24 @@ impl Locks for SqlStore {
         }
     }
 
+    async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
+        let text = format!(
+            "UPDATE {}lock_info SET trigger_id = NULL WHERE lock_name = ? AND trigger_id = ?",
+            self.prefix
+        );
+        let done = self
+            .retrying(|| async {
+                sqlx::query(self.sql(text.clone(), None)?)
+                    .bind(job.as_str().to_string())
+                    .bind(id.get())
+                    .execute(&self.pool())
+                    .await
+            })
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() > 0)
+    }
+
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let rows = sqlx::query(self.queries.pending_triggers.clone())
             .fetch_all(&self.pool())
