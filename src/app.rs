@@ -727,10 +727,17 @@ async fn wait_for_trigger(
                     Some(code) => format!(" (exit code {code})"),
                     None => String::new(),
                 };
-                println!(
-                    "trigger {id}: {job} ran on {} with fence {}: {}{exit}",
-                    run.node, run.fence, run.outcome
-                );
+                if run.outcome == store::Outcome::Expired {
+                    println!(
+                        "trigger {id}: expired (no node ran it within cluster.trigger_expiry; taken out by {} with fence {}, not run)",
+                        run.node, run.fence
+                    );
+                } else {
+                    println!(
+                        "trigger {id}: {job} ran on {} with fence {}: {}{exit}",
+                        run.node, run.fence, run.outcome
+                    );
+                }
                 return if run.outcome == store::Outcome::Ok {
                     ExitCode::SUCCESS
                 } else {

@@ -74,7 +74,7 @@ impl Node {
                     if self.triggers.start(id) {
                         let node = self.clone();
                         self.handlers.spawn(async move {
-                            node.withdraw_expired(&job, id).await;
+                            node.expire(&job, id).await;
                             node.triggers.end(id);
                         });
                     }
@@ -106,26 +106,89 @@ impl Node {
         })
     }
 
-    /// Withdraws an expired request; the node that withdrew it says so.
-    async fn withdraw_expired(&self, job: &str, id: TriggerId) {
+    /// An expired request (docs/cli.md, `trigger`): claimed like any manual
+    /// run, so it gets a fence and a history record (`expired`), but not
+    /// run; the lease goes back at once. Where the store refuses the claim
+    /// (a run of the job going all this time) it is withdrawn instead. The
+    /// node that took it out says so.
+    async fn expire(&self, job: &str, id: TriggerId) {
         let Ok(name) = crate::config::JobName::parse(job) else {
             return;
         };
-        let withdrawn = self
-            .call(
-                "withdraw_trigger",
-                self.op_timeout,
-                self.store.withdraw_trigger(&name, id),
-            )
-            .await;
-        if let Ok(true) = withdrawn {
-            let age = id
-                .requested_at()
-                .and_then(|at| (self.wall.now() - at).to_std().ok())
-                .map(|d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string())
-                .unwrap_or_default();
-            self.metrics.triggers_expired.inc();
-            tracing::warn!(job = %name, trigger = %id, age = %age, "a manual run's request expired: no node took it within cluster.trigger_expiry ({}); withdrawn, not run", humantime::format_duration(self.trigger_expiry));
+        let state = self.state_of(job);
+        let request = ClaimRequest {
+            job: name.clone(),
+            occurrence: self.wall.now(),
+            previous: None,
+            misfire: crate::config::Misfire::Skip,
+            owner: self.owner.clone(),
+            lease: self.margin * 2,
+            fence_floor: state.as_ref().map_or(0, |s| s.fence_floor()),
+            max_offset: self.clock.bound(),
+            head_start: Some(Duration::ZERO),
+            after_unanswered: false,
+            recheck_only: false,
+            window_end: None,
+            manual: Some(id),
+        };
+        let age = id
+            .requested_at()
+            .and_then(|at| (self.wall.now() - at).to_std().ok())
+            .map(|d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string())
+            .unwrap_or_default();
+        let expiry = humantime::format_duration(self.trigger_expiry);
+        let answer = tokio::time::timeout(self.op_timeout, self.claim_queue.call(request)).await;
+        match answer {
+            Ok(Ok((ClaimOutcome::Won(won), _))) => {
+                if let Some(state) = &state {
+                    state.saw_fence(won.fence);
+                }
+                let now = self.wall.now();
+                let record = crate::store::RunRecord {
+                    job: name.to_string(),
+                    fence: won.fence,
+                    owner: self.owner.to_string(),
+                    node: self.name.to_string(),
+                    occurrence: won.occurrence,
+                    started_at: now,
+                    finished_at: now,
+                    outcome: Outcome::Expired,
+                    exit_code: None,
+                    takeover: false,
+                    delay_ms: 0,
+                    decision_ms: 0,
+                    output: String::new(),
+                    trigger: Some(id),
+                };
+                if let Err(e) = self.record_queue.call(record).await {
+                    tracing::warn!(job = %name, fence = won.fence, "expired request not recorded in history: {e}");
+                }
+                let _ = self
+                    .call(
+                        "release",
+                        self.op_timeout,
+                        self.store.release(std::slice::from_ref(&name), &self.owner),
+                    )
+                    .await;
+                self.metrics.triggers_expired.inc();
+                tracing::warn!(job = %name, trigger = %id, fence = won.fence, age = %age, "a manual run's request expired: no node ran it within cluster.trigger_expiry ({expiry}); recorded as expired, not run");
+            }
+            Ok(Ok((ClaimOutcome::Lost(lost), _))) if !lost.trigger_gone => {
+                // A run of the job in progress: no fence to record it with.
+                let withdrawn = self
+                    .call(
+                        "withdraw_trigger",
+                        self.op_timeout,
+                        self.store.withdraw_trigger(&name, id),
+                    )
+                    .await;
+                if let Ok(true) = withdrawn {
+                    self.metrics.triggers_expired.inc();
+                    tracing::warn!(job = %name, trigger = %id, age = %age, "a manual run's request expired while a run of the job went on: withdrawn after cluster.trigger_expiry ({expiry}), not run");
+                }
+            }
+            // Taken meanwhile, or no answer: looked at again next time.
+            _ => {}
         }
     }
 

@@ -353,6 +353,9 @@ pub enum Outcome {
     NotStarted,
     /// Claimed, but the previous run was still going (`overlap = "skip"`).
     Skipped,
+    /// A manual run's request no node took within `cluster.trigger_expiry`:
+    /// claimed by the node that found it expired, recorded, never run.
+    Expired,
     /// A history row this version does not understand (a newer version's
     /// outcome, a hand edit, a malformed entry): shown, never an error.
     Unknown(String),
@@ -369,6 +372,7 @@ impl Outcome {
             Outcome::Killed => "killed",
             Outcome::NotStarted => "not_started",
             Outcome::Skipped => "skipped",
+            Outcome::Expired => "expired",
             Outcome::Unknown(raw) => raw,
         }
     }
@@ -383,6 +387,7 @@ impl Outcome {
             "killed" => Outcome::Killed,
             "not_started" => Outcome::NotStarted,
             "skipped" => Outcome::Skipped,
+            "expired" => Outcome::Expired,
             other => Outcome::Unknown(other.chars().take(64).collect()),
         }
     }

@@ -522,6 +522,20 @@ fn a_request_no_node_takes_is_listed_cancelled_and_expires() {
         "{}",
         read_log()
     );
+    // History says so, with the request's id and a fence of its own.
+    let history = cli(&["history", "stuck", "--json"]);
+    let runs: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
+    let id = accepted_id(&requested).unwrap();
+    let expired = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["trigger"] == id.as_str());
+    assert!(
+        expired.is_some_and(|r| r["outcome"] == "expired" && r["fence"].as_u64() > Some(0)),
+        "{runs:#}\n{}",
+        read_log()
+    );
     // A fresh request is accepted again.
     assert!(cli(&["trigger", "stuck"]).status.success());
 }
