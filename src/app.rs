@@ -590,7 +590,12 @@ async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCode {
         return no_such_configured_job(name.as_str(), &path);
     };
     let job = job.name.clone();
-    let id = store::TriggerId::new();
+    // The request is stamped with the store's time, not this host's: nodes,
+    // held to the store's clock, judge its age (`cluster.trigger_expiry`).
+    let made = within(&config, store.clock())
+        .await
+        .unwrap_or_else(|_| Utc::now());
+    let id = store::TriggerId::made_at(made);
     // A request whose answer was lost (a timeout, a failover) may have been
     // recorded: asked again with the same id, it is found pending as ours.
     let mut answer = within(&config, store.request_trigger(&job, id)).await;

@@ -266,8 +266,16 @@ impl Node {
             head_start: Some(self.head_start),
             after_unanswered,
             recheck_only: false,
+            // The next occurrence (a minute on when there is none), plus the
+            // clock bound: a node whose clock lags the store's within the
+            // bound still claims the whole of its window.
             window_end: next
-                .or_else(|| occurrence.checked_add_signed(chrono::TimeDelta::seconds(60))),
+                .or_else(|| occurrence.checked_add_signed(chrono::TimeDelta::seconds(60)))
+                .and_then(|end| {
+                    chrono::TimeDelta::from_std(self.clock.bound())
+                        .ok()
+                        .and_then(|bound| end.checked_add_signed(bound))
+                }),
             manual: None,
         }
     }

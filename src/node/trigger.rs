@@ -116,7 +116,17 @@ impl Node {
             return;
         };
         let state = self.state_of(job);
-        let request = ClaimRequest {
+        // A job of this node: its claim gate is held throughout, so no claim
+        // of this node wins the job between this claim and the release
+        // below (which would give that claim's lease away). Busy: next time.
+        let _gate = match &state {
+            Some(s) => match s.claim_gate.clone().try_lock_owned() {
+                Ok(gate) => Some(gate),
+                Err(_) => return,
+            },
+            None => None,
+        };
+        let mut request = ClaimRequest {
             job: name.clone(),
             occurrence: self.wall.now(),
             previous: None,
@@ -137,9 +147,23 @@ impl Node {
             .map(|d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string())
             .unwrap_or_default();
         let expiry = humantime::format_duration(self.trigger_expiry);
-        let answer = tokio::time::timeout(self.op_timeout, self.claim_queue.call(request)).await;
+        // A claim whose answer was lost is asked again saying so: a win it
+        // had is answered again, and recorded, instead of being left unrun
+        // and unrecorded.
+        let mut answer = None;
+        for _ in 0..ATTEMPTS {
+            match tokio::time::timeout(self.op_timeout, self.claim_queue.call(request.clone()))
+                .await
+            {
+                Ok(Ok(a)) => {
+                    answer = Some(a);
+                    break;
+                }
+                _ => request.after_unanswered = true,
+            }
+        }
         match answer {
-            Ok(Ok((ClaimOutcome::Won(won), _))) => {
+            Some((ClaimOutcome::Won(won), _)) => {
                 if let Some(state) = &state {
                     state.saw_fence(won.fence);
                 }
@@ -163,17 +187,19 @@ impl Node {
                 if let Err(e) = self.record_queue.call(record).await {
                     tracing::warn!(job = %name, fence = won.fence, "expired request not recorded in history: {e}");
                 }
-                let _ = self
-                    .call(
-                        "release",
-                        self.op_timeout,
-                        self.store.release(std::slice::from_ref(&name), &self.owner),
-                    )
-                    .await;
+                if !state.as_ref().is_some_and(|s| s.is_running()) {
+                    let _ = self
+                        .call(
+                            "release",
+                            self.op_timeout,
+                            self.store.release(std::slice::from_ref(&name), &self.owner),
+                        )
+                        .await;
+                }
                 self.metrics.triggers_expired.inc();
                 tracing::warn!(job = %name, trigger = %id, fence = won.fence, age = %age, "a manual run's request expired: no node ran it within cluster.trigger_expiry ({expiry}); recorded as expired, not run");
             }
-            Ok(Ok((ClaimOutcome::Lost(lost), _))) if !lost.trigger_gone => {
+            Some((ClaimOutcome::Lost(lost), _)) if !lost.trigger_gone => {
                 // A run of the job in progress: no fence to record it with.
                 let withdrawn = self
                     .call(

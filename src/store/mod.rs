@@ -120,7 +120,7 @@ impl TriggerId {
 
     /// When the request was made, by the requesting host's clock; `None`
     /// for an id that carries no plausible time (made by an earlier build,
-    /// whose ids were wholly random: about one in 20 of those reads as a
+    /// whose ids were wholly random: about one in 70 of those reads as a
     /// time after 2025 anyway).
     pub fn requested_at(self) -> Option<DateTime<Utc>> {
         let ms = self.0 >> TRIGGER_RANDOM_BITS;

@@ -1329,9 +1329,9 @@ impl Locks for RedlockStore {
         )))
     }
 
-    /// The requests a majority of masters hold.
-    /// `withdraw.lua` on every master: withdrawn when a majority answered
-    /// and one of them still had it pending.
+    /// `withdraw.lua` on every master: withdrawn only when a majority still
+    /// had it pending (a claim that won it took it on a majority, so then
+    /// none did).
     async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
         let keys = [self.key(job.as_str(), "state"), triggers_key(&self.prefix)];
         let args = [id.get().to_string(), job.as_str().to_string()];
@@ -1340,9 +1340,10 @@ impl Locks for RedlockStore {
             .each(|m| self.eval_on::<i64>(m, &self.withdraw, k, a))
             .await;
         let answered = self.quorum(answers)?;
-        Ok(answered.iter().any(|(_, w)| *w == 1))
+        Ok(answered.iter().filter(|(_, w)| *w == 1).count() >= self.majority())
     }
 
+    /// The requests a majority of masters hold.
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let key = triggers_key(&self.prefix);
         let k = &key;
