@@ -126,21 +126,12 @@ impl Node {
             },
             None => None,
         };
-        let mut request = ClaimRequest {
-            job: name.clone(),
-            occurrence: self.wall.now(),
-            previous: None,
-            misfire: crate::config::Misfire::Skip,
-            owner: self.owner.clone(),
-            lease: self.margin * 2,
-            fence_floor: state.as_ref().map_or(0, |s| s.fence_floor()),
-            max_offset: self.clock.bound(),
-            head_start: Some(Duration::ZERO),
-            after_unanswered: false,
-            recheck_only: false,
-            window_end: None,
-            manual: Some(id),
-        };
+        let mut request = self.manual_request(
+            name.clone(),
+            id,
+            crate::config::Misfire::Skip,
+            state.as_ref().map_or(0, |s| s.fence_floor()),
+        );
         let age = id
             .requested_at()
             .and_then(|at| (self.wall.now() - at).to_std().ok())
@@ -218,6 +209,33 @@ impl Node {
         }
     }
 
+    /// The claim of manual request `id` of `job`, as this node sends it now:
+    /// a lease of two margins (see [`Node::claim_trigger`]), taken from an
+    /// idle holder at once (Redlock's first phase), no window.
+    fn manual_request(
+        &self,
+        job: crate::config::JobName,
+        id: TriggerId,
+        misfire: crate::config::Misfire,
+        fence_floor: u64,
+    ) -> ClaimRequest {
+        ClaimRequest {
+            job,
+            occurrence: self.wall.now(),
+            previous: None,
+            misfire,
+            owner: self.owner.clone(),
+            lease: self.margin * 2,
+            fence_floor,
+            max_offset: self.clock.bound(),
+            head_start: Some(Duration::ZERO),
+            after_unanswered: false,
+            recheck_only: false,
+            window_end: None,
+            manual: Some(id),
+        }
+    }
+
     /// The state of the configured job named `job`, if there is one.
     fn state_of(&self, job: &str) -> Option<Arc<JobState>> {
         let name = crate::config::JobName::parse(job).ok()?;
@@ -232,29 +250,14 @@ impl Node {
             return;
         };
         let job = state.job();
-        let now = self.wall.now();
         // Two margins, renewed while the run goes: a node that dies during
         // a manual run holds the job no longer than that, so the next
         // occurrence is claimed as after any busy holder's death (a lease of
         // the job's interval would keep a yearly job's next occurrence out,
         // and keep Redlock's restarted masters out of its quorums for a year).
-        let lease = self.margin * 2;
-        let mut request = ClaimRequest {
-            job: job.name.clone(),
-            occurrence: now,
-            previous: None,
-            misfire: job.misfire,
-            owner: self.owner.clone(),
-            lease,
-            fence_floor: state.fence_floor(),
-            max_offset: self.clock.bound(),
-            // Taken from an idle holder at once (Redlock's first phase).
-            head_start: Some(Duration::ZERO),
-            after_unanswered: false,
-            recheck_only: false,
-            window_end: None,
-            manual: Some(id),
-        };
+        let mut request =
+            self.manual_request(job.name.clone(), id, job.misfire, state.fence_floor());
+        let lease = request.lease;
         let mut first_sent: Option<Instant> = None;
         for attempt in 0..ATTEMPTS {
             let sent = Instant::now();
