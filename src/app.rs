@@ -645,7 +645,7 @@ async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCode {
 /// How long ago request `id` was made, for people (`None` for an id that
 /// carries no time).
 fn request_age(id: store::TriggerId) -> Option<String> {
-    let age = (Utc::now() - id.requested_at()?).to_std().ok()?;
+    let age = id.age(Utc::now())?;
     Some(humantime::format_duration(Duration::from_secs(age.as_secs())).to_string())
 }
 

@@ -41,7 +41,7 @@ pub struct JobStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct PendingTrigger {
     pub id: TriggerId,
-    /// When it was made (the requesting host's clock); `None` for an id of
+    /// When it was made (the store's clock, as `trigger` read it); `None` for an id of
     /// an earlier build, which carries no time.
     pub requested_at: Option<DateTime<Utc>>,
     pub age_ms: Option<u64>,
@@ -79,8 +79,8 @@ pub async fn gather(
         .into_iter()
         .map(|(job, id)| {
             let requested_at = id.requested_at();
-            let age_ms = requested_at
-                .and_then(|at| (now - at).to_std().ok())
+            let age_ms = id
+                .age(now)
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             (
                 job,

@@ -99,11 +99,8 @@ impl Node {
     /// Whether request `id` is older than `cluster.trigger_expiry`: no node
     /// took it in that time (the job is on no daemon, or always running).
     fn expired(&self, id: TriggerId) -> bool {
-        id.requested_at().is_some_and(|at| {
-            (self.wall.now() - at)
-                .to_std()
-                .is_ok_and(|age| age > self.trigger_expiry)
-        })
+        id.age(self.wall.now())
+            .is_some_and(|age| age > self.trigger_expiry)
     }
 
     /// An expired request (docs/cli.md, `trigger`): claimed like any manual
@@ -133,8 +130,7 @@ impl Node {
             state.as_ref().map_or(0, |s| s.fence_floor()),
         );
         let age = id
-            .requested_at()
-            .and_then(|at| (self.wall.now() - at).to_std().ok())
+            .age(self.wall.now())
             .map(|d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string())
             .unwrap_or_default();
         let expiry = humantime::format_duration(self.trigger_expiry);

@@ -92,7 +92,7 @@ impl fmt::Display for Owner {
 /// a 64-bit integer, shown as 16 hex digits. It names the request in the
 /// job's lock (pending), in the claim that takes it and in the run's history
 /// record. Its high bits are when it was made (milliseconds since the Unix
-/// epoch, by the requesting host's clock), its low [`TRIGGER_RANDOM_BITS`]
+/// epoch, by the store's clock as `trigger` read it), its low [`TRIGGER_RANDOM_BITS`]
 /// random: every store knows a pending request's age without a field of
 /// its own ([`TriggerId::requested_at`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -118,7 +118,7 @@ impl TriggerId {
         TriggerId(((ms << TRIGGER_RANDOM_BITS) | random).max(1))
     }
 
-    /// When the request was made, by the requesting host's clock; `None`
+    /// When the request was made, by the store's clock `trigger` read; `None`
     /// for an id that carries no plausible time (made by an earlier build,
     /// whose ids were wholly random: about one in 70 of those reads as a
     /// time after 2025 anyway).
@@ -126,6 +126,12 @@ impl TriggerId {
         let ms = self.0 >> TRIGGER_RANDOM_BITS;
         let plausible = TRIGGER_TIMES_FROM..=Utc::now().timestamp_millis() + 86_400_000;
         plausible.contains(&ms).then(|| from_ms(ms))
+    }
+
+    /// How old the request is at `now` (`None` without a time, or made
+    /// after `now`).
+    pub fn age(self, now: DateTime<Utc>) -> Option<Duration> {
+        (now - self.requested_at()?).to_std().ok()
     }
 
     /// An id as a store keeps it (a positive integer); anything else is none.
