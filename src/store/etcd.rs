@@ -60,6 +60,7 @@ use futures_util::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use super::cas;
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
@@ -424,6 +425,38 @@ impl Plan {
             })
             .collect::<Result<Vec<TxnOp>, String>>()?;
         Ok(Txn::new().when(self.when).and_then(ops))
+    }
+}
+
+/// etcd's half of the compare-and-set loop ([`cas::Cas`]): one batch's
+/// jobs, read and written on one client.
+struct EtcdCas<'a> {
+    store: &'a EtcdStore,
+    client: &'a etcd::Client,
+    jobs: &'a [&'a str],
+    want: Want,
+}
+
+impl cas::Cas for EtcdCas<'_> {
+    type View = JobView;
+    type Write = Plan;
+
+    /// Each plan is a nested transaction of its own: the ones whose
+    /// compares failed are the ones not applied.
+    async fn write(&self, writes: Vec<(usize, Plan)>) -> Result<Vec<usize>, StoreError> {
+        self.store.write(self.client, writes).await
+    }
+
+    async fn reread(&self, jobs: &[usize]) -> Result<Vec<JobView>, StoreError> {
+        let names: Vec<&str> = jobs
+            .iter()
+            .filter_map(|&i| self.jobs.get(i).copied())
+            .collect();
+        self.store.view(self.client, &names, self.want).await
+    }
+
+    fn store(&self) -> String {
+        self.store.url.redacted().into()
     }
 }
 
@@ -882,46 +915,30 @@ impl EtcdStore {
     }
 
     /// [`EtcdStore::read_decide_write`] with `extra` operations in the
-    /// first read's last transaction; their answers come back too.
+    /// first read's last transaction; their answers come back too. The loop
+    /// is [`cas::decide_and_write`]'s; this store brings its reads and
+    /// transactions ([`EtcdCas`]).
     async fn read_decide_write_with<A>(
         &self,
         client: &etcd::Client,
         jobs: &[&str],
         want: Want,
         extra: Vec<TxnOp>,
-        mut decide_one: impl FnMut(usize, &JobView) -> (Option<Plan>, A),
+        decide_one: impl FnMut(usize, &JobView) -> (Option<Plan>, A),
     ) -> Result<(i64, Vec<A>, Vec<TxnOpResponse>), StoreError> {
         let deadline = tokio::time::Instant::now() + self.op_timeout;
         let (views, extra) = self.view_with(client, jobs, want, extra).await?;
         let now = views.first().map_or_else(now_ms, |v| v.now);
-        let mut answers = Vec::with_capacity(jobs.len());
-        let mut plans = Vec::new();
-        for (i, view) in views.iter().enumerate() {
-            let (plan, answer) = decide_one(i, view);
-            answers.push(answer);
-            if let Some(p) = plan {
-                plans.push((i, p));
-            }
-        }
-        loop {
-            let changed = self.write(client, plans).await?;
-            if changed.is_empty() {
-                return Ok((now, answers, extra));
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(StoreError::Timeout(self.op_timeout));
-            }
-            let names: Vec<&str> = changed.iter().map(|&i| jobs[i]).collect();
-            let fresh = self.view(client, &names, want).await?;
-            plans = Vec::new();
-            for (i, view) in changed.into_iter().zip(fresh) {
-                let (plan, answer) = decide_one(i, &view);
-                answers[i] = answer;
-                if let Some(p) = plan {
-                    plans.push((i, p));
-                }
-            }
-        }
+        let transport = EtcdCas {
+            store: self,
+            client,
+            jobs,
+            want,
+        };
+        let answers =
+            cas::decide_and_write(&transport, &views, deadline, self.op_timeout, decide_one)
+                .await?;
+        Ok((now, answers, extra))
     }
 
     /// One claim decided on its job's keys: the write it wants, if any.

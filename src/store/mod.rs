@@ -22,6 +22,7 @@
 //! three, what a backend implements. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
+mod cas;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "memory")]

@@ -55,6 +55,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use super::cas;
 use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
@@ -177,6 +178,51 @@ enum Node {
     Absent,
     Present(LockData, i32),
     Unreadable(String),
+}
+
+/// ZooKeeper's half of the compare-and-set loop ([`cas::Cas`]): one
+/// batch's jobs, read and written on one client.
+struct ZkCas<'a> {
+    store: &'a ZkStore,
+    client: &'a zk::Client,
+    jobs: &'a [&'a str],
+}
+
+impl cas::Cas for ZkCas<'_> {
+    type View = Node;
+    /// The new data, and the version it replaces (none: the node is made).
+    type Write = (LockData, Option<i32>);
+
+    /// The writes go in multis of [`MULTI_OPS`], one after the other: the
+    /// multi that found a node changed was not applied, nor any after it;
+    /// the ones before it were.
+    async fn write(&self, writes: Vec<(usize, Self::Write)>) -> Result<Vec<usize>, StoreError> {
+        let mut sent = Vec::with_capacity(writes.len());
+        for (i, (data, version)) in &writes {
+            if let Some(job) = self.jobs.get(*i) {
+                sent.push((*job, data, *version));
+            }
+        }
+        match self.store.write_locks(self.client, &sent).await? {
+            None => Ok(Vec::new()),
+            Some(failed) => {
+                let first = failed - failed % MULTI_OPS;
+                Ok(writes.iter().skip(first).map(|(i, _)| *i).collect())
+            }
+        }
+    }
+
+    async fn reread(&self, jobs: &[usize]) -> Result<Vec<Node>, StoreError> {
+        let names: Vec<&str> = jobs
+            .iter()
+            .filter_map(|&i| self.jobs.get(i).copied())
+            .collect();
+        self.store.read_locks(self.client, &names).await
+    }
+
+    fn store(&self) -> String {
+        self.store.url.redacted().into()
+    }
 }
 
 impl ZkStore {
@@ -575,7 +621,7 @@ impl ZkStore {
             self.tick_beating(&client, beat),
             self.read_locks(&client, jobs)
         );
-        let ((now, beaten), mut nodes) = (ticked?, nodes?);
+        let ((now, beaten), nodes) = (ticked?, nodes?);
         let listing = async {
             match beaten {
                 Beaten::No => None,
@@ -593,55 +639,38 @@ impl ZkStore {
         };
         let (live, answers) = tokio::join!(
             listing,
-            self.decide_and_write(&client, jobs, &mut nodes, now, &session, &mut decide_one)
+            self.decide_and_write(&client, jobs, &nodes, now, &session, &mut decide_one)
         );
         Ok((now, answers?, live))
     }
 
     /// The decide-and-write loop of [`ZkStore::read_decide_write`] on the
-    /// nodes read at `now`.
+    /// nodes read at `now`: [`cas::decide_and_write`]'s, with this store's
+    /// multis ([`ZkCas`]).
     async fn decide_and_write<A>(
         &self,
         client: &zk::Client,
         jobs: &[&str],
-        nodes: &mut [Node],
+        nodes: &[Node],
         now: i64,
         session: &str,
         decide_one: &mut impl FnMut(usize, &Node, i64, &str) -> (Option<LockData>, A),
     ) -> Result<Vec<A>, StoreError> {
         let deadline = tokio::time::Instant::now() + self.op_timeout;
-        loop {
-            let mut answers = Vec::with_capacity(jobs.len());
-            let mut datas = Vec::new();
-            for (i, node) in nodes.iter().enumerate() {
-                let (data, answer) = decide_one(i, node, now, session);
-                answers.push(answer);
-                if let Some(d) = data {
-                    let version = match node {
-                        Node::Present(_, v) => Some(*v),
-                        _ => None,
-                    };
-                    datas.push((i, d, version));
-                }
-            }
-            let writes: Vec<(&str, &LockData, Option<i32>)> =
-                datas.iter().map(|(i, d, v)| (jobs[*i], d, *v)).collect();
-            match self.write_locks(client, &writes).await? {
-                None => return Ok(answers),
-                Some(failed) => {
-                    // That job changed under us: read it again, decide all
-                    // again (the others' writes were not applied).
-                    if tokio::time::Instant::now() >= deadline {
-                        return Err(StoreError::Timeout(self.op_timeout));
-                    }
-                    let i = datas[failed].0;
-                    let fresh = self.read_locks(client, &[jobs[i]]).await?;
-                    if let Some(node) = fresh.into_iter().next() {
-                        nodes[i] = node;
-                    }
-                }
-            }
-        }
+        let transport = ZkCas {
+            store: self,
+            client,
+            jobs,
+        };
+        cas::decide_and_write(&transport, nodes, deadline, self.op_timeout, |i, node| {
+            let (data, answer) = decide_one(i, node, now, session);
+            let version = match node {
+                Node::Present(_, v) => Some(*v),
+                _ => None,
+            };
+            (data.map(|d| (d, version)), answer)
+        })
+        .await
     }
 
     /// A claim of a non-empty batch, with `beat` in its clock write

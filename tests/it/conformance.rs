@@ -720,6 +720,56 @@ pub async fn a_batch_of_a_thousand(h: &Harness) {
     assert_eq!(b.claim(&theirs).await.unwrap().outcomes.len(), 1000);
 }
 
+/// Two nodes claim the same 1,200 jobs in one batch each, at once (the
+/// second in the reverse order, so their writes meet mid-batch): each job is
+/// won by exactly one of them, the other's answer names the winner, and the
+/// store holds each job for its winner. A store that writes a large batch in
+/// parts, some applied before another part finds a job changed, must not
+/// decide the applied parts again (it would answer its own wins as lost).
+pub async fn two_large_batches_race_each_job_won_once(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let names: Vec<String> = (0..1200).map(|i| format!("r{i:04}")).collect();
+    let ours: Vec<ClaimRequest> = names.iter().map(|n| req(n, "a#1", 10, 60_000)).collect();
+    let theirs: Vec<ClaimRequest> = names
+        .iter()
+        .rev()
+        .map(|n| req(n, "b#1", 10, 60_000))
+        .collect();
+    let (x, y) = tokio::join!(a.claim(&ours), b.claim(&theirs));
+    let (x, mut y) = (x.unwrap().outcomes, y.unwrap().outcomes);
+    y.reverse();
+    assert_eq!((x.len(), y.len()), (1200, 1200));
+    let holders: std::collections::HashMap<String, Option<String>> = a
+        .status()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.job, s.holder))
+        .collect();
+    let mut wins = [0, 0];
+    for ((name, mine), theirs) in names.iter().zip(&x).zip(&y) {
+        let winner = match (mine, theirs) {
+            (ClaimOutcome::Won(_), ClaimOutcome::Lost(l)) => {
+                assert_eq!(l.holder.as_deref(), Some("a#1"), "{name}: {theirs:?}");
+                wins[0] += 1;
+                "a#1"
+            }
+            (ClaimOutcome::Lost(l), ClaimOutcome::Won(_)) => {
+                assert_eq!(l.holder.as_deref(), Some("b#1"), "{name}: {mine:?}");
+                wins[1] += 1;
+                "b#1"
+            }
+            other => panic!("{name}: not one winner: {other:?}"),
+        };
+        assert_eq!(
+            holders.get(name).cloned().flatten().as_deref(),
+            Some(winner),
+            "{name}"
+        );
+    }
+    eprintln!("wins: a {}, b {}", wins[0], wins[1]);
+}
+
 fn run(name: &str, fence: u64) -> RunRecord {
     let t = occ(fence as i64);
     RunRecord {
@@ -1442,6 +1492,7 @@ macro_rules! conformance {
                 fences_stay_exact_and_never_wrap,
                 batch_answers_like_one_by_one,
                 a_batch_of_a_thousand,
+                two_large_batches_race_each_job_won_once,
                 history_is_recorded_once_per_fence,
                 history_keeps_each_runs_output_tail,
                 retried_claim_keeps_its_lost_win,

@@ -283,7 +283,10 @@ fn crashed_daemon_hands_over(backend: Backend) {
                     "{what}: a busy holder's lease is waited out; the peer started at {:.3}, the lease ran to {lease_end:.3}\n{report}",
                     first.start
                 );
-                assert!(late <= MARGIN + 0.1, "{what}: {late:.3}s late\n{report}");
+                // The lease's end plus normal lateness (the 0.3 s the
+                // daemon case holds to): a CI run saw 1.104 s with the claim
+                // at +67 ms and the job's shell starting 36 ms later.
+                assert!(late <= MARGIN + 0.3, "{what}: {late:.3}s late\n{report}");
             }
         }
     }
