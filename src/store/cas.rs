@@ -98,6 +98,7 @@ mod tests {
     //! The loop on a store in a `Vec`: each job is a counter, a write is
     //! "set it to n if it is still m", applied in units of `unit` writes,
     //! all or nothing, with other writers bumping counters in between.
+    #![allow(clippy::unwrap_used)]
 
     use std::sync::Mutex;
 

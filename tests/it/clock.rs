@@ -145,16 +145,8 @@ fn thirty_seconds_ahead_for_three_seconds_leaves_no_trace(backend: Backend) {
     c.stop_all();
 }
 
-macro_rules! per_store {
-    ($($scenario:ident),*) => {
-        mod sqlite { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sqlite) } )* }
-        mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
-        mod postgres { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Postgres) } )* }
-        mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
-    };
-}
-
-per_store!(
+crate::per_store!(
+    [sqlite, mysql, postgres, redis];
     five_seconds_ahead_never_runs_early,
     thirty_seconds_ahead_for_three_seconds_leaves_no_trace
 );

@@ -137,22 +137,11 @@ fn drill_reports_the_takeover(backend: Backend, how: &str) {
     );
 }
 
-macro_rules! kill_drill_per_store {
-    ($($name:ident: $backend:expr),*) => {
-        $( #[test] fn $name() { drill_reports_the_takeover($backend, "--kill") } )*
-    };
+fn kill(backend: Backend) {
+    drill_reports_the_takeover(backend, "--kill");
 }
 
-kill_drill_per_store!(
-    kill_sqlite: Backend::Sqlite,
-    kill_mysql: Backend::Mysql,
-    kill_postgres: Backend::Postgres,
-    kill_redis: Backend::Redis,
-    kill_sentinel: Backend::Sentinel,
-    kill_redlock: Backend::Redlock,
-    kill_zookeeper: Backend::ZooKeeper,
-    kill_etcd: Backend::Etcd
-);
+crate::per_store!(all; kill);
 
 #[test]
 fn term_sqlite() {

@@ -411,19 +411,8 @@ fn follower_frozen_inside_a_claim_postgres() {
     follower_frozen_inside_a_claim(Backend::Postgres);
 }
 
-macro_rules! per_store {
-    ($($scenario:ident),*) => {
-        mod sqlite { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sqlite) } )* }
-        mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
-        mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
-        mod sentinel { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sentinel) } )* }
-        mod redlock { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redlock) } )* }
-        mod zookeeper { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::ZooKeeper) } )* }
-        mod etcd { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Etcd) } )* }
-    };
-}
-
-per_store!(
+crate::per_store!(
+    [sqlite, mysql, redis, sentinel, redlock, zookeeper, etcd];
     long_job_keeps_its_lease,
     kill9_mid_run,
     stop_the_world,
@@ -460,39 +449,8 @@ fn kill_anywhere(backend: Backend) {
 }
 
 mod kill_anywhere {
-    use crate::support::Backend;
-    #[test]
-    fn sqlite() {
-        super::kill_anywhere(Backend::Sqlite);
-    }
-    #[test]
-    fn mysql() {
-        super::kill_anywhere(Backend::Mysql);
-    }
-    #[test]
-    fn postgres() {
-        super::kill_anywhere(Backend::Postgres);
-    }
-    #[test]
-    fn redis() {
-        super::kill_anywhere(Backend::Redis);
-    }
-    #[test]
-    fn sentinel() {
-        super::kill_anywhere(Backend::Sentinel);
-    }
-    #[test]
-    fn redlock() {
-        super::kill_anywhere(Backend::Redlock);
-    }
-    #[test]
-    fn zookeeper() {
-        super::kill_anywhere(Backend::ZooKeeper);
-    }
-    #[test]
-    fn etcd() {
-        super::kill_anywhere(Backend::Etcd);
-    }
+    use super::kill_anywhere;
+    crate::per_store!(all; kill_anywhere);
 }
 
 // The watchdog renews a running job's lease before a third is left, and a

@@ -133,46 +133,6 @@ fn failover(backend: Backend) {
     );
 }
 
-#[test]
-fn failover_sqlite() {
-    failover(Backend::Sqlite);
-}
-
-#[test]
-fn failover_mysql() {
-    failover(Backend::Mysql);
-}
-
-#[test]
-fn failover_postgres() {
-    failover(Backend::Postgres);
-}
-
-#[test]
-fn failover_redis() {
-    failover(Backend::Redis);
-}
-
-#[test]
-fn failover_sentinel() {
-    failover(Backend::Sentinel);
-}
-
-#[test]
-fn failover_redlock() {
-    failover(Backend::Redlock);
-}
-
-#[test]
-fn failover_zookeeper() {
-    failover(Backend::ZooKeeper);
-}
-
-#[test]
-fn failover_etcd() {
-    failover(Backend::Etcd);
-}
-
 /// A live holder stopped (SIGSTOP) for 300 ms around an instant, while idle,
 /// loses that occurrence to a peer after the head start; when it wakes, it
 /// is refused the occurrence (claimed already) and runs nothing twice.
@@ -218,45 +178,7 @@ fn delayed_idle_holder(backend: Backend) {
     );
 }
 
-#[test]
-fn delayed_idle_holder_sqlite() {
-    delayed_idle_holder(Backend::Sqlite);
-}
-
-#[test]
-fn delayed_idle_holder_mysql() {
-    delayed_idle_holder(Backend::Mysql);
-}
-
-#[test]
-fn delayed_idle_holder_postgres() {
-    delayed_idle_holder(Backend::Postgres);
-}
-
-#[test]
-fn delayed_idle_holder_redis() {
-    delayed_idle_holder(Backend::Redis);
-}
-
-#[test]
-fn delayed_idle_holder_sentinel() {
-    delayed_idle_holder(Backend::Sentinel);
-}
-
-#[test]
-fn delayed_idle_holder_redlock() {
-    delayed_idle_holder(Backend::Redlock);
-}
-
-#[test]
-fn delayed_idle_holder_zookeeper() {
-    delayed_idle_holder(Backend::ZooKeeper);
-}
-
-#[test]
-fn delayed_idle_holder_etcd() {
-    delayed_idle_holder(Backend::Etcd);
-}
+crate::per_store!(all; failover, delayed_idle_holder);
 
 /// Two live daemons under one node name (a copied config): each warns once
 /// about the other, and `nodes` says so.

@@ -293,45 +293,7 @@ fn crashed_daemon_hands_over(backend: Backend) {
     eprintln!("{backend:?}:\n  {}", summary.join("\n  "));
 }
 
-#[test]
-fn crashed_daemon_hands_over_sqlite() {
-    crashed_daemon_hands_over(Backend::Sqlite);
-}
-
-#[test]
-fn crashed_daemon_hands_over_mysql() {
-    crashed_daemon_hands_over(Backend::Mysql);
-}
-
-#[test]
-fn crashed_daemon_hands_over_postgres() {
-    crashed_daemon_hands_over(Backend::Postgres);
-}
-
-#[test]
-fn crashed_daemon_hands_over_redis() {
-    crashed_daemon_hands_over(Backend::Redis);
-}
-
-#[test]
-fn crashed_daemon_hands_over_sentinel() {
-    crashed_daemon_hands_over(Backend::Sentinel);
-}
-
-#[test]
-fn crashed_daemon_hands_over_redlock() {
-    crashed_daemon_hands_over(Backend::Redlock);
-}
-
-#[test]
-fn crashed_daemon_hands_over_zookeeper() {
-    crashed_daemon_hands_over(Backend::ZooKeeper);
-}
-
-#[test]
-fn crashed_daemon_hands_over_etcd() {
-    crashed_daemon_hands_over(Backend::Etcd);
-}
+crate::per_store!(all; crashed_daemon_hands_over);
 
 /// A guard that cannot reach the store (its server stopped: connections
 /// accepted, never answered) still kills the dead daemon's jobs at once,

@@ -863,3 +863,90 @@ async fn spread_takes_over_a_cut_off_preferred_node_as_fast_as_sticky() {
     }
     assert!(takeovers[1].1 <= takeovers[0].1, "{takeovers:?}");
 }
+
+/// `placement = "spread"` on the node logic alone, the in-process form of
+/// `many::<store>::spread_over_three_nodes` (which runs it on real stores,
+/// four in the default tier and all eight in the long tier): three nodes
+/// share 300 jobs due every 10 s; two periods after the start each runs
+/// 100 ± 15 of them per instant. One is killed (cut off, its task gone,
+/// no guard): its jobs go to the other two at the next instant, within
+/// the margin. It starts again: within two periods it has its share back.
+/// Every occurrence of every job runs exactly once throughout, with
+/// increasing fences.
+#[tokio::test(start_paused = true)]
+async fn spread_balances_three_nodes_moves_a_dead_ones_share_and_gives_it_back() {
+    const JOBS: usize = 300;
+    let w = World::new(VirtualRunner::default());
+    let jobs = format!("[cluster]\nplacement = \"spread\"\n{}", jobs(JOBS));
+    let mut nodes: BTreeMap<&str, Running> = ["n1", "n2", "n3"]
+        .into_iter()
+        .map(|n| (n, w.start(n, &jobs)))
+        .collect();
+    let instant = |k: i64| t(10.0 * k as f64);
+    w.until(instant(2) + chrono::TimeDelta::milliseconds(2_500))
+        .await;
+    let dead = nodes.remove("n2").unwrap();
+    dead.store.set_reachable(false);
+    dead.task.abort();
+    w.until(instant(3) + chrono::TimeDelta::milliseconds(2_500))
+        .await;
+    nodes.insert("n2", w.start("n2", &jobs));
+    w.until(instant(6) + chrono::TimeDelta::milliseconds(2_500))
+        .await;
+    let runs = w.runner.runs();
+    for (_, node) in nodes {
+        node.stop().await;
+    }
+    // (job, instant) → the runs of it: (fence, node, lateness ms).
+    type Seen = BTreeMap<(String, i64), Vec<(u64, String, i64)>>;
+    let mut seen = Seen::new();
+    for r in &runs {
+        let k = (r.occurrence - t(0.0)).num_seconds() / 10;
+        seen.entry((r.job.clone(), k)).or_default().push((
+            r.fence,
+            r.node.clone(),
+            ms(r.started - r.occurrence),
+        ));
+    }
+    let mut shares: BTreeMap<i64, BTreeMap<String, usize>> = BTreeMap::new();
+    let mut worst_at_kill = 0;
+    for i in 0..JOBS {
+        let job = format!("j{i:04}");
+        let mut last_fence = 0;
+        for k in 0..=6 {
+            match seen.get(&(job.clone(), k)).map(Vec::as_slice) {
+                Some([(fence, node, late)]) => {
+                    assert!(*fence > last_fence, "{job}: fences out of order");
+                    last_fence = *fence;
+                    *shares
+                        .entry(k)
+                        .or_default()
+                        .entry(node.clone())
+                        .or_default() += 1;
+                    if k == 3 {
+                        worst_at_kill = worst_at_kill.max(*late);
+                    }
+                }
+                other => panic!("{job} at instant {k}: {other:?}"),
+            }
+        }
+    }
+    let balanced = |k: i64| {
+        ["n1", "n2", "n3"]
+            .iter()
+            .all(|n| shares[&k].get(*n).copied().unwrap_or(0).abs_diff(JOBS / 3) <= 15)
+    };
+    assert!(balanced(2), "two periods after the start: {shares:?}");
+    assert!(
+        !shares[&3].contains_key("n2"),
+        "the dead node ran: {shares:?}"
+    );
+    assert!(
+        balanced(5) && balanced(6),
+        "two periods after the restart: {shares:?}"
+    );
+    assert!(
+        worst_at_kill <= 1_000,
+        "the dead node's jobs moved {worst_at_kill} ms late"
+    );
+}

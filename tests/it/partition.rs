@@ -813,19 +813,8 @@ fn flapping(backend: Backend) {
     );
 }
 
-macro_rules! per_network_store {
-    ($($scenario:ident),*) => {
-        mod mysql { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Mysql) } )* }
-        mod postgres { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Postgres) } )* }
-        mod redis { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redis) } )* }
-        mod sentinel { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Sentinel) } )* }
-        mod redlock { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Redlock) } )* }
-        mod zookeeper { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::ZooKeeper) } )* }
-        mod etcd { $( #[test] fn $scenario() { super::$scenario(crate::support::Backend::Etcd) } )* }
-    };
-}
-
-per_network_store!(
+crate::per_store!(
+    network;
     holder_cut_off_mid_run_both,
     holder_loses_replies_mid_run,
     healed_mid_renewal,

@@ -53,6 +53,23 @@ pub const SENTINEL_URL: &str =
     "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/cronlease?wait=1";
 
 impl Backend {
+    /// The backend a per-store test module is named after ([`per_store!`]):
+    /// the one place a store's module name meets its backend.
+    pub fn named(module: &str) -> Backend {
+        match module {
+            "sqlite" => Backend::Sqlite,
+            "mysql" => Backend::Mysql,
+            "postgres" => Backend::Postgres,
+            "redis" => Backend::Redis,
+            "sentinel" => Backend::Sentinel,
+            "redlock" => Backend::Redlock,
+            "zookeeper" => Backend::ZooKeeper,
+            "etcd" => Backend::Etcd,
+            "memory" => Backend::Memory,
+            other => panic!("no backend is named {other}"),
+        }
+    }
+
     pub fn url(self, dir: &Path) -> String {
         let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
         match self {
@@ -1011,4 +1028,53 @@ impl Drop for PgServer {
             let _ = c.wait();
         }
     }
+}
+
+/// The one way a scenario runs per store: `per_store!([sqlite, redis];
+/// a, b)` makes a module per store (`sqlite::a`, `redis::b`, …) whose
+/// tests call `a(Backend::Sqlite)`, and so on; `all` names every store a
+/// daemon runs on, `network` the same without SQLite (partitions cut
+/// network stores). `long [mysql, …]` adds modules whose tests are in the
+/// long tier only (`#[ignore]`, run by `.ci/long`): what the default tier
+/// keeps on a few stores, the long tier runs on every one.
+#[macro_export]
+macro_rules! per_store {
+    (all $($rest:tt)*) => {
+        $crate::per_store!([sqlite, mysql, postgres, redis, sentinel, redlock, zookeeper, etcd] $($rest)*);
+    };
+    (network $($rest:tt)*) => {
+        $crate::per_store!([mysql, postgres, redis, sentinel, redlock, zookeeper, etcd] $($rest)*);
+    };
+    ([$($store:ident),* $(,)?] long [$($long:ident),* $(,)?]; $($scenario:ident),+ $(,)?) => {
+        $crate::per_store!(@default [$($store),*]; $($scenario),+);
+        $crate::per_store!(@long [$($long),*]; $($scenario),+);
+    };
+    ([$($store:ident),* $(,)?]; $($scenario:ident),+ $(,)?) => {
+        $crate::per_store!(@default [$($store),*]; $($scenario),+);
+    };
+    (@default []; $($scenario:ident),+) => {};
+    (@default [$store:ident $(, $more:ident)*]; $($scenario:ident),+) => {
+        mod $store {
+            $(
+                #[test]
+                fn $scenario() {
+                    super::$scenario($crate::support::Backend::named(stringify!($store)))
+                }
+            )+
+        }
+        $crate::per_store!(@default [$($more),*]; $($scenario),+);
+    };
+    (@long []; $($scenario:ident),+) => {};
+    (@long [$store:ident $(, $more:ident)*]; $($scenario:ident),+) => {
+        mod $store {
+            $(
+                #[test]
+                #[ignore = "long tier (.ci/long)"]
+                fn $scenario() {
+                    super::$scenario($crate::support::Backend::named(stringify!($store)))
+                }
+            )+
+        }
+        $crate::per_store!(@long [$($more),*]; $($scenario),+);
+    };
 }

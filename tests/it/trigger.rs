@@ -334,26 +334,9 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
-macro_rules! per_store {
-    ($($name:ident => $backend:expr),* $(,)?) => {
-        $(
-            mod $name {
-                #[test]
-                fn twenty_triggers_at_once_run_each_accepted_one_once() {
-                    super::twenty_at_once_each_accepted_request_runs_once($backend);
-                }
-            }
-        )*
-    };
-}
-
-per_store!(
-    sqlite => crate::support::Backend::Sqlite,
-    postgres => crate::support::Backend::Postgres,
-    redis => crate::support::Backend::Redis,
-    redlock => crate::support::Backend::Redlock,
-    zookeeper => crate::support::Backend::ZooKeeper,
-    etcd => crate::support::Backend::Etcd,
+crate::per_store!(
+    [sqlite, postgres, redis, redlock, zookeeper, etcd];
+    twenty_at_once_each_accepted_request_runs_once
 );
 
 /// A manual run going at a scheduled instant of its job: that occurrence
