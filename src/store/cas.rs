@@ -30,20 +30,22 @@ pub(crate) trait Cas {
     /// one whose job did. Every other write was applied.
     async fn write(&self, writes: Vec<(usize, Self::Write)>) -> Result<Vec<usize>, StoreError>;
 
-    /// The jobs at these indexes of the batch, read again, in that order.
-    async fn reread(&self, jobs: &[usize]) -> Result<Vec<Self::View>, StoreError>;
+    /// These jobs read again, in that order.
+    async fn reread(&self, jobs: &[&str]) -> Result<Vec<Self::View>, StoreError>;
 
     /// The store, as errors name it (its URL without secrets).
     fn store(&self) -> String;
 }
 
-/// Decides each job of `views` with `decide_one(index, view)`, which
+/// Decides each job of `views` (read for `jobs`, in that order) with
+/// `decide_one(index, view)`, which
 /// answers the write it wants, if any, and the job's answer; writes; and
 /// decides again, on a fresh read, each job whose write was not applied,
 /// until every wanted write went through. Past `deadline` with writes still
 /// pending, the operation timed out (`op_timeout`).
 pub(crate) async fn decide_and_write<C: Cas, A>(
     cas: &C,
+    jobs: &[&str],
     views: &[C::View],
     deadline: Instant,
     op_timeout: Duration,
@@ -69,7 +71,11 @@ pub(crate) async fn decide_and_write<C: Cas, A>(
         if Instant::now() >= deadline {
             return Err(StoreError::Timeout(op_timeout));
         }
-        let fresh = cas.reread(&pending).await?;
+        let names: Vec<&str> = pending
+            .iter()
+            .filter_map(|&i| jobs.get(i).copied())
+            .collect();
+        let fresh = cas.reread(&names).await?;
         if fresh.len() != pending.len() {
             return Err(StoreError::Backend {
                 store: cas.store(),
@@ -164,9 +170,12 @@ mod tests {
             Ok(pending)
         }
 
-        async fn reread(&self, jobs: &[usize]) -> Result<Vec<u64>, StoreError> {
+        async fn reread(&self, jobs: &[&str]) -> Result<Vec<u64>, StoreError> {
             let values = self.values.lock().unwrap();
-            Ok(jobs.iter().map(|&i| values[i]).collect())
+            Ok(jobs
+                .iter()
+                .map(|j| values[j.parse::<usize>().unwrap()])
+                .collect())
         }
 
         fn store(&self) -> String {
@@ -174,18 +183,30 @@ mod tests {
         }
     }
 
+    /// Job i is named "i".
+    fn names(n: usize) -> Vec<&'static str> {
+        ["0", "1", "2", "3", "4", "5", "6", "7"][..n].to_vec()
+    }
+
     /// "Claim" every even counter: write 100 + its value unless it is
     /// already 100 or more (held). Answers what each job ended as.
     async fn claim_all(store: &Counters) -> Vec<Result<u64, u64>> {
         let views: Vec<u64> = store.values.lock().unwrap().clone();
         let deadline = Instant::now() + Duration::from_secs(5);
-        decide_and_write(store, &views, deadline, Duration::from_secs(5), |_, &v| {
-            if v >= 100 {
-                (None, Err(v))
-            } else {
-                (Some((v, 100 + v)), Ok(100 + v))
-            }
-        })
+        decide_and_write(
+            store,
+            &names(views.len()),
+            &views,
+            deadline,
+            Duration::from_secs(5),
+            |_, &v| {
+                if v >= 100 {
+                    (None, Err(v))
+                } else {
+                    (Some((v, 100 + v)), Ok(100 + v))
+                }
+            },
+        )
         .await
         .unwrap()
     }
@@ -216,16 +237,22 @@ mod tests {
         let views = vec![0, 0, 0];
         store.values.lock().unwrap()[1] = 150;
         let deadline = Instant::now() + Duration::from_secs(5);
-        let answers =
-            decide_and_write(&store, &views, deadline, Duration::from_secs(5), |_, &v| {
+        let answers = decide_and_write(
+            &store,
+            &names(views.len()),
+            &views,
+            deadline,
+            Duration::from_secs(5),
+            |_, &v| {
                 if v >= 100 {
                     (None, Err(v))
                 } else {
                     (Some((v, 100 + v)), Ok(100 + v))
                 }
-            })
-            .await
-            .unwrap();
+            },
+        )
+        .await
+        .unwrap();
         assert_eq!(answers, vec![Ok(100), Err(150), Ok(100)]);
         assert_eq!(*store.values.lock().unwrap(), [100, 150, 100]);
     }
@@ -238,6 +265,7 @@ mod tests {
         let deadline = Instant::now();
         let got = decide_and_write(
             &store,
+            &names(views.len()),
             &views,
             deadline,
             Duration::from_millis(1),
@@ -252,9 +280,14 @@ mod tests {
         let store = Counters::new(3, 1, Vec::new());
         let views = vec![0, 0, 0];
         let deadline = Instant::now() + Duration::from_secs(1);
-        let answers = decide_and_write(&store, &views, deadline, Duration::from_secs(1), |i, _| {
-            (None::<(u64, u64)>, i)
-        })
+        let answers = decide_and_write(
+            &store,
+            &names(views.len()),
+            &views,
+            deadline,
+            Duration::from_secs(1),
+            |i, _| (None::<(u64, u64)>, i),
+        )
         .await
         .unwrap();
         assert_eq!(answers, [0, 1, 2]);

@@ -61,6 +61,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::cas;
+use super::records::JobMarks;
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
@@ -260,30 +261,14 @@ impl Drop for EtcdStore {
 }
 
 /// A job's state key, as stored. Who holds the job now is the lease key's
-/// business; this keeps what outlives a lease.
+/// business; this keeps what outlives a lease: the last owner, and the
+/// marks ZooKeeper keeps too ([`JobMarks`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct LockState {
     /// The last owner (live or not).
     owner: String,
-    /// Decimal: a JSON number would not keep 64 bits everywhere.
-    fence: String,
-    #[serde(default)]
-    last_occurrence: Option<i64>,
-    modified_at: i64,
-    /// The run of the last claim is not recorded yet; states written by
-    /// earlier versions count as running (their holders never clear it).
-    #[serde(default = "unknown_is_running")]
-    running: bool,
-    /// Paused by `cronlease pause`: claims are refused. Only pause and
-    /// resume change it; every other write keeps it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    paused: bool,
-    /// A manual run's request, pending until a node claims it (`trigger`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    trigger: Option<i64>,
-    /// The request the last manual claim took.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    last_trigger: Option<i64>,
+    #[serde(flatten)]
+    marks: JobMarks,
 }
 
 impl LockState {
@@ -291,19 +276,9 @@ impl LockState {
     fn free(now: i64) -> Self {
         LockState {
             owner: String::new(),
-            fence: "0".into(),
-            last_occurrence: None,
-            modified_at: now,
-            running: false,
-            paused: false,
-            trigger: None,
-            last_trigger: None,
+            marks: JobMarks::free(now),
         }
     }
-}
-
-fn unknown_is_running() -> bool {
-    true
 }
 
 /// A lease key's value: who holds the job, until when (ms, the clock of
@@ -433,7 +408,6 @@ impl Plan {
 struct EtcdCas<'a> {
     store: &'a EtcdStore,
     client: &'a etcd::Client,
-    jobs: &'a [&'a str],
     want: Want,
 }
 
@@ -447,12 +421,8 @@ impl cas::Cas for EtcdCas<'_> {
         self.store.write(self.client, writes).await
     }
 
-    async fn reread(&self, jobs: &[usize]) -> Result<Vec<JobView>, StoreError> {
-        let names: Vec<&str> = jobs
-            .iter()
-            .filter_map(|&i| self.jobs.get(i).copied())
-            .collect();
-        self.store.view(self.client, &names, self.want).await
+    async fn reread(&self, jobs: &[&str]) -> Result<Vec<JobView>, StoreError> {
+        self.store.view(self.client, jobs, self.want).await
     }
 
     fn store(&self) -> String {
@@ -932,12 +902,17 @@ impl EtcdStore {
         let transport = EtcdCas {
             store: self,
             client,
-            jobs,
             want,
         };
-        let answers =
-            cas::decide_and_write(&transport, &views, deadline, self.op_timeout, decide_one)
-                .await?;
+        let answers = cas::decide_and_write(
+            &transport,
+            jobs,
+            &views,
+            deadline,
+            self.op_timeout,
+            decide_one,
+        )
+        .await?;
         Ok((now, answers, extra))
     }
 
@@ -1005,15 +980,13 @@ impl EtcdStore {
             } => {
                 let state = LockState {
                     owner: req.owner.as_str().to_string(),
-                    fence: fence.to_string(),
-                    last_occurrence,
-                    modified_at: view.now,
-                    running: true,
-                    // Won only while not paused (or a manual run, or an
-                    // earlier win answered again): the mark stays as it is.
-                    paused: row.paused,
-                    trigger: if manual.is_some() { None } else { row.trigger },
-                    last_trigger: manual.map(TriggerId::get).or(row.last_trigger),
+                    marks: JobMarks::claimed(
+                        state.as_ref().map(|(s, _)| &s.marks),
+                        fence,
+                        last_occurrence,
+                        manual,
+                        view.now,
+                    ),
                 };
                 let lease = LeaseValue {
                     owner: req.owner.as_str().to_string(),
@@ -1311,17 +1284,12 @@ fn read_state(entry: Option<&Entry>) -> Result<Option<(LockState, i64)>, String>
         return Ok(None);
     };
     let state: LockState = serde_json::from_slice(&entry.value).map_err(|e| e.to_string())?;
-    let fence = state
-        .fence
-        .parse::<i64>()
-        .ok()
-        .filter(|f| *f >= 0)
-        .ok_or_else(|| {
-            format!(
-                "its fence {:?} is not a number from 0 to 2^63 - 1",
-                state.fence
-            )
-        })?;
+    let fence = state.marks.fence().ok_or_else(|| {
+        format!(
+            "its fence {:?} is not a number from 0 to 2^63 - 1",
+            state.marks.fence
+        )
+    })?;
     Ok(Some((state, fence)))
 }
 
@@ -1343,17 +1311,7 @@ fn row_of(state: Option<&(LockState, i64)>, view: &JobView) -> LockRow {
             0,
         ),
     };
-    LockRow {
-        owner,
-        fence: state.map_or(0, |(_, fence)| *fence),
-        expires_at,
-        last_occurrence: state.and_then(|(s, _)| s.last_occurrence),
-        running: state.is_some_and(|(s, _)| s.running),
-        paused: state.is_some_and(|(s, _)| s.paused),
-        trigger: state.and_then(|(s, _)| s.trigger),
-        last_trigger: state.and_then(|(s, _)| s.last_trigger),
-        now,
-    }
+    JobMarks::row(state.map(|(s, _)| &s.marks), owner, expires_at, now)
 }
 
 /// The client URLs of the cluster's members.
@@ -1607,13 +1565,14 @@ impl Locks for EtcdStore {
         let mut failed = None;
         self.read_decide_write(&client, &names, Want::LockAndLease, |i, view| {
             let state = match read_state(view.keys.lock.as_ref()) {
-                Ok(Some((state, _))) if state.paused == paused => return (None, ()),
-                Ok(Some((state, _))) => LockState { paused, ..state },
                 // A job never claimed: its state, free, with the mark.
-                Ok(None) => LockState {
-                    paused,
-                    ..LockState::free(view.now)
-                },
+                Ok(state) => {
+                    let kept = state.map(|(s, _)| s).unwrap_or_else(|| LockState::free(view.now));
+                    let Some(marks) = JobMarks::paused(Some(&kept.marks), paused, view.now) else {
+                        return (None, ());
+                    };
+                    LockState { marks, ..kept }
+                }
                 Err(why) => {
                     failed = Some(format!(
                         "the lock key {} of job {} is unreadable ({why}); delete it (etcdctl del) to start the job afresh",
@@ -1671,16 +1630,11 @@ impl Locks for EtcdStore {
                 if answer != TriggerAnswer::Accepted {
                     return (None, Ok(answer));
                 }
-                let state = match state {
-                    Some((state, _)) => LockState {
-                        trigger: row.trigger,
-                        ..state
-                    },
-                    // A job never claimed: its state, free, with the request.
-                    None => LockState {
-                        trigger: row.trigger,
-                        ..LockState::free(view.now)
-                    },
+                // A job never claimed: its state, free, with the request.
+                let kept = state.map(|(s, _)| s).unwrap_or_else(|| LockState::free(view.now));
+                let state = LockState {
+                    marks: JobMarks::requested(Some(&kept.marks), row.trigger, view.now),
+                    ..kept
                 };
                 match serde_json::to_vec(&state) {
                     Ok(json) => {
@@ -1716,13 +1670,10 @@ impl Locks for EtcdStore {
                 let Ok(Some((state, _))) = read_state(view.keys.lock.as_ref()) else {
                     return (None, Ok(false));
                 };
-                if state.trigger != Some(id.get()) {
+                let Some(marks) = JobMarks::withdrawn(&state.marks, id) else {
                     return (None, Ok(false));
-                }
-                let state = LockState {
-                    trigger: None,
-                    ..state
                 };
+                let state = LockState { marks, ..state };
                 match serde_json::to_vec(&state) {
                     Ok(json) => {
                         let lock = self.lock_key(name);
@@ -1803,10 +1754,10 @@ impl Locks for EtcdStore {
                 lease_remaining_ms: holder.map_or(0, |l| {
                     u64::try_from(l.expires_at.saturating_sub(now)).unwrap_or(0)
                 }),
-                fence: state.fence.parse().unwrap_or(0),
-                last_occurrence: state.last_occurrence.map(from_ms),
+                fence: state.marks.fence().unwrap_or(0) as u64,
+                last_occurrence: state.marks.last_occurrence.map(from_ms),
                 last_owner: (!state.owner.is_empty()).then_some(state.owner),
-                paused: state.paused,
+                paused: state.marks.paused,
             });
         }
         out.sort_by(|a, b| a.job.cmp(&b.job));
@@ -1836,10 +1787,10 @@ impl EtcdStore {
             let Ok(Some((mut state, fence))) = read_state(entry.as_ref()) else {
                 continue;
             };
-            if !state.running || !super::clears_running(run, fence) || !planned.insert(key) {
+            if !state.marks.running || !super::clears_running(run, fence) || !planned.insert(key) {
                 continue;
             }
-            state.running = false;
+            state.marks.running = false;
             let Ok(value) = serde_json::to_vec(&state) else {
                 continue;
             };
@@ -2292,13 +2243,12 @@ mod tests {
     fn a_job_is_held_while_its_lease_key_exists_until_its_recorded_end() {
         let state = LockState {
             owner: "a#1".into(),
-            fence: "7".into(),
-            last_occurrence: Some(19_000),
-            modified_at: 19_000,
-            running: true,
-            paused: false,
-            trigger: None,
-            last_trigger: None,
+            marks: JobMarks {
+                fence: "7".into(),
+                last_occurrence: Some(19_000),
+                running: true,
+                ..JobMarks::free(19_000)
+            },
         };
         let lease = Entry {
             value: br##"{"owner":"b#2","expires_at":20300}"##.to_vec(),

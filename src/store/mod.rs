@@ -22,11 +22,14 @@
 //! three, what a backend implements. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod cas;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+mod records;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;

@@ -56,6 +56,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::cas;
+use super::records::JobMarks;
 use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
@@ -117,33 +118,18 @@ fn live_name(owner: &str, id: zk::SessionId) -> String {
     format!("{owner}~{:016x}", id.0 as u64)
 }
 
-/// A job's lock node, as stored.
+/// A job's lock node, as stored: who holds the job, until when, in which
+/// session, and the marks etcd keeps too ([`JobMarks`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct LockData {
     owner: Option<String>,
-    /// Decimal: a JSON number would not keep 64 bits everywhere.
-    fence: String,
     expires_at: i64,
-    last_occurrence: Option<i64>,
-    modified_at: i64,
     /// The session the lease was taken or renewed in (hex); none in nodes
     /// written by earlier versions, whose leases end with their time alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     session: Option<String>,
-    /// The run of the last claim is not recorded yet; nodes written by
-    /// earlier versions count as running (their holders never clear it).
-    #[serde(default = "unknown_is_running")]
-    running: bool,
-    /// Paused by `cronlease pause`: claims are refused. Only pause and
-    /// resume change it; every other write keeps it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    paused: bool,
-    /// A manual run's request, pending until a node claims it (`trigger`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    trigger: Option<i64>,
-    /// The request the last manual claim took.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    last_trigger: Option<i64>,
+    #[serde(flatten)]
+    marks: JobMarks,
     /// Not stored: the `triggers/<job>~<id>` node to create in the same
     /// multi as this write (a request just accepted), so nodes find it.
     #[serde(skip)]
@@ -155,22 +141,12 @@ impl LockData {
     fn free(now: i64) -> Self {
         LockData {
             owner: None,
-            fence: "0".into(),
             expires_at: 0,
-            last_occurrence: None,
-            modified_at: now,
             session: None,
-            running: false,
-            paused: false,
-            trigger: None,
-            last_trigger: None,
+            marks: JobMarks::free(now),
             announce: None,
         }
     }
-}
-
-fn unknown_is_running() -> bool {
-    true
 }
 
 /// A job's lock node as read: absent, readable (with its version), or not.
@@ -212,12 +188,8 @@ impl cas::Cas for ZkCas<'_> {
         }
     }
 
-    async fn reread(&self, jobs: &[usize]) -> Result<Vec<Node>, StoreError> {
-        let names: Vec<&str> = jobs
-            .iter()
-            .filter_map(|&i| self.jobs.get(i).copied())
-            .collect();
-        self.store.read_locks(self.client, &names).await
+    async fn reread(&self, jobs: &[&str]) -> Result<Vec<Node>, StoreError> {
+        self.store.read_locks(self.client, jobs).await
     }
 
     fn store(&self) -> String {
@@ -662,14 +634,21 @@ impl ZkStore {
             client,
             jobs,
         };
-        cas::decide_and_write(&transport, nodes, deadline, self.op_timeout, |i, node| {
-            let (data, answer) = decide_one(i, node, now, session);
-            let version = match node {
-                Node::Present(_, v) => Some(*v),
-                _ => None,
-            };
-            (data.map(|d| (d, version)), answer)
-        })
+        cas::decide_and_write(
+            &transport,
+            jobs,
+            nodes,
+            deadline,
+            self.op_timeout,
+            |i, node| {
+                let (data, answer) = decide_one(i, node, now, session);
+                let version = match node {
+                    Node::Present(_, v) => Some(*v),
+                    _ => None,
+                };
+                (data.map(|d| (d, version)), answer)
+            },
+        )
         .await
     }
 
@@ -703,31 +682,15 @@ impl ZkStore {
                         won,
                     } => {
                         let kept = match node {
-                            Node::Present(d, _) => Some(d),
+                            Node::Present(d, _) => Some(&d.marks),
                             _ => None,
-                        };
-                        let (trigger, last_trigger) = match manual {
-                            Some(id) => (None, Some(id.get())),
-                            None => (
-                                kept.and_then(|d| d.trigger),
-                                kept.and_then(|d| d.last_trigger),
-                            ),
                         };
                         (
                             Some(LockData {
                                 owner: Some(req.owner.as_str().to_string()),
-                                fence: fence.to_string(),
                                 expires_at,
-                                last_occurrence,
-                                modified_at: now,
                                 session: Some(session.to_string()),
-                                running: true,
-                                // Won only while not paused (or a manual run,
-                                // or an earlier win answered again): the mark
-                                // stays as it is.
-                                paused: kept.is_some_and(|d| d.paused),
-                                trigger,
-                                last_trigger,
+                                marks: JobMarks::claimed(kept, fence, last_occurrence, manual, now),
                                 announce: None,
                             }),
                             ClaimOutcome::Won(won),
@@ -883,17 +846,7 @@ async fn keep_confirming(session: Weak<Mutex<Option<Session>>>, client: zk::Clie
 /// The shared claim rule's view of a lock node.
 fn row_of(node: &Node, now: i64) -> LockRow {
     match node {
-        Node::Present(d, _) => LockRow {
-            owner: d.owner.clone(),
-            fence: d.fence.parse().unwrap_or(i64::MAX),
-            expires_at: d.expires_at,
-            last_occurrence: d.last_occurrence,
-            running: d.running,
-            paused: d.paused,
-            trigger: d.trigger,
-            last_trigger: d.last_trigger,
-            now,
-        },
+        Node::Present(d, _) => JobMarks::row(Some(&d.marks), d.owner.clone(), d.expires_at, now),
         _ => LockRow::free(now),
     }
 }
@@ -963,7 +916,7 @@ impl Locks for ZkStore {
                     {
                         let mut d = d.clone();
                         d.expires_at = now.saturating_add(duration_ms(renewals[i].lease));
-                        d.modified_at = now;
+                        d.marks.modified_at = now;
                         d.session = Some(session.to_string());
                         (Some(d), true)
                     }
@@ -986,7 +939,7 @@ impl Locks for ZkStore {
                 {
                     let mut d = d.clone();
                     d.expires_at = now;
-                    d.modified_at = now;
+                    d.marks.modified_at = now;
                     (Some(d), true)
                 }
                 _ => (None, false),
@@ -1001,16 +954,15 @@ impl Locks for ZkStore {
         }
         let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
         self.read_decide_write(&names, &[], |_, node, now, _| match node {
-            Node::Present(d, _) if d.paused == paused => (None, ()),
-            Node::Present(d, _) => {
-                let mut d = d.clone();
-                d.paused = paused;
-                (Some(d), ())
-            }
+            Node::Present(d, _) => (
+                JobMarks::paused(Some(&d.marks), paused, now)
+                    .map(|marks| LockData { marks, ..d.clone() }),
+                (),
+            ),
             // A job never claimed: its lock node, free, with the mark.
             Node::Absent => (
-                Some(LockData {
-                    paused,
+                JobMarks::paused(None, paused, now).map(|marks| LockData {
+                    marks,
                     ..LockData::free(now)
                 }),
                 (),
@@ -1044,18 +996,15 @@ impl Locks for ZkStore {
                     return (None, Ok(answer));
                 }
                 let announce = Some(trigger_entry(job.as_str(), id));
-                let data = match node {
-                    Node::Present(d, _) => LockData {
-                        trigger: row.trigger,
-                        announce,
-                        ..d.clone()
-                    },
-                    // A job never claimed: its lock node, free, with the request.
-                    _ => LockData {
-                        trigger: row.trigger,
-                        announce,
-                        ..LockData::free(now)
-                    },
+                // A job never claimed: its lock node, free, with the request.
+                let kept = match node {
+                    Node::Present(d, _) => d.clone(),
+                    _ => LockData::free(now),
+                };
+                let data = LockData {
+                    marks: JobMarks::requested(Some(&kept.marks), row.trigger, now),
+                    announce,
+                    ..kept
                 };
                 (Some(data), Ok(answer))
             })
@@ -1073,14 +1022,17 @@ impl Locks for ZkStore {
     async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
         let (_, answers) = self
             .read_decide_write(&[job.as_str()], &[], |_, node, _, _| match node {
-                Node::Present(d, _) if d.trigger == Some(id.get()) => (
-                    Some(LockData {
-                        trigger: None,
-                        announce: None,
-                        ..d.clone()
-                    }),
-                    true,
-                ),
+                Node::Present(d, _) => match JobMarks::withdrawn(&d.marks, id) {
+                    Some(marks) => (
+                        Some(LockData {
+                            marks,
+                            announce: None,
+                            ..d.clone()
+                        }),
+                        true,
+                    ),
+                    None => (None, false),
+                },
                 _ => (None, false),
             })
             .await?;
@@ -1167,10 +1119,10 @@ impl Locks for ZkStore {
                         } else {
                             0
                         },
-                        fence: d.fence.parse().unwrap_or(0),
-                        last_occurrence: d.last_occurrence.map(from_ms),
+                        fence: d.marks.fence().unwrap_or(0) as u64,
+                        last_occurrence: d.marks.last_occurrence.map(from_ms),
                         last_owner: d.owner,
-                        paused: d.paused,
+                        paused: d.marks.paused,
                     })
                 }
                 _ => None,
@@ -1336,12 +1288,12 @@ impl ZkStore {
                 let Ok(mut d) = serde_json::from_slice::<LockData>(&data) else {
                     continue;
                 };
-                if d.running
-                    && d.fence
-                        .parse::<i64>()
-                        .is_ok_and(|f| super::clears_running(run, f))
+                if d.marks.running
+                    && d.marks
+                        .fence()
+                        .is_some_and(|f| super::clears_running(run, f))
                 {
-                    d.running = false;
+                    d.marks.running = false;
                     if let Ok(json) = serde_json::to_vec(&d) {
                         clears.push((self.lock_path(&run.job), json, stat.version));
                     }
