@@ -39,7 +39,7 @@ use super::{JobState, Node, Standing};
 use crate::config::JobName;
 use crate::exec::Finished;
 use crate::metrics::ClaimLabel;
-use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, Won};
+use crate::store::{ClaimOutcome, ClaimRequest, Lost, Outcome, StoreError, Won};
 
 /// Longest single sleep towards an occurrence: a wall-clock step is noticed
 /// within this time.
@@ -87,6 +87,62 @@ struct Queued {
     gate: OwnedMutexGuard<()>,
     answer: Pending<(ClaimOutcome, DateTime<Utc>)>,
     sent: Instant,
+}
+
+/// Where an occurrence's claim loop goes after a step.
+enum Flow {
+    /// Claim again (after whatever wait the step took).
+    Again,
+    /// Over; true when it gave up with a claim still unanswered.
+    Done(bool),
+}
+
+/// The claim loop's state for one occurrence.
+struct Attempts {
+    /// The gap to the next occurrence.
+    gap: Duration,
+    /// The occurrence's window ends here: the next one is due.
+    give_up_at: Instant,
+    /// With a claim unanswered, retrying ends a little before the next
+    /// occurrence: the recheck must reach the store before that
+    /// occurrence's claim does (which would record over it).
+    recheck_at: Instant,
+    backoff: Duration,
+    /// Earliest send of a claim whose answer never came: it may have won.
+    unanswered: Option<Instant>,
+    reported_failure: bool,
+}
+
+impl Attempts {
+    /// For an occurrence at `instant` with `gap` to the next one.
+    fn new(instant: Instant, gap: Duration) -> Self {
+        let give_up_at = instant + gap;
+        Attempts {
+            gap,
+            give_up_at,
+            recheck_at: give_up_at
+                .checked_sub(RECHECK_LEAD.min(gap / 4))
+                .unwrap_or(give_up_at),
+            backoff: Duration::from_millis(100),
+            unanswered: None,
+            reported_failure: false,
+        }
+    }
+
+    /// When claiming stops: the window's end, earlier with a claim
+    /// unanswered.
+    fn window_end(&self) -> Instant {
+        if self.unanswered.is_some() {
+            self.recheck_at
+        } else {
+            self.give_up_at
+        }
+    }
+
+    /// Giving up: say whether a claim was left unanswered.
+    fn gave_up(&self) -> Flow {
+        Flow::Done(self.unanswered.is_some())
+    }
 }
 
 impl Node {
@@ -345,318 +401,361 @@ impl Node {
 
     /// The claim loop of [`Node::handle_occurrence`]: true when it gave up
     /// (the next occurrence due, or stopped) with a claim still unanswered.
+    /// Each turn sends a claim (or takes the one the scheduler queued),
+    /// awaits its answer, and acts on it: [`Node::send_claim`],
+    /// [`Node::await_claim`], [`Node::on_won`], [`Node::on_lost`].
     async fn claim_occurrence(self: &Arc<Self>, due: Due, mut queued: Option<Queued>) -> bool {
-        let Due {
-            state,
-            stop,
-            occurrence,
-            previous,
-            next,
-        } = due;
-        let job = state.job();
-        let gap = gap(occurrence, next);
-        let give_up_at = self.instant_of(occurrence) + gap;
-        // With a claim unanswered, retrying ends a little before the next
-        // occurrence: the recheck must reach the store before that
-        // occurrence's claim does (which would record over it).
-        let recheck_at = give_up_at
-            .checked_sub(RECHECK_LEAD.min(gap / 4))
-            .unwrap_or(give_up_at);
-        let window_end = |unanswered: &Option<Instant>| {
-            if unanswered.is_some() {
-                recheck_at
-            } else {
-                give_up_at
-            }
-        };
-        let mut backoff = Duration::from_millis(100);
-        // Earliest send of a claim whose answer never came: it may have won.
-        let mut unanswered: Option<Instant> = None;
-        let mut reported_failure = false;
+        let mut at = Attempts::new(
+            self.instant_of(due.occurrence),
+            gap(due.occurrence, due.next),
+        );
         loop {
             // A claim already queued is always awaited: a claim the store
             // granted must not be dropped unrun. It ends within op_timeout.
-            let (gate, answer, sent) = match queued.take() {
-                Some(q) => (q.gate, q.answer, q.sent),
-                None => {
-                    if stop.is_cancelled() || Instant::now() >= window_end(&unanswered) {
-                        return unanswered.is_some();
-                    }
-                    let gate = state.claim_gate.clone().lock_owned().await;
-                    if let Some(until) = self.paused_until() {
-                        drop(gate);
-                        if !self
-                            .sleep_within(until, window_end(&unanswered), &stop)
-                            .await
-                        {
-                            return unanswered.is_some();
-                        }
-                        continue;
-                    }
-                    if self.clock.skewed() && !self.recheck_clock().await {
-                        // Out of bounds: claim nothing, look again shortly.
-                        drop(gate);
-                        let retry_at =
-                            (Instant::now() + CLOCK_RECHECK).min(window_end(&unanswered));
-                        if !self
-                            .sleep_within(retry_at, window_end(&unanswered), &stop)
-                            .await
-                        {
-                            return unanswered.is_some();
-                        }
-                        continue;
-                    }
-                    let prepared = tokio::select! {
-                        () = stop.cancelled() => return unanswered.is_some(),
-                        r = self.ensure_prepared() => r,
-                    };
-                    // Taken after any migration wait: the claim's own round
-                    // trip times the lease.
-                    let sent = Instant::now();
-                    let request =
-                        self.request(&state, occurrence, previous, next, unanswered.is_some());
-                    let answer = match prepared {
-                        Ok(()) => self.claim_queue.submit(vec![request]).pop(),
-                        Err(_) => None,
-                    };
-                    match answer {
-                        Some(answer) => (gate, answer, sent),
-                        None => {
-                            drop(gate);
-                            self.count_claim(&job.name, "error");
-                            if !self
-                                .retry_after(&mut backoff, window_end(&unanswered), &stop)
-                                .await
-                            {
-                                return unanswered.is_some();
-                            }
-                            continue;
-                        }
-                    }
-                }
+            let claim = match queued.take() {
+                Some(q) => q,
+                None => match self.send_claim(&due, &mut at).await {
+                    Ok(q) => q,
+                    Err(Flow::Again) => continue,
+                    Err(Flow::Done(unanswered)) => return unanswered,
+                },
             };
-            let (outcome, answered) = match batch::answer(answer).await {
-                Ok((ClaimOutcome::Failed(reason), _)) => {
-                    drop(gate);
-                    // This job's row only: the rest of the batch was decided.
-                    if !reported_failure {
-                        tracing::error!(job = %job.name, %occurrence, "claim failed: {reason}");
-                        reported_failure = true;
-                    }
-                    self.count_claim(&job.name, "error");
-                    if !self
-                        .retry_after(&mut backoff, window_end(&unanswered), &stop)
-                        .await
-                    {
-                        return unanswered.is_some();
-                    }
-                    continue;
-                }
+            let sent = claim.sent;
+            let (gate, outcome, answered) = match self.await_claim(&due, &mut at, claim).await {
                 Ok(answer) => answer,
-                Err(e) => {
-                    drop(gate);
-                    if matches!(e, StoreError::NotMigrated { .. }) {
-                        self.prepared.store(false, Ordering::SeqCst);
-                    }
-                    // Whatever the error, the store may have applied the
-                    // claim before it (a reply lost, a script that failed
-                    // after some writes): the retry says so, and the store
-                    // answers a win of ours again rather than refuse it.
-                    unanswered.get_or_insert(sent);
-                    self.count_claim(&job.name, "error");
-                    if !self
-                        .retry_after(&mut backoff, window_end(&unanswered), &stop)
-                        .await
-                    {
-                        return unanswered.is_some();
-                    }
-                    continue;
-                }
+                Err(Flow::Again) => continue,
+                Err(Flow::Done(unanswered)) => return unanswered,
             };
-            backoff = Duration::from_millis(100);
-            // What the engine cost: from the instant to the store's answer.
-            let decision_ms = (answered - occurrence).num_milliseconds().max(0) as u64;
-            self.metrics
-                .claim_decision
-                .observe(decision_ms as f64 / 1000.0);
-            let result = match &outcome {
-                ClaimOutcome::Won(w) if w.catch_up => "caught_up",
-                ClaimOutcome::Won(_) => "won",
-                ClaimOutcome::Lost(l) if l.paused => "paused",
-                ClaimOutcome::Lost(l) if l.stale => "stale",
-                ClaimOutcome::Lost(l) if l.too_early => "too_early",
-                ClaimOutcome::Lost(_) => "lost",
-                ClaimOutcome::Failed(_) => "error",
-            };
-            self.count_claim(&job.name, result);
-            match outcome {
-                ClaimOutcome::Won(won) if Instant::now() >= give_up_at => {
-                    // Answered after the occurrence's window (it waited
-                    // behind a stalled store): too late to run, and running
-                    // it would push out the occurrence due now. Recorded, so
-                    // the win is not lost silently (docs/protocol.md,
-                    // "Claims answered late").
-                    drop(gate);
-                    state.saw_fence(won.fence);
-                    state.note_standing(Standing::Holder, won.fence);
-                    tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, late_ms = (self.wall.now() - occurrence).num_milliseconds(), "a claim answered only after its occurrence's window: not run, recorded as lease_lost");
-                    self.record(
-                        &state,
-                        self.ticket(&won, decision_ms),
-                        Finished::without_process(Outcome::LeaseLost, self.wall.now()),
-                    )
-                    .await;
-                    return false;
-                }
+            at.backoff = Duration::from_millis(100);
+            let decision_ms = self.count_answer(&due, &outcome, answered);
+            let flow = match outcome {
                 ClaimOutcome::Won(won) => {
-                    state.saw_fence(won.fence);
-                    // A retried claim that won earlier: its lease counts
-                    // from the first send.
-                    state.lease_granted(
-                        unanswered.unwrap_or(sent).min(sent),
-                        self.lease_for(occurrence, next),
-                    );
-                    state.note_standing(Standing::Holder, won.fence);
-                    let ticket = self.ticket(&won, decision_ms);
-                    if won.catch_up {
-                        tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
-                        self.after_manual_run(&state, won.fence, give_up_at, &stop)
-                            .await;
-                        let started = self.start_run(&state, ticket).is_some();
-                        drop(gate);
-                        if started {
-                            // The missed run goes first; the occurrence itself
-                            // is claimed when its process is over (no overlap).
-                            tokio::select! {
-                                () = stop.cancelled() => return false,
-                                () = state.until_idle() => {}
-                            }
-                        }
-                        unanswered = None;
-                        continue;
-                    }
-                    self.after_manual_run(&state, won.fence, give_up_at, &stop)
-                        .await;
-                    if state.is_running() {
-                        // overlap = "skip": the previous run is still going at
-                        // this instant. Skip this occurrence now (keeping the
-                        // lease this claim renewed) rather than start it late
-                        // and push every later run back.
-                        drop(gate);
-                        self.skip_occurrence(&state, ticket).await;
-                        return false;
-                    }
-                    self.start_run(&state, ticket);
-                    return false;
-                }
-                ClaimOutcome::Lost(lost) if lost.paused => {
-                    // `cronlease pause`: no node claims it, so there is no
-                    // lease to wait out. With `misfire = "run_once"` the first
-                    // claim after `resume` catches the latest refused
-                    // occurrence up (docs/protocol.md, "Pause").
-                    drop(gate);
-                    state.saw_fence(lost.fence);
-                    tracing::debug!(job = %job.name, %occurrence, "job paused; occurrence not claimed");
-                    return false;
-                }
-                ClaimOutcome::Lost(lost) if lost.stale => {
-                    // The store decided it after the window: nothing won,
-                    // nothing written; the next occurrence is claimed on
-                    // its own.
-                    drop(gate);
-                    state.saw_fence(lost.fence);
-                    tracing::info!(job = %job.name, %occurrence, "the store answered this claim only after the occurrence's window: not run");
-                    return false;
-                }
-                ClaimOutcome::Lost(lost) if lost.too_early => {
-                    // The store's clock has not reached this occurrence: ours
-                    // runs ahead. The offset reading holds claims back while
-                    // it is out of bounds; try again shortly. (An earlier
-                    // unanswered claim did not win: the store said so.)
-                    unanswered = None;
-                    drop(gate);
-                    state.saw_fence(lost.fence);
-                    tracing::debug!(job = %job.name, %occurrence, "refused by the store: occurrence not due yet by its clock");
-                    let retry_at = (Instant::now() + CLOCK_RECHECK).min(give_up_at);
-                    if !self.sleep_within(retry_at, give_up_at, &stop).await {
-                        return false;
-                    }
+                    self.on_won(&due, &mut at, gate, won, sent, decision_ms)
+                        .await
                 }
                 ClaimOutcome::Lost(lost) => {
-                    drop(gate);
-                    let claimed = lost.last_occurrence.is_some_and(|last| last >= occurrence);
-                    if claimed {
-                        let ours = lost.holder.as_deref() == Some(self.owner.as_str());
-                        if ours && lost.last_occurrence == Some(occurrence) {
-                            if let Some(first_send) = unanswered {
-                                // A claim whose reply was lost did win (a
-                                // store that answered "claimed" before it
-                                // knew the retry rule): run it, with the
-                                // lease counted from that first send.
-                                tracing::info!(job = %job.name, fence = lost.fence, "an unanswered claim had won: running it");
-                                state.saw_fence(lost.fence);
-                                state.lease_granted(first_send, self.lease_for(occurrence, next));
-                                state.note_standing(Standing::Holder, lost.fence);
-                                let won = Won {
-                                    fence: lost.fence,
-                                    occurrence,
-                                    catch_up: false,
-                                    previous_owner: None,
-                                };
-                                self.start_run(&state, self.ticket(&won, decision_ms));
-                                return false;
-                            }
-                        }
-                        state.saw_fence(lost.fence);
-                        if !ours {
-                            state
-                                .note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
-                        }
-                        return false;
-                    }
-                    state.saw_fence(lost.fence);
-                    state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
-                    // Another owner's live lease: wait it out and try again
-                    // (an earlier unanswered claim did not win).
-                    unanswered = None;
-                    // (Sooner where the store can end it early.)
-                    let mut wait = match self.store.recheck_within() {
-                        Some(within) if within < lost.remaining => within,
-                        _ => lost.remaining.max(Duration::from_millis(10)) + EXPIRY_SLACK,
-                    };
-                    // An idle holder keeps the occurrence only for its head
-                    // start (store time, counted from the reply's arrival,
-                    // which comes after the store read its clock).
-                    if let Some(idle_wait) = lost.idle_wait {
-                        wait = wait.min(idle_wait + Duration::from_millis(1));
-                    }
-                    let retry_at = Instant::now() + wait;
-                    // A takeover that could only start in the last stretch
-                    // of the window is left to the next occurrence's claim,
-                    // which catches this one up first (misfire = "run_once")
-                    // and then runs in order. Started this late, it would
-                    // still be going when the next occurrence is due, and
-                    // that one would be skipped (overlap = "skip").
-                    let tail = (gap / 10).min(TAKEOVER_TAIL);
-                    if retry_at + tail >= give_up_at {
-                        tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
-                        return false;
-                    }
-                    tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, remaining = ?lost.remaining, "lease held; retrying in {wait:?}");
-                    tokio::select! {
-                        go = self.sleep_within(retry_at, give_up_at, &stop) => {
-                            if !go {
-                                return false;
-                            }
-                        }
-                        () = self.store.lease_freed(&job.name) => {
-                            tracing::debug!(job = %job.name, %occurrence, "lease released; claiming again");
-                        }
-                    }
+                    self.on_lost(&due, &mut at, gate, lost, decision_ms).await
                 }
-                ClaimOutcome::Failed(_) => {}
+                ClaimOutcome::Failed(_) => Flow::Again,
+            };
+            match flow {
+                Flow::Again => continue,
+                Flow::Done(unanswered) => return unanswered,
             }
         }
+    }
+
+    /// Sends a claim of the occurrence, holding the job's claim gate, unless
+    /// the node is paused, its clock out of bounds or the store unprepared
+    /// (each waited on within the window).
+    async fn send_claim(self: &Arc<Self>, due: &Due, at: &mut Attempts) -> Result<Queued, Flow> {
+        let (state, stop) = (&due.state, &due.stop);
+        if stop.is_cancelled() || Instant::now() >= at.window_end() {
+            return Err(at.gave_up());
+        }
+        let gate = state.claim_gate.clone().lock_owned().await;
+        if let Some(until) = self.paused_until() {
+            drop(gate);
+            if !self.sleep_within(until, at.window_end(), stop).await {
+                return Err(at.gave_up());
+            }
+            return Err(Flow::Again);
+        }
+        if self.clock.skewed() && !self.recheck_clock().await {
+            // Out of bounds: claim nothing, look again shortly.
+            drop(gate);
+            let retry_at = (Instant::now() + CLOCK_RECHECK).min(at.window_end());
+            if !self.sleep_within(retry_at, at.window_end(), stop).await {
+                return Err(at.gave_up());
+            }
+            return Err(Flow::Again);
+        }
+        let prepared = tokio::select! {
+            () = stop.cancelled() => return Err(at.gave_up()),
+            r = self.ensure_prepared() => r,
+        };
+        // Taken after any migration wait: the claim's own round trip times
+        // the lease.
+        let sent = Instant::now();
+        let request = self.request(
+            state,
+            due.occurrence,
+            due.previous,
+            due.next,
+            at.unanswered.is_some(),
+        );
+        let answer = match prepared {
+            Ok(()) => self.claim_queue.submit(vec![request]).pop(),
+            Err(_) => None,
+        };
+        match answer {
+            Some(answer) => Ok(Queued { gate, answer, sent }),
+            None => {
+                drop(gate);
+                self.count_claim(&state.job().name, "error");
+                Err(self.retry_in_window(at, stop).await)
+            }
+        }
+    }
+
+    /// A claim's answer: the outcome (with the gate still held) or, for a
+    /// failed claim or a store error, the retry after a backoff.
+    async fn await_claim(
+        &self,
+        due: &Due,
+        at: &mut Attempts,
+        claim: Queued,
+    ) -> Result<(OwnedMutexGuard<()>, ClaimOutcome, DateTime<Utc>), Flow> {
+        let job = due.state.job();
+        let Queued { gate, answer, sent } = claim;
+        match batch::answer(answer).await {
+            Ok((ClaimOutcome::Failed(reason), _)) => {
+                drop(gate);
+                // This job's row only: the rest of the batch was decided.
+                if !at.reported_failure {
+                    tracing::error!(job = %job.name, occurrence = %due.occurrence, "claim failed: {reason}");
+                    at.reported_failure = true;
+                }
+                self.count_claim(&job.name, "error");
+                Err(self.retry_in_window(at, &due.stop).await)
+            }
+            Ok((outcome, answered)) => Ok((gate, outcome, answered)),
+            Err(e) => {
+                drop(gate);
+                if matches!(e, StoreError::NotMigrated { .. }) {
+                    self.prepared.store(false, Ordering::SeqCst);
+                }
+                // Whatever the error, the store may have applied the claim
+                // before it (a reply lost, a script that failed after some
+                // writes): the retry says so, and the store answers a win
+                // of ours again rather than refuse it.
+                at.unanswered.get_or_insert(sent);
+                self.count_claim(&job.name, "error");
+                Err(self.retry_in_window(at, &due.stop).await)
+            }
+        }
+    }
+
+    /// After a backoff within the window: claim again, or give up.
+    async fn retry_in_window(&self, at: &mut Attempts, stop: &CancellationToken) -> Flow {
+        let window_end = at.window_end();
+        if self.retry_after(&mut at.backoff, window_end, stop).await {
+            Flow::Again
+        } else {
+            at.gave_up()
+        }
+    }
+
+    /// Counts an answer (`cronlease_claims_total`, the decision time) and
+    /// returns the decision time: from the instant to the store's answer.
+    fn count_answer(&self, due: &Due, outcome: &ClaimOutcome, answered: DateTime<Utc>) -> u64 {
+        let decision_ms = (answered - due.occurrence).num_milliseconds().max(0) as u64;
+        self.metrics
+            .claim_decision
+            .observe(decision_ms as f64 / 1000.0);
+        let result = match outcome {
+            ClaimOutcome::Won(w) if w.catch_up => "caught_up",
+            ClaimOutcome::Won(_) => "won",
+            ClaimOutcome::Lost(l) if l.paused => "paused",
+            ClaimOutcome::Lost(l) if l.stale => "stale",
+            ClaimOutcome::Lost(l) if l.too_early => "too_early",
+            ClaimOutcome::Lost(_) => "lost",
+            ClaimOutcome::Failed(_) => "error",
+        };
+        self.count_claim(&due.state.job().name, result);
+        decision_ms
+    }
+
+    /// A won claim: too late to run (recorded), a missed occurrence caught
+    /// up first, skipped as an overlap, or run.
+    async fn on_won(
+        self: &Arc<Self>,
+        due: &Due,
+        at: &mut Attempts,
+        gate: OwnedMutexGuard<()>,
+        won: Won,
+        sent: Instant,
+        decision_ms: u64,
+    ) -> Flow {
+        let (state, stop) = (&due.state, &due.stop);
+        let job = state.job();
+        state.saw_fence(won.fence);
+        if Instant::now() >= at.give_up_at {
+            // Answered after the occurrence's window (it waited behind a
+            // stalled store): too late to run, and running it would push
+            // out the occurrence due now. Recorded, so the win is not lost
+            // silently (docs/protocol.md, "Claims answered late").
+            drop(gate);
+            state.note_standing(Standing::Holder, won.fence);
+            tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, late_ms = (self.wall.now() - due.occurrence).num_milliseconds(), "a claim answered only after its occurrence's window: not run, recorded as lease_lost");
+            self.record(
+                state,
+                self.ticket(&won, decision_ms),
+                Finished::without_process(Outcome::LeaseLost, self.wall.now()),
+            )
+            .await;
+            return Flow::Done(false);
+        }
+        // A retried claim that won earlier: its lease counts from the first
+        // send.
+        state.lease_granted(
+            at.unanswered.unwrap_or(sent).min(sent),
+            self.lease_for(due.occurrence, due.next),
+        );
+        state.note_standing(Standing::Holder, won.fence);
+        let ticket = self.ticket(&won, decision_ms);
+        if won.catch_up {
+            tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
+            self.after_manual_run(state, won.fence, at.give_up_at, stop)
+                .await;
+            let started = self.start_run(state, ticket).is_some();
+            drop(gate);
+            if started {
+                // The missed run goes first; the occurrence itself is
+                // claimed when its process is over (no overlap).
+                tokio::select! {
+                    () = stop.cancelled() => return Flow::Done(false),
+                    () = state.until_idle() => {}
+                }
+            }
+            at.unanswered = None;
+            return Flow::Again;
+        }
+        self.after_manual_run(state, won.fence, at.give_up_at, stop)
+            .await;
+        if state.is_running() {
+            // overlap = "skip": the previous run is still going at this
+            // instant. Skip this occurrence now (keeping the lease this
+            // claim renewed) rather than start it late and push every later
+            // run back.
+            drop(gate);
+            self.skip_occurrence(state, ticket).await;
+            return Flow::Done(false);
+        }
+        self.start_run(state, ticket);
+        drop(gate);
+        Flow::Done(false)
+    }
+
+    /// A lost claim: paused, stale, too early by the store's clock, claimed
+    /// already (by this node's unanswered claim, perhaps), or held by a live
+    /// lease, waited out for a takeover within the window.
+    async fn on_lost(
+        self: &Arc<Self>,
+        due: &Due,
+        at: &mut Attempts,
+        gate: OwnedMutexGuard<()>,
+        lost: Lost,
+        decision_ms: u64,
+    ) -> Flow {
+        let (state, stop, occurrence) = (&due.state, &due.stop, due.occurrence);
+        let job = state.job();
+        drop(gate);
+        state.saw_fence(lost.fence);
+        if lost.paused {
+            // `cronlease pause`: no node claims it, so there is no lease to
+            // wait out. With `misfire = "run_once"` the first claim after
+            // `resume` catches the latest refused occurrence up
+            // (docs/protocol.md, "Pause").
+            tracing::debug!(job = %job.name, %occurrence, "job paused; occurrence not claimed");
+            return Flow::Done(false);
+        }
+        if lost.stale {
+            // The store decided it after the window: nothing won, nothing
+            // written; the next occurrence is claimed on its own.
+            tracing::info!(job = %job.name, %occurrence, "the store answered this claim only after the occurrence's window: not run");
+            return Flow::Done(false);
+        }
+        if lost.too_early {
+            // The store's clock has not reached this occurrence: ours runs
+            // ahead. The offset reading holds claims back while it is out
+            // of bounds; try again shortly. (An earlier unanswered claim
+            // did not win: the store said so.)
+            at.unanswered = None;
+            tracing::debug!(job = %job.name, %occurrence, "refused by the store: occurrence not due yet by its clock");
+            let retry_at = (Instant::now() + CLOCK_RECHECK).min(at.give_up_at);
+            if !self.sleep_within(retry_at, at.give_up_at, stop).await {
+                return Flow::Done(false);
+            }
+            return Flow::Again;
+        }
+        if lost.last_occurrence.is_some_and(|last| last >= occurrence) {
+            return self.claimed_already(due, at, lost, decision_ms);
+        }
+        state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
+        // Another owner's live lease: wait it out and try again (an earlier
+        // unanswered claim did not win).
+        at.unanswered = None;
+        // (Sooner where the store can end it early.)
+        let mut wait = match self.store.recheck_within() {
+            Some(within) if within < lost.remaining => within,
+            _ => lost.remaining.max(Duration::from_millis(10)) + EXPIRY_SLACK,
+        };
+        // An idle holder keeps the occurrence only for its head start
+        // (store time, counted from the reply's arrival, which comes after
+        // the store read its clock).
+        if let Some(idle_wait) = lost.idle_wait {
+            wait = wait.min(idle_wait + Duration::from_millis(1));
+        }
+        let retry_at = Instant::now() + wait;
+        // A takeover that could only start in the last stretch of the
+        // window is left to the next occurrence's claim, which catches this
+        // one up first (misfire = "run_once") and then runs in order.
+        // Started this late, it would still be going when the next
+        // occurrence is due, and that one would be skipped (overlap =
+        // "skip").
+        let tail = (at.gap / 10).min(TAKEOVER_TAIL);
+        if retry_at + tail >= at.give_up_at {
+            tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
+            return Flow::Done(false);
+        }
+        tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, remaining = ?lost.remaining, "lease held; retrying in {wait:?}");
+        tokio::select! {
+            go = self.sleep_within(retry_at, at.give_up_at, stop) => {
+                if !go {
+                    return Flow::Done(false);
+                }
+            }
+            () = self.store.lease_freed(&job.name) => {
+                tracing::debug!(job = %job.name, %occurrence, "lease released; claiming again");
+            }
+        }
+        Flow::Again
+    }
+
+    /// Refused because the occurrence is claimed already: by this node's
+    /// claim whose reply was lost (run it now), or by another (follow it).
+    fn claimed_already(
+        self: &Arc<Self>,
+        due: &Due,
+        at: &Attempts,
+        lost: Lost,
+        decision_ms: u64,
+    ) -> Flow {
+        let (state, occurrence) = (&due.state, due.occurrence);
+        let ours = lost.holder.as_deref() == Some(self.owner.as_str());
+        if ours && lost.last_occurrence == Some(occurrence) {
+            if let Some(first_send) = at.unanswered {
+                // A claim whose reply was lost did win (a store that
+                // answered "claimed" before it knew the retry rule): run
+                // it, with the lease counted from that first send.
+                tracing::info!(job = %state.job().name, fence = lost.fence, "an unanswered claim had won: running it");
+                state.lease_granted(first_send, self.lease_for(occurrence, due.next));
+                state.note_standing(Standing::Holder, lost.fence);
+                let won = Won {
+                    fence: lost.fence,
+                    occurrence,
+                    catch_up: false,
+                    previous_owner: None,
+                };
+                self.start_run(state, self.ticket(&won, decision_ms));
+                return Flow::Done(false);
+            }
+        }
+        if !ours {
+            state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
+        }
+        Flow::Done(false)
     }
 
     /// A manual run never costs a scheduled occurrence (docs/protocol.md,

@@ -1,0 +1,198 @@
+//! `cronlease run`: the daemon's life: its store, guard, node and
+//! listener started, signals handled, reloads applied, a clean stop.
+
+use super::*;
+
+pub(super) async fn run(path: PathBuf) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init(&config.log);
+    telemetry::exit_on_panic();
+    if config.jobs.is_empty() {
+        tracing::warn!(config = %path.display(), "no jobs defined: this node will only hold the store connection");
+    }
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    let signals = match Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cronlease: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    let node = Node::new(&config, store.clone());
+    let shutdown = CancellationToken::new();
+    // The dashboard reads the configuration a reload installs.
+    let (config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config.clone()));
+    if let Some(addr) = config.http_listen {
+        match http::bind(addr).await {
+            Ok(listener) => {
+                let n = node.clone();
+                let healthy: http::HealthCheck = Arc::new(move || n.health_problem());
+                let api = http::Api::new(node.metrics().clone(), healthy, store, config_rx);
+                tokio::spawn(http::serve(listener, Arc::new(api), shutdown.clone()));
+                tracing::info!(%addr, "serving the dashboard on /, /api/*, /metrics and /healthz");
+            }
+            Err(e) => {
+                eprintln!("cronlease: cannot listen on {addr} for the http listener: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let pid_file = match PidFile::create(&config.pid_file) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(
+                "pid file: {e}; `cronlease step-down` will not find this daemon (SIGUSR1 still works)"
+            );
+            None
+        }
+    };
+    let signal_task = tokio::spawn(handle_signals(
+        signals,
+        node.clone(),
+        shutdown.clone(),
+        path.clone(),
+        config.clone(),
+        config_tx,
+    ));
+    node.run(config.jobs.clone(), shutdown).await;
+    signal_task.abort();
+    drop(pid_file);
+    ExitCode::SUCCESS
+}
+
+pub(super) async fn handle_signals(
+    mut signals: Signals,
+    node: Arc<Node>,
+    shutdown: CancellationToken,
+    path: PathBuf,
+    current: Config,
+    dashboard: tokio::sync::watch::Sender<Arc<Config>>,
+) {
+    // Reloads run in a task of their own, so a stop signal is acted on
+    // while a large configuration loads; SIGHUPs during a load ask for one
+    // more load after it.
+    let reload = Arc::new(tokio::sync::Notify::new());
+    let reloads = tokio::spawn(reload_on_request(
+        reload.clone(),
+        node.clone(),
+        shutdown.clone(),
+        path,
+        current,
+        dashboard,
+    ));
+    while let Some(signal) = signals.next().await {
+        match signal {
+            SIGTERM | SIGINT if shutdown.is_cancelled() => {
+                tracing::warn!("second stop signal: stopping running jobs now");
+                node.kill_running_jobs();
+            }
+            SIGTERM | SIGINT => {
+                let name = if signal == SIGTERM {
+                    "SIGTERM"
+                } else {
+                    "SIGINT"
+                };
+                tracing::info!("{name} received: shutting down");
+                shutdown.cancel();
+            }
+            SIGHUP if !shutdown.is_cancelled() => reload.notify_one(),
+            SIGUSR1 if !shutdown.is_cancelled() => {
+                tracing::info!("SIGUSR1: stepping down");
+                let node = node.clone();
+                tokio::spawn(async move { node.step_down().await });
+            }
+            _ => {}
+        }
+    }
+    reloads.abort();
+}
+
+/// Loads the configuration at each request (SIGHUP) and applies it, until
+/// shutdown. The load (parsing, validating, reading every job file) runs
+/// off the runtime: a large configuration takes seconds, and claims,
+/// renewals and the watchdog must not wait for it. Applying the result is
+/// one cheap step.
+pub(super) async fn reload_on_request(
+    requested: Arc<tokio::sync::Notify>,
+    node: Arc<Node>,
+    shutdown: CancellationToken,
+    path: PathBuf,
+    mut current: Config,
+    dashboard: tokio::sync::watch::Sender<Arc<Config>>,
+) {
+    // Restart-only settings are compared with what the daemon started with.
+    let startup = current.clone();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = requested.notified() => {}
+        }
+        let load = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || config::load(&path, &Overrides::from_env()))
+        };
+        let loaded = tokio::select! {
+            () = shutdown.cancelled() => return,
+            loaded = load => loaded,
+        };
+        match loaded {
+            Ok(Ok(new)) => {
+                apply_reload(&node, &startup, &current, &new);
+                dashboard.send_replace(Arc::new(new.clone()));
+                current = new;
+            }
+            Ok(Err(errors)) => {
+                for e in &errors.0 {
+                    tracing::error!("{e}");
+                }
+                tracing::error!(
+                    errors = errors.0.len(),
+                    "SIGHUP: configuration invalid; keeping the current jobs"
+                );
+            }
+            Err(e) => {
+                tracing::error!(
+                    "SIGHUP: the configuration load failed: {e}; keeping the current jobs"
+                );
+            }
+        }
+    }
+}
+
+/// Applies a reloaded configuration: its jobs and the settings that can
+/// change live; names, in one WARN, each changed setting that needs a restart.
+pub(super) fn apply_reload(node: &Arc<Node>, startup: &Config, current: &Config, new: &Config) {
+    let live = current.changes(new).live;
+    let restart = startup.changes(new).restart;
+    if !restart.is_empty() {
+        tracing::warn!(
+            "SIGHUP: these settings changed but take effect only after a restart: {}",
+            restart.join(", ")
+        );
+    }
+    tracing::info!(
+        jobs = new.jobs.len(),
+        "SIGHUP: configuration reloaded{}",
+        if live.is_empty() {
+            String::new()
+        } else {
+            format!("; applied now: {}", live.join(", "))
+        }
+    );
+    node.apply_settings(new);
+    node.apply_jobs(new.jobs.clone());
+    if live.contains(&"log.level") {
+        if let Err(e) = telemetry::set_level(&new.log.level) {
+            tracing::warn!("SIGHUP: log.level not changed: {e}");
+        }
+    }
+}

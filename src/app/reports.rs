@@ -1,0 +1,343 @@
+//! The commands that read a cluster: `status`, `nodes`, `history` and
+//! `logs`, as tables or JSON.
+
+use super::*;
+
+pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
+    let (config, store) = match config_and_store(&path).await {
+        Ok(both) => both,
+        Err(code) => return code,
+    };
+    let rows =
+        match crate::status::gather(&config, store.as_ref(), config.store.call_budget()).await {
+            Ok(rows) => rows,
+            Err(e) => return store_failure(&e),
+        };
+    let sent = Utc::now();
+    let clock_offset = match within(&config, store.clock()).await {
+        Ok(store_now) => crate::node::clock::offset_ms(store_now, sent, Utc::now()),
+        Err(e) => return store_failure(&e),
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        print_json(&mut out, &rows);
+        return ExitCode::SUCCESS;
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let last = r.last_run.as_ref().map_or("-".to_string(), |run| {
+                let code = run.exit_code.map(|c| format!(" ({c})")).unwrap_or_default();
+                format!("{}{code} on {}", run.outcome, run.node)
+            });
+            vec![
+                format!(
+                    "{}{}",
+                    r.job,
+                    if r.configured {
+                        ""
+                    } else {
+                        " (not configured here)"
+                    }
+                ),
+                r.holder.clone().unwrap_or_else(|| "-".into()),
+                match (r.holder_alive, r.holder_clock_offset_ms) {
+                    (Some(true), Some(offset)) => format!("yes ({offset:+} ms)"),
+                    (Some(true), None) => "yes".into(),
+                    (Some(false), _) => "no heartbeat".into(),
+                    (None, _) => "-".into(),
+                },
+                if r.holder.is_some() {
+                    format!("{:.1}s", r.lease_remaining_ms as f64 / 1000.0)
+                } else {
+                    "-".into()
+                },
+                r.fence.to_string(),
+                if r.paused { "yes" } else { "-" }.into(),
+                r.last_occurrence.map_or("-".into(), rfc3339),
+                last,
+            ]
+        })
+        .collect();
+    print_table(
+        &mut out,
+        &[
+            "JOB",
+            "HOLDER",
+            "ALIVE",
+            "LEASE LEFT",
+            "FENCE",
+            "PAUSED",
+            "LAST OCCURRENCE",
+            "LAST RUN",
+        ],
+        &table,
+    );
+    for r in &rows {
+        if let Some(p) = &r.pending_trigger {
+            let age = p.age_ms.map_or(String::new(), |ms| {
+                format!(
+                    ", requested {} ago",
+                    humantime::format_duration(Duration::from_secs(ms / 1000))
+                )
+            });
+            let _ = writeln!(
+                out,
+                "PENDING TRIGGER: {} (trigger {}{age}): no node has taken it yet; `cronlease trigger --cancel {}` withdraws it",
+                r.job, p.id, r.job
+            );
+        }
+    }
+    let bound = config.max_clock_offset.as_millis();
+    let verdict = if crate::node::clock::beyond_bound(clock_offset, config.max_clock_offset) {
+        "OUT OF BOUNDS: a daemon on this host claims nothing; fix time sync"
+    } else {
+        "ok"
+    };
+    let _ = writeln!(
+        out,
+        "\nclock offset of this host: {clock_offset:+} ms (store - local; cluster.max_clock_offset {bound} ms): {verdict}"
+    );
+    ExitCode::SUCCESS
+}
+
+/// `cronlease nodes`: the live records of the node registry.
+pub(super) async fn nodes(path: PathBuf, json: bool) -> ExitCode {
+    let (config, store) = match config_and_store(&path).await {
+        Ok(both) => both,
+        Err(code) => return code,
+    };
+    let nodes = match within(&config, store.nodes()).await {
+        Ok(n) => n,
+        Err(e) => return store_failure(&e),
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        print_json(&mut out, &nodes);
+        return ExitCode::SUCCESS;
+    }
+    let bound = config.max_clock_offset;
+    let table: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            let offset = n.clock_offset_ms.map_or("-".to_string(), |ms| {
+                let flag = if crate::node::clock::beyond_bound(ms, bound) {
+                    " OUT OF BOUNDS"
+                } else {
+                    ""
+                };
+                format!("{ms:+} ms{flag}")
+            });
+            vec![
+                n.node.clone(),
+                n.owner.clone(),
+                n.version.clone(),
+                rfc3339(n.started_at),
+                rfc3339(n.last_seen),
+                offset,
+                n.jobs_held.to_string(),
+            ]
+        })
+        .collect();
+    print_table(
+        &mut out,
+        &[
+            "NODE",
+            "OWNER",
+            "VERSION",
+            "STARTED",
+            "LAST SEEN",
+            "CLOCK OFFSET",
+            "JOBS HELD",
+        ],
+        &table,
+    );
+    let _ = writeln!(
+        out,
+        "\n{} live node{} (clock offset: store - node; cluster.max_clock_offset {} ms)",
+        nodes.len(),
+        if nodes.len() == 1 { "" } else { "s" },
+        bound.as_millis()
+    );
+    for (name, owners) in name_twins(&nodes) {
+        let _ = writeln!(
+            out,
+            "WARNING: {} live daemons use the node name {name} ({}): give each host its own `node`",
+            owners.len(),
+            owners.join(", ")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// Node names more than one live daemon uses, with their owners.
+pub(super) fn name_twins(nodes: &[store::NodeRecord]) -> Vec<(&str, Vec<&str>)> {
+    let mut by_name: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for n in nodes {
+        by_name
+            .entry(n.node.as_str())
+            .or_default()
+            .push(n.owner.as_str());
+    }
+    by_name.into_iter().filter(|(_, o)| o.len() > 1).collect()
+}
+
+pub(super) async fn history(
+    path: PathBuf,
+    job: Option<JobName>,
+    limit: u32,
+    json: bool,
+) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init_default();
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    let runs = match within(&config, store.history(job.as_ref(), limit)).await {
+        Ok(r) => r,
+        Err(e) => return store_failure(&e),
+    };
+    if let Some(job) = &job {
+        // A job removed from the configuration still has its history.
+        if runs.is_empty() && config.job(job.as_str()).is_none() {
+            eprintln!(
+                "cronlease: no such job {job:?}: not in {} and no history in the store (`cronlease check` lists the jobs)",
+                path.display()
+            );
+            return ExitCode::from(EXIT_NO_SUCH_JOB);
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        print_json(&mut out, &runs);
+        return ExitCode::SUCCESS;
+    }
+    let table: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.job.clone(),
+                r.fence.to_string(),
+                r.node.clone(),
+                rfc3339(r.occurrence),
+                format!("{:.3}s", r.delay_ms as f64 / 1000.0),
+                format!(
+                    "{:.3}s",
+                    (r.finished_at - r.started_at).num_milliseconds() as f64 / 1000.0
+                ),
+                match r.exit_code {
+                    Some(c) => format!("{} ({c})", r.outcome),
+                    None => r.outcome.to_string(),
+                },
+                if r.takeover {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                r.trigger.map_or_else(|| "-".into(), |id| id.to_string()),
+                crate::output::excerpt(&r.output),
+            ]
+        })
+        .collect();
+    print_table(
+        &mut out,
+        &[
+            "JOB",
+            "FENCE",
+            "NODE",
+            "OCCURRENCE",
+            "LATE",
+            "TOOK",
+            "OUTCOME",
+            "TAKEOVER",
+            "TRIGGER",
+            "OUTPUT",
+        ],
+        &table,
+    );
+    ExitCode::SUCCESS
+}
+
+/// `logs JOB [--fence N]`: the output tail of the job's newest run in
+/// history, or of run N; exit 1 when history has no such run.
+pub(super) async fn logs(path: PathBuf, job: JobName, fence: Option<u64>) -> ExitCode {
+    let config = match load_config(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init_default();
+    let store = match store::connect(&config.store).await {
+        Ok(s) => s,
+        Err(e) => return store_failure(&e),
+    };
+    // A given run is looked for among every run history keeps of the job.
+    let limit = match fence {
+        Some(_) => config.store.history_limit.max(1),
+        None => 1,
+    };
+    let runs = match within(&config, store.history(Some(&job), limit)).await {
+        Ok(r) => r,
+        Err(e) => return store_failure(&e),
+    };
+    if runs.is_empty() && config.job(job.as_str()).is_none() {
+        eprintln!(
+            "cronlease: no such job {job:?}: not in {} and no history in the store (`cronlease check` lists the jobs)",
+            path.display()
+        );
+        return ExitCode::from(EXIT_NO_SUCH_JOB);
+    }
+    let run = match fence {
+        Some(n) => runs.iter().find(|r| r.fence == n),
+        None => runs.first(),
+    };
+    let Some(run) = run else {
+        match fence {
+            Some(n) => eprintln!(
+                "cronlease: job {job} has no run with fence {n} in history (it keeps the last {} runs of each job; `cronlease history {job}` lists them)",
+                config.store.history_limit
+            ),
+            None => eprintln!("cronlease: job {job} has no run in history yet"),
+        }
+        return ExitCode::from(1);
+    };
+    if run.output.is_empty() {
+        eprintln!(
+            "cronlease: run {} of {job} ({}) left no output in history (none written, or output_tail = 0)",
+            run.fence, run.outcome
+        );
+        return ExitCode::SUCCESS;
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(run.output.as_bytes());
+    if !run.output.ends_with('\n') {
+        let _ = out.write_all(b"\n");
+    }
+    ExitCode::SUCCESS
+}
+
+pub(super) fn print_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let _ = writeln!(out, "{}", line(header.to_vec()));
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row.iter().map(String::as_str).collect()));
+    }
+}

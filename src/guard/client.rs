@@ -1,0 +1,297 @@
+//! The daemon's side: the guard process spawned at start ([`Guard`]),
+//! asked to start runs, watch process groups and hand leases over, its
+//! answers read on one task.
+
+use super::*;
+
+/// A job process started by the guard.
+pub struct GuardedChild {
+    pub pid: u32,
+    /// The wall clock just before the guard spawned it.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// How it ended; closed without a value if the guard died first.
+    pub exit: oneshot::Receiver<ExitStatus>,
+}
+
+/// Why the guard did not start a job.
+#[derive(Debug)]
+pub enum StartError {
+    /// The guard is gone (said once when it went): the daemon may start
+    /// the job itself.
+    Gone,
+    /// The request never reached the guard (too large, say): the daemon
+    /// may start the job itself.
+    NotSent(String),
+    /// The guard could not start the command, or ended before saying.
+    Failed(String),
+}
+
+/// The daemon's handle on its guard process.
+pub struct Guard {
+    pub(super) shared: Arc<Shared>,
+    pub(super) child: Mutex<Child>,
+}
+
+pub(super) struct Shared {
+    /// The daemon's end of the `SOCK_SEQPACKET` pair. tokio has no type
+    /// for that kind of socket; its `UnixStream` serves here only to make
+    /// the descriptor's readiness known to the runtime (every read and write
+    /// is a `recv` or `sendmsg` of our own, whole messages).
+    pub(super) sock: tokio::net::UnixStream,
+    pub(super) next_id: AtomicU64,
+    pub(super) waiting: Mutex<Waiting>,
+    pub(super) gone: AtomicBool,
+    /// The daemon is letting the guard go (it is stopping): its end is
+    /// expected, not an error.
+    pub(super) closing: AtomicBool,
+}
+
+/// Answers the daemon is waiting for.
+#[derive(Default)]
+pub(super) struct Waiting {
+    /// Start requests by id: where to send the pid, then the exit.
+    pub(super) starts: HashMap<u64, StartWaiter>,
+    /// Started jobs by pid.
+    pub(super) exits: HashMap<u32, oneshot::Sender<ExitStatus>>,
+}
+
+impl Guard {
+    /// Starts the guard: this same executable, in `__guard` mode. Must be
+    /// called on a tokio runtime (it reads the guard's answers there).
+    pub fn spawn() -> std::io::Result<Guard> {
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::io::ioctl_fionbio(&ours, true)?;
+        let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+        let child = Command::new(exe)
+            .arg("__guard")
+            // The guard needs nothing from the daemon's environment, least of
+            // all its secrets; the jobs it starts get the daemon's
+            // environment less these, as `exec` says.
+            .env_remove("CRONLEASE_STORE_URL")
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let shared = Arc::new(Shared {
+            sock: tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(ours))?,
+            next_id: AtomicU64::new(1),
+            waiting: Mutex::new(Waiting::default()),
+            gone: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+        });
+        tokio::spawn(read_answers(shared.clone()));
+        Ok(Guard {
+            shared,
+            child: Mutex::new(child),
+        })
+    }
+
+    /// Has the guard start `launch` with `stdout` and `stderr` (the write
+    /// ends of the job's pipes, closed here once sent).
+    pub async fn start(
+        &self,
+        launch: &Launch,
+        run: Option<&RunNote>,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    ) -> Result<GuardedChild, StartError> {
+        if self.shared.gone.load(Ordering::Relaxed) {
+            return Err(StartError::Gone);
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (started_tx, started) = oneshot::channel();
+        let (exit_tx, exit) = oneshot::channel();
+        self.shared.lock().starts.insert(id, (started_tx, exit_tx));
+        let message = Request::Start {
+            id,
+            launch: launch.clone(),
+            run: run.cloned(),
+        };
+        let sent = self
+            .shared
+            .send(&message, &[stdout.as_fd(), stderr.as_fd()])
+            .await;
+        drop((stdout, stderr));
+        if let Err(e) = sent {
+            self.shared.lock().starts.remove(&id);
+            return Err(StartError::NotSent(e.to_string()));
+        }
+        match started.await {
+            Ok(Ok((pid, at_us))) => Ok(GuardedChild {
+                pid,
+                started_at: chrono::DateTime::from_timestamp_micros(at_us).unwrap_or_default(),
+                exit,
+            }),
+            Ok(Err(e)) => Err(StartError::Failed(e)),
+            Err(_) => Err(StartError::Failed(
+                "the job guard process ended before it said whether the command started".into(),
+            )),
+        }
+    }
+
+    /// Lists a job the daemon started itself, for killing (and recording)
+    /// if the daemon dies.
+    pub async fn watch(&self, pgid: u32, run: Option<&RunNote>) {
+        self.note(Request::Watch {
+            pgid: pgid as i32,
+            run: run.cloned(),
+        })
+        .await;
+    }
+
+    /// Tells the guard what it needs to hand over if the daemon dies
+    /// (several messages for many jobs). False if it did not get it.
+    pub async fn hand_over(&self, handover: Handover) -> bool {
+        let Handover {
+            store,
+            owner,
+            node,
+            keep,
+            jobs,
+        } = handover;
+        let mut chunks: Vec<Vec<String>> = jobs
+            .chunks(HANDOVER_CHUNK)
+            .map(<[String]>::to_vec)
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
+        for jobs in chunks {
+            let message = Request::Handover(Box::new(Handover {
+                store: store.clone(),
+                owner: owner.clone(),
+                node: node.clone(),
+                keep,
+                jobs,
+            }));
+            if self.shared.gone.load(Ordering::Relaxed)
+                || self.shared.send(&message, &[]).await.is_err()
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Says the daemon is stopping cleanly: nothing to hand over.
+    pub async fn bye(&self) {
+        self.note(Request::Bye).await;
+    }
+
+    /// Takes such a job off the list.
+    pub async fn forget(&self, pgid: u32) {
+        self.note(Request::Forget { pgid: pgid as i32 }).await;
+    }
+
+    pub(super) async fn note(&self, request: Request) {
+        if !self.shared.gone.load(Ordering::Relaxed) {
+            let _ = self.shared.send(&request, &[]).await;
+        }
+    }
+}
+
+impl Shared {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) async fn send(
+        &self,
+        request: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(request).map_err(std::io::Error::other)?;
+        if bytes.len() > MAX_MESSAGE {
+            return Err(std::io::Error::other(format!(
+                "the job's command and environment take {} bytes, more than the {MAX_MESSAGE} a request to the job guard may",
+                bytes.len()
+            )));
+        }
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        self.sock
+            .async_io(Interest::WRITABLE, || {
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                if !fds.is_empty() {
+                    control.push(SendAncillaryMessage::ScmRights(fds));
+                }
+                rustix::net::sendmsg(
+                    &self.sock,
+                    &[IoSlice::new(&bytes)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                )
+                .map_err(std::io::Error::from)
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Reads the guard's answers until it goes away, then fails whatever was
+/// waiting for one.
+pub(super) async fn read_answers(shared: Arc<Shared>) {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let read = shared
+            .sock
+            .async_io(Interest::READABLE, || {
+                rustix::net::recv(&shared.sock, &mut buf[..], RecvFlags::empty())
+                    .map_err(std::io::Error::from)
+            })
+            .await;
+        let n = match read {
+            Ok((n, _)) if n > 0 => n,
+            _ => break,
+        };
+        let Ok(answer) = serde_json::from_slice::<Answer>(&buf[..n]) else {
+            tracing::error!("the job guard process sent a message this daemon cannot read");
+            continue;
+        };
+        let mut waiting = shared.lock();
+        match answer {
+            Answer::Started { id, pid, at_us } => {
+                if let Some((started, exit)) = waiting.starts.remove(&id) {
+                    waiting.exits.insert(pid, exit);
+                    let _ = started.send(Ok((pid, at_us)));
+                }
+            }
+            Answer::Failed { id, error } => {
+                if let Some((started, _)) = waiting.starts.remove(&id) {
+                    let _ = started.send(Err(error));
+                }
+            }
+            Answer::Exited { pid, status } => {
+                if let Some(exit) = waiting.exits.remove(&pid) {
+                    let _ = exit.send(ExitStatus::from_raw(status));
+                }
+            }
+        }
+    }
+    shared.gone.store(true, Ordering::Relaxed);
+    let mut waiting = shared.lock();
+    waiting.starts.clear();
+    waiting.exits.clear();
+    drop(waiting);
+    if !shared.closing.load(Ordering::Relaxed) {
+        tracing::error!(
+            "the job guard process is gone: jobs are now started by the daemon itself and would outlive it if it were killed by SIGKILL"
+        );
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Shutting the socket down lets the guard exit; reap it so no zombie
+        // is left.
+        self.shared.closing.store(true, Ordering::Relaxed);
+        let _ = rustix::net::shutdown(&self.shared.sock, rustix::net::Shutdown::Both);
+        if let Ok(mut child) = self.child.lock() {
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! The guard process's side (`cronlease __guard`): it starts the runs,
+//! reaps them, and when the daemon's socket closes without a goodbye kills
+//! the runs' process trees, records them and hands the leases over.
+
+use super::*;
+
+/// What the guard's threads tell its main loop.
+pub(super) enum Event {
+    /// A job's process group to kill if the daemon dies, and its run.
+    Watch(i32, Option<Box<RunNote>>),
+    Forget(i32),
+    Handover(Box<Handover>),
+    Bye,
+    /// The daemon is gone.
+    End,
+}
+
+/// What the guard hands over if the daemon dies without a [`Request::Bye`].
+#[derive(Default)]
+pub(super) struct Succession {
+    pub(super) handover: Option<Handover>,
+    /// Every job name told, for the owner-checked release.
+    pub(super) jobs: BTreeSet<String>,
+    /// The runs going, by process group.
+    pub(super) runs: BTreeMap<i32, RunNote>,
+    pub(super) bye: bool,
+}
+
+/// The guard process itself: starts the jobs the daemon asks for, reaps
+/// them, and when the daemon's end of the socket closes kills what is
+/// left; if the daemon died (it did not say [`Request::Bye`]), it then
+/// hands over ([`hand_over`]). Signals that would stop a daemon (INT from a terminal, TERM from
+/// `pkill`) are ignored: the guard must outlive the daemon by a moment, and
+/// ends exactly when the daemon's end closes the socket.
+///
+/// "What is left" is each running job's group and every process below its
+/// members, also those that left the group or the session (`setsid cmd &`):
+/// they still hang below the job's process by their parent links. While jobs
+/// run, the guard also notes their descendants every second. A process
+/// whose parent exits is adopted by the guard (its subreaper) and counts
+/// for the job it was noted under, or, adopted before any note, for every
+/// job running then ([`Orphans`]); one adopted while no job ran, or whose
+/// jobs have all ended, was left behind on purpose and is never killed.
+pub fn serve() -> std::process::ExitCode {
+    let ignored = Arc::new(AtomicBool::new(false));
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGQUIT,
+    ] {
+        let _ = signal_hook::flag::register(sig, ignored.clone());
+    }
+    let sock = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(sock) => Arc::new(sock),
+        Err(e) => {
+            eprintln!("cronlease __guard: no socket on stdin: {e}");
+            return std::process::ExitCode::from(70);
+        }
+    };
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!(
+            "cronlease __guard: cannot become the jobs' subreaper ({e}): a process whose parent exits is found only if it was noted before"
+        );
+    }
+    let (events, incoming) = mpsc::channel::<Event>();
+    let reports = Arc::new(Mutex::new(Reports::default()));
+    let (spawned, reaper_wakes) = mpsc::channel::<()>();
+    // Four threads per CPU take requests (four to sixteen in all): a spawn
+    // waits for its child to reach `exec`, and on a busy machine that child
+    // waits for a CPU. Measured at 1,000 jobs on 2 CPUs (start p99, two runs
+    // each): 1 thread 681-698 ms, 2: 574-582, 4: 493-540, 8: 499-504, 16:
+    // 496-513, with the spawn floor at 405-483.
+    let threads = std::thread::available_parallelism().map_or(8, |n| (4 * n.get()).clamp(4, 16));
+    for _ in 0..threads {
+        let (sock, events, reports, spawned) = (
+            sock.clone(),
+            events.clone(),
+            reports.clone(),
+            spawned.clone(),
+        );
+        std::thread::spawn(move || serve_requests(&sock, &events, &reports, &spawned));
+    }
+    drop(spawned);
+    {
+        let (sock, events, reports) = (sock.clone(), events.clone(), reports.clone());
+        std::thread::spawn(move || reap(&sock, &events, &reports, &reaper_wakes));
+    }
+    drop(events);
+    let mut groups = BTreeSet::new();
+    let mut succession = Succession::default();
+    let mut ended = 0;
+    // Per running job (process group): the processes noted below it, with
+    // their start times. Forgotten with the job, so a daemon a finished job
+    // left behind on purpose (`ssh -fN`, `tmux new -d`) is never killed later.
+    let mut known: BTreeMap<i32, BTreeMap<i32, u64>> = BTreeMap::new();
+    let mut orphans = Orphans::default();
+    // The process table is read once a second while jobs run, never once
+    // per message: a thousand jobs starting at one instant are two thousand
+    // messages, and a scan reads every /proc/PID/stat of the host.
+    let every = std::time::Duration::from_secs(1);
+    let mut last_scan = std::time::Instant::now();
+    loop {
+        let wait = every.saturating_sub(last_scan.elapsed());
+        match incoming.recv_timeout(wait) {
+            Ok(Event::Watch(pgid, run)) if pgid > 1 => {
+                groups.insert(pgid);
+                if let Some(run) = run {
+                    succession.runs.insert(pgid, *run);
+                }
+            }
+            Ok(Event::Forget(pgid)) => {
+                // Orphans adopted since the last look count for this job
+                // too, until it is forgotten here.
+                if orphans.counts_any() || !groups.is_empty() {
+                    orphans.note(&groups, &known);
+                }
+                orphans.forget(pgid);
+                groups.remove(&pgid);
+                known.remove(&pgid);
+                succession.runs.remove(&pgid);
+            }
+            Ok(Event::Handover(handover)) => {
+                let mut handover = *handover;
+                succession.jobs.extend(std::mem::take(&mut handover.jobs));
+                succession.handover = Some(handover);
+            }
+            Ok(Event::Bye) => succession.bye = true,
+            Ok(Event::Watch(..)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            // Every reading thread says so once it read the end: a start
+            // it was still making (its `Watch` comes first) is killed too.
+            Ok(Event::End) => {
+                ended += 1;
+                if ended == threads {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if last_scan.elapsed() < every {
+            continue;
+        }
+        last_scan = std::time::Instant::now();
+        if !groups.is_empty() {
+            let table = process_table();
+            for pgid in &groups {
+                let noted = known.entry(*pgid).or_default();
+                noted.retain(|pid, start| table.get(pid).is_some_and(|p| p.start == *start));
+                for pid in tree_of(&BTreeSet::from([*pgid]), &table) {
+                    if let Some(p) = table.get(&pid) {
+                        noted.insert(pid, p.start);
+                    }
+                }
+            }
+            orphans.note(&groups, &known);
+        }
+    }
+    let died = std::time::Instant::now();
+    orphans.note(&groups, &known);
+    let mut known: BTreeMap<i32, u64> = known.into_values().flatten().collect();
+    known.extend(orphans.counted());
+    let doomed = kill_trees(&groups, &known);
+    if !succession.bye {
+        if let Some(handover) = succession.handover.take() {
+            let runs = std::mem::take(&mut succession.runs).into_values().collect();
+            hand_over(handover, &succession.jobs, runs, &doomed, died);
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// The daemon died without releasing: once its jobs' processes are gone,
+/// records the runs they were `killed`, releases the owner's leases
+/// (owner-checked) and takes the owner out of the node registry, so peers
+/// claim the next occurrences at once. A store that cannot be reached is
+/// said once; the leases then expire as they would without a guard.
+pub(super) fn hand_over(
+    handover: Handover,
+    jobs: &BTreeSet<String>,
+    runs: Vec<RunNote>,
+    doomed: &BTreeMap<i32, u64>,
+    died: std::time::Instant,
+) {
+    if !wait_gone(doomed, GONE_WITHIN) {
+        eprintln!(
+            "cronlease __guard: the daemon died and processes of its jobs are still there after {GONE_WITHIN:?}: its leases are left to expire"
+        );
+        return;
+    }
+    let finished_at = chrono::Utc::now();
+    let Handover {
+        store,
+        owner,
+        node,
+        keep,
+        ..
+    } = handover;
+    let records: Vec<RunRecord> = runs
+        .into_iter()
+        .map(|r| RunRecord {
+            delay_ms: (r.started_at - r.occurrence).num_milliseconds().max(0) as u64,
+            job: r.job,
+            fence: r.fence,
+            owner: owner.clone(),
+            node: node.clone(),
+            occurrence: r.occurrence,
+            started_at: r.started_at,
+            finished_at,
+            outcome: Outcome::Killed,
+            exit_code: Some(128 + Signal::SIGKILL as i32),
+            takeover: r.takeover,
+            decision_ms: r.decision_ms,
+            output: String::new(),
+            trigger: r.trigger.and_then(crate::store::TriggerId::from_stored),
+        })
+        .collect();
+    let jobs: Vec<JobName> = jobs.iter().filter_map(|j| JobName::parse(j).ok()).collect();
+    let owner = Owner::from_raw(owner);
+    let config = store.into_config();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cronlease __guard: the daemon died; cannot hand over: {e}");
+            return;
+        }
+    };
+    let handed = runtime.block_on(async {
+        let within = config.op_timeout;
+        // Bounded like every call: a store that accepts the connection and
+        // never answers must not keep the guard (and the host's view of
+        // the daemon) alive.
+        let store = bounded(within, crate::store::connect(&config))
+            .await
+            .map_err(|e| format!("connecting: {e}"))?;
+        let call = |what: &'static str| move |e: StoreError| format!("{what}: {e}");
+        let recorded = match records.is_empty() {
+            true => Ok(()),
+            false => bounded(within, store.record_runs(&records, keep))
+                .await
+                .map_err(call("recording its runs")),
+        };
+        // Released whether or not the history write went through: the
+        // jobs are gone, nothing runs on these leases any more.
+        let released = bounded(within, store.release(&jobs, &owner))
+            .await
+            .map_err(call("releasing its leases"))?;
+        let _ = bounded(within, store.leave(&owner)).await;
+        recorded.map(|()| released)
+    });
+    let took = died.elapsed().as_millis();
+    match handed {
+        Ok(released) => eprintln!(
+            "cronlease __guard: the daemon died: {} interrupted runs recorded killed, {released} leases released, {took} ms after its death",
+            records.len()
+        ),
+        Err(e) => eprintln!(
+            "cronlease __guard: the daemon died; handing over failed after {took} ms ({e}): its leases expire as they would without a guard"
+        ),
+    }
+}
+
+/// Waits until none of `doomed` (pid and start time) is alive any more,
+/// at most `limit`; true if they all went.
+pub(super) fn wait_gone(doomed: &BTreeMap<i32, u64>, limit: std::time::Duration) -> bool {
+    let since = std::time::Instant::now();
+    loop {
+        let table = process_table();
+        let alive = doomed
+            .iter()
+            .any(|(pid, start)| table.get(pid).is_some_and(|p| p.start == *start));
+        if !alive {
+            return true;
+        }
+        if since.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Sends one answer to the daemon (blocking: the guard's end of the socket
+/// is in blocking mode). A daemon that is gone is noticed by the reader.
+pub(super) fn answer(sock: &OwnedFd, answer: &Answer) {
+    if let Ok(bytes) = serde_json::to_vec(answer) {
+        let _ = rustix::net::send(sock, &bytes, SendFlags::NOSIGNAL);
+    }
+}
+
+/// Which started jobs the daemon has heard of, and the exits of those it
+/// has not yet: the daemon hears of a job's start before its exit.
+#[derive(Default)]
+pub(super) struct Reports {
+    /// Jobs this guard started whose end is not reported yet; any other
+    /// child it reaps is an adopted orphan, or a job whose spawn has not
+    /// said its pid yet (while `spawning` is above 0).
+    pub(super) ours: std::collections::HashSet<i32>,
+    /// Spawns under way: begun, their child not in `ours` yet.
+    pub(super) spawning: usize,
+    pub(super) announced: std::collections::HashSet<i32>,
+    /// Wait statuses of jobs reaped before their start was announced, and
+    /// of children reaped while a spawn was under way (a job's, or an
+    /// orphan's: dropped once no spawn is).
+    pub(super) early: HashMap<i32, i32>,
+}
+
+impl Reports {
+    /// A spawn is about to fork.
+    pub(super) fn spawn_begins(&mut self) {
+        self.spawning += 1;
+    }
+
+    /// A spawn that began is over, its child `pid` if it started one: an
+    /// exit parked meanwhile for a pid not ours was an orphan's.
+    pub(super) fn spawn_ends(&mut self, pid: Option<i32>) {
+        if let Some(pid) = pid {
+            self.ours.insert(pid);
+        }
+        self.spawning = self.spawning.saturating_sub(1);
+        if self.spawning == 0 {
+            let ours = &self.ours;
+            self.early.retain(|pid, _| ours.contains(pid));
+        }
+    }
+}
+
+/// What follows a job's end: what it left in its process group is killed
+/// (as the daemon does for a job it starts itself), the main loop forgets
+/// the group, and the daemon hears the exit.
+pub(super) fn report_exit(sock: &OwnedFd, events: &mpsc::Sender<Event>, pid: i32, status: i32) {
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    let _ = events.send(Event::Forget(pid));
+    answer(
+        sock,
+        &Answer::Exited {
+            pid: pid as u32,
+            status,
+        },
+    );
+}
+
+/// A reading thread of the guard: starts jobs, notes the daemon's own.
+pub(super) fn serve_requests(
+    sock: &OwnedFd,
+    events: &mpsc::Sender<Event>,
+    reports: &Mutex<Reports>,
+    spawned: &mpsc::Sender<()>,
+) {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let received = rustix::net::recvmsg(
+            sock,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        );
+        let n = match received {
+            Ok(msg) if msg.bytes > 0 => msg.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => break,
+        };
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                fds.extend(received);
+            }
+        }
+        match serde_json::from_slice::<Request>(&buf[..n.min(buf.len())]) {
+            Ok(Request::Start { id, launch, run }) => {
+                let (Some(stderr), Some(stdout)) = (fds.pop(), fds.pop()) else {
+                    answer(
+                        sock,
+                        &Answer::Failed {
+                            id,
+                            error: "the request came without the job's output pipes".into(),
+                        },
+                    );
+                    continue;
+                };
+                let mut command = match launch.command() {
+                    Ok(command) => command,
+                    Err(error) => {
+                        answer(sock, &Answer::Failed { id, error });
+                        continue;
+                    }
+                };
+                command
+                    .stdout(Stdio::from(stdout))
+                    .stderr(Stdio::from(stderr));
+                let at_us = chrono::Utc::now().timestamp_micros();
+                let lock = || reports.lock().unwrap_or_else(|e| e.into_inner());
+                lock().spawn_begins();
+                let spawn = command.spawn();
+                lock().spawn_ends(spawn.as_ref().ok().map(|c| c.id() as i32));
+                match spawn {
+                    Ok(child) => {
+                        let pid = child.id();
+                        // Reaped by `reap`, not through this handle.
+                        drop(child);
+                        let run = run.map(|mut r| {
+                            r.started_at = chrono::DateTime::from_timestamp_micros(at_us)
+                                .unwrap_or(r.started_at);
+                            Box::new(r)
+                        });
+                        let _ = events.send(Event::Watch(pid as i32, run));
+                        let _ = spawned.send(());
+                        let mut reports = reports.lock().unwrap_or_else(|e| e.into_inner());
+                        answer(sock, &Answer::Started { id, pid, at_us });
+                        match reports.early.remove(&(pid as i32)) {
+                            Some(status) => {
+                                reports.ours.remove(&(pid as i32));
+                                report_exit(sock, events, pid as i32, status);
+                            }
+                            None => {
+                                reports.announced.insert(pid as i32);
+                            }
+                        }
+                    }
+                    Err(e) => answer(
+                        sock,
+                        &Answer::Failed {
+                            id,
+                            error: e.to_string(),
+                        },
+                    ),
+                }
+            }
+            Ok(Request::Watch { pgid, run }) => {
+                let _ = events.send(Event::Watch(pgid, run.map(Box::new)));
+            }
+            Ok(Request::Handover(handover)) => {
+                let _ = events.send(Event::Handover(handover));
+            }
+            Ok(Request::Bye) => {
+                let _ = events.send(Event::Bye);
+            }
+            Ok(Request::Forget { pgid }) => {
+                let _ = events.send(Event::Forget(pgid));
+            }
+            // Where, not what: a request holds the job's environment.
+            Err(e) => eprintln!(
+                "cronlease __guard: a request it cannot read (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
+        }
+    }
+    let _ = events.send(Event::End);
+}
+
+/// The guard's reaping thread: waits for every job it started and reports
+/// its end ([`report_exit`]) once its start is announced; reaps the
+/// orphans it adopted as their subreaper, and says nothing of them.
+pub(super) fn reap(
+    sock: &OwnedFd,
+    events: &mpsc::Sender<Event>,
+    reports: &Mutex<Reports>,
+    wakes: &mpsc::Receiver<()>,
+) {
+    loop {
+        let (pid, status) = match nix::sys::wait::wait() {
+            Ok(WaitStatus::Exited(pid, code)) => (pid, code << 8),
+            Ok(WaitStatus::Signaled(pid, signal, core)) => {
+                (pid, signal as i32 | if core { 0x80 } else { 0 })
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // No child: sleep until the next start.
+            Err(_) => {
+                if wakes.recv().is_err() {
+                    return;
+                }
+                while wakes.try_recv().is_ok() {}
+                continue;
+            }
+        };
+        let pid = pid.as_raw();
+        let mut held = reports.lock().unwrap_or_else(|e| e.into_inner());
+        if !held.ours.contains(&pid) {
+            // A spawn under way may have forked this child and not said so
+            // yet: kept until it does (or ends). With none under way, a
+            // child not ours is an adopted orphan, reaped and forgotten.
+            if held.spawning > 0 {
+                held.early.insert(pid, status);
+            }
+            continue;
+        }
+        if held.announced.remove(&pid) {
+            held.ours.remove(&pid);
+            report_exit(sock, events, pid, status);
+        } else {
+            held.early.insert(pid, status);
+        }
+    }
+}

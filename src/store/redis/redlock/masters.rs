@@ -1,0 +1,304 @@
+//! The masters: each one's connection and life (answering, failing,
+//! restarted empty and quarantined), and calls sent to all of them at once
+//! with the answers of a majority kept.
+
+use super::*;
+
+/// One independent master and what this node knows of its life.
+pub(super) struct Master {
+    pub(super) url: StoreUrl,
+    pub(super) client: redis::Client,
+    pub(super) conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    pub(super) life: std::sync::Mutex<Life>,
+}
+
+#[derive(Default)]
+pub(super) struct Life {
+    pub(super) run_id: Option<String>,
+    /// When the master started, by its `uptime_in_seconds` (rounded down, so
+    /// never earlier than it did): whoever started after it knows too.
+    pub(super) started_at: Option<Instant>,
+    /// Since when calls to it fail (logged once when it starts and ends).
+    pub(super) failing_since: Option<Instant>,
+}
+
+impl Master {
+    pub(super) fn life(&self) -> std::sync::MutexGuard<'_, Life> {
+        crate::store::lock(&self.life)
+    }
+
+    pub(super) async fn connection(
+        &self,
+        op_timeout: Duration,
+    ) -> Result<ConnectionManager, StoreError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = ConnectionManager::new_with_config(self.client.clone(), manager_config(op_timeout))
+            .await
+            .map_err(|e| store_error(&self.url, &e))?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Reads `run_id` and `uptime_in_seconds` from `INFO server`: when the
+    /// master started, and whether it restarted since last seen.
+    pub(super) fn observe(&self, info: &str) {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name).map(str::to_string))
+        };
+        let run_id = field("run_id:");
+        let uptime = field("uptime_in_seconds:").and_then(|u| u.parse::<u64>().ok());
+        let mut life = self.life();
+        if let Some(up) = uptime {
+            let now = Instant::now();
+            life.started_at = Some(now.checked_sub(Duration::from_secs(up)).unwrap_or(now));
+        }
+        let Some(run_id) = run_id else {
+            return;
+        };
+        if life.run_id.as_deref().is_some_and(|known| known != run_id) {
+            tracing::warn!(
+                master = %self.url,
+                "Redis master restarted (its run_id changed): it may have lost leases and fences, so it counts in no quorum until it has been up for one lease length of each job"
+            );
+        }
+        life.run_id = Some(run_id);
+    }
+
+    pub(super) fn answered(&self) {
+        if let Some(since) = self.life().failing_since.take() {
+            tracing::info!(master = %self.url, "Redis master answers again after {:?}", since.elapsed());
+        }
+    }
+
+    pub(super) fn failed(&self, e: &StoreError) {
+        let mut life = self.life();
+        if life.failing_since.is_none() {
+            life.failing_since = Some(Instant::now());
+            tracing::warn!(master = %self.url, "Redis master does not answer ({e}): claims go on while a majority does");
+        }
+    }
+}
+
+/// One reply of a pipeline, decoded.
+pub(super) fn decoded<T: redis::FromRedisValue>(
+    master: &Master,
+    v: redis::Value,
+) -> Result<T, StoreError> {
+    redis::from_redis_value(v).map_err(|e| StoreError::Backend {
+        store: master.url.redacted().into(),
+        reason: format!("unexpected reply: {e}"),
+    })
+}
+
+impl RedlockStore {
+    /// How many masters make a majority.
+    pub(super) fn majority(&self) -> usize {
+        self.masters.len() / 2 + 1
+    }
+
+    /// Whether `master` may count in a quorum for a lease of `lease`: not
+    /// while it has been up for less than that (it may have restarted and
+    /// lost leases and fences).
+    pub(super) fn counts(&self, master: &Master, lease: Duration) -> bool {
+        !self.quarantine
+            || master
+                .life()
+                .started_at
+                .is_none_or(|t| t.elapsed() >= lease)
+    }
+
+    pub(super) fn unavailable(&self, reason: String) -> StoreError {
+        StoreError::Unavailable {
+            store: self.url.redacted().into(),
+            reason,
+        }
+    }
+
+    /// Runs `call` on every master at once. Waits for all answers, but once
+    /// a majority answered, no longer than [`STRAGGLER_WAIT`] for the rest,
+    /// and never past `op_timeout`; `None` for a master that did not answer
+    /// in time.
+    pub(super) async fn each<'a, T, F, Fut>(&'a self, call: F) -> Vec<Option<Result<T, StoreError>>>
+    where
+        F: Fn(&'a Master) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + 'a,
+    {
+        self.each_until(call, |_| true).await
+    }
+
+    /// [`RedlockStore::each`], with the wait for stragglers starting only
+    /// once a majority answered **and** `settled` says the answers so far
+    /// decide everything the call asked (a master whose answer could still
+    /// change an outcome is waited for, up to `op_timeout`).
+    pub(super) async fn each_until<'a, T, F, Fut>(
+        &'a self,
+        call: F,
+        settled: impl Fn(&[Option<Result<T, StoreError>>]) -> bool,
+    ) -> Vec<Option<Result<T, StoreError>>>
+    where
+        F: Fn(&'a Master) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + 'a,
+    {
+        let mut pending: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let fut = call(m);
+                async move { (i, fut.await) }
+            })
+            .collect();
+        let mut answers: Vec<Option<Result<T, StoreError>>> =
+            self.masters.iter().map(|_| None).collect();
+        let started = Instant::now();
+        let mut deadline = started + self.op_timeout;
+        let mut ok = 0;
+        let mut straggling = false;
+        loop {
+            tokio::select! {
+                next = pending.next() => {
+                    let Some((i, answer)) = next else { break };
+                    let master = &self.masters[i];
+                    match &answer {
+                        Ok(_) => {
+                            master.answered();
+                            ok += 1;
+                        }
+                        Err(e) if e.is_unreachable() => master.failed(e),
+                        Err(_) => {}
+                    }
+                    answers[i] = Some(answer);
+                    if !straggling && ok >= self.majority() && settled(&answers) {
+                        straggling = true;
+                        deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        // A master left behind once the others had decided the call is
+        // slow, not failing; one that let the whole op_timeout pass is.
+        if !straggling {
+            for (master, answer) in self.masters.iter().zip(&answers) {
+                if answer.is_none() {
+                    master.failed(&StoreError::Timeout(started.elapsed()));
+                }
+            }
+        }
+        answers
+    }
+
+    /// One script on one master, behind `INFO server` (to see a restart).
+    pub(super) async fn eval_on<T: redis::FromRedisValue>(
+        &self,
+        master: &Master,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        let [reply] = self
+            .evals_on::<1, T>(master, [(script, keys, args)])
+            .await?;
+        reply
+    }
+
+    /// `N` scripts on one master in one pipeline, behind `INFO server` (to
+    /// see a restart): each script's reply, decoded, or why not. An error
+    /// for the whole call when the master did not answer.
+    pub(super) async fn evals_on<const N: usize, T: redis::FromRedisValue>(
+        &self,
+        master: &Master,
+        calls: [(&Script, &[String], &[String]); N],
+    ) -> Result<[Result<T, StoreError>; N], StoreError> {
+        let mut conn = master.connection(self.op_timeout).await?;
+        let build = |which: &[usize]| {
+            let mut pipe = redis::pipe();
+            pipe.cmd("INFO").arg("server");
+            for &i in which {
+                add_evalsha(&mut pipe, calls[i]);
+            }
+            pipe
+        };
+        let scripts = self.scripts();
+        let replies: Vec<redis::Value> = match eval_loading(&mut conn, &scripts, 1, N, build).await
+        {
+            // The connection broke (the master restarted): the manager
+            // connects again, and every script here may run twice.
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                eval_loading(&mut conn, &scripts, 1, N, build).await
+            }
+            other => other,
+        }
+        .map_err(|e| store_error(&master.url, &e))?;
+        let malformed = |reason: String| StoreError::Backend {
+            store: master.url.redacted().into(),
+            reason,
+        };
+        if replies.len() != N + 1 {
+            return Err(malformed(format!(
+                "{} replies to INFO and {N} scripts",
+                replies.len()
+            )));
+        }
+        let mut replies = replies.into_iter();
+        let info: String = replies
+            .next()
+            .map(redis::from_redis_value)
+            .transpose()
+            .map_err(|e| malformed(format!("unexpected reply to INFO: {e}")))?
+            .unwrap_or_default();
+        master.observe(&info);
+        Ok(std::array::from_fn(|_| match replies.next() {
+            Some(redis::Value::ServerError(e)) => {
+                Err(store_error(&master.url, &redis::RedisError::from(e)))
+            }
+            Some(reply) => redis::from_redis_value(reply)
+                .map_err(|e| malformed(format!("unexpected reply: {e}"))),
+            None => Err(malformed("a script's reply is missing".into())),
+        }))
+    }
+
+    /// A command without arguments on one master.
+    pub(super) async fn cmd_on<T: redis::FromRedisValue>(
+        &self,
+        master: &Master,
+        name: &'static str,
+    ) -> Result<T, StoreError> {
+        let mut conn = master.connection(self.op_timeout).await?;
+        redis::cmd(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| store_error(&master.url, &e))
+    }
+
+    /// The answers of those that answered, or an error when fewer than a
+    /// majority did.
+    pub(super) fn quorum<T>(
+        &self,
+        answers: Vec<Option<Result<T, StoreError>>>,
+    ) -> Result<Vec<(usize, T)>, StoreError> {
+        let mut ok = Vec::new();
+        let mut last_error = None;
+        for (i, a) in answers.into_iter().enumerate() {
+            match a {
+                Some(Ok(v)) => ok.push((i, v)),
+                Some(Err(e)) => last_error = Some(e),
+                None => {}
+            }
+        }
+        if ok.len() >= self.majority() {
+            return Ok(ok);
+        }
+        let why = last_error.map_or_else(|| "no answer in time".to_string(), |e| e.to_string());
+        Err(self.unavailable(format!(
+            "{} of {} Redis masters answered; a majority ({}) must ({why})",
+            ok.len(),
+            self.masters.len(),
+            self.majority()
+        )))
+    }
+}

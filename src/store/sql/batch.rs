@@ -1,0 +1,228 @@
+//! The SQL of a batch: one statement per chunk of rows, built per dialect
+//! ([`BatchSql`]), with the table names and columns ([`Queries`]).
+
+use super::*;
+
+pub(super) struct Queries {
+    pub(super) clock: SqlStr,
+    pub(super) pending_triggers: SqlStr,
+    pub(super) status: SqlStr,
+    pub(super) history_all: SqlStr,
+    pub(super) history_job: SqlStr,
+}
+
+pub(super) const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output, trigger_id";
+
+pub(super) const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at, running, trigger_id, last_trigger";
+
+/// Rows per multi-row statement: far below every database's bind limit
+/// (SQLite 32766, MySQL and PostgreSQL 65535) at 13 columns.
+pub(super) const CHUNK: usize = 500;
+
+/// Output tails per history insert, in bytes: a statement stays below
+/// MySQL's and MariaDB's `max_allowed_packet` (64 MiB and 16 MiB by
+/// default), also on a server set as low as 4 MiB.
+pub(super) const OUTPUT_PER_STATEMENT: usize = 2 * 1024 * 1024;
+
+impl Queries {
+    pub(super) fn new(d: &Dialect, p: &str) -> Self {
+        let now = d.now_ms;
+        let q = |sql: String| -> SqlStr {
+            let sql = if d.numbered_params {
+                number_params(&sql)
+            } else {
+                sql
+            };
+            AssertSqlSafe(sql).into_sql_str()
+        };
+        Queries {
+            clock: q(format!("SELECT {now}")),
+            pending_triggers: q(format!(
+                "SELECT lock_name, trigger_id FROM {p}lock_info WHERE trigger_id IS NOT NULL ORDER BY lock_name"
+            )),
+            status: q(format!(
+                "SELECT lock_name, owner, fence, expires_at, last_occurrence, {now} AS now_ms, paused FROM {p}lock_info ORDER BY lock_name"
+            )),
+            history_all: q(format!(
+                "SELECT {RUN_COLUMNS} FROM {p}job_runs ORDER BY id DESC LIMIT ?"
+            )),
+            history_job: q(format!(
+                "SELECT {RUN_COLUMNS} FROM {p}job_runs WHERE job = ? ORDER BY id DESC LIMIT ?"
+            )),
+        }
+    }
+}
+
+/// `(?, ?, ...)` with `n` placeholders.
+pub(super) fn tuple(n: usize) -> String {
+    let mut out = String::with_capacity(2 + 3 * n);
+    out.push('(');
+    for i in 0..n {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push('?');
+    }
+    out.push(')');
+    out
+}
+
+/// `rows` tuples of `cols` placeholders, comma-separated.
+pub(super) fn tuples(rows: usize, cols: usize) -> String {
+    vec![tuple(cols); rows].join(", ")
+}
+
+/// The multi-row statements of a batch, for `n` rows (placeholders `?`,
+/// the clock as `{now}`).
+pub(super) struct BatchSql<'a> {
+    pub(super) d: &'a Dialect,
+    pub(super) p: &'a str,
+}
+
+impl BatchSql<'_> {
+    /// Reads and locks `n` lock rows, in name order.
+    pub(super) fn lock_rows(&self, n: usize) -> String {
+        self.lock_rows_in(&tuple(n))
+    }
+
+    /// [`Self::lock_rows`] for the names of the JSON array bound as the one
+    /// parameter, where the dialect can.
+    pub(super) fn lock_rows_from_json(&self) -> Option<String> {
+        self.d
+            .json_names
+            .map(|names| self.lock_rows_in(&format!("({names})")))
+    }
+
+    /// Reads and locks the lock rows whose names are `IN names`.
+    pub(super) fn lock_rows_in(&self, names: &str) -> String {
+        format!(
+            "SELECT lock_name, owner, fence, expires_at, last_occurrence, running, {{now}} AS now_ms, paused, trigger_id, last_trigger FROM {p}lock_info WHERE lock_name IN {names} ORDER BY lock_name{lock}",
+            p = self.p,
+            lock = self.d.lock_row
+        )
+    }
+
+    /// Creates the missing of `n` lock rows (name bound; empty lease).
+    pub(super) fn seed_rows(&self, n: usize) -> String {
+        let rows = vec!["(?, NULL, 0, 0, NULL, {now}, 0, NULL, NULL)"; n].join(", ");
+        format!(
+            "{} {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{}",
+            self.d.insert_ignore,
+            self.d.ignore_conflict.replace("{key}", "lock_name"),
+            p = self.p
+        )
+    }
+
+    /// Writes `n` whole lock rows that exist (and are locked).
+    pub(super) fn write_rows(&self, n: usize) -> String {
+        format!(
+            "INSERT INTO {p}lock_info ({LOCK_COLUMNS}) VALUES {rows}{upsert}",
+            p = self.p,
+            rows = tuples(n, 9),
+            upsert = self.d.upsert_lock
+        )
+    }
+
+    /// Writes whole lock rows that exist (and are locked) from the JSON
+    /// array bound as the one parameter, where the dialect can.
+    pub(super) fn write_rows_from_json(&self) -> Option<String> {
+        self.d.json_lock_rows.map(|source| {
+            format!(
+                "INSERT INTO {p}lock_info ({LOCK_COLUMNS}) SELECT {LOCK_COLUMNS} FROM {source}{upsert}",
+                p = self.p,
+                upsert = self.d.upsert_lock
+            )
+        })
+    }
+
+    /// Ends one owner's live leases on `n` jobs.
+    pub(super) fn release(&self, n: usize) -> String {
+        format!(
+            "UPDATE {p}lock_info SET expires_at = {{now}}, modified_at = {{now}} WHERE owner = ? AND expires_at > {{now}} AND lock_name IN {names}",
+            p = self.p,
+            names = tuple(n)
+        )
+    }
+
+    /// Records `n` runs, skipping a (job, fence) recorded already.
+    pub(super) fn insert_runs(&self, n: usize) -> String {
+        format!(
+            "{} {p}job_runs ({RUN_COLUMNS}) VALUES {rows}{}",
+            self.d.insert_ignore,
+            self.d.ignore_conflict.replace("{key}", "job, fence"),
+            p = self.p,
+            rows = tuples(n, 14)
+        )
+    }
+
+    /// Sets or clears the pause mark of `n` locks (the mark bound first).
+    pub(super) fn set_paused(&self, n: usize) -> String {
+        format!(
+            "UPDATE {p}lock_info SET paused = ? WHERE lock_name IN {names}",
+            p = self.p,
+            names = tuple(n)
+        )
+    }
+
+    /// Ends the running mark of `n` locks, each only at the fence its run
+    /// was claimed with.
+    pub(super) fn run_over(&self, n: usize) -> String {
+        let cond = vec!["(lock_name = ? AND fence = ?)"; n].join(" OR ");
+        format!(
+            "UPDATE {p}lock_info SET running = 0 WHERE running <> 0 AND ({cond})",
+            p = self.p
+        )
+    }
+
+    /// Deletes, for `n` jobs, the runs at or below a fence each.
+    pub(super) fn prune(&self, n: usize) -> String {
+        let cond = vec!["(job = ? AND fence <= ?)"; n].join(" OR ");
+        format!("DELETE FROM {p}job_runs WHERE {cond}", p = self.p)
+    }
+}
+
+/// `?` → `$1, $2, ...` (none of our statements has a `?` inside a literal).
+pub(super) fn number_params(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl SqlStore {
+    /// The multi-row statements, for this store's dialect and prefix.
+    pub(super) fn batch(&self) -> BatchSql<'_> {
+        BatchSql {
+            d: self.dialect,
+            p: &self.prefix,
+        }
+    }
+
+    /// A generated statement ready to run: `{now}` is the store's clock
+    /// (SQLite: `now` if given, else the file-system clock read now), and
+    /// placeholders are numbered where the dialect wants it.
+    pub(super) fn sql(&self, text: String, now: Option<i64>) -> Result<SqlStr, sqlx::Error> {
+        let now = match now {
+            Some(now) => Some(now),
+            None => self.file_clock_now()?,
+        };
+        let text = match now {
+            Some(now) => text.replace("{now}", &now.to_string()),
+            None => text.replace("{now}", self.dialect.now_ms),
+        };
+        let text = if self.dialect.numbered_params {
+            number_params(&text)
+        } else {
+            text
+        };
+        Ok(AssertSqlSafe(text).into_sql_str())
+    }
+}

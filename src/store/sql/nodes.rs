@@ -1,0 +1,140 @@
+//! The node registry: one row per owner, written by its heartbeat.
+
+use super::*;
+
+/// The columns of a node registry row, as `nodes` reads them.
+pub(super) const NODE_COLUMNS: &str =
+    "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held";
+
+#[async_trait]
+impl Registry for SqlStore {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        self.retrying(|| async {
+            let mut conn = self.pool().acquire().await?;
+            let nodes = self.beat_on(&mut conn, beat, true).await;
+            if nodes.is_err() {
+                conn.close_on_drop();
+            }
+            nodes
+        })
+        .await
+        .map_err(|e| self.err(e))
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        self.retrying(|| async {
+            let mut conn = self.pool().acquire().await?;
+            self.live_nodes(&mut conn, None).await
+        })
+        .await
+        .map_err(|e| self.err(e))
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
+        let p = &self.prefix;
+        self.retrying(|| async {
+            sqlx::query(self.sql(format!("DELETE FROM {p}nodes WHERE owner = ?"), None)?)
+                .bind(owner.as_str().to_string())
+                .execute(&self.pool())
+                .await
+        })
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The beat is written inside the claim transaction, after the lock
+    /// rows, and commits (or not) with the claims.
+    async fn claim_beating(
+        &self,
+        requests: &[ClaimRequest],
+        beat: &Heartbeat,
+    ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
+        if requests.is_empty() {
+            return registry::claim_alongside(self, requests, beat).await;
+        }
+        match self.locked(Locked::Claim(requests, Some(beat))).await {
+            Ok(Answer::Claimed(claimed, nodes)) => Ok((claimed, nodes)),
+            Ok(_) => Err(self.err(sqlx::Error::Protocol(
+                "a claim answered as something else".into(),
+            ))),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+}
+
+impl SqlStore {
+    /// The live registry rows, read on `conn` at the store's `now`.
+    pub(super) async fn live_nodes(
+        &self,
+        conn: &mut AnyConnection,
+        now: Option<i64>,
+    ) -> Result<Vec<NodeRecord>, sqlx::Error> {
+        let p = &self.prefix;
+        let rows = sqlx::query(self.sql(
+            format!(
+                "SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes WHERE expires_at > {{now}}"
+            ),
+            now,
+        )?)
+        .fetch_all(&mut *conn)
+        .await?;
+        let nodes = rows
+            .iter()
+            .map(|r| -> Result<NodeRecord, sqlx::Error> {
+                let expires_at: i64 = r.try_get(5)?;
+                let now: i64 = r.try_get(8)?;
+                Ok(NodeRecord {
+                    owner: r.try_get(0)?,
+                    node: r.try_get(1)?,
+                    version: r.try_get(2)?,
+                    started_at: from_ms(r.try_get(3)?),
+                    last_seen: from_ms(r.try_get(4)?),
+                    expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
+                    clock_offset_ms: r.try_get(6)?,
+                    jobs_held: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(registry::sorted(nodes))
+    }
+
+    /// Writes a heartbeat's row, forgets long-dead ones when `forget`,
+    /// reads the live ones.
+    pub(super) async fn beat_on(
+        &self,
+        conn: &mut AnyConnection,
+        beat: &Heartbeat,
+        forget: bool,
+    ) -> Result<Vec<NodeRecord>, sqlx::Error> {
+        let p = &self.prefix;
+        // One reading of SQLite's clock for the three statements.
+        let now = self.file_clock_now()?;
+        sqlx::query(self.sql(
+            format!(
+                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?){}",
+                self.dialect.upsert_node
+            ),
+            now,
+        )?)
+        .bind(beat.owner.as_str().to_string())
+        .bind(beat.node.clone())
+        .bind(beat.version.clone())
+        .bind(to_ms(beat.started_at))
+        .bind(duration_ms(beat.ttl))
+        .bind(beat.clock_offset_ms)
+        .bind(i64::from(beat.jobs_held))
+        .execute(&mut *conn)
+        .await?;
+        if forget {
+            sqlx::query(self.sql(
+                format!("DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"),
+                now,
+            )?)
+            .bind(duration_ms(registry::FORGET_AFTER))
+            .execute(&mut *conn)
+            .await?;
+        }
+        self.live_nodes(conn, now).await
+    }
+}

@@ -1,0 +1,207 @@
+//! Run history: a node per run under `runs/<job>/`, trimmed to the job's
+//! limit, read newest first; recording a run clears its running mark.
+
+use super::*;
+
+#[async_trait]
+impl History for ZkStore {
+    async fn record_runs(&self, runs: &[RunRecord], keep: u32) -> Result<(), StoreError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let client = &self.client().await?;
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let mut jobs: Vec<&str> = runs.iter().map(|r| r.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        for job in &jobs {
+            self.ensure_run_dir(client, job).await?;
+        }
+        let mut writes = Vec::with_capacity(runs.len());
+        for run in runs {
+            let data =
+                serde_json::to_vec(&RunData::from(run)).map_err(|e| StoreError::Backend {
+                    store: self.url.redacted().into(),
+                    reason: e.to_string(),
+                })?;
+            let path = format!("{}/{:020}", self.runs_path(&run.job), run.fence);
+            writes.push((path, data));
+        }
+        // One request each, sent together; a fence recorded already is
+        // left as it is.
+        let created = futures_util::future::join_all(writes.iter().map(|(path, data)| {
+            self.idempotent(
+                client.create(path, data, &persistent),
+                zk::Error::NodeExists,
+            )
+        }))
+        .await;
+        created.into_iter().collect::<Result<Vec<()>, _>>()?;
+        self.end_running_marks(client, runs).await?;
+        for job in jobs {
+            let mut names = self
+                .timed(client.list_children(&self.runs_path(job)))
+                .await?;
+            if names.len() <= keep.max(1) as usize {
+                continue;
+            }
+            names.sort_unstable();
+            let surplus = names.len() - keep.max(1) as usize;
+            let deleted = futures_util::future::join_all(names[..surplus].iter().map(|n| {
+                let path = format!("{}/{n}", self.runs_path(job));
+                async move {
+                    self.idempotent(client.delete(&path, None), zk::Error::NoNode)
+                        .await
+                }
+            }))
+            .await;
+            deleted.into_iter().collect::<Result<Vec<()>, _>>()?;
+        }
+        Ok(())
+    }
+
+    async fn history(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let client = self.client().await?;
+        let jobs = match job {
+            Some(j) => vec![j.as_str().to_string()],
+            None => {
+                self.timed(client.list_children(&format!("{}/runs", self.base)))
+                    .await?
+            }
+        };
+        let mut runs = Vec::new();
+        for j in &jobs {
+            runs.extend(self.job_runs(&client, j, limit).await?);
+        }
+        newest_first(&mut runs, limit);
+        Ok(runs)
+    }
+}
+
+impl ZkStore {
+    pub(super) async fn ensure_run_dir(
+        &self,
+        client: &zk::Client,
+        job: &str,
+    ) -> Result<(), StoreError> {
+        let path = self.runs_path(job);
+        if self.known_dir(&path) {
+            return Ok(());
+        }
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        self.timed(client.mkdir(&path, &persistent)).await?;
+        lock(&self.run_dirs).insert(path);
+        Ok(())
+    }
+
+    pub(super) fn known_dir(&self, path: &str) -> bool {
+        lock(&self.run_dirs).contains(path)
+    }
+
+    pub(super) async fn job_runs(
+        &self,
+        client: &zk::Client,
+        job: &str,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let mut names = match self.timed(client.list_children(&self.runs_path(job))).await {
+            Ok(n) => n,
+            Err(StoreError::NotMigrated { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        names.sort_unstable_by(|a, b| b.cmp(a));
+        names.truncate(limit as usize);
+        // A few runs per multi read, the reads sent together: an answer
+        // stays far below ZooKeeper's 1 MiB packet limit (`jute.maxbuffer`)
+        // with the largest output tails.
+        let dir = self.runs_path(job);
+        let reads = names.chunks(RUNS_PER_READ).map(|chunk| {
+            let dir = &dir;
+            async move {
+                let mut reader = client.new_multi_reader();
+                for name in chunk {
+                    reader
+                        .add_get_data(&format!("{dir}/{name}"))
+                        .map_err(|e| self.err(e))?;
+                }
+                let results = self.timed(reader.commit()).await?;
+                let mut runs = Vec::with_capacity(chunk.len());
+                for (name, r) in chunk.iter().zip(results) {
+                    match r {
+                        zk::MultiReadResult::Data { data, stat } => {
+                            runs.push(run_from_json(job, name, &data, stat.mtime));
+                        }
+                        zk::MultiReadResult::Error {
+                            err: zk::Error::NoNode,
+                        } => {}
+                        zk::MultiReadResult::Error { err } => return Err(self.err(err)),
+                        _ => {}
+                    }
+                }
+                Ok::<_, StoreError>(runs)
+            }
+        });
+        let runs: Vec<RunRecord> = futures_util::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(runs)
+    }
+
+    /// Clears the running mark of each lock whose last claim's run is among
+    /// `runs` (recorded already), each at the version read: a lock claimed
+    /// again meanwhile has a new mark of its own.
+    pub(super) async fn end_running_marks(
+        &self,
+        client: &zk::Client,
+        runs: &[RunRecord],
+    ) -> Result<(), StoreError> {
+        let ended: Vec<&RunRecord> = runs
+            .iter()
+            .filter(|r| crate::store::ends_a_run(r))
+            .collect();
+        let mut clears = Vec::new();
+        for chunk in ended.chunks(MULTI_OPS) {
+            let mut reader = client.new_multi_reader();
+            for run in chunk {
+                reader
+                    .add_get_data(&self.lock_path(&run.job))
+                    .map_err(|e| self.err(e))?;
+            }
+            let results = self.timed(reader.commit()).await?;
+            for (run, r) in chunk.iter().zip(results) {
+                let zk::MultiReadResult::Data { data, stat } = r else {
+                    continue;
+                };
+                let Ok(mut d) = serde_json::from_slice::<LockData>(&data) else {
+                    continue;
+                };
+                if d.marks.running
+                    && d.marks
+                        .fence()
+                        .is_some_and(|f| crate::store::clears_running(run, f))
+                {
+                    d.marks.running = false;
+                    if let Ok(json) = serde_json::to_vec(&d) {
+                        clears.push((self.lock_path(&run.job), json, stat.version));
+                    }
+                }
+            }
+        }
+        let cleared = futures_util::future::join_all(clears.iter().map(|(path, json, version)| {
+            // Changed since the read (a new claim): its mark is its own.
+            self.idempotent(
+                client.set_data(path, json, Some(*version)),
+                zk::Error::BadVersion,
+            )
+        }))
+        .await;
+        cleared.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(())
+    }
+}
