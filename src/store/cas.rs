@@ -188,10 +188,10 @@ mod tests {
         ["0", "1", "2", "3", "4", "5", "6", "7"][..n].to_vec()
     }
 
-    /// "Claim" every even counter: write 100 + its value unless it is
-    /// already 100 or more (held). Answers what each job ended as.
-    async fn claim_all(store: &Counters) -> Vec<Result<u64, u64>> {
-        let views: Vec<u64> = store.values.lock().unwrap().clone();
+    /// "Claim" every counter as read in `views`: write 100 + its value
+    /// unless it is already 100 or more (held). Answers what each job
+    /// ended as.
+    async fn claim_all(store: &Counters, views: Vec<u64>) -> Vec<Result<u64, u64>> {
         let deadline = Instant::now() + Duration::from_secs(5);
         decide_and_write(
             store,
@@ -216,7 +216,8 @@ mod tests {
         // Units of 2: jobs 0-1 go through, job 2 was bumped before the
         // write, so the unit 2-3 and everything after it is pending.
         let store = Counters::new(6, 2, vec![vec![2]]);
-        let answers = claim_all(&store).await;
+        let views = store.values.lock().unwrap().clone();
+        let answers = claim_all(&store, views).await;
         // Every job is won by this call, once: none answered as held (by
         // the write this call made itself).
         assert_eq!(
@@ -236,23 +237,7 @@ mod tests {
         let store = Counters::new(3, 10, Vec::new());
         let views = vec![0, 0, 0];
         store.values.lock().unwrap()[1] = 150;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let answers = decide_and_write(
-            &store,
-            &names(views.len()),
-            &views,
-            deadline,
-            Duration::from_secs(5),
-            |_, &v| {
-                if v >= 100 {
-                    (None, Err(v))
-                } else {
-                    (Some((v, 100 + v)), Ok(100 + v))
-                }
-            },
-        )
-        .await
-        .unwrap();
+        let answers = claim_all(&store, views).await;
         assert_eq!(answers, vec![Ok(100), Err(150), Ok(100)]);
         assert_eq!(*store.values.lock().unwrap(), [100, 150, 100]);
     }

@@ -774,10 +774,15 @@ pub async fn two_large_batches_race_each_job_won_once(h: &Harness) {
             }
             other => panic!("{name}: not one winner: {other:?}"),
         };
-        assert_eq!(
-            holders.get(name).cloned().flatten().as_deref(),
-            Some(winner),
-            "{name}"
+        // Redlock's `status` names a holder only where the masters that
+        // answered it (a majority, stragglers cut off after 50 ms) show a
+        // majority of leases: under load it may not know. It never names
+        // the loser.
+        let holder = holders.get(name).cloned().flatten();
+        let unknown_allowed = h.backend == Backend::Redlock && holder.is_none();
+        assert!(
+            holder.as_deref() == Some(winner) || unknown_allowed,
+            "{name}: status names {holder:?}, the winner was {winner}"
         );
     }
     eprintln!("wins: a {}, b {}", wins[0], wins[1]);
