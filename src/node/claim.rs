@@ -536,10 +536,24 @@ impl Node {
         }
     }
 
-    /// After a backoff within the window: claim again, or give up.
+    /// Sleeps for the backoff (doubling it, up to 1 s) and claims again,
+    /// unless the window ends first: then it sleeps until it does and gives
+    /// up.
     async fn retry_in_window(&self, at: &mut Attempts, stop: &CancellationToken) -> Flow {
         let window_end = at.window_end();
-        if self.retry_after(&mut at.backoff, window_end, stop).await {
+        let retry_at = Instant::now() + at.backoff;
+        at.backoff = (at.backoff * 2).min(Duration::from_secs(1));
+        if retry_at >= window_end {
+            // No retry fits: wait out the window anyway, so whatever comes
+            // after it (a recheck of an unanswered claim) is sent as late,
+            // and as likely to be answered, as it can be.
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep_until(window_end) => {}
+            }
+            return at.gave_up();
+        }
+        if self.sleep_within(retry_at, window_end, stop).await {
             Flow::Again
         } else {
             at.gave_up()
@@ -777,30 +791,6 @@ impl Node {
             () = state.until_idle() => {}
             () = tokio::time::sleep_until(until) => {}
         }
-    }
-
-    /// Sleeps for the backoff (doubling it, up to 1 s) unless the occurrence
-    /// is over first (then sleeps until it is); true when the caller should
-    /// try again.
-    async fn retry_after(
-        &self,
-        backoff: &mut Duration,
-        give_up_at: Instant,
-        stop: &CancellationToken,
-    ) -> bool {
-        let retry_at = Instant::now() + *backoff;
-        *backoff = (*backoff * 2).min(Duration::from_secs(1));
-        if retry_at >= give_up_at {
-            // No retry fits: wait out the window anyway, so whatever comes
-            // after it (a recheck of an unanswered claim) is sent as late,
-            // and as likely to be answered, as it can be.
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = tokio::time::sleep_until(give_up_at) => {}
-            }
-            return false;
-        }
-        self.sleep_within(retry_at, give_up_at, stop).await
     }
 
     /// Counts one claim attempt in `cronlease_claims_total{job,result}`.
