@@ -184,53 +184,9 @@ pub async fn run(
     }
     let pid = pidfile::daemon_pid(&config.pid_file, &config.path)?;
     let node = config.node.as_str().to_string();
-    // The daemon's own owner, from the registry: a second daemon calling
-    // itself the same node (a copied config) holds leases the signal would
-    // not move. Without a readable registry (--force), any owner of this
-    // node. With no other live node nobody would take over: refused unless
-    // forced (the registry does not say which jobs a node has, so any
-    // other live node counts).
-    let own: Option<String> = match bounded(call, store.nodes()).await {
-        Ok(records) => {
-            if !force && records.iter().all(|r| r.node == node) {
-                return Err(DrillError::NoPeer { node });
-            }
-            let mine: Vec<String> = records
-                .into_iter()
-                .filter(|r| r.node == node)
-                .map(|r| r.owner)
-                .collect();
-            if mine.len() > 1 {
-                return Err(DrillError::SameNodeName {
-                    node,
-                    count: mine.len(),
-                });
-            }
-            mine.into_iter().next()
-        }
-        Err(e) if !force => return Err(DrillError::Store(e)),
-        Err(_) => None,
-    };
+    let own = own_owner(store, &node, force, call).await?;
     let locks = bounded(call, store.status()).await?;
-    let held: Vec<Held> = locks
-        .iter()
-        .filter_map(|l| {
-            let owner = l.holder.as_deref()?;
-            let job = JobName::parse(&l.job).ok()?;
-            let configured = config.job(job.as_str()).is_some();
-            let asked = wanted.is_empty() || wanted.contains(&job);
-            let ours = match &own {
-                Some(own) => owner == own,
-                None => Owner::node_of(owner) == node,
-            };
-            (ours && configured && asked).then(|| Held {
-                job,
-                owner: owner.to_string(),
-                fence: l.fence,
-                last_occurrence: l.last_occurrence,
-            })
-        })
-        .collect();
+    let held = held_jobs(config, &locks, &wanted, own.as_deref(), &node);
     if held.is_empty() {
         let of = if wanted.is_empty() {
             String::new()
@@ -254,59 +210,9 @@ pub async fn run(
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), how.signal())
         .map_err(|source| DrillError::Signal { pid, source })?;
     let started = tokio::time::Instant::now();
-    let deadline = started + watch;
-
-    let mut taken: BTreeMap<JobName, Taken> = BTreeMap::new();
-    let mut back: BTreeMap<JobName, u64> = BTreeMap::new();
-    let mut store_error: Option<String> = None;
-    while taken.len() < held.len() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(POLL).await;
-        // An unanswered poll is tried again until the deadline (the store
-        // may be busy with the takeover itself), and said in the report.
-        let locks = match bounded(call, store.status()).await {
-            Ok(locks) => locks,
-            Err(e) => {
-                store_error = Some(crate::config::one_line(&e.to_string()));
-                continue;
-            }
-        };
-        for h in &held {
-            if taken.contains_key(&h.job) {
-                continue;
-            }
-            match taken_over(h, &locks) {
-                Some(Seen::Peer(t)) => {
-                    taken.insert(h.job.clone(), t);
-                }
-                Some(Seen::Back(fence)) => {
-                    back.insert(h.job.clone(), fence);
-                }
-                None => {}
-            }
-        }
-    }
+    let seen = watch_takeovers(store, &held, started + watch, call).await;
     let watched = started.elapsed();
-
-    // The takeover runs' own records give their lateness; they are written
-    // when each run ends, so wait a little for them. A history that cannot
-    // be read is said in the report (the daemon is disturbed by now).
-    let mut histories: BTreeMap<JobName, Result<Vec<RunRecord>, String>> = BTreeMap::new();
-    let history_by = tokio::time::Instant::now() + HISTORY_WAIT;
-    for h in &held {
-        let fence_after = taken.get(&h.job).map(|t| t.fence);
-        let runs = loop {
-            let read = bounded(call, store.history(Some(&h.job), HISTORY_READ)).await;
-            let done = match &read {
-                Ok(runs) => fence_after.is_none_or(|f| runs.iter().any(|r| r.fence == f)),
-                Err(_) => false,
-            };
-            if done || tokio::time::Instant::now() >= history_by {
-                break read.map_err(|e| crate::config::one_line(&e.to_string()));
-            }
-            tokio::time::sleep(POLL).await;
-        };
-        histories.insert(h.job.clone(), runs);
-    }
+    let histories = read_histories(store, &held, &seen.taken, call).await;
 
     let now = Utc::now();
     let reports: Vec<JobReport> = held
@@ -320,15 +226,15 @@ pub async fn run(
             let schedule = config.job(h.job.as_str()).map(|j| &j.schedule);
             let mut report = judge(
                 h,
-                taken.get(&h.job),
+                seen.taken.get(&h.job),
                 runs,
                 schedule,
                 now,
                 config.lease_margin,
             );
             if report.new_holder.is_none() {
-                report.back_on_this_node = back.get(&h.job).copied();
-                report.error = store_error.clone();
+                report.back_on_this_node = seen.back.get(&h.job).copied();
+                report.error = seen.store_error.clone();
             }
             if history_error.is_some() {
                 report.error = history_error;
@@ -345,6 +251,151 @@ pub async fn run(
         passed: reports.iter().all(JobReport::passed),
         jobs: reports,
     })
+}
+
+/// The daemon's own owner, from the registry: a second daemon calling
+/// itself the same node (a copied config) holds leases the signal would
+/// not move. Without a readable registry (`force`), none: any owner of this
+/// node counts. With no other live node nobody would take over: refused
+/// unless forced (the registry does not say which jobs a node has, so any
+/// other live node counts).
+async fn own_owner(
+    store: &dyn Store,
+    node: &str,
+    force: bool,
+    call: Duration,
+) -> Result<Option<String>, DrillError> {
+    match bounded(call, store.nodes()).await {
+        Ok(records) => {
+            if !force && records.iter().all(|r| r.node == node) {
+                return Err(DrillError::NoPeer {
+                    node: node.to_string(),
+                });
+            }
+            let mine: Vec<String> = records
+                .into_iter()
+                .filter(|r| r.node == node)
+                .map(|r| r.owner)
+                .collect();
+            if mine.len() > 1 {
+                return Err(DrillError::SameNodeName {
+                    node: node.to_string(),
+                    count: mine.len(),
+                });
+            }
+            Ok(mine.into_iter().next())
+        }
+        Err(e) if !force => Err(DrillError::Store(e)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The locks of `locks` this daemon holds (owner `own`, else any owner of
+/// `node`) of configured jobs, only those `wanted` when it names any.
+fn held_jobs(
+    config: &Config,
+    locks: &[LockStatus],
+    wanted: &[JobName],
+    own: Option<&str>,
+    node: &str,
+) -> Vec<Held> {
+    locks
+        .iter()
+        .filter_map(|l| {
+            let owner = l.holder.as_deref()?;
+            let job = JobName::parse(&l.job).ok()?;
+            let configured = config.job(job.as_str()).is_some();
+            let asked = wanted.is_empty() || wanted.contains(&job);
+            let ours = match own {
+                Some(own) => owner == own,
+                None => Owner::node_of(owner) == node,
+            };
+            (ours && configured && asked).then(|| Held {
+                job,
+                owner: owner.to_string(),
+                fence: l.fence,
+                last_occurrence: l.last_occurrence,
+            })
+        })
+        .collect()
+}
+
+/// What the watch saw by its deadline.
+#[derive(Default)]
+struct Seen {
+    /// The jobs a peer took, and how.
+    taken: BTreeMap<JobName, Taken>,
+    /// The jobs claimed again by this node (a restarted daemon), at this fence.
+    back: BTreeMap<JobName, u64>,
+    /// The last poll the store did not answer, if any.
+    store_error: Option<String>,
+}
+
+/// Polls the locks until every `held` job moved or `deadline`. An
+/// unanswered poll is tried again until the deadline (the store may be
+/// busy with the takeover itself), and said in the report.
+async fn watch_takeovers(
+    store: &dyn Store,
+    held: &[Held],
+    deadline: tokio::time::Instant,
+    call: Duration,
+) -> Seen {
+    let mut seen = Seen::default();
+    while seen.taken.len() < held.len() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(POLL).await;
+        let locks = match bounded(call, store.status()).await {
+            Ok(locks) => locks,
+            Err(e) => {
+                seen.store_error = Some(crate::config::one_line(&e.to_string()));
+                continue;
+            }
+        };
+        for h in held {
+            if seen.taken.contains_key(&h.job) {
+                continue;
+            }
+            match taken_over(h, &locks) {
+                Some(Change::Peer(t)) => {
+                    seen.taken.insert(h.job.clone(), t);
+                }
+                Some(Change::Back(fence)) => {
+                    seen.back.insert(h.job.clone(), fence);
+                }
+                None => {}
+            }
+        }
+    }
+    seen
+}
+
+/// Each held job's history. The takeover runs' own records give their
+/// lateness; they are written when each run ends, so this waits a little
+/// for them. A history that cannot be read is said in the report (the
+/// daemon is disturbed by now).
+async fn read_histories(
+    store: &dyn Store,
+    held: &[Held],
+    taken: &BTreeMap<JobName, Taken>,
+    call: Duration,
+) -> BTreeMap<JobName, Result<Vec<RunRecord>, String>> {
+    let mut histories = BTreeMap::new();
+    let history_by = tokio::time::Instant::now() + HISTORY_WAIT;
+    for h in held {
+        let fence_after = taken.get(&h.job).map(|t| t.fence);
+        let runs = loop {
+            let read = bounded(call, store.history(Some(&h.job), HISTORY_READ)).await;
+            let done = match &read {
+                Ok(runs) => fence_after.is_none_or(|f| runs.iter().any(|r| r.fence == f)),
+                Err(_) => false,
+            };
+            if done || tokio::time::Instant::now() >= history_by {
+                break read.map_err(|e| crate::config::one_line(&e.to_string()));
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        histories.insert(h.job.clone(), runs);
+    }
+    histories
 }
 
 /// How long to watch a job: twice its longest lease (the gap between its
@@ -365,7 +416,7 @@ fn watch_for(schedule: &Schedule, now: DateTime<Utc>, margin: Duration) -> Durat
 }
 
 /// What a poll saw of a job the drilled daemon held.
-enum Seen {
+enum Change {
     /// Held by another node, with a higher fence: taken over.
     Peer(Taken),
     /// Held by this node again (the daemon restarted, or stepped down and
@@ -375,16 +426,16 @@ enum Seen {
 
 /// A live lease of the job with a higher fence than the drilled daemon's,
 /// and whose node holds it.
-fn taken_over(h: &Held, locks: &[LockStatus]) -> Option<Seen> {
+fn taken_over(h: &Held, locks: &[LockStatus]) -> Option<Change> {
     let lock = locks.iter().find(|l| l.job == h.job.as_str())?;
     let owner = lock.holder.as_deref()?;
     if lock.fence <= h.fence {
         return None;
     }
     if Owner::node_of(owner) == Owner::node_of(&h.owner) {
-        return Some(Seen::Back(lock.fence));
+        return Some(Change::Back(lock.fence));
     }
-    Some(Seen::Peer(Taken {
+    Some(Change::Peer(Taken {
         owner: owner.to_string(),
         fence: lock.fence,
         occurrence: lock.last_occurrence,
@@ -599,16 +650,16 @@ mod tests {
         assert!(taken_over(&h, &[lock("n1#a", 10)]).is_none());
         assert!(matches!(
             taken_over(&h, &[lock("n1#c", 11)]),
-            Some(Seen::Back(11))
+            Some(Change::Back(11))
         ));
         assert!(matches!(
             taken_over(&h, &[lock("n1#a", 11)]),
-            Some(Seen::Back(11))
+            Some(Change::Back(11))
         ));
         // Another node, but the fence did not move: not yet.
         assert!(taken_over(&h, &[lock("n2#b", 10)]).is_none());
         match taken_over(&h, &[lock("n2#b", 11)]) {
-            Some(Seen::Peer(t)) => assert_eq!((t.owner.as_str(), t.fence), ("n2#b", 11)),
+            Some(Change::Peer(t)) => assert_eq!((t.owner.as_str(), t.fence), ("n2#b", 11)),
             _ => panic!("n2 with fence 11 took over"),
         }
     }

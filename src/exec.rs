@@ -9,10 +9,11 @@
 //! after `kill_grace`. When the main process exits, whatever it left in its
 //! group is killed too: a run ends when its command ends.
 //!
-//! The daemon builds the process ([`Launch`]) and the job guard starts it
-//! ([`crate::guard`]); the daemon reads its output and waits for the exit
-//! the guard reports. Without a guard (it is gone) the daemon starts it
-//! itself.
+//! The daemon builds the process ([`Launch`], whose room is
+//! [`crate::launch`]) and the job guard starts it ([`crate::guard`]); the
+//! daemon reads its output and waits for the exit the guard reports.
+//! Without a guard (it is gone) the daemon starts it itself. The guard
+//! knows nothing of this room: it gets a [`Launch`] and starts it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,20 +27,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::config::{Command, Job, NodeName, StoreUrl};
 use crate::guard::{Guard, RunNote, StartError};
-use crate::node::clock::WallClock;
+use crate::launch::Launch;
 use crate::output::{LogLines, Tail, escape_controls};
 use crate::store::Outcome;
-
-/// Environment variables of the daemon that a job must not inherit.
-const WITHHELD_ENV: &[&str] = &[
-    "CRONLEASE_STORE_URL",
-    "NOTIFY_SOCKET",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_FDS",
-    "LISTEN_PID",
-    "LISTEN_FDNAMES",
-];
+use crate::wallclock::WallClock;
 
 /// What runs a job's command. A daemon runs processes ([`ProcessRunner`]);
 /// node tests on paused time, where a real process cannot take virtual
@@ -129,31 +120,6 @@ pub struct RunSpec<'a> {
     pub trigger: Option<crate::store::TriggerId>,
 }
 
-/// This process's environment less [`WITHHELD_ENV`], read once: a thousand
-/// starts at one instant need not copy and sort it a thousand times.
-fn inherited_env() -> &'static [(std::ffi::OsString, std::ffi::OsString)] {
-    static ENV: std::sync::OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> =
-        std::sync::OnceLock::new();
-    ENV.get_or_init(|| {
-        std::env::vars_os()
-            .filter(|(k, _)| !WITHHELD_ENV.iter().any(|w| k == w))
-            .collect()
-    })
-}
-
-/// A job's process as it is to be started: program, arguments, the
-/// variables set on top of the daemon's environment (less
-/// [`WITHHELD_ENV`]), and the working directory. The daemon builds it; the
-/// job guard ([`crate::guard`]) starts it, or the daemon itself when the
-/// guard is gone.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Launch {
-    pub program: String,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub cwd: Option<std::path::PathBuf>,
-}
-
 impl Launch {
     fn new(spec: &RunSpec<'_>) -> Launch {
         let argv: Vec<&str> = match &spec.job.command {
@@ -211,104 +177,6 @@ impl Launch {
             env,
             cwd: spec.job.working_dir.clone(),
         }
-    }
-
-    /// The process to start, stdin `/dev/null`, in a new process group;
-    /// stdout and stderr are the caller's to set. Fails for a program
-    /// found nowhere in `PATH` ([`Launch::program_path`]).
-    pub fn command(&self) -> Result<std::process::Command, String> {
-        let mut cmd = std::process::Command::new(self.program_path()?);
-        std::os::unix::process::CommandExt::arg0(&mut cmd, &self.program);
-        cmd.args(&self.args)
-            .env_clear()
-            .envs(inherited_env().iter().map(|(k, v)| (k, v)))
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null());
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        if let Some(dir) = &self.cwd {
-            cmd.current_dir(dir);
-        }
-        Ok(cmd)
-    }
-
-    /// The program as a path: a name without `/` is looked up in the `PATH`
-    /// the process gets (the job's `env`, else the daemon's), as `execvp`
-    /// does. With a path std starts the process with `posix_spawn`, which
-    /// reports a failed `exec` without waiting for the child itself; its
-    /// fork-and-exec way (taken for a bare name once the environment is
-    /// replaced) waits for it and panics when the guard's reaper, which
-    /// waits for any child, took it first.
-    fn program_path(&self) -> Result<std::path::PathBuf, String> {
-        if self.program.contains('/') {
-            return Ok(self.program.clone().into());
-        }
-        let path = match self.env.iter().rev().find(|(k, _)| k == "PATH") {
-            Some((_, v)) => std::ffi::OsString::from(v),
-            None => inherited_env()
-                .iter()
-                .find(|(k, _)| k == "PATH")
-                .map_or_else(|| "/usr/local/bin:/usr/bin:/bin".into(), |(_, v)| v.clone()),
-        };
-        let executable = |p: &std::path::Path| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        };
-        std::env::split_paths(&path)
-            .map(|dir| match (&self.cwd, dir.is_relative()) {
-                (Some(cwd), true) => cwd.join(dir),
-                _ => dir,
-            })
-            .map(|dir| dir.join(&self.program))
-            .find(|p| executable(p))
-            .ok_or_else(|| format!("{}: not found in PATH", self.program))
-    }
-}
-
-/// `cronlease __run-as UID GID USER -- PROGRAM ARGS...`: takes the user's
-/// supplementary groups (`initgroups`, or only GID when USER is empty), then
-/// GID and UID, and executes PROGRAM in place. Exits 127 when any step fails,
-/// as a shell does for a command it cannot run.
-pub fn run_as(
-    uid: u32,
-    gid: u32,
-    user: &str,
-    command: &[std::ffi::OsString],
-) -> std::process::ExitCode {
-    use nix::unistd::{Gid, Uid};
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
-        eprintln!("cronlease: cannot run the job as uid {uid} gid {gid}: {what}: {e}");
-        std::process::ExitCode::from(127)
-    };
-    let gid_ = Gid::from_raw(gid);
-    let groups = if user.is_empty() {
-        nix::unistd::setgroups(&[gid_])
-    } else {
-        match CString::new(user) {
-            Ok(name) => nix::unistd::initgroups(&name, gid_),
-            Err(e) => return fail("user name", &e),
-        }
-    };
-    if let Err(e) = groups {
-        return fail("setting the supplementary groups", &e);
-    }
-    if let Err(e) = nix::unistd::setgid(gid_) {
-        return fail("setgid", &e);
-    }
-    if let Err(e) = nix::unistd::setuid(Uid::from_raw(uid)) {
-        return fail("setuid", &e);
-    }
-    let argv: Result<Vec<CString>, _> =
-        command.iter().map(|a| CString::new(a.as_bytes())).collect();
-    let argv = match argv {
-        Ok(argv) if !argv.is_empty() => argv,
-        Ok(_) => return fail("command", &"empty"),
-        Err(e) => return fail("command", &e),
-    };
-    match nix::unistd::execvp(&argv[0], &argv) {
-        Ok(never) => match never {},
-        Err(e) => fail(&format!("executing {:?}", argv[0]), &e),
     }
 }
 

@@ -95,12 +95,22 @@ pub async fn gather(
     for job in pending.keys() {
         by_job.entry(job.clone()).or_insert(None);
     }
+    // The newest run of every job, in one read per page of jobs: a
+    // dashboard of 20,000 jobs is not 20,000 round trips a refresh. A lock
+    // whose name is no job name (written by hand) has no history to read.
+    let names: Vec<JobName> = by_job
+        .keys()
+        .filter_map(|job| JobName::parse(job).ok())
+        .collect();
+    let mut last_runs: HashMap<String, RunRecord> = bounded(call, store.last_runs(&names))
+        .await?
+        .into_iter()
+        .flatten()
+        .map(|r| (r.job.clone(), r))
+        .collect();
     let mut rows = Vec::with_capacity(by_job.len());
     for (job, lock) in by_job {
-        let last_run = match JobName::parse(&job) {
-            Ok(name) => bounded(call, store.history(Some(&name), 1)).await?.pop(),
-            Err(_) => None,
-        };
+        let last_run = last_runs.remove(&job);
         let configured = config.job(&job);
         let holder = lock.as_ref().and_then(|l| l.holder.clone());
         let live_entry = holder.as_ref().zip(live.as_ref());

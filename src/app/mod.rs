@@ -19,7 +19,7 @@ use crate::config::{self, Config, JobName, Overrides};
 use crate::node::Node;
 use crate::pidfile::{self, PidFile};
 use crate::store::{self, StoreError};
-use crate::{drill, exec, guard, http, telemetry};
+use crate::{drill, guard, http, launch, telemetry};
 
 mod daemon;
 mod operate;
@@ -44,7 +44,7 @@ pub fn main(cli: Cli) -> ExitCode {
             gid,
             user,
             command,
-        } => exec::run_as(uid, gid, &user, &command),
+        } => launch::run_as(uid, gid, &user, &command),
         Commands::Check { config, next } => check(&config.config, next),
         Commands::Run(c) => with_runtime(|| run(c.config)),
         Commands::Status { config, json } => with_runtime(|| status(config.config, json)),

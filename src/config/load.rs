@@ -290,7 +290,77 @@ pub(super) fn load_store(
     warnings: &mut Vec<String>,
 ) -> Option<StoreConfig> {
     let s = &raw.store;
-    let url = match (&overrides.store_url, &s.url) {
+    let url = store_url(src, raw, base, overrides, errors, warnings);
+    let url = with_password_file(src, s, base, url, errors, warnings);
+    let table_prefix = match &s.table_prefix {
+        Some(p) => {
+            let v = p.get_ref();
+            if v.len() <= 32 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                v.clone()
+            } else {
+                errors.push(src.at(p, format!("invalid store.table_prefix {v:?}: expected at most 32 characters from [A-Za-z0-9_]")));
+                String::new()
+            }
+        }
+        None => String::new(),
+    };
+    let key_prefix = match &s.key_prefix {
+        Some(p) if p.get_ref().chars().any(char::is_whitespace) => {
+            errors.push(src.at(p, "invalid store.key_prefix: whitespace is not allowed"));
+            String::new()
+        }
+        Some(p) => p.get_ref().clone(),
+        None => "cronlease:".into(),
+    };
+    let op_timeout = duration_or(
+        src,
+        &s.op_timeout,
+        "store.op_timeout",
+        Duration::from_secs(2),
+        errors,
+    );
+    let history_limit = match &s.history_limit {
+        Some(h) if (1..=1_000_000).contains(h.get_ref()) => *h.get_ref() as u32,
+        Some(h) => {
+            errors.push(src.at(h, "store.history_limit must be between 1 and 1000000"));
+            100
+        }
+        None => 100,
+    };
+    let max_connections = match &s.max_connections {
+        Some(m) if (1..=1_000).contains(m.get_ref()) => *m.get_ref() as u32,
+        Some(m) => {
+            errors.push(src.at(m, "store.max_connections must be between 1 and 1000"));
+            8
+        }
+        None => 8,
+    };
+    let tls = tls_files(src, s, base, url.as_ref(), errors);
+    Some(StoreConfig {
+        tls,
+        url: url?,
+        table_prefix,
+        key_prefix,
+        op_timeout,
+        history_limit,
+        max_connections,
+    })
+}
+
+/// The store's URL: `$CRONLEASE_STORE_URL`, else `store.url` or
+/// `store.urls` (Redlock's masters; not both), else the embedded SQLite
+/// default. A file that holds a password is warned about when others may
+/// read it.
+fn store_url(
+    src: &Source,
+    raw: &RawConfig,
+    base: &Path,
+    overrides: &Overrides,
+    errors: &mut Vec<ConfigError>,
+    warnings: &mut Vec<String>,
+) -> Option<StoreUrl> {
+    let s = &raw.store;
+    match (&overrides.store_url, &s.url) {
         (None, Some(_)) if s.urls.is_some() => {
             if let Some(list) = &s.urls {
                 errors.push(src.at(
@@ -349,8 +419,20 @@ pub(super) fn load_store(
             url
         }
         (None, None) => StoreUrl::parse(DEFAULT_STORE_URL, base).ok(),
-    };
-    let url = match (url, &s.password_file) {
+    }
+}
+
+/// `url` with the password of `store.password_file`, when one is set: the
+/// file's text less its final line break, never empty.
+fn with_password_file(
+    src: &Source,
+    s: &raw::RawStore,
+    base: &Path,
+    url: Option<StoreUrl>,
+    errors: &mut Vec<ConfigError>,
+    warnings: &mut Vec<String>,
+) -> Option<StoreUrl> {
+    match (url, &s.password_file) {
         (Some(url), Some(pf)) => {
             let file = base.join(pf.get_ref());
             warn_if_world_readable(&file, "is the store password file", warnings);
@@ -377,58 +459,5 @@ pub(super) fn load_store(
             }
         }
         (url, _) => url,
-    };
-    let table_prefix = match &s.table_prefix {
-        Some(p) => {
-            let v = p.get_ref();
-            if v.len() <= 32 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                v.clone()
-            } else {
-                errors.push(src.at(p, format!("invalid store.table_prefix {v:?}: expected at most 32 characters from [A-Za-z0-9_]")));
-                String::new()
-            }
-        }
-        None => String::new(),
-    };
-    let key_prefix = match &s.key_prefix {
-        Some(p) if p.get_ref().chars().any(char::is_whitespace) => {
-            errors.push(src.at(p, "invalid store.key_prefix: whitespace is not allowed"));
-            String::new()
-        }
-        Some(p) => p.get_ref().clone(),
-        None => "cronlease:".into(),
-    };
-    let op_timeout = duration_or(
-        src,
-        &s.op_timeout,
-        "store.op_timeout",
-        Duration::from_secs(2),
-        errors,
-    );
-    let history_limit = match &s.history_limit {
-        Some(h) if (1..=1_000_000).contains(h.get_ref()) => *h.get_ref() as u32,
-        Some(h) => {
-            errors.push(src.at(h, "store.history_limit must be between 1 and 1000000"));
-            100
-        }
-        None => 100,
-    };
-    let max_connections = match &s.max_connections {
-        Some(m) if (1..=1_000).contains(m.get_ref()) => *m.get_ref() as u32,
-        Some(m) => {
-            errors.push(src.at(m, "store.max_connections must be between 1 and 1000"));
-            8
-        }
-        None => 8,
-    };
-    let tls = tls_files(src, s, base, url.as_ref(), errors);
-    Some(StoreConfig {
-        tls,
-        url: url?,
-        table_prefix,
-        key_prefix,
-        op_timeout,
-        history_limit,
-        max_connections,
-    })
+    }
 }

@@ -644,91 +644,9 @@ impl State<'_> {
         };
         let first = &line[s0..e0];
         let mut notes: Vec<&str> = Vec::new();
-        let schedule = if let Some(name) = first.strip_prefix('@') {
-            let lower = name.to_ascii_lowercase();
-            match lower.as_str() {
-                "reboot" => None,
-                "yearly" | "annually" | "monthly" | "weekly" | "daily" | "midnight" | "hourly" => {
-                    Some(format!("@{lower}"))
-                }
-                _ => {
-                    return Err(self.err(
-                        number,
-                        line,
-                        s0,
-                        format!(
-                            "unknown schedule {first:?}: expected 5 time fields or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, @reboot"
-                        ),
-                    ));
-                }
-            }
-        } else {
-            // Field by field, as cron reads them: a junk line is reported
-            // at its first wrong field, not for being short.
-            let mut spans = Vec::with_capacity(5);
-            let mut fields = Vec::with_capacity(5);
-            for spec in &SPECS {
-                let (a, b) = if spans.is_empty() {
-                    (s0, e0)
-                } else {
-                    match token(line, &mut pos) {
-                        Some(t) => t,
-                        None => {
-                            return Err(self.err(
-                                number,
-                                line,
-                                line.len(),
-                                format!(
-                                    "expected 5 time fields (minute, hour, day of month, month, day of week), then {}the command; the line ends after {} field(s)",
-                                    if self.options.system { "the user name, then " } else { "" },
-                                    spans.len()
-                                ),
-                            ));
-                        }
-                    }
-                };
-                match spec.parse(&line[a..b], a) {
-                    Ok(f) => fields.push(f),
-                    Err((at, mut message)) => {
-                        if a == s0 && line.contains('=') {
-                            message
-                                .push_str(" (nor is the line an environment setting NAME=value)");
-                        }
-                        return Err(self.err(number, line, at, message));
-                    }
-                }
-                spans.push((a, b));
-            }
-            let (dom, dow) = (&fields[2], &fields[4]);
-            let mut dom_text = dom.text.clone();
-            let mut dow_text = dow.text.clone();
-            // A `*`-led field matching every day is croner's `*`: then both
-            // agree the other field alone decides.
-            if dom.star && dom.bits == SPECS[2].full() {
-                dom_text = "*".into();
-            }
-            if dow.star && dow.bits == SPECS[4].full() {
-                dow_text = "*".into();
-            }
-            if (dom.star || dow.star) && dom_text != "*" && dow_text != "*" {
-                dow_text = format!("+{dow_text}");
-                notes.push(
-                    "# A day field starting with * makes cron require both day fields to\n\
-                     # match; the + before the day of week asks cronlease for the same.",
-                );
-                self.warn(
-                    number,
-                    format!(
-                        "day of month {:?} and day of week {:?}: cron requires both to match because one starts with *; translated with croner's + (both must match)",
-                        &line[spans[2].0..spans[2].1],
-                        &line[spans[4].0..spans[4].1]
-                    ),
-                );
-            }
-            Some(format!(
-                "{} {} {} {} {}",
-                fields[0].text, fields[1].text, dom_text, fields[3].text, dow_text
-            ))
+        let schedule = match first.strip_prefix('@') {
+            Some(name) => self.nickname(number, line, s0, name)?,
+            None => Some(self.time_fields(number, line, (s0, e0), &mut pos, &mut notes)?),
         };
         let user = if self.options.system {
             match token(line, &mut pos) {
@@ -785,7 +703,134 @@ impl State<'_> {
         let zone = self.zone.clone();
         Schedule::parse(&schedule, zone.as_deref().unwrap_or("UTC"))
             .map_err(|e| self.err(number, line, s0, e.to_string()))?;
+        let (command, command_toml) = self.command(number, line, (rest, rest_at), &mut notes)?;
+        let job = ImportedJob {
+            line: number,
+            name: job_name(&command, number, &mut self.names),
+            schedule,
+            timezone: zone,
+        };
+        self.write_job(&job, &notes, &command_toml, user.as_deref());
+        self.jobs.push(job);
+        Ok(())
+    }
 
+    /// The schedule of a `@name` line (`name` without the `@`): none for
+    /// `@reboot`, which is not translated.
+    fn nickname(
+        &self,
+        number: usize,
+        line: &str,
+        at: usize,
+        name: &str,
+    ) -> Result<Option<String>, ImportError> {
+        let lower = name.to_ascii_lowercase();
+        match lower.as_str() {
+            "reboot" => Ok(None),
+            "yearly" | "annually" | "monthly" | "weekly" | "daily" | "midnight" | "hourly" => {
+                Ok(Some(format!("@{lower}")))
+            }
+            _ => Err(self.err(
+                number,
+                line,
+                at,
+                format!(
+                    "unknown schedule {:?}: expected 5 time fields or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, @reboot",
+                    format!("@{name}")
+                ),
+            )),
+        }
+    }
+
+    /// The five time fields starting with `first` (its span), read field by
+    /// field from `pos` on, as one croner expression; a day field rule that
+    /// differs between cron and croner adds its note to `notes`.
+    fn time_fields(
+        &mut self,
+        number: usize,
+        line: &str,
+        first: (usize, usize),
+        pos: &mut usize,
+        notes: &mut Vec<&'static str>,
+    ) -> Result<String, ImportError> {
+        let (s0, e0) = first;
+        // Field by field, as cron reads them: a junk line is reported
+        // at its first wrong field, not for being short.
+        let mut spans = Vec::with_capacity(5);
+        let mut fields = Vec::with_capacity(5);
+        for spec in &SPECS {
+            let (a, b) = if spans.is_empty() {
+                (s0, e0)
+            } else {
+                match token(line, pos) {
+                    Some(t) => t,
+                    None => {
+                        return Err(self.err(
+                            number,
+                            line,
+                            line.len(),
+                            format!(
+                                "expected 5 time fields (minute, hour, day of month, month, day of week), then {}the command; the line ends after {} field(s)",
+                                if self.options.system { "the user name, then " } else { "" },
+                                spans.len()
+                            ),
+                        ));
+                    }
+                }
+            };
+            match spec.parse(&line[a..b], a) {
+                Ok(f) => fields.push(f),
+                Err((at, mut message)) => {
+                    if a == s0 && line.contains('=') {
+                        message.push_str(" (nor is the line an environment setting NAME=value)");
+                    }
+                    return Err(self.err(number, line, at, message));
+                }
+            }
+            spans.push((a, b));
+        }
+        let (dom, dow) = (&fields[2], &fields[4]);
+        let mut dom_text = dom.text.clone();
+        let mut dow_text = dow.text.clone();
+        // A `*`-led field matching every day is croner's `*`: then both
+        // agree the other field alone decides.
+        if dom.star && dom.bits == SPECS[2].full() {
+            dom_text = "*".into();
+        }
+        if dow.star && dow.bits == SPECS[4].full() {
+            dow_text = "*".into();
+        }
+        if (dom.star || dow.star) && dom_text != "*" && dow_text != "*" {
+            dow_text = format!("+{dow_text}");
+            notes.push(
+                "# A day field starting with * makes cron require both day fields to\n\
+                 # match; the + before the day of week asks cronlease for the same.",
+            );
+            self.warn(
+                number,
+                format!(
+                    "day of month {:?} and day of week {:?}: cron requires both to match because one starts with *; translated with croner's + (both must match)",
+                    &line[spans[2].0..spans[2].1],
+                    &line[spans[4].0..spans[4].1]
+                ),
+            );
+        }
+        Ok(format!(
+            "{} {} {} {} {}",
+            fields[0].text, fields[1].text, dom_text, fields[3].text, dow_text
+        ))
+    }
+
+    /// The command (`rest`, at byte `rest_at`) as cronlease runs it: its
+    /// text before any `%`, and that as TOML, through the crontab's shell,
+    /// with the text after the `%` fed on standard input.
+    fn command(
+        &mut self,
+        number: usize,
+        line: &str,
+        (rest, rest_at): (&str, usize),
+        notes: &mut Vec<&'static str>,
+    ) -> Result<(String, String), ImportError> {
         let (command, stdin) = split_percent(rest);
         if command.trim().is_empty() {
             return Err(self.err(
@@ -822,20 +867,29 @@ impl State<'_> {
                 "% in the command: the text after it is fed to the command's standard input by printf",
             );
         }
+        Ok((command, command_toml))
+    }
 
-        let name = job_name(&command, number, &mut self.names);
+    /// Writes `job` as a `[[job]]` table, after its `notes`.
+    fn write_job(
+        &mut self,
+        job: &ImportedJob,
+        notes: &[&str],
+        command_toml: &str,
+        user: Option<&str>,
+    ) {
         for note in notes {
             self.out.push_str(note);
             self.out.push('\n');
         }
         let _ = writeln!(self.out, "[[job]]");
-        let _ = writeln!(self.out, "name = {}", toml_str(&name));
-        let _ = writeln!(self.out, "schedule = {}", toml_str(&schedule));
-        if let Some(z) = &zone {
+        let _ = writeln!(self.out, "name = {}", toml_str(&job.name));
+        let _ = writeln!(self.out, "schedule = {}", toml_str(&job.schedule));
+        if let Some(z) = &job.timezone {
             let _ = writeln!(self.out, "timezone = {}", toml_str(z));
         }
         let _ = writeln!(self.out, "command = {command_toml}");
-        if let Some(u) = &user {
+        if let Some(u) = user {
             let _ = writeln!(self.out, "user = {}", toml_str(u));
         }
         if !self.env.is_empty() {
@@ -848,13 +902,6 @@ impl State<'_> {
                 .collect();
             let _ = writeln!(self.out, "env = {}", toml::Value::Table(env));
         }
-        self.jobs.push(ImportedJob {
-            line: number,
-            name,
-            schedule,
-            timezone: zone,
-        });
-        Ok(())
     }
 }
 

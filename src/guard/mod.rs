@@ -47,7 +47,7 @@ use tokio::io::Interest;
 use tokio::sync::oneshot;
 
 use crate::config::JobName;
-use crate::exec::Launch;
+use crate::launch::Launch;
 use crate::store::{Outcome, Owner, RunRecord, StoreError, bounded};
 
 mod client;

@@ -64,6 +64,42 @@ pub fn serve() -> std::process::ExitCode {
             "cronlease __guard: cannot become the jobs' subreaper ({e}): a process whose parent exits is found only if it was noted before"
         );
     }
+    let (incoming, threads) = start_threads(&sock);
+    let mut watched = Watched::default();
+    let mut ended = 0;
+    // The process table is read once a second while jobs run, never once
+    // per message: a thousand jobs starting at one instant are two thousand
+    // messages, and a scan reads every /proc/PID/stat of the host.
+    let every = std::time::Duration::from_secs(1);
+    let mut last_scan = std::time::Instant::now();
+    loop {
+        let wait = every.saturating_sub(last_scan.elapsed());
+        match incoming.recv_timeout(wait) {
+            // Every reading thread says so once it read the end: a start
+            // it was still making (its `Watch` comes first) is killed too.
+            Ok(Event::End) => {
+                ended += 1;
+                if ended == threads {
+                    break;
+                }
+            }
+            Ok(event) => watched.apply(event),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if last_scan.elapsed() >= every {
+            last_scan = std::time::Instant::now();
+            watched.scan();
+        }
+    }
+    watched.daemon_gone(std::time::Instant::now());
+    std::process::ExitCode::SUCCESS
+}
+
+/// Starts the threads that read the daemon's requests and the reaper;
+/// answers their events and how many reading threads there are (each says
+/// [`Event::End`] once).
+fn start_threads(sock: &Arc<OwnedFd>) -> (mpsc::Receiver<Event>, usize) {
     let (events, incoming) = mpsc::channel::<Event>();
     let reports = Arc::new(Mutex::new(Reports::default()));
     let (spawned, reaper_wakes) = mpsc::channel::<()>();
@@ -87,87 +123,92 @@ pub fn serve() -> std::process::ExitCode {
         let (sock, events, reports) = (sock.clone(), events.clone(), reports.clone());
         std::thread::spawn(move || reap(&sock, &events, &reports, &reaper_wakes));
     }
-    drop(events);
-    let mut groups = BTreeSet::new();
-    let mut succession = Succession::default();
-    let mut ended = 0;
-    // Per running job (process group): the processes noted below it, with
-    // their start times. Forgotten with the job, so a daemon a finished job
-    // left behind on purpose (`ssh -fN`, `tmux new -d`) is never killed later.
-    let mut known: BTreeMap<i32, BTreeMap<i32, u64>> = BTreeMap::new();
-    let mut orphans = Orphans::default();
-    // The process table is read once a second while jobs run, never once
-    // per message: a thousand jobs starting at one instant are two thousand
-    // messages, and a scan reads every /proc/PID/stat of the host.
-    let every = std::time::Duration::from_secs(1);
-    let mut last_scan = std::time::Instant::now();
-    loop {
-        let wait = every.saturating_sub(last_scan.elapsed());
-        match incoming.recv_timeout(wait) {
-            Ok(Event::Watch(pgid, run)) if pgid > 1 => {
-                groups.insert(pgid);
+    (incoming, threads)
+}
+
+/// What the guard watches: the running jobs' process groups, the processes
+/// noted below each, the orphans it adopted, and what to hand over if the
+/// daemon dies.
+#[derive(Default)]
+struct Watched {
+    groups: BTreeSet<i32>,
+    succession: Succession,
+    /// Per running job (process group): the processes noted below it, with
+    /// their start times. Forgotten with the job, so a daemon a finished job
+    /// left behind on purpose (`ssh -fN`, `tmux new -d`) is never killed
+    /// later.
+    known: BTreeMap<i32, BTreeMap<i32, u64>>,
+    orphans: Orphans,
+}
+
+impl Watched {
+    /// One event of the daemon's requests or the reaper (not
+    /// [`Event::End`]).
+    fn apply(&mut self, event: Event) {
+        match event {
+            Event::Watch(pgid, run) if pgid > 1 => {
+                self.groups.insert(pgid);
                 if let Some(run) = run {
-                    succession.runs.insert(pgid, *run);
+                    self.succession.runs.insert(pgid, *run);
                 }
             }
-            Ok(Event::Forget(pgid)) => {
+            Event::Forget(pgid) => {
                 // Orphans adopted since the last look count for this job
                 // too, until it is forgotten here.
-                if orphans.counts_any() || !groups.is_empty() {
-                    orphans.note(&groups, &known);
+                if self.orphans.counts_any() || !self.groups.is_empty() {
+                    self.orphans.note(&self.groups, &self.known);
                 }
-                orphans.forget(pgid);
-                groups.remove(&pgid);
-                known.remove(&pgid);
-                succession.runs.remove(&pgid);
+                self.orphans.forget(pgid);
+                self.groups.remove(&pgid);
+                self.known.remove(&pgid);
+                self.succession.runs.remove(&pgid);
             }
-            Ok(Event::Handover(handover)) => {
+            Event::Handover(handover) => {
                 let mut handover = *handover;
-                succession.jobs.extend(std::mem::take(&mut handover.jobs));
-                succession.handover = Some(handover);
+                self.succession
+                    .jobs
+                    .extend(std::mem::take(&mut handover.jobs));
+                self.succession.handover = Some(handover);
             }
-            Ok(Event::Bye) => succession.bye = true,
-            Ok(Event::Watch(..)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            // Every reading thread says so once it read the end: a start
-            // it was still making (its `Watch` comes first) is killed too.
-            Ok(Event::End) => {
-                ended += 1;
-                if ended == threads {
-                    break;
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-        if last_scan.elapsed() < every {
-            continue;
-        }
-        last_scan = std::time::Instant::now();
-        if !groups.is_empty() {
-            let table = process_table();
-            for pgid in &groups {
-                let noted = known.entry(*pgid).or_default();
-                noted.retain(|pid, start| table.get(pid).is_some_and(|p| p.start == *start));
-                for pid in tree_of(&BTreeSet::from([*pgid]), &table) {
-                    if let Some(p) = table.get(&pid) {
-                        noted.insert(pid, p.start);
-                    }
-                }
-            }
-            orphans.note(&groups, &known);
+            Event::Bye => self.succession.bye = true,
+            Event::Watch(..) | Event::End => {}
         }
     }
-    let died = std::time::Instant::now();
-    orphans.note(&groups, &known);
-    let mut known: BTreeMap<i32, u64> = known.into_values().flatten().collect();
-    known.extend(orphans.counted());
-    let doomed = kill_trees(&groups, &known);
-    if !succession.bye {
-        if let Some(handover) = succession.handover.take() {
-            let runs = std::mem::take(&mut succession.runs).into_values().collect();
-            hand_over(handover, &succession.jobs, runs, &doomed, died);
+
+    /// Notes the processes below each running job, and the orphans.
+    fn scan(&mut self) {
+        if self.groups.is_empty() {
+            return;
+        }
+        let table = process_table();
+        for pgid in &self.groups {
+            let noted = self.known.entry(*pgid).or_default();
+            noted.retain(|pid, start| table.get(pid).is_some_and(|p| p.start == *start));
+            for pid in tree_of(&BTreeSet::from([*pgid]), &table) {
+                if let Some(p) = table.get(&pid) {
+                    noted.insert(pid, p.start);
+                }
+            }
+        }
+        self.orphans.note(&self.groups, &self.known);
+    }
+
+    /// The daemon's end of the socket closed (at `died`): kills what is
+    /// left and, unless it said goodbye, hands over.
+    fn daemon_gone(mut self, died: std::time::Instant) {
+        self.orphans.note(&self.groups, &self.known);
+        let mut known: BTreeMap<i32, u64> = self.known.into_values().flatten().collect();
+        known.extend(self.orphans.counted());
+        let doomed = kill_trees(&self.groups, &known);
+        if !self.succession.bye {
+            if let Some(handover) = self.succession.handover.take() {
+                let runs = std::mem::take(&mut self.succession.runs)
+                    .into_values()
+                    .collect();
+                hand_over(handover, &self.succession.jobs, runs, &doomed, died);
+            }
         }
     }
-    std::process::ExitCode::SUCCESS
 }
 
 /// The daemon died without releasing: once its jobs' processes are gone,

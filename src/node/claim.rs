@@ -159,14 +159,16 @@ impl Node {
     /// claims all of them together.
     pub(super) async fn scheduler(self: Arc<Self>) {
         loop {
-            self.scheduler_beat
-                .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+            self.beat.last.store(
+                self.beat.epoch.elapsed().as_millis() as u64,
+                Ordering::Relaxed,
+            );
             let wake = match self.next_instant() {
                 Some(at) => self.instant_of(at).min(Instant::now() + MAX_SLEEP),
                 None => Instant::now() + MAX_SLEEP,
             };
             tokio::select! {
-                () = self.claims.cancelled() => return,
+                () = self.life.claims.cancelled() => return,
                 () = self.jobs_changed.notified() => continue,
                 () = tokio::time::sleep_until(wake) => {}
             }
@@ -271,10 +273,11 @@ impl Node {
         let mut queued: Vec<Option<Queued>> = due.iter().map(|_| None).collect();
         let [first, later, deferred] = requests;
         let answers = [
-            self.claim_queue.submit(first),
-            self.claim_queue.submit_after(later, FOLLOWER_LEAD),
-            self.claim_queue
-                .submit_after(deferred, self.head_start + DEFERRED_LAG),
+            self.batch.claims.submit(first),
+            self.batch.claims.submit_after(later, FOLLOWER_LEAD),
+            self.batch
+                .claims
+                .submit_after(deferred, self.settings.head_start + DEFERRED_LAG),
         ];
         for ((indices, gates), answers) in queued_for.into_iter().zip(gates).zip(answers) {
             for ((i, gate), answer) in indices.into_iter().zip(gates).zip(answers) {
@@ -285,7 +288,7 @@ impl Node {
         }
         for (d, queued) in due.into_iter().zip(queued) {
             let node = self.clone();
-            self.handlers.spawn(async move {
+            self.life.handlers.spawn(async move {
                 node.handle_occurrence(d, queued).await;
             });
         }
@@ -297,7 +300,7 @@ impl Node {
     pub(super) fn ready_to_claim(&self) -> bool {
         self.paused_until().is_none()
             && !self.clock.skewed()
-            && self.prepared.load(Ordering::SeqCst)
+            && self.prepare.done.load(Ordering::SeqCst)
     }
 
     /// The claim of `occurrence` as this node sends it now.
@@ -319,7 +322,7 @@ impl Node {
             lease: self.lease_for(occurrence, next),
             fence_floor: state.fence_floor(),
             max_offset: self.clock.bound(),
-            head_start: Some(self.head_start),
+            head_start: Some(self.settings.head_start),
             after_unanswered,
             recheck_only: false,
             // The next occurrence (a minute on when there is none), plus the
@@ -342,7 +345,7 @@ impl Node {
         occurrence: DateTime<Utc>,
         next: Option<DateTime<Utc>>,
     ) -> Duration {
-        gap(occurrence, next) + self.margin
+        gap(occurrence, next) + self.settings.margin
     }
 
     /// Claims one occurrence until it is claimed by someone or the next is
@@ -374,7 +377,8 @@ impl Node {
     ) {
         let mut request = self.request(state, occurrence, previous, next, true);
         request.recheck_only = true;
-        let answer = tokio::time::timeout(self.op_timeout, self.claim_queue.call(request)).await;
+        let answer =
+            tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
         let job = state.job();
         match answer {
             Ok(Ok((ClaimOutcome::Won(won), answered))) => {
@@ -485,7 +489,7 @@ impl Node {
             at.unanswered.is_some(),
         );
         let answer = match prepared {
-            Ok(()) => self.claim_queue.submit(vec![request]).pop(),
+            Ok(()) => self.batch.claims.submit(vec![request]).pop(),
             Err(_) => None,
         };
         match answer {
@@ -523,7 +527,7 @@ impl Node {
             Err(e) => {
                 drop(gate);
                 if matches!(e, StoreError::NotMigrated { .. }) {
-                    self.prepared.store(false, Ordering::SeqCst);
+                    self.prepare.done.store(false, Ordering::SeqCst);
                 }
                 // Whatever the error, the store may have applied the claim
                 // before it (a reply lost, a script that failed after some

@@ -44,13 +44,13 @@ impl Node {
     /// first beat goes once the store is prepared (it may create the
     /// registry); a failed one is tried again a period later.
     pub(super) async fn keep_registered(self: Arc<Self>) {
-        let (every, _) = beat_timing(self.margin);
+        let (every, _) = beat_timing(self.settings.margin);
         let mut tried: Option<Instant> = None;
         loop {
             let last = self.beaten_at().max(tried);
             let next = last.map_or_else(Instant::now, |at| at + every);
             tokio::select! {
-                () = self.claims.cancelled() => return,
+                () = self.life.claims.cancelled() => return,
                 () = tokio::time::sleep_until(next) => {}
             }
             if self.beaten_at().is_some_and(|at| at.elapsed() < every) {
@@ -64,7 +64,11 @@ impl Node {
             let beat = self.heartbeat();
             let sent = Instant::now();
             if let Ok(nodes) = self
-                .call("heartbeat", self.op_timeout, self.store.heartbeat(&beat))
+                .call(
+                    "heartbeat",
+                    self.settings.op_timeout,
+                    self.store.heartbeat(&beat),
+                )
                 .await
             {
                 self.beaten(nodes, sent);
@@ -77,19 +81,19 @@ impl Node {
     /// whole period after it, is not needed while batches come at least
     /// that often), and only once the store is prepared.
     pub(super) fn beat_for_batch(&self) -> Option<Heartbeat> {
-        let (every, _) = beat_timing(self.margin);
+        let (every, _) = beat_timing(self.settings.margin);
         let due = self.beaten_at().is_none_or(|at| at.elapsed() >= every / 2);
-        (due && self.prepared.load(Ordering::SeqCst)).then(|| self.heartbeat())
+        (due && self.prepare.done.load(Ordering::SeqCst)).then(|| self.heartbeat())
     }
 
     /// A beat sent at `sent` went through and answered with `nodes`.
     pub(super) fn beaten(&self, nodes: Vec<NodeRecord>, sent: Instant) {
         self.metrics.nodes_alive.set(nodes.len() as i64);
         self.note_name_twins(&nodes);
-        if let Ok(mut live) = self.live_nodes.lock() {
+        if let Ok(mut live) = self.members.live_nodes.lock() {
             *live = nodes;
         }
-        if let Ok(mut at) = self.beaten_at.lock() {
+        if let Ok(mut at) = self.members.beaten_at.lock() {
             *at = (*at).max(Some(sent));
         }
     }
@@ -104,7 +108,7 @@ impl Node {
             .filter(|n| n.node == self.name.as_str() && n.owner != self.owner.as_str())
             .collect();
         self.metrics.node_name_twins.set(twins.len() as i64);
-        let Ok(mut warned) = self.name_twins.lock() else {
+        let Ok(mut warned) = self.members.name_twins.lock() else {
             return;
         };
         for twin in &twins {
@@ -122,18 +126,18 @@ impl Node {
 
     /// When the last beat that went through was sent.
     fn beaten_at(&self) -> Option<Instant> {
-        self.beaten_at.lock().ok().and_then(|at| *at)
+        self.members.beaten_at.lock().ok().and_then(|at| *at)
     }
 
     /// What this node says of itself now.
     fn heartbeat(&self) -> Heartbeat {
-        let (_, ttl) = beat_timing(self.margin);
+        let (_, ttl) = beat_timing(self.settings.margin);
         let (_, held) = self.job_and_lease_counts();
         Heartbeat {
             owner: self.owner.clone(),
             node: self.name.to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            started_at: self.started_at,
+            started_at: self.members.started_at,
             clock_offset_ms: self.clock.last_offset_ms(),
             jobs_held: u32::try_from(held).unwrap_or(u32::MAX),
             ttl,
@@ -142,7 +146,8 @@ impl Node {
 
     /// The live nodes as of this node's last heartbeat.
     pub fn live_nodes(&self) -> Vec<NodeRecord> {
-        self.live_nodes
+        self.members
+            .live_nodes
             .lock()
             .map(|l| l.clone())
             .unwrap_or_default()
@@ -153,7 +158,11 @@ impl Node {
     /// until then.
     pub(super) async fn leave_registry(&self) {
         if let Err(e) = self
-            .call("leave", self.op_timeout, self.store.leave(&self.owner))
+            .call(
+                "leave",
+                self.settings.op_timeout,
+                self.store.leave(&self.owner),
+            )
             .await
         {
             tracing::debug!(
@@ -227,10 +236,10 @@ impl Node {
     /// `sticky`, and while this node is not in the registry yet (nothing
     /// known: claim as with `sticky`).
     pub(super) fn placement_view(&self) -> Option<Vec<Member>> {
-        if self.placement != Placement::Spread {
+        if self.settings.placement != Placement::Spread {
             return None;
         }
-        let live = self.live_nodes.lock().ok()?;
+        let live = self.members.live_nodes.lock().ok()?;
         let members: Vec<Member> = live
             .iter()
             .map(|n| Member {

@@ -52,9 +52,10 @@ use crate::guard::Guard;
 use crate::metrics::{Metrics, OpLabel};
 use crate::store::{ClaimOutcome, ClaimRequest, Owner, Renewal, RunRecord, Store, StoreError};
 use crate::systemd::Notifier;
+use crate::wallclock::{SystemClock, WallClock};
 use batch::Batcher;
 use chrono::{DateTime, Utc};
-use clock::{ClockWatch, SystemClock, WallClock};
+use clock::ClockWatch;
 use health::StoreHealth;
 
 /// How long renewals are gathered before their store call: those due
@@ -310,34 +311,17 @@ pub struct Node {
     owner: Owner,
     name: NodeName,
     store: Arc<dyn Store>,
-    margin: Duration,
-    /// `cluster.head_start` (docs/protocol.md, "Fast takeover").
-    head_start: Duration,
-    /// `cluster.trigger_expiry` ([`trigger`]).
-    trigger_expiry: Duration,
-    /// `cluster.placement`.
-    placement: crate::config::Placement,
+    /// The store's URL: its password never reaches an output tail.
+    store_url: crate::config::StoreUrl,
+    settings: Settings,
     clock: ClockWatch,
-    op_timeout: Duration,
-    /// Settings a SIGHUP changes live (see [`Node::apply_settings`]).
-    shutdown_grace_ms: AtomicU64,
-    history_limit: std::sync::atomic::AtomicU32,
     health: StoreHealth,
-    guard: Option<Guard>,
-    /// The store, as the guard needs it to hand over for this daemon if it
-    /// dies ([`Node::tell_guard`]).
-    store_handover: crate::config::StoreHandover,
-    /// Keeps what the guard is told in order.
-    guard_told: tokio::sync::Mutex<()>,
-    prepared: AtomicBool,
-    prepare_lock: tokio::sync::Mutex<()>,
-    /// Cancelled: claim nothing more (shutdown). Parent of every job's tokens.
-    claims: CancellationToken,
-    /// Cancelled: running jobs are stopped now.
-    kill_runs: CancellationToken,
-    handlers: TaskTracker,
-    runs: TaskTracker,
+    guard: GuardLink,
+    prepare: Prepared,
+    life: Lifecycle,
     jobs: Mutex<BTreeMap<JobName, JobEntry>>,
+    /// Wakes the scheduler when the job set changed.
+    jobs_changed: tokio::sync::Notify,
     step_down_until: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
     notifier: Notifier,
@@ -345,37 +329,87 @@ pub struct Node {
     wall: Arc<dyn WallClock>,
     /// Runs the jobs' commands.
     runner: Arc<dyn Runner>,
-    /// Zero point of the scheduler's heartbeat.
-    epoch: Instant,
-    /// When the scheduler last woke (ms since `epoch`): proof for the
-    /// systemd watchdog that it is not stuck.
-    scheduler_beat: AtomicU64,
-    /// Wakes the scheduler when the job set changed.
-    jobs_changed: tokio::sync::Notify,
-    /// Claims, renewals and history writes, batched (see [`batch`]).
-    /// Each answer with when it came (local wall clock).
-    claim_queue: Batcher<ClaimRequest, (ClaimOutcome, DateTime<Utc>)>,
-    renew_queue: Batcher<Renewal, bool>,
-    record_queue: Batcher<RunRecord, ()>,
+    beat: SchedulerBeat,
+    batch: Batchers,
+    members: Membership,
+    /// Manual runs' requests being claimed now ([`trigger`]).
+    triggers: trigger::InFlight,
+}
+
+/// The node's settings, from its configuration.
+struct Settings {
+    margin: Duration,
+    /// `cluster.head_start` (docs/protocol.md, "Fast takeover").
+    head_start: Duration,
+    /// `cluster.trigger_expiry` ([`trigger`]).
+    trigger_expiry: Duration,
+    /// `cluster.placement`.
+    placement: crate::config::Placement,
+    op_timeout: Duration,
+    /// Settings a SIGHUP changes live (see [`Node::apply_settings`]).
+    shutdown_grace_ms: AtomicU64,
+    history_limit: std::sync::atomic::AtomicU32,
+    /// Ping the store when it has been quiet for half a margin (`/healthz`).
+    keep_health_fresh: bool,
+}
+
+/// The job guard process and what it is told.
+struct GuardLink {
+    process: Option<Guard>,
+    /// The store, as the guard needs it to hand over for this daemon if it
+    /// dies ([`Node::tell_guard`]).
+    handover: crate::config::StoreHandover,
+    /// Keeps what the guard is told in order.
+    told: tokio::sync::Mutex<()>,
+}
+
+/// Whether the store is prepared (schema, rows) for the current jobs.
+struct Prepared {
+    done: AtomicBool,
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// The node's token tree and its tasks.
+struct Lifecycle {
     /// The root of the token tree: cancelled once the node has shut down
     /// (it ends the batchers).
     root: CancellationToken,
-    /// Ping the store when it has been quiet for half a margin (`/healthz`).
-    keep_health_fresh: bool,
-    /// When this incarnation started (wall clock), for the node registry.
+    /// Cancelled: claim nothing more (shutdown). Parent of every job's tokens.
+    claims: CancellationToken,
+    /// Cancelled: running jobs are stopped now.
+    kill_runs: CancellationToken,
+    handlers: TaskTracker,
+    runs: TaskTracker,
+}
+
+/// The scheduler's heartbeat, proof for the systemd watchdog that it is
+/// not stuck.
+struct SchedulerBeat {
+    /// Zero point of the heartbeat.
+    epoch: Instant,
+    /// When the scheduler last woke (ms since `epoch`).
+    last: AtomicU64,
+}
+
+/// Claims, renewals and history writes, batched (see [`batch`]).
+struct Batchers {
+    /// Each answer with when it came (local wall clock).
+    claims: Batcher<ClaimRequest, (ClaimOutcome, DateTime<Utc>)>,
+    renewals: Batcher<Renewal, bool>,
+    records: Batcher<RunRecord, ()>,
+}
+
+/// This node in the node registry ([`membership`]).
+struct Membership {
+    /// When this incarnation started (wall clock).
     started_at: DateTime<Utc>,
-    /// The live nodes as of the last heartbeat ([`membership`]).
+    /// The live nodes as of the last heartbeat.
     live_nodes: Mutex<Vec<crate::store::NodeRecord>>,
-    /// Other live daemons under this node's name, already warned about
-    /// ([`membership`]).
+    /// Other live daemons under this node's name, already warned about.
     name_twins: Mutex<std::collections::BTreeSet<String>>,
-    /// The store's URL: its password never reaches an output tail.
-    store_url: crate::config::StoreUrl,
     /// When the last heartbeat that went through was sent, on its own or
-    /// in a claim batch ([`membership`]).
+    /// in a claim batch.
     beaten_at: Mutex<Option<tokio::time::Instant>>,
-    /// Manual runs' requests being claimed now ([`trigger`]).
-    triggers: trigger::InFlight,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -409,7 +443,7 @@ impl NodeParts {
         }
     }
 
-    /// No guard, no systemd, `wall` for the time (a [`clock::TokioClock`]
+    /// No guard, no systemd, `wall` for the time (a [`crate::wallclock::TokioClock`]
     /// on paused time) and `runner` for the jobs.
     pub fn in_process(wall: Arc<dyn WallClock>, runner: Arc<dyn Runner>) -> Self {
         NodeParts {
@@ -457,42 +491,56 @@ impl Node {
             name: config.node.clone(),
             health: StoreHealth::new(store.describe()),
             store,
-            margin: config.lease_margin,
-            head_start: config.head_start,
-            trigger_expiry: config.trigger_expiry,
-            placement: config.placement,
+            store_url: config.store.url.clone(),
+            settings: Settings {
+                margin: config.lease_margin,
+                head_start: config.head_start,
+                trigger_expiry: config.trigger_expiry,
+                placement: config.placement,
+                op_timeout: config.store.op_timeout,
+                shutdown_grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
+                history_limit: std::sync::atomic::AtomicU32::new(config.store.history_limit),
+                keep_health_fresh: config.http_listen.is_some(),
+            },
             clock: ClockWatch::new(config.max_clock_offset),
-            op_timeout: config.store.op_timeout,
-            shutdown_grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
-            history_limit: std::sync::atomic::AtomicU32::new(config.store.history_limit),
-            guard,
-            store_handover: config.store.handover(),
-            guard_told: tokio::sync::Mutex::new(()),
-            prepared: AtomicBool::new(false),
-            prepare_lock: tokio::sync::Mutex::new(()),
-            claims: root.child_token(),
-            kill_runs: root.child_token(),
-            handlers: TaskTracker::new(),
-            runs: TaskTracker::new(),
+            guard: GuardLink {
+                process: guard,
+                handover: config.store.handover(),
+                told: tokio::sync::Mutex::new(()),
+            },
+            prepare: Prepared {
+                done: AtomicBool::new(false),
+                lock: tokio::sync::Mutex::new(()),
+            },
+            life: Lifecycle {
+                claims: root.child_token(),
+                kill_runs: root.child_token(),
+                root,
+                handlers: TaskTracker::new(),
+                runs: TaskTracker::new(),
+            },
             jobs: Mutex::new(BTreeMap::new()),
+            jobs_changed: tokio::sync::Notify::new(),
             step_down_until: Mutex::new(None),
             metrics: Arc::new(Metrics::new()),
             notifier,
             wall,
             runner,
-            epoch: Instant::now(),
-            scheduler_beat: AtomicU64::new(0),
-            jobs_changed: tokio::sync::Notify::new(),
-            claim_queue: Batcher::new(Duration::ZERO),
-            renew_queue: Batcher::new(BATCH_WINDOW),
-            record_queue: Batcher::new(RECORD_WINDOW),
-            root,
-            keep_health_fresh: config.http_listen.is_some(),
-            started_at,
-            live_nodes: Mutex::new(Vec::new()),
-            name_twins: Mutex::new(std::collections::BTreeSet::new()),
-            beaten_at: Mutex::new(None),
-            store_url: config.store.url.clone(),
+            beat: SchedulerBeat {
+                epoch: Instant::now(),
+                last: AtomicU64::new(0),
+            },
+            batch: Batchers {
+                claims: Batcher::new(Duration::ZERO),
+                renewals: Batcher::new(BATCH_WINDOW),
+                records: Batcher::new(RECORD_WINDOW),
+            },
+            members: Membership {
+                started_at,
+                live_nodes: Mutex::new(Vec::new()),
+                name_twins: Mutex::new(std::collections::BTreeSet::new()),
+                beaten_at: Mutex::new(None),
+            },
             triggers: trigger::InFlight::default(),
         })
     }
@@ -512,7 +560,7 @@ impl Node {
         let answered = self
             .health
             .last_ok()
-            .is_some_and(|t| t.elapsed() <= self.margin);
+            .is_some_and(|t| t.elapsed() <= self.settings.margin);
         if !answered {
             return Some("store not answering".to_string());
         }
@@ -523,19 +571,21 @@ impl Node {
     /// without a restart: `shutdown_grace`, `store.history_limit` and
     /// `cluster.max_clock_offset` (jobs go through [`Node::apply_jobs`]).
     pub fn apply_settings(&self, config: &Config) {
-        self.shutdown_grace_ms
+        self.settings
+            .shutdown_grace_ms
             .store(config.shutdown_grace.as_millis() as u64, Ordering::SeqCst);
-        self.history_limit
+        self.settings
+            .history_limit
             .store(config.store.history_limit, Ordering::SeqCst);
         self.clock.set_bound(config.max_clock_offset);
     }
 
     fn shutdown_grace(&self) -> Duration {
-        Duration::from_millis(self.shutdown_grace_ms.load(Ordering::SeqCst))
+        Duration::from_millis(self.settings.shutdown_grace_ms.load(Ordering::SeqCst))
     }
 
     fn history_limit(&self) -> u32 {
-        self.history_limit.load(Ordering::SeqCst)
+        self.settings.history_limit.load(Ordering::SeqCst)
     }
 
     /// Records a reading of the store's clock taken between `sent` and
@@ -556,7 +606,7 @@ impl Node {
     async fn recheck_clock(&self) -> bool {
         let sent = self.wall.now();
         if let Ok(now) = self
-            .call("clock", self.op_timeout, self.store.clock())
+            .call("clock", self.settings.op_timeout, self.store.clock())
             .await
         {
             self.observe_clock(now, sent, self.wall.now());
@@ -610,24 +660,30 @@ impl Node {
     pub async fn run(self: &Arc<Self>, jobs: Vec<Job>, shutdown: CancellationToken) {
         tracing::info!(node = %self.name, owner = %self.owner, store = %self.store.describe(), jobs = jobs.len(), "cronlease node starting");
         let node = self.clone();
-        self.handlers
+        self.life
+            .handlers
             .spawn(async move { node.prepare_until_ready().await });
         let node = self.clone();
-        self.handlers
+        self.life
+            .handlers
             .spawn(async move { node.supervise_service().await });
         let node = self.clone();
-        self.handlers
+        self.life
+            .handlers
             .spawn(async move { node.keep_registered().await });
         self.start_batchers();
         self.apply_jobs(jobs);
         let node = self.clone();
-        self.handlers.spawn(async move { node.scheduler().await });
+        self.life
+            .handlers
+            .spawn(async move { node.scheduler().await });
         let node = self.clone();
-        self.handlers
+        self.life
+            .handlers
             .spawn(async move { node.watch_triggers().await });
         shutdown.cancelled().await;
         self.shut_down().await;
-        self.root.cancel();
+        self.life.root.cancel();
     }
 
     /// Starts the tasks that send batched claims, renewals and history
@@ -637,11 +693,11 @@ impl Node {
         let node = self.clone();
         tokio::spawn(async move {
             let n = &node;
-            let claims = n.claim_queue.serve(move |requests| async move {
+            let claims = n.batch.claims.serve(move |requests| async move {
                 let sent = n.wall.now();
                 let claimed = match n.beat_for_batch() {
                     None => {
-                        n.call("claim", n.op_timeout, n.store.claim(&requests))
+                        n.call("claim", n.settings.op_timeout, n.store.claim(&requests))
                             .await?
                     }
                     Some(beat) => {
@@ -649,7 +705,7 @@ impl Node {
                         let (claimed, nodes) = n
                             .call(
                                 "claim",
-                                n.op_timeout,
+                                n.settings.op_timeout,
                                 n.store.claim_beating(&requests, &beat),
                             )
                             .await?;
@@ -672,18 +728,18 @@ impl Node {
                     .map(|o| (o, answered))
                     .collect())
             });
-            let renewals = n.renew_queue.serve(move |renewals| async move {
+            let renewals = n.batch.renewals.serve(move |renewals| async move {
                 n.call(
                     "renew",
-                    n.op_timeout,
+                    n.settings.op_timeout,
                     n.store.renew_many(&n.owner, &renewals),
                 )
                 .await
             });
-            let records = n.record_queue.serve(move |runs| async move {
+            let records = n.batch.records.serve(move |runs| async move {
                 n.call(
                     "record",
-                    n.op_timeout,
+                    n.settings.op_timeout,
                     n.store.record_runs(&runs, n.history_limit()),
                 )
                 .await?;
@@ -691,7 +747,7 @@ impl Node {
             });
             // One task serves all three queues, each call still on its own.
             tokio::select! {
-                () = n.root.cancelled() => {}
+                () = n.life.root.cancelled() => {}
                 _ = async { tokio::join!(claims, renewals, records) } => {}
             }
         });
@@ -702,14 +758,14 @@ impl Node {
         let mut backoff = Duration::from_millis(200);
         loop {
             let prepared = tokio::select! {
-                () = self.claims.cancelled() => return,
+                () = self.life.claims.cancelled() => return,
                 r = self.ensure_prepared() => r,
             };
             match prepared {
                 Ok(()) => return,
                 Err(_) => {
                     tokio::select! {
-                        () = self.claims.cancelled() => return,
+                        () = self.life.claims.cancelled() => return,
                         () = tokio::time::sleep(backoff) => {}
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -720,17 +776,17 @@ impl Node {
 
     /// Prepares the store once (and again after it reported missing tables).
     async fn ensure_prepared(&self) -> Result<(), StoreError> {
-        if self.prepared.load(Ordering::SeqCst) {
+        if self.prepare.done.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let _one_at_a_time = self.prepare_lock.lock().await;
-        if self.prepared.load(Ordering::SeqCst) {
+        let _one_at_a_time = self.prepare.lock.lock().await;
+        if self.prepare.done.load(Ordering::SeqCst) {
             return Ok(());
         }
         // Migrations may wait for another node's migration lock.
-        let budget = self.op_timeout.max(Duration::from_secs(30));
+        let budget = self.settings.op_timeout.max(Duration::from_secs(30));
         let result = self.call("prepare", budget, self.store.prepare()).await;
-        if result.is_ok() && !self.prepared.swap(true, Ordering::SeqCst) {
+        if result.is_ok() && !self.prepare.done.swap(true, Ordering::SeqCst) {
             self.notifier
                 .ready(&self.status_line(self.job_and_lease_counts()));
         }
@@ -769,7 +825,7 @@ impl Node {
                     let entry = JobEntry {
                         next: job.schedule.next_after(self.wall.now()),
                         state: Arc::new(JobState::new(job)),
-                        handlers_stop: self.claims.child_token(),
+                        handlers_stop: self.life.claims.child_token(),
                     };
                     current.insert(name, entry);
                 }
@@ -785,18 +841,18 @@ impl Node {
     /// store, the owner, the history limit and the job names. Sent again
     /// whenever the jobs change (a reload applies the settings first).
     fn tell_guard(self: &Arc<Self>) {
-        if self.guard.is_none() {
+        if self.guard.process.is_none() {
             return;
         }
         let node = self.clone();
         tokio::spawn(async move {
-            let Some(guard) = &node.guard else {
+            let Some(guard) = &node.guard.process else {
                 return;
             };
             // Read under the lock: the last message holds the last state.
-            let _in_order = node.guard_told.lock().await;
+            let _in_order = node.guard.told.lock().await;
             let handover = crate::guard::Handover {
-                store: node.store_handover.clone(),
+                store: node.guard.handover.clone(),
                 owner: node.owner.to_string(),
                 node: node.name.to_string(),
                 keep: node.history_limit(),
@@ -834,7 +890,7 @@ impl Node {
     /// Step-down: release every lease of this node (a running job's as soon
     /// as its run ends) and claim nothing for one lease margin.
     pub async fn step_down(self: &Arc<Self>) {
-        let until = Instant::now() + self.margin;
+        let until = Instant::now() + self.settings.margin;
         if let Ok(mut u) = self.step_down_until.lock() {
             *u = Some(until);
         }
@@ -850,7 +906,7 @@ impl Node {
         tracing::info!(
             released,
             "stepped down: leases released, claiming nothing for {:?}",
-            self.margin
+            self.settings.margin
         );
     }
 
@@ -863,7 +919,7 @@ impl Node {
             if let Ok(n) = self
                 .call(
                     "release",
-                    self.op_timeout,
+                    self.settings.op_timeout,
                     self.store.release(jobs, &self.owner),
                 )
                 .await
@@ -884,7 +940,7 @@ impl Node {
             return;
         }
         let node = self.clone();
-        self.handlers.spawn(async move {
+        self.life.handlers.spawn(async move {
             node.release(&[state.job().name.clone()]).await;
         });
     }
@@ -892,28 +948,28 @@ impl Node {
     async fn shut_down(self: &Arc<Self>) {
         tracing::info!("shutting down: claiming nothing more");
         self.notifier.stopping();
-        self.claims.cancel();
-        self.handlers.close();
-        self.handlers.wait().await;
-        self.runs.close();
-        let running = self.runs.len();
+        self.life.claims.cancel();
+        self.life.handlers.close();
+        self.life.handlers.wait().await;
+        self.life.runs.close();
+        let running = self.life.runs.len();
         if running > 0 {
             tracing::info!(
                 running,
                 "waiting up to {:?} for running jobs",
                 self.shutdown_grace()
             );
-            if tokio::time::timeout(self.shutdown_grace(), self.runs.wait())
+            if tokio::time::timeout(self.shutdown_grace(), self.life.runs.wait())
                 .await
                 .is_err()
             {
-                self.kill_runs.cancel();
-                self.runs.wait().await;
+                self.life.kill_runs.cancel();
+                self.life.runs.wait().await;
             }
         }
         // Bounded as a whole: with a store that cannot be written, the
         // leases expire by themselves, and the exit must not wait for that.
-        let budget = self.op_timeout * 2 + Duration::from_millis(500);
+        let budget = self.settings.op_timeout * 2 + Duration::from_millis(500);
         let released = match tokio::time::timeout(budget, self.release(&self.job_names())).await {
             Ok(released) => released,
             Err(_) => {
@@ -924,7 +980,7 @@ impl Node {
             }
         };
         self.leave_registry().await;
-        if let Some(guard) = &self.guard {
+        if let Some(guard) = &self.guard.process {
             // Runs over and (as far as the store let us) recorded, leases
             // released or left to expire: nothing for the guard to do.
             guard.bye().await;
@@ -960,23 +1016,23 @@ impl Node {
             .map_or(Duration::from_secs(5), |w| {
                 (w / 3).min(Duration::from_secs(5))
             });
-        if self.keep_health_fresh {
-            tick = tick.min(self.margin / 2);
+        if self.settings.keep_health_fresh {
+            tick = tick.min(self.settings.margin / 2);
         }
         let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stuck_reported = false;
         loop {
             tokio::select! {
-                () = self.claims.cancelled() => return,
+                () = self.life.claims.cancelled() => return,
                 _ = interval.tick() => {}
             }
             #[cfg(feature = "failpoints")]
             if std::env::var_os("CRONLEASE_FAILPOINT_PANIC_IN_TASK").is_some() {
                 panic!("failpoint: a task of the daemon panics");
             }
-            let now_ms = self.epoch.elapsed().as_millis() as u64;
-            let beat = self.scheduler_beat.load(Ordering::Relaxed);
+            let now_ms = self.beat.epoch.elapsed().as_millis() as u64;
+            let beat = self.beat.last.load(Ordering::Relaxed);
             if !scheduler_stuck(beat, now_ms) {
                 self.notifier.ping();
                 stuck_reported = false;
@@ -987,13 +1043,15 @@ impl Node {
             if self.clock.skewed() {
                 // Claims are held back: notice here when the clock is fine again.
                 self.recheck_clock().await;
-            } else if self.keep_health_fresh
+            } else if self.settings.keep_health_fresh
                 && self
                     .health
                     .last_ok()
-                    .is_none_or(|t| t.elapsed() >= self.margin / 2)
+                    .is_none_or(|t| t.elapsed() >= self.settings.margin / 2)
             {
-                let _ = self.call("ping", self.op_timeout, self.store.ping()).await;
+                let _ = self
+                    .call("ping", self.settings.op_timeout, self.store.ping())
+                    .await;
             }
             let (jobs, held) = self.job_and_lease_counts();
             self.notifier.status(&self.status_line((jobs, held)));
@@ -1004,7 +1062,7 @@ impl Node {
 
     /// Stops running jobs at once (a second SIGTERM during shutdown).
     pub fn kill_running_jobs(&self) {
-        self.kill_runs.cancel();
+        self.life.kill_runs.cancel();
     }
 }
 

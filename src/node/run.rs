@@ -65,7 +65,7 @@ impl Node {
         }
         let node = self.clone();
         let state = state.clone();
-        Some(self.runs.spawn(async move {
+        Some(self.life.runs.spawn(async move {
             let ended = node.supervise(&state, ticket).await;
             // A step-down during the run, or (spread) a job whose preferred
             // node is another: hand it back, so the next occurrence goes to
@@ -106,7 +106,7 @@ impl Node {
             "CRONLEASE_EXIT_CODE".into(),
             exit_code.map(|c| c.to_string()).unwrap_or_default(),
         );
-        if self.kill_runs.is_cancelled() {
+        if self.life.kill_runs.is_cancelled() {
             tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure not started: the daemon is shutting down");
             return;
         }
@@ -116,12 +116,12 @@ impl Node {
         };
         tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure starting");
         let stop = async {
-            self.kill_runs.cancelled().await;
+            self.life.kill_runs.cancelled().await;
             StopReason::Shutdown
         };
         let finished = self
             .runner
-            .run(spec, self.guard.as_ref(), Box::pin(stop))
+            .run(spec, self.guard.process.as_ref(), Box::pin(stop))
             .await;
         match &finished.outcome {
             Outcome::Ok => {
@@ -179,7 +179,7 @@ impl Node {
         let stop = async {
             tokio::select! {
                 grace = self.watchdog(state) => StopReason::LeaseLost { grace },
-                () = self.kill_runs.cancelled() => StopReason::Shutdown,
+                () = self.life.kill_runs.cancelled() => StopReason::Shutdown,
             }
         };
         let lateness = (self.wall.now() - ticket.occurrence).num_milliseconds();
@@ -191,7 +191,7 @@ impl Node {
             .observe(lateness.max(0) as f64 / 1000.0);
         let finished = self
             .runner
-            .run(spec, self.guard.as_ref(), Box::pin(stop))
+            .run(spec, self.guard.process.as_ref(), Box::pin(stop))
             .await;
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.
@@ -223,10 +223,10 @@ impl Node {
                 return Duration::ZERO;
             };
             let (deadline, kill_by) = self.stop_and_kill(&clock);
-            let renew_at = clock.renew_at(self.margin);
+            let renew_at = clock.renew_at(self.settings.margin);
             let now = Instant::now();
             if now >= deadline {
-                if deadline < clock.deadline(self.margin) {
+                if deadline < clock.deadline(self.settings.margin) {
                     tracing::warn!(job = %job.name, "the store's session is no longer confirmed: stopping the run before a peer may take the job over");
                 } else {
                     tracing::warn!(job = %job.name, "lease deadline reached without a renewal");
@@ -238,13 +238,14 @@ impl Node {
                 continue;
             }
             let sent = Instant::now();
-            let budget = self.op_timeout.min(deadline - sent);
+            let budget = self.settings.op_timeout.min(deadline - sent);
             // Batched with the renewals due at the same moment.
             let renewal = Renewal {
                 job: job.name.clone(),
                 lease: clock.lease,
             };
-            let answer = match tokio::time::timeout(budget, self.renew_queue.call(renewal)).await {
+            let answer = match tokio::time::timeout(budget, self.batch.renewals.call(renewal)).await
+            {
                 Ok(answer) => answer,
                 Err(_) => Err(StoreError::Timeout(budget)),
             };
@@ -268,7 +269,7 @@ impl Node {
     /// When a run on `clock`'s lease must stop and when it must be gone: the
     /// local deadline and the lease's expiry, or the store's earlier bound.
     fn stop_and_kill(&self, clock: &LeaseClock) -> (Instant, Instant) {
-        let (stop, kill) = (clock.deadline(self.margin), clock.expiry());
+        let (stop, kill) = (clock.deadline(self.settings.margin), clock.expiry());
         match self.store.run_bound(clock.sent) {
             Some(b) => (stop.min(b.stop_by), kill.min(b.kill_by)),
             None => (stop, kill),
@@ -322,11 +323,15 @@ impl Node {
         // A stopping node tries once: a store that cannot take the write
         // now (a peer frozen holding SQLite's write lock) must not hold the
         // exit past systemd's stop timeout; the loss is logged.
-        let attempts = if self.claims.is_cancelled() { 1 } else { 3 };
+        let attempts = if self.life.claims.is_cancelled() {
+            1
+        } else {
+            3
+        };
         for attempt in 0..attempts {
             // Batched with the runs that end at the same moment; recording
             // is idempotent, so a retry after a lost answer adds nothing.
-            match self.record_queue.call(record.clone()).await {
+            match self.batch.records.call(record.clone()).await {
                 Ok(()) => return,
                 Err(e) => last_error = Some(e),
             }

@@ -53,7 +53,7 @@ impl Node {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = self.claims.cancelled() => return,
+                () = self.life.claims.cancelled() => return,
                 _ = tick.tick() => {}
             }
             if !self.ready_to_claim() {
@@ -62,7 +62,7 @@ impl Node {
             let Ok(pending) = self
                 .call(
                     "pending_triggers",
-                    self.op_timeout,
+                    self.settings.op_timeout,
                     self.store.pending_triggers(),
                 )
                 .await
@@ -73,7 +73,7 @@ impl Node {
                 if self.expired(id) {
                     if self.triggers.start(id) {
                         let node = self.clone();
-                        self.handlers.spawn(async move {
+                        self.life.handlers.spawn(async move {
                             node.expire(&job, id).await;
                             node.triggers.end(id);
                         });
@@ -88,7 +88,7 @@ impl Node {
                     continue;
                 }
                 let node = self.clone();
-                self.handlers.spawn(async move {
+                self.life.handlers.spawn(async move {
                     node.claim_trigger(&state, id).await;
                     node.triggers.end(id);
                 });
@@ -100,7 +100,7 @@ impl Node {
     /// took it in that time (the job is on no daemon, or always running).
     fn expired(&self, id: TriggerId) -> bool {
         id.age(self.wall.now())
-            .is_some_and(|age| age > self.trigger_expiry)
+            .is_some_and(|age| age > self.settings.trigger_expiry)
     }
 
     /// An expired request (docs/cli.md, `trigger`): claimed like any manual
@@ -133,14 +133,17 @@ impl Node {
             .age(self.wall.now())
             .map(|d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string())
             .unwrap_or_default();
-        let expiry = humantime::format_duration(self.trigger_expiry);
+        let expiry = humantime::format_duration(self.settings.trigger_expiry);
         // A claim whose answer was lost is asked again saying so: a win it
         // had is answered again, and recorded, instead of being left unrun
         // and unrecorded.
         let mut answer = None;
         for _ in 0..ATTEMPTS {
-            match tokio::time::timeout(self.op_timeout, self.claim_queue.call(request.clone()))
-                .await
+            match tokio::time::timeout(
+                self.settings.op_timeout,
+                self.batch.claims.call(request.clone()),
+            )
+            .await
             {
                 Ok(Ok(a)) => {
                     answer = Some(a);
@@ -171,14 +174,14 @@ impl Node {
                     output: String::new(),
                     trigger: Some(id),
                 };
-                if let Err(e) = self.record_queue.call(record).await {
+                if let Err(e) = self.batch.records.call(record).await {
                     tracing::warn!(job = %name, fence = won.fence, "expired request not recorded in history: {e}");
                 }
                 if !state.as_ref().is_some_and(|s| s.is_running()) {
                     let _ = self
                         .call(
                             "release",
-                            self.op_timeout,
+                            self.settings.op_timeout,
                             self.store.release(std::slice::from_ref(&name), &self.owner),
                         )
                         .await;
@@ -191,7 +194,7 @@ impl Node {
                 let withdrawn = self
                     .call(
                         "withdraw_trigger",
-                        self.op_timeout,
+                        self.settings.op_timeout,
                         self.store.withdraw_trigger(&name, id),
                     )
                     .await;
@@ -221,7 +224,7 @@ impl Node {
             previous: None,
             misfire,
             owner: self.owner.clone(),
-            lease: self.margin * 2,
+            lease: self.settings.margin * 2,
             fence_floor,
             max_offset: self.clock.bound(),
             head_start: Some(Duration::ZERO),
@@ -257,13 +260,15 @@ impl Node {
         let mut first_sent: Option<Instant> = None;
         for attempt in 0..ATTEMPTS {
             let sent = Instant::now();
-            let answer =
-                match tokio::time::timeout(self.op_timeout, self.claim_queue.call(request.clone()))
-                    .await
-                {
-                    Ok(answer) => answer,
-                    Err(_) => Err(StoreError::Timeout(self.op_timeout)),
-                };
+            let answer = match tokio::time::timeout(
+                self.settings.op_timeout,
+                self.batch.claims.call(request.clone()),
+            )
+            .await
+            {
+                Ok(answer) => answer,
+                Err(_) => Err(StoreError::Timeout(self.settings.op_timeout)),
+            };
             match answer {
                 Ok((ClaimOutcome::Won(won), _)) => {
                     self.count_claim(&job.name, "won");
@@ -318,7 +323,7 @@ impl Node {
                         return;
                     }
                     tokio::select! {
-                        () = self.claims.cancelled() => return,
+                        () = self.life.claims.cancelled() => return,
                         () = tokio::time::sleep(Duration::from_millis(200)) => {}
                     }
                 }

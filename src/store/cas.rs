@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::StoreError;
+use super::rule::Decision;
+use super::{ClaimOutcome, ClaimRequest, StoreError, TriggerId, fence_exhausted};
 
 /// A store's half of the loop.
 pub(crate) trait Cas {
@@ -96,6 +97,50 @@ pub(crate) async fn decide_and_write<C: Cas, A>(
                 writes.push((i, w));
             }
         }
+    }
+}
+
+/// What a won claim writes, as [`Decision::Claim`] gives it.
+pub(crate) struct Grant {
+    pub fence: i64,
+    pub expires_at: i64,
+    pub last_occurrence: Option<i64>,
+    /// The manual request taken, if the claim was one.
+    pub manual: Option<TriggerId>,
+}
+
+/// `decide`'s verdict on `req` as one job's step of [`decide_and_write`]:
+/// a claim wants the store's write, which `write` builds from the
+/// [`Grant`] (its error fails the claim, nothing written); a recheck
+/// answers an earlier win as it stands and writes nothing; a refusal or an
+/// exhausted fence writes nothing either.
+pub(crate) fn verdict<W>(
+    decision: Decision,
+    req: &ClaimRequest,
+    write: impl FnOnce(Grant) -> Result<W, String>,
+) -> (Option<W>, ClaimOutcome) {
+    match decision {
+        Decision::Claim { won, .. } if req.recheck_only => (None, ClaimOutcome::Won(won)),
+        Decision::Claim {
+            fence,
+            expires_at,
+            last_occurrence,
+            manual,
+            won,
+        } => match write(Grant {
+            fence,
+            expires_at,
+            last_occurrence,
+            manual,
+        }) {
+            Ok(w) => (Some(w), ClaimOutcome::Won(won)),
+            Err(why) => (None, ClaimOutcome::Failed(why)),
+        },
+        Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
+        Decision::FenceExhausted => (
+            None,
+            ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
+        ),
     }
 }
 

@@ -660,6 +660,40 @@ pub trait History: Send + Sync + 'static {
         job: Option<&JobName>,
         limit: u32,
     ) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// The newest run of each of `jobs`, in that order (`None`: never run),
+    /// what `status` shows per job. A store that can answers in one round
+    /// trip per [`LAST_RUNS_PAGE`] jobs (SQL, Redis); this default reads each
+    /// job's history, [`LAST_RUNS_AT_ONCE`] at a time.
+    async fn last_runs(&self, jobs: &[JobName]) -> Result<Vec<Option<RunRecord>>, StoreError> {
+        let mut last = Vec::with_capacity(jobs.len());
+        for page in jobs.chunks(LAST_RUNS_AT_ONCE) {
+            let mut reads = Vec::with_capacity(page.len());
+            for job in page {
+                reads.push(self.history(Some(job), 1));
+            }
+            for read in futures_util::future::join_all(reads).await {
+                last.push(read?.pop());
+            }
+        }
+        Ok(last)
+    }
+}
+
+/// Jobs per round trip of [`History::last_runs`] where the store reads
+/// them together.
+pub const LAST_RUNS_PAGE: usize = 500;
+
+/// Job histories read at once by the default [`History::last_runs`].
+pub const LAST_RUNS_AT_ONCE: usize = 16;
+
+/// `runs` (newest runs, any order, at most one per job) in the order of
+/// `jobs`: the answer of [`History::last_runs`] from a store that read
+/// them together.
+pub fn in_job_order(jobs: &[JobName], runs: Vec<RunRecord>) -> Vec<Option<RunRecord>> {
+    let mut by_job: std::collections::HashMap<String, RunRecord> =
+        runs.into_iter().map(|r| (r.job.clone(), r)).collect();
+    jobs.iter().map(|j| by_job.remove(j.as_str())).collect()
 }
 
 /// A whole store, what a backend is: its locks, its history and the node

@@ -47,7 +47,9 @@ mod nodes;
 mod scan;
 pub(crate) use args::triggers_key;
 use args::*;
-pub(crate) use nodes::{nodes_from_reply, registry_args};
+pub(crate) use nodes::nodes_from_reply;
+#[cfg(feature = "redlock")]
+pub(crate) use nodes::registry_args;
 pub(crate) use scan::runs_of_stream;
 use scan::*;
 

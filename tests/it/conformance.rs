@@ -347,6 +347,66 @@ pub async fn history_is_bounded_and_newest_first(h: &Harness) {
     assert_eq!(a.history(None, 2).await.unwrap().len(), 2);
 }
 
+/// A run of `job` at `fence`, finished `fence` seconds after the epoch.
+fn run_at(job: &str, fence: u64) -> RunRecord {
+    let t = occ(fence as i64);
+    RunRecord {
+        job: job.into(),
+        fence,
+        owner: "a#1".into(),
+        node: "a".into(),
+        occurrence: t,
+        started_at: t,
+        finished_at: t + TimeDelta::milliseconds(5),
+        outcome: Outcome::Ok,
+        exit_code: Some(0),
+        takeover: false,
+        delay_ms: 0,
+        decision_ms: 0,
+        output: format!("run {fence}"),
+        trigger: None,
+    }
+}
+
+/// `last_runs` answers each job's newest run, in the order asked, `None`
+/// for a job never run; past a page of jobs too (SQL reads 500 a query).
+pub async fn last_runs_are_each_jobs_newest_in_the_order_asked(h: &Harness) {
+    let a = h.store().await;
+    let mut runs: Vec<RunRecord> = (1..=3).map(|f| run_at("la", f)).collect();
+    runs.push(run_at("lb", 7));
+    // 520 jobs of two runs each, the newer with the higher fence.
+    for i in 0..520u64 {
+        runs.push(run_at(&format!("p{i}"), 2 * i + 1));
+        runs.push(run_at(&format!("p{i}"), 2 * i + 2));
+    }
+    a.record_runs(&runs, 10).await.unwrap();
+    let asked = [job("lc"), job("la"), job("lb")];
+    let last = a.last_runs(&asked).await.unwrap();
+    let fences: Vec<Option<u64>> = last.iter().map(|r| r.as_ref().map(|r| r.fence)).collect();
+    assert_eq!(fences, [None, Some(3), Some(7)]);
+    assert_eq!(last[1].as_ref().unwrap().output, "run 3");
+    // The same record `history` answers first.
+    assert_eq!(
+        last[1].as_ref(),
+        a.history(Some(&job("la")), 1).await.unwrap().first()
+    );
+    let mut many: Vec<JobName> = (0..520u64).rev().map(|i| job(&format!("p{i}"))).collect();
+    many.insert(260, job("never"));
+    let last = a.last_runs(&many).await.unwrap();
+    assert_eq!(last.len(), 521);
+    for (name, run) in many.iter().zip(&last) {
+        let want = name
+            .as_str()
+            .strip_prefix('p')
+            .map(|i| 2 * i.parse::<u64>().unwrap() + 2);
+        assert_eq!(run.as_ref().map(|r| r.fence), want, "{name}");
+        if let Some(run) = run {
+            assert_eq!(run.job, name.as_str());
+        }
+    }
+    assert!(a.last_runs(&[]).await.unwrap().is_empty());
+}
+
 // ShedLock's provider integration suite, in our semantics.
 
 pub async fn shedlock_lock_twice_in_a_row(h: &Harness) {
@@ -1505,6 +1565,7 @@ macro_rules! conformance {
                 missed_occurrence_is_caught_up_once,
                 batch_claims_answer_in_order,
                 history_is_bounded_and_newest_first,
+                last_runs_are_each_jobs_newest_in_the_order_asked,
                 shedlock_lock_twice_in_a_row,
                 shedlock_timeout_then_reacquire,
                 shedlock_lock_right_after_unlock,

@@ -14,10 +14,10 @@ use chrono::{DateTime, TimeZone, Utc};
 use cronlease::config::{self, Config, Overrides};
 use cronlease::exec::{Finished, RunSpec, Runner, StopReason};
 use cronlease::guard::Guard;
-use cronlease::node::clock::TokioClock;
 use cronlease::node::{Node, NodeParts};
 use cronlease::store::memory::MemoryStore;
 use cronlease::store::{Outcome, Owner};
+use cronlease::wallclock::TokioClock;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -170,7 +170,7 @@ impl World {
 
     /// Sleeps (virtual time) until the wall clock shows `at`.
     async fn until(&self, at: DateTime<Utc>) {
-        use cronlease::node::clock::WallClock;
+        use cronlease::wallclock::WallClock;
         if let Ok(left) = (at - self.wall.now()).to_std() {
             tokio::time::sleep(left).await;
         }

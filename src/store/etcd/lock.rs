@@ -136,55 +136,39 @@ impl EtcdStore {
                 }),
             );
         }
-        match decide(&row, req) {
-            // A recheck answers an earlier win as it stands.
-            Decision::Claim { won, .. } if req.recheck_only => (None, ClaimOutcome::Won(won)),
-            Decision::Claim {
-                fence,
-                expires_at,
-                last_occurrence,
-                manual,
-                won,
-            } => {
-                let state = LockState {
-                    owner: req.owner.as_str().to_string(),
-                    marks: JobMarks::claimed(
-                        state.as_ref().map(|(s, _)| &s.marks),
-                        fence,
-                        last_occurrence,
-                        manual,
-                        view.now,
-                    ),
-                };
-                let lease = LeaseValue {
-                    owner: req.owner.as_str().to_string(),
-                    expires_at,
-                };
-                match serde_json::to_vec(&state).and_then(|s| Ok((s, serde_json::to_vec(&lease)?)))
-                {
-                    Ok((json, lease_json)) => {
-                        let (lock, lease) = (self.lock_key(job), self.lease_key(job));
-                        let mut plan = Plan {
-                            when: vec![
-                                unchanged(&lock, view.keys.lock.as_ref()),
-                                unchanged(&lease, view.keys.lease.as_ref()),
-                            ],
-                            ops: vec![
-                                PlanOp::Put(lock, json),
-                                PlanOp::PutLeased(lease, lease_json, lease_ttl_secs(req.lease)),
-                            ],
-                        };
-                        if let Some(id) = manual {
-                            plan.ops.push(PlanOp::Delete(self.trigger_key(job, id)));
-                        }
-                        (Some(plan), ClaimOutcome::Won(won))
-                    }
-                    Err(e) => (None, ClaimOutcome::Failed(e.to_string())),
-                }
+        cas::verdict(decide(&row, req), req, |grant| {
+            let state = LockState {
+                owner: req.owner.as_str().to_string(),
+                marks: JobMarks::claimed(
+                    state.as_ref().map(|(s, _)| &s.marks),
+                    grant.fence,
+                    grant.last_occurrence,
+                    grant.manual,
+                    view.now,
+                ),
+            };
+            let lease = LeaseValue {
+                owner: req.owner.as_str().to_string(),
+                expires_at: grant.expires_at,
+            };
+            let json = serde_json::to_vec(&state).map_err(|e| e.to_string())?;
+            let lease_json = serde_json::to_vec(&lease).map_err(|e| e.to_string())?;
+            let (lock, lease) = (self.lock_key(job), self.lease_key(job));
+            let mut plan = Plan {
+                when: vec![
+                    unchanged(&lock, view.keys.lock.as_ref()),
+                    unchanged(&lease, view.keys.lease.as_ref()),
+                ],
+                ops: vec![
+                    PlanOp::Put(lock, json),
+                    PlanOp::PutLeased(lease, lease_json, lease_ttl_secs(req.lease)),
+                ],
+            };
+            if let Some(id) = grant.manual {
+                plan.ops.push(PlanOp::Delete(self.trigger_key(job, id)));
             }
-            Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
-            Decision::FenceExhausted => (None, ClaimOutcome::Failed(fence_exhausted(job))),
-        }
+            Ok(plan)
+        })
     }
 
     /// Clears the running mark of each lock whose last claim's run is among

@@ -64,10 +64,9 @@ use super::cas;
 use super::records::JobMarks;
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
-    Renewal, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, fence_exhausted,
-    from_ms, lock, newest_first, pending_from_entries, run_from_json, to_ms, trigger_entry,
-    trigger_row,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
+    RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, from_ms, lock, newest_first,
+    pending_from_entries, run_from_json, to_ms, trigger_entry, trigger_row,
 };
 use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
 

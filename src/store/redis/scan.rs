@@ -226,6 +226,13 @@ impl History for RedisStore {
         newest_first(&mut runs, limit);
         Ok(runs)
     }
+
+    /// Each job's run stream read for its newest entry, pipelined.
+    async fn last_runs(&self, jobs: &[JobName]) -> Result<Vec<Option<RunRecord>>, StoreError> {
+        let keys: Vec<String> = jobs.iter().map(|j| self.key(j.as_str(), "runs")).collect();
+        let runs = self.read_runs(&keys, 1).await?;
+        Ok(crate::store::in_job_order(jobs, runs))
+    }
 }
 
 impl RedisStore {

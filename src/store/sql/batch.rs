@@ -144,6 +144,20 @@ impl BatchSql<'_> {
         )
     }
 
+    /// The newest run of each of `n` jobs (those with any).
+    pub(super) fn last_runs(&self, n: usize) -> String {
+        format!(
+            "SELECT {cols} FROM {p}job_runs r JOIN (SELECT MAX(id) AS last_id FROM {p}job_runs WHERE job IN {names} GROUP BY job) m ON r.id = m.last_id",
+            cols = RUN_COLUMNS
+                .split(", ")
+                .map(|c| format!("r.{c}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            p = self.p,
+            names = tuple(n)
+        )
+    }
+
     /// Records `n` runs, skipping a (job, fence) recorded already.
     pub(super) fn insert_runs(&self, n: usize) -> String {
         format!(

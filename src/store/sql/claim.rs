@@ -321,27 +321,7 @@ impl SqlStore {
                 if !missing.is_empty() && !seeded {
                     return Ok(Err(missing));
                 }
-                // Decided in name order; a job named twice sees its first
-                // request's write.
-                let mut order: Vec<usize> = (0..requests.len()).collect();
-                order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
-                let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
-                for i in order {
-                    let req = &requests[i];
-                    let job = req.job.as_str();
-                    let outcome = match rows.get_mut(job) {
-                        Some(Ok(row)) => {
-                            let outcome = claim_row(row, req);
-                            if matches!(outcome, ClaimOutcome::Won(_)) {
-                                changed.insert(job, ());
-                            }
-                            outcome
-                        }
-                        Some(Err(bad)) => ClaimOutcome::Failed(bad.clone()),
-                        None => ClaimOutcome::Failed(format!("no lock row for job {job}")),
-                    };
-                    outcomes[i] = Some(outcome);
-                }
+                let outcomes = claim_locked(&mut rows, requests, &mut changed);
                 let read_now = rows.values().flatten().map(|r| r.now).next();
                 let store_now = match (file_now, read_now) {
                     (Some(now), _) | (None, Some(now)) => now,
@@ -356,29 +336,13 @@ impl SqlStore {
                 Answer::Claimed(
                     Claimed {
                         store_now: from_ms(store_now),
-                        outcomes: outcomes.into_iter().flatten().collect(),
+                        outcomes,
                     },
                     None,
                 )
             }
             Locked::Renew(owner, renewals) => {
-                let mut done = Vec::with_capacity(renewals.len());
-                for renewal in renewals {
-                    let job = renewal.job.as_str();
-                    let ok = match rows.get_mut(job) {
-                        Some(Ok(row))
-                            if row.owner.as_deref() == Some(owner.as_str())
-                                && row.expires_at > row.now =>
-                        {
-                            row.expires_at = row.now.saturating_add(duration_ms(renewal.lease));
-                            changed.insert(job, ());
-                            true
-                        }
-                        _ => false,
-                    };
-                    done.push(ok);
-                }
-                Answer::Renewed(done)
+                Answer::Renewed(renew_locked(&mut rows, owner, renewals, &mut changed))
             }
             Locked::Trigger(job, id) => match rows.get_mut(job.as_str()) {
                 Some(Ok(row)) => {
@@ -413,4 +377,60 @@ impl SqlStore {
         };
         Ok(Ok(answer))
     }
+}
+
+/// Decides each claim of `requests` on its locked row, in job-name order (a
+/// job named twice sees its first request's write), writing each winner
+/// into its row and naming it in `changed`.
+fn claim_locked<'r>(
+    rows: &mut BTreeMap<String, Result<LockRow, String>>,
+    requests: &'r [ClaimRequest],
+    changed: &mut BTreeMap<&'r str, ()>,
+) -> Vec<ClaimOutcome> {
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by(|&a, &b| requests[a].job.cmp(&requests[b].job));
+    let mut outcomes: Vec<Option<ClaimOutcome>> = vec![None; requests.len()];
+    for i in order {
+        let req = &requests[i];
+        let job = req.job.as_str();
+        let outcome = match rows.get_mut(job) {
+            Some(Ok(row)) => {
+                let outcome = claim_row(row, req);
+                if matches!(outcome, ClaimOutcome::Won(_)) {
+                    changed.insert(job, ());
+                }
+                outcome
+            }
+            Some(Err(bad)) => ClaimOutcome::Failed(bad.clone()),
+            None => ClaimOutcome::Failed(format!("no lock row for job {job}")),
+        };
+        outcomes[i] = Some(outcome);
+    }
+    outcomes.into_iter().flatten().collect()
+}
+
+/// Extends each lease of `renewals` that `owner` still holds on its locked
+/// row, naming it in `changed`; answers, in order, which were.
+fn renew_locked<'r>(
+    rows: &mut BTreeMap<String, Result<LockRow, String>>,
+    owner: &Owner,
+    renewals: &'r [Renewal],
+    changed: &mut BTreeMap<&'r str, ()>,
+) -> Vec<bool> {
+    renewals
+        .iter()
+        .map(|renewal| {
+            let job = renewal.job.as_str();
+            match rows.get_mut(job) {
+                Some(Ok(row))
+                    if row.owner.as_deref() == Some(owner.as_str()) && row.expires_at > row.now =>
+                {
+                    row.expires_at = row.now.saturating_add(duration_ms(renewal.lease));
+                    changed.insert(job, ());
+                    true
+                }
+                _ => false,
+            }
+        })
+        .collect()
 }

@@ -74,6 +74,29 @@ impl History for SqlStore {
             .collect::<Result<_, _>>()
             .map_err(|e| self.err(e))
     }
+
+    /// One query per [`LAST_RUNS_PAGE`](crate::store::LAST_RUNS_PAGE) jobs,
+    /// each on the `(job, id)` index.
+    async fn last_runs(&self, jobs: &[JobName]) -> Result<Vec<Option<RunRecord>>, StoreError> {
+        let mut runs = Vec::new();
+        for page in jobs.chunks(crate::store::LAST_RUNS_PAGE) {
+            let text = self
+                .sql(self.batch().last_runs(page.len()), Some(0))
+                .map_err(|e| self.err(e))?;
+            let mut query = sqlx::query(text);
+            for job in page {
+                query = query.bind(job.as_str().to_string());
+            }
+            let rows = query
+                .fetch_all(&self.pool())
+                .await
+                .map_err(|e| self.err(e))?;
+            for row in &rows {
+                runs.push(run_from_row(row).map_err(|e| self.err(e))?);
+            }
+        }
+        Ok(crate::store::in_job_order(jobs, runs))
+    }
 }
 
 impl SqlStore {

@@ -390,39 +390,25 @@ impl ZkStore {
                 if let Node::Unreadable(why) = node {
                     return (None, ClaimOutcome::Failed(why.clone()));
                 }
-                match decide(&row_of(node, now), req) {
-                    // A recheck answers an earlier win as it stands.
-                    Decision::Claim { won, .. } if req.recheck_only => {
-                        (None, ClaimOutcome::Won(won))
-                    }
-                    Decision::Claim {
-                        fence,
-                        expires_at,
-                        last_occurrence,
-                        manual,
-                        won,
-                    } => {
-                        let kept = match node {
-                            Node::Present(d, _) => Some(&d.marks),
-                            _ => None,
-                        };
-                        (
-                            Some(LockData {
-                                owner: Some(req.owner.as_str().to_string()),
-                                expires_at,
-                                session: Some(session.to_string()),
-                                marks: JobMarks::claimed(kept, fence, last_occurrence, manual, now),
-                                announce: None,
-                            }),
-                            ClaimOutcome::Won(won),
-                        )
-                    }
-                    Decision::Refuse(lost) => (None, ClaimOutcome::Lost(lost)),
-                    Decision::FenceExhausted => (
-                        None,
-                        ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
-                    ),
-                }
+                cas::verdict(decide(&row_of(node, now), req), req, |grant| {
+                    let kept = match node {
+                        Node::Present(d, _) => Some(&d.marks),
+                        _ => None,
+                    };
+                    Ok(LockData {
+                        owner: Some(req.owner.as_str().to_string()),
+                        expires_at: grant.expires_at,
+                        session: Some(session.to_string()),
+                        marks: JobMarks::claimed(
+                            kept,
+                            grant.fence,
+                            grant.last_occurrence,
+                            grant.manual,
+                            now,
+                        ),
+                        announce: None,
+                    })
+                })
             })
             .await?;
         // A request taken, or found gone: its announcement goes (best

@@ -59,10 +59,9 @@ use super::cas;
 use super::records::JobMarks;
 use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Owner,
-    Renewal, RunBound, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide,
-    duration_ms, fence_exhausted, from_ms, lock, newest_first, pending_from_entries, run_from_json,
-    trigger_entry, trigger_row,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
+    RunBound, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, duration_ms,
+    from_ms, lock, newest_first, pending_from_entries, run_from_json, trigger_entry, trigger_row,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
 
