@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::rule::Decision;
-use super::{ClaimOutcome, ClaimRequest, StoreError, TriggerId, fence_exhausted};
+use super::{ClaimOutcome, ClaimRequest, RunRecord, StoreError, TriggerId, fence_exhausted};
 
 /// A store's half of the loop.
 pub(crate) trait Cas {
@@ -142,6 +142,23 @@ pub(crate) fn verdict<W>(
             ClaimOutcome::Failed(fence_exhausted(req.job.as_str())),
         ),
     }
+}
+
+/// The jobs whose running mark `runs` (recorded already) may end, each
+/// once with the newest of its runs that ends a run: the mark is its last
+/// claim's, and only the run of that claim (its fence) clears it. The two
+/// lists go together, job by job, into [`decide_and_write`], whose re-read
+/// after a failed write finds a lock claimed again meanwhile with a new
+/// mark of its own, which stays.
+pub(crate) fn ended_runs(runs: &[RunRecord]) -> (Vec<&str>, Vec<&RunRecord>) {
+    let mut newest: std::collections::BTreeMap<&str, &RunRecord> = std::collections::BTreeMap::new();
+    for run in runs.iter().filter(|r| super::ends_a_run(r)) {
+        let slot = newest.entry(run.job.as_str()).or_insert(run);
+        if run.fence > slot.fence {
+            *slot = run;
+        }
+    }
+    newest.into_iter().unzip()
 }
 
 #[cfg(test)]

@@ -413,13 +413,39 @@ fn follower_frozen_inside_a_claim_postgres() {
 
 crate::per_store!(
     [sqlite, mysql, redis, sentinel, redlock, zookeeper, etcd];
-    long_job_keeps_its_lease,
     kill9_mid_run,
     stop_the_world,
-    step_down,
-    reload,
     randomized_drill
 );
+
+// Store-independent scenarios, each with its in-process twin on paused time
+// (tests/it/inprocess.rs) that fails when its rule is broken; here one
+// real-store smoke case each in the default tier, every store in the long
+// tier. The store's own part (renewals, release) is in the conformance suite.
+// Twin: `inprocess::a_long_run_is_renewed_at_a_third_left`.
+mod renewal {
+    use super::long_job_keeps_its_lease;
+    crate::per_store!(
+        [redlock] long [sqlite, mysql, redis, sentinel, zookeeper, etcd];
+        long_job_keeps_its_lease
+    );
+}
+// Twin: `inprocess::step_down_hands_the_next_occurrence_over_on_time`.
+mod stepping_down {
+    use super::step_down;
+    crate::per_store!(
+        [redis] long [sqlite, mysql, sentinel, redlock, zookeeper, etcd];
+        step_down
+    );
+}
+// Twin: `inprocess::a_reload_lets_a_removed_jobs_run_finish_and_starts_an_added_one`.
+mod reloading {
+    use super::reload;
+    crate::per_store!(
+        [sqlite] long [mysql, redis, sentinel, redlock, zookeeper, etcd];
+        reload
+    );
+}
 
 /// The randomized drill: 20 s, 240 s in the long tier (`CRONLEASE_LONG=1`),
 /// or `CRONLEASE_DRILL_SECONDS`: `CRONLEASE_DRILL_SECONDS=600 cargo nextest

@@ -950,3 +950,57 @@ async fn spread_balances_three_nodes_moves_a_dead_ones_share_and_gives_it_back()
         "the dead node's jobs moved {worst_at_kill} ms late"
     );
 }
+
+/// A reload (SIGHUP's [`Node::apply_jobs`]) as `drills::reload` checks it
+/// on every store: a job removed mid-run finishes that run (not killed) and
+/// is claimed no more, its lease released when the run ends; a job added
+/// runs from its next instant; a job kept runs on.
+#[tokio::test(start_paused = true)]
+async fn a_reload_lets_a_removed_jobs_run_finish_and_starts_an_added_one() {
+    use cronlease::store::Locks;
+    let w = World::new(VirtualRunner::lasting("j0000", Duration::from_secs(15)));
+    let world_jobs = |names: &[&str]| -> Vec<cronlease::config::Job> {
+        let text: String = names
+            .iter()
+            .map(|n| format!("[[job]]\nname = \"{n}\"\nschedule = \"*/10 * * * * *\"\ncommand = [\"/bin/true\"]\n"))
+            .collect();
+        w.config("a", "1s", &text).jobs
+    };
+    let a = w.start("a", &jobs(2));
+    // j0000's run of 12:00:00 lasts to 12:00:15; the reload at 12:00:05
+    // removes it and adds j0005.
+    w.until(t(5.0)).await;
+    a.node.apply_jobs(world_jobs(&["j0001", "j0005"]));
+    // Renewed while it ran, the lease would last past 12:00:20: released
+    // as the run ended, it is free at once.
+    w.until(t(15.5)).await;
+    let held = w.store.connection().status().await.unwrap();
+    let j0000 = held.iter().find(|l| l.job == "j0000").unwrap();
+    assert_eq!(
+        j0000.holder, None,
+        "the removed job's lease was released after its run: {j0000:?}"
+    );
+    w.until(t(32.0)).await;
+    let runs: Vec<(String, i64, Option<(Outcome, i64)>)> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| {
+            (
+                r.job.clone(),
+                ms(r.occurrence - t(0.0)),
+                r.ended.as_ref().map(|(o, at)| (o.clone(), ms(*at - t(0.0)))),
+            )
+        })
+        .collect();
+    let of = |job: &str| -> Vec<_> { runs.iter().filter(|r| r.0 == job).cloned().collect() };
+    assert_eq!(
+        of("j0000"),
+        [("j0000".to_string(), 0, Some((Outcome::Ok, 15_000)))],
+        "the removed job's run finished, and it ran no more: {runs:?}"
+    );
+    let occurrences = |job: &str| -> Vec<i64> { of(job).iter().map(|r| r.1).collect() };
+    assert_eq!(occurrences("j0001"), [0, 10_000, 20_000, 30_000]);
+    assert_eq!(occurrences("j0005"), [10_000, 20_000, 30_000]);
+    a.stop().await;
+}

@@ -172,44 +172,37 @@ impl EtcdStore {
     }
 
     /// Clears the running mark of each lock whose last claim's run is among
-    /// `runs` (recorded already), compared on the state's revision as read:
-    /// a lock claimed again meanwhile has a new mark of its own.
+    /// `runs` (recorded already), compared on the state's revision as read
+    /// ([`cas::ended_runs`]).
     pub(super) async fn end_running_marks(
         &self,
         client: &etcd::Client,
         runs: &[RunRecord],
     ) -> Result<(), StoreError> {
-        let ended: Vec<&RunRecord> = runs
-            .iter()
-            .filter(|r| crate::store::ends_a_run(r))
-            .collect();
-        let keys: Vec<String> = ended.iter().map(|r| self.lock_key(&r.job)).collect();
-        let read = self.read_keys(client, &keys).await?;
-        let mut plans = Vec::new();
-        let mut planned = HashSet::new();
-        for (i, ((run, key), entry)) in ended.iter().zip(&keys).zip(&read).enumerate() {
-            let Ok(Some((mut state, fence))) = read_state(entry.as_ref()) else {
-                continue;
+        let (jobs, ended) = cas::ended_runs(runs);
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        self.read_decide_write(client, &jobs, Want::LockAndLease, |i, view| {
+            let Ok(Some((mut state, fence))) = read_state(view.keys.lock.as_ref()) else {
+                return (None, ());
             };
-            if !state.marks.running
-                || !crate::store::clears_running(run, fence)
-                || !planned.insert(key)
-            {
-                continue;
+            if !state.marks.running || !crate::store::clears_running(ended[i], fence) {
+                return (None, ());
             }
             state.marks.running = false;
             let Ok(value) = serde_json::to_vec(&state) else {
-                continue;
+                return (None, ());
             };
-            plans.push((
-                i,
-                Plan {
-                    when: vec![unchanged(key, entry.as_ref())],
-                    ops: vec![PlanOp::Put(key.clone(), value)],
-                },
-            ));
-        }
-        self.write(client, plans).await.map(|_| ())
+            let key = self.lock_key(jobs[i]);
+            let plan = Plan {
+                when: vec![unchanged(&key, view.keys.lock.as_ref())],
+                ops: vec![PlanOp::Put(key, value)],
+            };
+            (Some(plan), ())
+        })
+        .await
+        .map(|_| ())
     }
 
     /// A claim of a non-empty batch; with `beat` (and the etcd lease its

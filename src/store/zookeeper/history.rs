@@ -154,54 +154,37 @@ impl ZkStore {
     }
 
     /// Clears the running mark of each lock whose last claim's run is among
-    /// `runs` (recorded already), each at the version read: a lock claimed
-    /// again meanwhile has a new mark of its own.
+    /// `runs` (recorded already), each at the version read
+    /// ([`cas::ended_runs`]).
     pub(super) async fn end_running_marks(
         &self,
         client: &zk::Client,
         runs: &[RunRecord],
     ) -> Result<(), StoreError> {
-        let ended: Vec<&RunRecord> = runs
-            .iter()
-            .filter(|r| crate::store::ends_a_run(r))
-            .collect();
-        let mut clears = Vec::new();
-        for chunk in ended.chunks(MULTI_OPS) {
-            let mut reader = client.new_multi_reader();
-            for run in chunk {
-                reader
-                    .add_get_data(&self.lock_path(&run.job))
-                    .map_err(|e| self.err(e))?;
-            }
-            let results = self.timed(reader.commit()).await?;
-            for (run, r) in chunk.iter().zip(results) {
-                let zk::MultiReadResult::Data { data, stat } = r else {
-                    continue;
-                };
-                let Ok(mut d) = serde_json::from_slice::<LockData>(&data) else {
-                    continue;
-                };
-                if d.marks.running
-                    && d.marks
-                        .fence()
-                        .is_some_and(|f| crate::store::clears_running(run, f))
-                {
-                    d.marks.running = false;
-                    if let Ok(json) = serde_json::to_vec(&d) {
-                        clears.push((self.lock_path(&run.job), json, stat.version));
-                    }
-                }
-            }
+        let (jobs, ended) = cas::ended_runs(runs);
+        if jobs.is_empty() {
+            return Ok(());
         }
-        let cleared = futures_util::future::join_all(clears.iter().map(|(path, json, version)| {
-            // Changed since the read (a new claim): its mark is its own.
-            self.idempotent(
-                client.set_data(path, json, Some(*version)),
-                zk::Error::BadVersion,
-            )
-        }))
-        .await;
-        cleared.into_iter().collect::<Result<Vec<()>, _>>()?;
-        Ok(())
+        let nodes = self.read_locks(client, &jobs).await?;
+        let session = Self::session_tag(client);
+        // The clock is not read: clearing a mark decides on the node alone.
+        self.decide_and_write(client, &jobs, &nodes, 0, &session, &mut |i, node, _, _| {
+            let Node::Present(d, _) = node else {
+                return (None, ());
+            };
+            let ends = d.marks.running
+                && d
+                    .marks
+                    .fence()
+                    .is_some_and(|f| crate::store::clears_running(ended[i], f));
+            if !ends {
+                return (None, ());
+            }
+            let mut d = d.clone();
+            d.marks.running = false;
+            (Some(d), ())
+        })
+        .await
+        .map(|_| ())
     }
 }
