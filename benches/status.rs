@@ -3,7 +3,8 @@
 //! `status::gather` read them before `History::last_runs`) against
 //! `last_runs` (one query per 500 jobs on SQL, one pipeline on Redis), with
 //! the lock table's read (`status()`) as the floor every refresh pays
-//! anyway. Each job has two runs recorded.
+//! anyway. Each job holds a lock and has two runs recorded. Reads, not
+//! the writes that set them up, are timed.
 //!
 //! cargo bench --all-features --bench status -- [--stores sqlite,redis]
 //! [--jobs 20000]
@@ -19,11 +20,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use cronlease::config::JobName;
-use cronlease::store::{Outcome, RunRecord};
+use cronlease::config::{JobName, Misfire};
+use cronlease::store::{ClaimRequest, Outcome, Owner, RunRecord};
 
 fn run(job: &str, fence: u64) -> RunRecord {
-    let t = Utc.timestamp_millis_opt(1_700_000_000_000 + fence as i64 * 1000).unwrap();
+    let t = Utc
+        .timestamp_millis_opt(1_700_000_000_000 + fence as i64 * 1000)
+        .unwrap();
     RunRecord {
         job: job.into(),
         fence,
@@ -67,14 +70,43 @@ async fn main() {
         let runs: Vec<RunRecord> = names
             .iter()
             .enumerate()
-            .flat_map(|(i, n)| [run(n.as_str(), 2 * i as u64 + 1), run(n.as_str(), 2 * i as u64 + 2)])
+            .flat_map(|(i, n)| {
+                [
+                    run(n.as_str(), 2 * i as u64 + 1),
+                    run(n.as_str(), 2 * i as u64 + 2),
+                ]
+            })
             .collect();
         for chunk in runs.chunks(2000) {
             store.record_runs(chunk, 10).await.unwrap();
         }
+        // Every job held, as in a running cluster: the lock read (the
+        // floor) lists them all.
+        let claims: Vec<ClaimRequest> = names
+            .iter()
+            .map(|job| ClaimRequest {
+                job: job.clone(),
+                occurrence: Utc::now() - chrono::TimeDelta::seconds(1),
+                previous: None,
+                misfire: Misfire::Skip,
+                owner: Owner::from_raw("bench#1"),
+                lease: Duration::from_secs(600),
+                fence_floor: 0,
+                max_offset: Duration::from_secs(5),
+                head_start: None,
+                after_unanswered: false,
+                recheck_only: false,
+                window_end: None,
+                manual: None,
+            })
+            .collect();
+        for chunk in claims.chunks(1000) {
+            store.claim(chunk).await.unwrap();
+        }
         let started = Instant::now();
         let floor_rows = store.status().await.unwrap().len();
         let floor = started.elapsed();
+        assert_eq!(floor_rows, jobs, "every job holds a lock");
         let started = Instant::now();
         let mut before = 0;
         for name in &names {
@@ -86,7 +118,6 @@ async fn main() {
         let batched = started.elapsed();
         assert_eq!(before, jobs);
         assert_eq!(now.iter().flatten().count(), jobs);
-        let _ = floor_rows;
         println!(
             "| {} | {jobs} | {} | {} | {:.1} | {} | {:.1} |",
             format!("{backend:?}"),

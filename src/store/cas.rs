@@ -151,7 +151,8 @@ pub(crate) fn verdict<W>(
 /// after a failed write finds a lock claimed again meanwhile with a new
 /// mark of its own, which stays.
 pub(crate) fn ended_runs(runs: &[RunRecord]) -> (Vec<&str>, Vec<&RunRecord>) {
-    let mut newest: std::collections::BTreeMap<&str, &RunRecord> = std::collections::BTreeMap::new();
+    let mut newest: std::collections::BTreeMap<&str, &RunRecord> =
+        std::collections::BTreeMap::new();
     for run in runs.iter().filter(|r| super::ends_a_run(r)) {
         let slot = newest.entry(run.job.as_str()).or_insert(run);
         if run.fence > slot.fence {

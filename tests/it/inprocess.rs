@@ -989,7 +989,9 @@ async fn a_reload_lets_a_removed_jobs_run_finish_and_starts_an_added_one() {
             (
                 r.job.clone(),
                 ms(r.occurrence - t(0.0)),
-                r.ended.as_ref().map(|(o, at)| (o.clone(), ms(*at - t(0.0)))),
+                r.ended
+                    .as_ref()
+                    .map(|(o, at)| (o.clone(), ms(*at - t(0.0)))),
             )
         })
         .collect();

@@ -853,18 +853,11 @@ impl Locks for EtcdStore {
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
         let client = self.client().await?;
         let (lock_prefix, lease_prefix) = (self.lock_key(""), self.lease_key(""));
-        // Both ranges in one transaction: one revision.
-        let reads = vec![
-            TxnOp::get(lock_prefix.as_str(), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(lease_prefix.as_str(), Some(GetOptions::new().with_prefix())),
-        ];
-        let answers = self.batch(&client, reads).await?;
-        let [TxnOpResponse::Get(locks), TxnOpResponse::Get(leases)] = answers.as_slice() else {
-            return Err(self.backend("the status read answered with something other than its keys"));
-        };
+        // Both ranges at one revision, the locks' first page's.
+        let (locks, revision) = self.range_all(&client, &lock_prefix, 0).await?;
+        let (leases, _) = self.range_all(&client, &lease_prefix, revision).await?;
         let now = now_ms();
         let holders: HashMap<Vec<u8>, LeaseValue> = leases
-            .kvs()
             .iter()
             .filter_map(|kv| {
                 let job = kv.key().strip_prefix(lease_prefix.as_bytes())?;
@@ -873,7 +866,7 @@ impl Locks for EtcdStore {
             })
             .collect();
         let mut out = Vec::new();
-        for kv in locks.kvs() {
+        for kv in &locks {
             let Some(job) = kv.key().strip_prefix(lock_prefix.as_bytes()) else {
                 continue;
             };

@@ -210,6 +210,45 @@ impl EtcdStore {
         self.send(client, chunked(ops, MAX_TXN_OPS)).await
     }
 
+    /// Every key under `prefix` at `revision` (0: now), with the revision
+    /// read, [`RANGE_PAGE`] keys a call: one answer of 20,000 locks is over
+    /// gRPC's 4 MiB message limit.
+    pub(super) async fn range_all(
+        &self,
+        client: &etcd::Client,
+        prefix: &str,
+        revision: i64,
+    ) -> Result<(Vec<etcd::KeyValue>, i64), StoreError> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut kv = client.kv_client();
+        let mut from = prefix.as_bytes().to_vec();
+        let mut revision = revision;
+        let mut all = Vec::new();
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(RANGE_PAGE)
+                .with_revision(revision);
+            let page = self.timed(kv.get(from.clone(), Some(options))).await?;
+            if revision == 0 {
+                revision = page.header().map_or(0, |h| h.revision());
+            }
+            let more = page.more();
+            let kvs = page.kvs();
+            match kvs.last() {
+                Some(last) if more => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => {
+                    all.extend_from_slice(kvs);
+                    return Ok((all, revision));
+                }
+            }
+            all.extend_from_slice(kvs);
+        }
+    }
+
     /// `keys` as they are now, one get each (keys of one job stay in one
     /// transaction when a job has one or two: 128 is even).
     pub(super) async fn read_keys(
@@ -458,3 +497,7 @@ impl EtcdStore {
         Ok((now, answers, extra))
     }
 }
+
+/// Keys per call of [`EtcdStore::range_all`]: a lock record is a few hundred
+/// bytes, so a page stays far below gRPC's 4 MiB answer.
+pub(super) const RANGE_PAGE: i64 = 2_000;

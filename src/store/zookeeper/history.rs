@@ -173,8 +173,7 @@ impl ZkStore {
                 return (None, ());
             };
             let ends = d.marks.running
-                && d
-                    .marks
+                && d.marks
                     .fence()
                     .is_some_and(|f| crate::store::clears_running(ended[i], f));
             if !ends {
