@@ -104,6 +104,55 @@ impl History for EtcdStore {
         newest_first(&mut runs, limit);
         Ok(runs)
     }
+
+    /// Each job's newest run key (its prefix sorted down, one key), a few
+    /// jobs per transaction as in [`History::history`], the transactions
+    /// sent together.
+    async fn last_runs(&self, jobs: &[JobName]) -> Result<Vec<Option<RunRecord>>, StoreError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let root = self.runs_root();
+        let newest = || {
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Key, SortOrder::Descend)
+                .with_limit(1)
+        };
+        let reads = jobs.chunks(RUNS_PER_READ).map(|chunk| {
+            let ops = chunk
+                .iter()
+                .map(|job| TxnOp::get(self.runs_prefix(job.as_str()), Some(newest())))
+                .collect();
+            self.batch(&client, ops)
+        });
+        let answers: Vec<TxnOpResponse> = try_join_all(reads).await?.into_iter().flatten().collect();
+        if answers.len() != jobs.len() {
+            return Err(self.backend(format!(
+                "{} newest-run reads answered {}",
+                jobs.len(),
+                answers.len()
+            )));
+        }
+        Ok(jobs
+            .iter()
+            .zip(&answers)
+            .map(|(job, answer)| {
+                let TxnOpResponse::Get(got) = answer else {
+                    return None;
+                };
+                let kv = got.kvs().first()?;
+                let name = kv
+                    .key()
+                    .strip_prefix(root.as_bytes())
+                    .and_then(|rest| rest.strip_prefix(job.as_str().as_bytes()))
+                    .and_then(|rest| rest.strip_prefix(b"/"))
+                    .map(|n| String::from_utf8_lossy(n).into_owned())?;
+                Some(run_from_json(job.as_str(), &name, kv.value(), 0))
+            })
+            .collect())
+    }
 }
 
 impl EtcdStore {
