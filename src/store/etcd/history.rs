@@ -127,7 +127,8 @@ impl History for EtcdStore {
                 .collect();
             self.batch(&client, ops)
         });
-        let answers: Vec<TxnOpResponse> = try_join_all(reads).await?.into_iter().flatten().collect();
+        let answers: Vec<TxnOpResponse> =
+            try_join_all(reads).await?.into_iter().flatten().collect();
         if answers.len() != jobs.len() {
             return Err(self.backend(format!(
                 "{} newest-run reads answered {}",
