@@ -119,8 +119,7 @@ async fn main() {
         assert_eq!(before, jobs);
         assert_eq!(now.iter().flatten().count(), jobs);
         println!(
-            "| {} | {jobs} | {} | {} | {:.1} | {} | {:.1} |",
-            format!("{backend:?}"),
+            "| {backend:?} | {jobs} | {} | {} | {:.1} | {} | {:.1} |",
             ms(per_job),
             ms(batched),
             per_job.as_secs_f64() / batched.as_secs_f64(),

@@ -369,7 +369,7 @@ async fn status_reads_more_locks_than_one_grpc_answer_holds() {
             occurrence: Utc::now(),
             previous: None,
             misfire: Misfire::Skip,
-            owner: Owner::from_raw(&format!("node-{pad}#1")),
+            owner: Owner::from_raw(format!("node-{pad}#1")),
             lease: Duration::from_secs(300),
             fence_floor: 0,
             max_offset: Duration::from_secs(5),

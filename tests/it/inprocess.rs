@@ -981,7 +981,9 @@ async fn a_reload_lets_a_removed_jobs_run_finish_and_starts_an_added_one() {
         "the removed job's lease was released after its run: {j0000:?}"
     );
     w.until(t(32.0)).await;
-    let runs: Vec<(String, i64, Option<(Outcome, i64)>)> = w
+    /// Job, occurrence (ms after 12:00:00), and how and when it ended.
+    type Seen = (String, i64, Option<(Outcome, i64)>);
+    let runs: Vec<Seen> = w
         .runner
         .runs()
         .iter()
