@@ -50,6 +50,7 @@ use args::*;
 pub(crate) use nodes::nodes_from_reply;
 #[cfg(feature = "redlock")]
 pub(crate) use nodes::registry_args;
+#[cfg(feature = "fuzzing")]
 pub(crate) use scan::runs_of_stream;
 use scan::*;
 

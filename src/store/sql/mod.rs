@@ -44,6 +44,7 @@ mod nodes;
 mod schema;
 use batch::*;
 use claim::*;
+#[cfg(feature = "fuzzing")]
 pub(crate) use history::run_from_row;
 
 /// What differs between SQL databases.
