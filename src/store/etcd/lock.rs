@@ -183,7 +183,7 @@ impl EtcdStore {
         if jobs.is_empty() {
             return Ok(());
         }
-        self.read_decide_write(client, &jobs, Want::LockAndLease, |i, view| {
+        self.read_decide_write(client, &jobs, Want::Lock, |i, view| {
             let Ok(Some((mut state, fence))) = read_state(view.keys.lock.as_ref()) else {
                 return (None, ());
             };

@@ -44,6 +44,18 @@ pub(super) enum Want {
     LockAndLease,
     /// The lease key only: renewals and releases.
     Lease,
+    /// The lock key only: ending a running mark.
+    Lock,
+}
+
+impl Want {
+    fn lock(self) -> bool {
+        self != Want::Lease
+    }
+
+    fn lease(self) -> bool {
+        self != Want::Lock
+    }
 }
 
 /// One job's conditional write, before the leases it needs are granted.
@@ -368,21 +380,19 @@ impl EtcdStore {
     ) -> Result<(Vec<JobView>, Vec<TxnOpResponse>), StoreError> {
         let mut keys = Vec::with_capacity(jobs.len() * 2);
         for job in jobs {
-            if want == Want::LockAndLease {
+            if want.lock() {
                 keys.push(self.lock_key(job));
             }
-            keys.push(self.lease_key(job));
+            if want.lease() {
+                keys.push(self.lease_key(job));
+            }
         }
         let (entries, extra) = self.read_keys_with(client, &keys, extra).await?;
         let mut entries = entries.into_iter();
         let mut read = Vec::with_capacity(jobs.len());
         for _ in jobs {
-            let lock = if want == Want::LockAndLease {
-                entries.next().flatten()
-            } else {
-                None
-            };
-            let lease = entries.next().flatten();
+            let lock = want.lock().then(|| entries.next().flatten()).flatten();
+            let lease = want.lease().then(|| entries.next().flatten()).flatten();
             read.push(JobKeys { lock, lease });
         }
         let now = now_ms();
