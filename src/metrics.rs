@@ -69,6 +69,8 @@ pub struct Metrics {
     pub nodes_alive: Gauge,
     /// Other live daemons in the registry under this node's name.
     pub node_name_twins: Gauge,
+    /// This node's jobs that a live peer defines otherwise.
+    pub jobs_defined_otherwise: Gauge,
     /// Manual runs' requests this node withdrew because they expired.
     pub triggers_expired: Counter,
     pub store_up: Gauge,
@@ -98,6 +100,7 @@ impl Metrics {
             jobs: Gauge::default(),
             nodes_alive: Gauge::default(),
             node_name_twins: Gauge::default(),
+            jobs_defined_otherwise: Gauge::default(),
             triggers_expired: Counter::default(),
             store_up: Gauge::default(),
             clock_offset: Gauge::default(),
@@ -173,6 +176,11 @@ impl Metrics {
             "cronlease_node_name_twins",
             "Other live daemons in the store's node registry under this node's name",
             m.node_name_twins.clone(),
+        );
+        registry.register(
+            "cronlease_jobs_defined_otherwise",
+            "This node's jobs that another live node of the registry defines otherwise (schedule, zone, command or policy)",
+            m.jobs_defined_otherwise.clone(),
         );
         registry.register(
             "cronlease_store_up",

@@ -35,6 +35,10 @@ pub struct JobStatus {
     pub next_fire: Option<DateTime<Utc>>,
     /// A manual run's request no node has taken yet.
     pub pending_trigger: Option<PendingTrigger>,
+    /// Live nodes that say another live node defines this job otherwise
+    /// (docs/protocol.md, "Job definitions across nodes"): empty when every
+    /// live node that has it agrees.
+    pub defined_otherwise_on: Vec<String>,
 }
 
 /// A pending manual run's request (`cronlease trigger`), with its age.
@@ -58,13 +62,22 @@ pub async fn gather(
     // Unknown (not failed) when the registry cannot be read: a store an
     // older version migrated has no registry until a daemon of this one
     // starts on it.
-    let live: Option<HashMap<String, Option<i64>>> =
-        bounded(call, store.nodes()).await.ok().map(|nodes| {
-            nodes
-                .into_iter()
-                .map(|n| (n.owner, n.clock_offset_ms))
-                .collect()
-        });
+    let nodes = bounded(call, store.nodes()).await.ok();
+    let live: Option<HashMap<String, Option<i64>>> = nodes.as_ref().map(|nodes| {
+        nodes
+            .iter()
+            .map(|n| (n.owner.clone(), n.clock_offset_ms))
+            .collect()
+    });
+    let mut otherwise: HashMap<&str, Vec<String>> = HashMap::new();
+    for n in nodes.iter().flatten() {
+        for job in n.definitions.iter().flat_map(|d| &d.differ) {
+            let on = otherwise.entry(job.as_str()).or_default();
+            if !on.contains(&n.node) {
+                on.push(n.node.clone());
+            }
+        }
+    }
     let mut by_job: BTreeMap<String, Option<LockStatus>> = config
         .jobs
         .iter()
@@ -127,6 +140,7 @@ pub async fn gather(
             last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
             last_run,
             pending_trigger: pending.remove(&job),
+            defined_otherwise_on: otherwise.remove(job.as_str()).unwrap_or_default(),
             job,
         });
     }

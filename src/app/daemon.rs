@@ -4,8 +4,10 @@
 use super::*;
 
 pub(super) async fn run(path: PathBuf) -> ExitCode {
+    // One copy of the configuration, shared by the dashboard and the reload
+    // task (the node keeps its own jobs): 20,000 jobs are megabytes a copy.
     let config = match load_config(&path) {
-        Ok(c) => c,
+        Ok(c) => Arc::new(c),
         Err(code) => return code,
     };
     telemetry::init(&config.log);
@@ -30,7 +32,7 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
     let node = Node::new(&config, store.clone());
     let shutdown = CancellationToken::new();
     // The dashboard reads the configuration a reload installs.
-    let (config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config.clone()));
+    let (config_tx, config_rx) = tokio::sync::watch::channel(config.clone());
     if let Some(addr) = config.http_listen {
         match http::bind(addr).await {
             Ok(listener) => {
@@ -74,7 +76,7 @@ pub(super) async fn handle_signals(
     node: Arc<Node>,
     shutdown: CancellationToken,
     path: PathBuf,
-    current: Config,
+    current: Arc<Config>,
     dashboard: tokio::sync::watch::Sender<Arc<Config>>,
 ) {
     // Reloads run in a task of their own, so a stop signal is acted on
@@ -126,7 +128,7 @@ pub(super) async fn reload_on_request(
     node: Arc<Node>,
     shutdown: CancellationToken,
     path: PathBuf,
-    mut current: Config,
+    mut current: Arc<Config>,
     dashboard: tokio::sync::watch::Sender<Arc<Config>>,
 ) {
     // Restart-only settings are compared with what the daemon started with.
@@ -146,8 +148,9 @@ pub(super) async fn reload_on_request(
         };
         match loaded {
             Ok(Ok(new)) => {
+                let new = Arc::new(new);
                 apply_reload(&node, &startup, &current, &new);
-                dashboard.send_replace(Arc::new(new.clone()));
+                dashboard.send_replace(new.clone());
                 current = new;
             }
             Ok(Err(errors)) => {

@@ -88,6 +88,14 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
             );
         }
     }
+    for r in rows.iter().filter(|r| !r.defined_otherwise_on.is_empty()) {
+        let _ = writeln!(
+            out,
+            "DEFINED OTHERWISE: {} differs between live nodes ({}): each node runs its own definition at the instants of its own schedule; deploy one definition to every node",
+            r.job,
+            r.defined_otherwise_on.join(", ")
+        );
+    }
     let bound = config.max_clock_offset.as_millis();
     let verdict = if crate::node::clock::beyond_bound(clock_offset, config.max_clock_offset) {
         "OUT OF BOUNDS: a daemon on this host claims nothing; fix time sync"
@@ -136,6 +144,13 @@ pub(super) async fn nodes(path: PathBuf, json: bool) -> ExitCode {
                 rfc3339(n.last_seen),
                 offset,
                 n.jobs_held.to_string(),
+                n.definitions.as_ref().map_or("-".to_string(), |d| {
+                    if d.differ_count == 0 {
+                        d.digest.clone()
+                    } else {
+                        format!("{} ({} differ)", d.digest, d.differ_count)
+                    }
+                }),
             ]
         })
         .collect();
@@ -149,6 +164,7 @@ pub(super) async fn nodes(path: PathBuf, json: bool) -> ExitCode {
             "LAST SEEN",
             "CLOCK OFFSET",
             "JOBS HELD",
+            "DEFINITIONS",
         ],
         &table,
     );
@@ -159,6 +175,17 @@ pub(super) async fn nodes(path: PathBuf, json: bool) -> ExitCode {
         if nodes.len() == 1 { "" } else { "s" },
         bound.as_millis()
     );
+    let sets: std::collections::BTreeSet<&str> = nodes
+        .iter()
+        .filter_map(|n| n.definitions.as_ref().map(|d| d.digest.as_str()))
+        .collect();
+    if sets.len() > 1 {
+        let _ = writeln!(
+            out,
+            "WARNING: the live nodes run {} different sets of job definitions (DEFINITIONS: the digest of a node's set, and how many of its jobs another live node defines otherwise); `cronlease status` names the jobs",
+            sets.len()
+        );
+    }
     for (name, owners) in name_twins(&nodes) {
         let _ = writeln!(
             out,

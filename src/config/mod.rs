@@ -344,6 +344,28 @@ impl Job {
     }
 }
 
+/// A job of `schedule` running `command` in a shell, every other setting at
+/// its default, for unit tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
+    Job {
+        name: JobName::parse(name).unwrap(),
+        schedule: Schedule::parse(schedule, "UTC").unwrap(),
+        command: Command::Shell(command.into()),
+        timeout: None,
+        kill_grace: Duration::from_secs(10),
+        misfire: Misfire::default(),
+        overlap: Overlap::default(),
+        env: BTreeMap::new(),
+        working_dir: None,
+        identity: None,
+        output_tail: 0,
+        on_failure: None,
+        defined_at: "test.toml:1".into(),
+    }
+}
+
 /// Logging settings.
 #[derive(Debug, Clone)]
 pub struct LogConfig {

@@ -42,6 +42,16 @@ pub struct EtcdTarget {
 /// The port of an etcd member's client URL when the store URL names none.
 pub const ETCD_PORT: u16 = 2379;
 
+/// `host:port` of a server as a client connects to it, an IPv6 address in
+/// brackets (`[::1]:2379`).
+pub fn host_port((host, port): &(String, u16)) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// Where a `zk://` URL points: the ensemble's servers and the node under
 /// which cronlease keeps its nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

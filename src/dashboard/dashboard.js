@@ -33,6 +33,12 @@ function flags(r) {
     const age = p.age_ms == null ? "" : ` (${Math.round(p.age_ms / 1000)} s)`;
     out.push(el("span", { class: "paused", title: `trigger ${p.id}: cronlease trigger --cancel ${r.job} withdraws it` }, "trigger pending" + age));
   }
+  const on = r.defined_otherwise_on || [];
+  if (on.length) {
+    if (out.length) out.push(" ");
+    out.push(el("span", { class: "bad defined-otherwise", title: "each node runs its own definition at the instants of its own schedule until one definition is deployed to every node" },
+      "defined otherwise on " + on.join(", ")));
+  }
   return out.length ? out : ["-"];
 }
 
@@ -63,7 +69,8 @@ function renderNodes(nodes) {
     el("td", {}, n.node), el("td", {}, n.owner), el("td", {}, n.version),
     el("td", {}, time(n.started_at)), el("td", {}, time(n.last_seen)),
     el("td", {}, n.clock_offset_ms == null ? "-" : `${n.clock_offset_ms >= 0 ? "+" : ""}${n.clock_offset_ms} ms`),
-    el("td", {}, n.jobs_held))));
+    el("td", {}, n.jobs_held),
+    el("td", { class: "definitions" }, n.definitions ? n.definitions.digest + (n.definitions.differ_count ? ` (${n.definitions.differ_count} differ)` : "") : "-"))));
 }
 
 function renderTimeline(runs) {

@@ -19,6 +19,7 @@ use crate::config::Placement;
 use crate::store::{Heartbeat, NodeRecord};
 
 use super::Node;
+use super::definitions::JobDigests;
 
 /// The shortest heartbeat period, whatever the margin.
 const MIN_BEAT: Duration = Duration::from_millis(50);
@@ -90,6 +91,7 @@ impl Node {
     pub(super) fn beaten(&self, nodes: Vec<NodeRecord>, sent: Instant) {
         self.metrics.nodes_alive.set(nodes.len() as i64);
         self.note_name_twins(&nodes);
+        self.compare_definitions(&nodes);
         if let Ok(mut live) = self.members.live_nodes.lock() {
             *live = nodes;
         }
@@ -124,6 +126,68 @@ impl Node {
         warned.retain(|owner| twins.iter().any(|t| &t.owner == owner));
     }
 
+    /// Digests the job set now applied, off the runtime (20,000 jobs are
+    /// milliseconds of hashing), for the next beats to carry.
+    pub(super) fn digest_definitions(self: &Arc<Self>) {
+        let generation = self.members.definitions_of.fetch_add(1, Ordering::SeqCst) + 1;
+        let jobs: Vec<Arc<crate::config::Job>> = match self.jobs.lock() {
+            Ok(jobs) => jobs.values().map(|e| e.state.job()).collect(),
+            Err(_) => return,
+        };
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let digests = JobDigests::of(jobs.iter().map(|j| &**j));
+            if node.members.definitions_of.load(Ordering::SeqCst) != generation {
+                return;
+            }
+            if let Ok(mut comparison) = node.members.definitions.lock() {
+                comparison.set_mine(digests);
+            }
+        });
+    }
+
+    /// Takes in what the live nodes say of their job definitions: warns
+    /// once about each job another live node defines otherwise (until
+    /// they agree, or again after either changes), and counts this node's
+    /// jobs that differ in `cronlease_jobs_defined_otherwise`.
+    fn compare_definitions(&self, nodes: &[NodeRecord]) {
+        let Ok(mut comparison) = self.members.definitions.lock() else {
+            return;
+        };
+        if !comparison.mine().is_digested() {
+            return;
+        }
+        let new = comparison.observe(self.owner.as_str(), nodes);
+        let differing = comparison.differing().len();
+        drop(comparison);
+        self.metrics.jobs_defined_otherwise.set(differing as i64);
+        for d in new {
+            tracing::warn!(
+                job = %d.job,
+                other_node = %d.node,
+                other_owner = %d.owner,
+                "job defined otherwise on another live node (schedule, zone, command or policy): until the definitions agree each node claims the instants of its own schedule and runs its own definition of the job, so it runs at the instants of both; deploy one definition to every node"
+            );
+        }
+    }
+
+    /// What this node's beat says of its job definitions now: `None` until
+    /// the job set is digested.
+    fn definitions_beat(&self) -> Option<crate::store::DefinitionsBeat> {
+        let comparison = self.members.definitions.lock().ok()?;
+        if !comparison.mine().is_digested() {
+            return None;
+        }
+        let (every, _) = beat_timing(self.settings.margin);
+        let now_ms = self.wall.now().timestamp_millis();
+        Some(comparison.mine().beat(
+            now_ms,
+            page_slice(every),
+            comparison.peers_differ(),
+            &comparison.differing(),
+        ))
+    }
+
     /// When the last beat that went through was sent.
     fn beaten_at(&self) -> Option<Instant> {
         self.members.beaten_at.lock().ok().and_then(|at| *at)
@@ -141,6 +205,7 @@ impl Node {
             clock_offset_ms: self.clock.last_offset_ms(),
             jobs_held: u32::try_from(held).unwrap_or(u32::MAX),
             ttl,
+            definitions: self.definitions_beat(),
         }
     }
 
@@ -170,6 +235,13 @@ impl Node {
             );
         }
     }
+}
+
+/// How long each page of per-job digests is what the beats carry
+/// ([`definitions::page_at`]): four beat periods, at least a second, so a
+/// reader beating at that period sees every page.
+fn page_slice(every: Duration) -> Duration {
+    (every * 4).max(Duration::from_secs(1))
 }
 
 /// A 64-bit score of (job, node), the same on every host and version:

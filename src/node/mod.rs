@@ -31,6 +31,7 @@
 mod batch;
 mod claim;
 pub mod clock;
+pub mod definitions;
 pub mod health;
 pub mod lease;
 mod membership;
@@ -410,6 +411,11 @@ struct Membership {
     /// When the last heartbeat that went through was sent, on its own or
     /// in a claim batch.
     beaten_at: Mutex<Option<tokio::time::Instant>>,
+    /// This node's job definitions against the live peers' ([`definitions`]).
+    definitions: Mutex<definitions::Comparison>,
+    /// Bumped by each job set applied: a digest computed for an older one
+    /// is dropped.
+    definitions_of: AtomicU64,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -540,6 +546,8 @@ impl Node {
                 live_nodes: Mutex::new(Vec::new()),
                 name_twins: Mutex::new(std::collections::BTreeSet::new()),
                 beaten_at: Mutex::new(None),
+                definitions: Mutex::new(definitions::Comparison::default()),
+                definitions_of: AtomicU64::new(0),
             },
             triggers: trigger::InFlight::default(),
         })
@@ -834,6 +842,7 @@ impl Node {
         drop(current);
         self.jobs_changed.notify_one();
         self.tell_guard();
+        self.digest_definitions();
     }
 
     /// Tells the guard what it needs to hand over if this daemon dies

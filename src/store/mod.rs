@@ -48,7 +48,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 
 use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
-pub use registry::{Heartbeat, NodeRecord, Registry};
+pub use registry::{DefinitionsBeat, Heartbeat, NodeRecord, Registry};
 pub use rule::{
     Decision, LockRow, claim_row, claim_rows, clears_running, decide, ends_a_run, trigger_row,
 };
@@ -512,6 +512,15 @@ pub fn newer_schema(store: &str, found: i64, known: i64) -> Option<Result<String
 }
 
 impl StoreError {
+    /// A backend opened with another backend's URL (`what`: the URL it
+    /// takes, `"a zk:// URL"`).
+    pub(crate) fn not_a(config: &StoreConfig, what: &str) -> StoreError {
+        StoreError::Backend {
+            store: config.url.redacted().into(),
+            reason: format!("not {what}"),
+        }
+    }
+
     /// Unreachable or too slow, as opposed to a refused or broken request.
     pub fn is_unreachable(&self) -> bool {
         matches!(

@@ -144,11 +144,102 @@ impl JobMarks {
     }
 }
 
+/// The kinds of record etcd and ZooKeeper keep, each under a directory of
+/// the store's root ([`Layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Lock,
+    /// etcd only: a lease is a key of its own.
+    Lease,
+    Node,
+    Trigger,
+    Runs,
+}
+
+/// Where a store keeps each kind of record: `{root}{dir}/{name}`, one place
+/// that names them. etcd's root is `key_prefix` (`cronlease:lock/backup`);
+/// ZooKeeper's is its base znode (`/cronlease/locks/backup`). The names are
+/// what each store wrote before the two shared this type.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    root: String,
+    /// Per [`Kind`], in its order.
+    dirs: [&'static str; 5],
+}
+
+impl Layout {
+    /// etcd's keys under `prefix`.
+    pub fn etcd(prefix: &str) -> Self {
+        Layout {
+            root: prefix.to_string(),
+            dirs: ["lock", "lease", "node", "trigger", "runs"],
+        }
+    }
+
+    /// ZooKeeper's znodes under `base`.
+    pub fn zookeeper(base: &str) -> Self {
+        Layout {
+            root: format!("{base}/"),
+            dirs: ["locks", "leases", "nodes", "triggers", "runs"],
+        }
+    }
+
+    /// The directory of a kind: `{root}{dir}` (a ZooKeeper parent znode).
+    pub fn dir(&self, kind: Kind) -> String {
+        format!("{}{}", self.root, self.dirs[kind as usize])
+    }
+
+    /// The record `name` of a kind; with `""`, the prefix every record of
+    /// the kind starts with (an etcd range).
+    pub fn of(&self, kind: Kind, name: &str) -> String {
+        format!("{}/{name}", self.dir(kind))
+    }
+
+    /// A pending manual run's request: `{trigger dir}/<job>~<id>`.
+    pub fn trigger(&self, job: &str, id: TriggerId) -> String {
+        self.of(Kind::Trigger, &super::trigger_entry(job, id))
+    }
+
+    /// The prefix of a job's runs (an etcd range): `{runs dir}/<job>/`.
+    pub fn runs_prefix(&self, job: &str) -> String {
+        format!("{}/", self.of(Kind::Runs, job))
+    }
+
+    /// A run's record: the fence zero-padded to 20 digits, so a job's runs
+    /// sort by fence.
+    pub fn run(&self, job: &str, fence: u64) -> String {
+        format!("{}{fence:020}", self.runs_prefix(job))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// The names each store wrote before the two shared [`Layout`].
+    #[test]
+    fn each_store_keeps_its_records_where_it_always_did() {
+        let etcd = Layout::etcd("cronlease:");
+        assert_eq!(etcd.of(Kind::Lock, "backup"), "cronlease:lock/backup");
+        assert_eq!(etcd.of(Kind::Lease, "backup"), "cronlease:lease/backup");
+        assert_eq!(etcd.of(Kind::Node, ""), "cronlease:node/");
+        assert_eq!(etcd.of(Kind::Trigger, ""), "cronlease:trigger/");
+        assert_eq!(etcd.runs_prefix("backup"), "cronlease:runs/backup/");
+        assert_eq!(etcd.run("j", 42), "cronlease:runs/j/00000000000000000042");
+        let id = TriggerId::from_stored(5).unwrap();
+        assert_eq!(
+            etcd.trigger("j", id),
+            format!("cronlease:trigger/{}", super::super::trigger_entry("j", id))
+        );
+        let zk = Layout::zookeeper("/ch/cronlease");
+        assert_eq!(zk.of(Kind::Lock, "backup"), "/ch/cronlease/locks/backup");
+        assert_eq!(zk.dir(Kind::Trigger), "/ch/cronlease/triggers");
+        assert_eq!(zk.dir(Kind::Node), "/ch/cronlease/nodes");
+        assert_eq!(zk.of(Kind::Runs, "j"), "/ch/cronlease/runs/j");
+        assert_eq!(zk.run("j", 7), "/ch/cronlease/runs/j/00000000000000000007");
+    }
 
     /// Both stores' records as they were written before they shared this
     /// type read the same, and write the same fields back.

@@ -38,6 +38,34 @@ pub struct Heartbeat {
     pub jobs_held: u32,
     /// The record lives this long on the store's clock unless refreshed.
     pub ttl: Duration,
+    /// What it says of its job definitions (`None`: nothing, as a version
+    /// before 0.x said nothing).
+    pub definitions: Option<DefinitionsBeat>,
+}
+
+/// What a beat says of the node's job definitions (docs/protocol.md, "Job
+/// definitions across nodes"; built and read by `node::definitions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DefinitionsBeat {
+    /// The digest's encoding version.
+    pub encoding: u32,
+    /// The digest of the whole job set (16 hex digits).
+    pub digest: String,
+    /// Jobs in the set.
+    pub jobs: u32,
+    /// Which page of per-job digests `entries` is, of `pages`.
+    pub page: u32,
+    pub pages: u32,
+    /// The page's jobs, 32 hex digits each: the name's hash, then the
+    /// definition's digest. Sent only while a live peer's set differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<String>,
+    /// Jobs this node found defined otherwise on a live peer (the first few
+    /// by name), and how many in all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub differ: Vec<String>,
+    #[serde(default)]
+    pub differ_count: u32,
 }
 
 /// A live node as the registry lists it.
@@ -53,6 +81,51 @@ pub struct NodeRecord {
     pub expires_in_ms: u64,
     pub clock_offset_ms: Option<i64>,
     pub jobs_held: u32,
+    /// What its last beat said of its job definitions; `nodes --json`
+    /// shows the set's digest and the jobs it found differing, not the
+    /// page of per-job digests.
+    #[serde(serialize_with = "definitions_summary")]
+    pub definitions: Option<DefinitionsBeat>,
+}
+
+/// A record's definitions as `nodes --json` and `/api/nodes` show them.
+fn definitions_summary<S: serde::Serializer>(
+    beat: &Option<DefinitionsBeat>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Summary<'a> {
+        digest: &'a str,
+        jobs: u32,
+        differ: &'a [String],
+        differ_count: u32,
+    }
+    beat.as_ref()
+        .map(|b| Summary {
+            digest: &b.digest,
+            jobs: b.jobs,
+            differ: &b.differ,
+            differ_count: b.differ_count,
+        })
+        .serialize(s)
+}
+
+#[cfg(test)]
+impl NodeRecord {
+    /// A live record of `owner` on `node`, for unit tests.
+    pub(crate) fn test_record(owner: &str, node: &str) -> NodeRecord {
+        NodeRecord {
+            node: node.into(),
+            owner: owner.into(),
+            version: "test".into(),
+            started_at: from_ms(0),
+            last_seen: from_ms(0),
+            expires_in_ms: 1_000,
+            clock_offset_ms: None,
+            jobs_held: 0,
+            definitions: None,
+        }
+    }
 }
 
 /// The registry half of a store. Every backend keeps it next to its locks.
@@ -117,6 +190,8 @@ pub(crate) struct BeatData {
     /// Set only where no store clock sets it (etcd): the writer's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definitions: Option<DefinitionsBeat>,
 }
 
 impl From<&Heartbeat> for BeatData {
@@ -129,6 +204,7 @@ impl From<&Heartbeat> for BeatData {
             jobs_held: beat.jobs_held,
             ttl_ms: super::duration_ms(beat.ttl),
             last_seen: None,
+            definitions: beat.definitions.clone(),
         }
     }
 }
@@ -158,6 +234,7 @@ impl BeatData {
             expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
             clock_offset_ms: self.clock_offset_ms,
             jobs_held: self.jobs_held,
+            definitions: self.definitions,
         }
     }
 }
@@ -182,6 +259,16 @@ mod tests {
             clock_offset_ms: Some(-7),
             jobs_held: 3,
             ttl: Duration::from_millis(1500),
+            definitions: Some(DefinitionsBeat {
+                encoding: 1,
+                digest: "00112233aabbccdd".into(),
+                jobs: 2,
+                page: 0,
+                pages: 1,
+                entries: Some("0".repeat(64)),
+                differ: vec!["x".into()],
+                differ_count: 1,
+            }),
         };
         let stored = BeatData::from(&beat).to_json();
         let read = BeatData::parse(stored.as_bytes()).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
@@ -196,8 +283,13 @@ mod tests {
                 expires_in_ms: 500,
                 clock_offset_ms: Some(-7),
                 jobs_held: 3,
+                definitions: beat.definitions.clone(),
             })
         );
         assert!(BeatData::parse(b"{\"node\": 3}").is_none());
+        // An older version's record: no definitions, still listed.
+        let old = br#"{"node":"a","version":"0.9","started_at":1,"ttl_ms":1500}"#;
+        let read = BeatData::parse(old).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
+        assert!(read.is_some_and(|r| r.definitions.is_none()));
     }
 }

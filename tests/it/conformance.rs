@@ -9,8 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
-    ClaimOutcome, ClaimRequest, Heartbeat, Lost, Outcome, Owner, Renewal, RunRecord, Store,
-    TriggerAnswer, TriggerId, Won, from_ms,
+    ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner, Renewal,
+    RunRecord, Store, TriggerAnswer, TriggerId, Won, from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -1408,7 +1408,54 @@ fn beat(owner: &str, ttl_ms: u64, offset: Option<i64>, held: u32) -> Heartbeat {
         clock_offset_ms: offset,
         jobs_held: held,
         ttl: Duration::from_millis(ttl_ms),
+        definitions: None,
     }
+}
+
+/// A beat's word on its job definitions (`entries`: a page of per-job
+/// digests, 4 KiB as a node sends it).
+fn definitions(digest: &str, entries: bool) -> DefinitionsBeat {
+    DefinitionsBeat {
+        encoding: 1,
+        digest: digest.into(),
+        jobs: 300,
+        page: 1,
+        pages: 3,
+        entries: entries.then(|| "0123456789abcdef".repeat(2 * 128)),
+        differ: vec!["nightly-backup".into(), "x".into()],
+        differ_count: 7,
+    }
+}
+
+/// What a beat says of its definitions is what every reader of the
+/// registry gets back, on its own and in a claim batch; the next beat's
+/// word replaces it whole (a page gone when the next beat sends none).
+pub async fn a_beat_carries_its_definitions(h: &Harness) {
+    let (a, reader) = (h.store().await, h.store().await);
+    let mut first = beat("web-1#a1", 30_000, None, 0);
+    first.definitions = Some(definitions("00112233aabbccdd", true));
+    a.heartbeat(&first).await.unwrap();
+    definitions_listed(&reader, "web-1#a1", first.definitions.as_ref()).await;
+    let mut second = first.clone();
+    second.definitions = Some(definitions("ffeeddccbbaa9988", false));
+    let (claimed, nodes) = a
+        .claim_beating(&[req("defs", "web-1#a1", 1, 30_000)], &second)
+        .await
+        .unwrap();
+    won(claimed.outcomes.into_iter().next().unwrap());
+    let nodes = nodes.expect("the beat went through with the claim");
+    assert_eq!(nodes[0].definitions, second.definitions, "{nodes:?}");
+    definitions_listed(&reader, "web-1#a1", second.definitions.as_ref()).await;
+    let mut older = second.clone();
+    older.definitions = None;
+    a.heartbeat(&older).await.unwrap();
+    definitions_listed(&reader, "web-1#a1", None).await;
+}
+
+async fn definitions_listed(reader: &Arc<dyn Store>, owner: &str, want: Option<&DefinitionsBeat>) {
+    let nodes = reader.nodes().await.unwrap();
+    let n = nodes.iter().find(|n| n.owner == owner).unwrap();
+    assert_eq!(n.definitions.as_ref(), want, "{nodes:?}");
 }
 
 /// The node registry: a heartbeat answers with every live record, a record
@@ -1584,6 +1631,7 @@ macro_rules! conformance {
                 recheck_takes_nothing,
                 renewals_together_each_on_its_own,
                 node_registry_lists_live_nodes_until_their_beats_stop,
+                a_beat_carries_its_definitions,
                 a_claim_batch_carries_the_heartbeat,
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
                 a_paused_job_is_refused_until_resumed,

@@ -222,3 +222,233 @@ fn two_daemons_with_one_node_name_are_warned_about() {
     }
     c.stop_all();
 }
+
+/// One job name, two definitions (a config rollout half done): each node
+/// warns once naming the job and the other node, `status` names the job,
+/// `nodes` says the sets differ, `/metrics` counts it; once the
+/// definitions agree again (a reload) `status` and the metric clear, and a
+/// job both define alike is never named.
+#[test]
+fn one_job_defined_two_ways_is_warned_about_until_the_definitions_agree() {
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    let port = crate::support::free_port();
+    let job = |every: u32| {
+        format!("[[job]]\nname = \"x\"\nschedule = \"*/{every} * * * * *\"\ncommand = \"true\"\n")
+    };
+    for (node, every, extra) in [
+        (
+            "n1",
+            4,
+            format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+        ),
+        ("n2", 6, String::new()),
+    ] {
+        let path = c.config(node);
+        let mut cfg = std::fs::read_to_string(&path).unwrap();
+        cfg.push_str(&extra);
+        cfg.push_str(&job(every));
+        std::fs::write(&path, cfg).unwrap();
+    }
+    c.start("n1");
+    c.start("n2");
+    let warning = "job defined otherwise on another live node";
+    crate::support::wait_until(
+        "both daemons warned",
+        Duration::from_secs(30),
+        || c.report(),
+        || (c.log("n1").contains(warning) && c.log("n2").contains(warning)).then_some(()),
+    );
+    let defined_otherwise = |c: &Cluster| -> Vec<(String, Vec<String>)> {
+        let rows = c.cli_json("n1", &["status"]).unwrap();
+        let mut out: Vec<(String, Vec<String>)> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let mut on: Vec<String> = r["defined_otherwise_on"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_str().unwrap().to_string())
+                    .collect();
+                on.sort();
+                (r["job"].as_str().unwrap().to_string(), on)
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let metric = || -> Option<f64> {
+        let (_, metrics) = crate::service::http_get(port, "/metrics");
+        metrics
+            .lines()
+            .find(|l| l.starts_with("cronlease_jobs_defined_otherwise "))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    // A beat or two after the warnings, both records list the job.
+    crate::support::wait_until(
+        "status names x on both nodes",
+        Duration::from_secs(10),
+        || c.report(),
+        || {
+            (defined_otherwise(&c)
+                == vec![
+                    ("tick".to_string(), vec![]),
+                    ("x".to_string(), vec!["n1".to_string(), "n2".to_string()]),
+                ])
+            .then_some(())
+        },
+    );
+    assert_eq!(metric(), Some(1.0), "{}", c.report());
+    let nodes = c.cli("n1", &["nodes"]);
+    let text = String::from_utf8_lossy(&nodes.stdout);
+    assert!(
+        text.contains("WARNING: the live nodes run 2 different sets of job definitions")
+            && text.contains("(1 differ)"),
+        "{text}"
+    );
+    for node in ["n1", "n2"] {
+        let log = c.log(node);
+        let warned: Vec<&str> = log.lines().filter(|l| l.contains(warning)).collect();
+        assert_eq!(warned.len(), 1, "{}", c.report());
+        let other = if node == "n1" { "n2" } else { "n1" };
+        assert!(
+            warned[0].contains("job=x") && warned[0].contains(&format!("other_node={other}")),
+            "{}",
+            warned[0]
+        );
+    }
+    // n2 gets n1's definition: the difference ends.
+    let path = c.config("n2");
+    let cfg = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, cfg.replace("*/6 * * * * *", "*/4 * * * * *")).unwrap();
+    c.signal("n2", Signal::SIGHUP);
+    crate::support::wait_until(
+        "the difference cleared",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            (defined_otherwise(&c).iter().all(|(_, on)| on.is_empty()) && metric() == Some(0.0))
+                .then_some(())
+        },
+    );
+    let nodes = c.cli("n1", &["nodes"]);
+    let text = String::from_utf8_lossy(&nodes.stdout);
+    assert!(!text.contains("different sets"), "{text}");
+    c.stop_all();
+}
+
+/// A daemon starting while another process writes to a fresh SQLite file
+/// (still in rollback mode, its lock held 1.5 s: another daemon's first
+/// migration, or any writer) waits for the lock: no ERROR and no "database
+/// is locked" in its log, and it runs its job once the lock is free. Its
+/// pool's background connection used to fail at once (no busy handler while
+/// switching the file to WAL) and sqlx logged `error returned from
+/// after_connect … database is locked` at ERROR; the migration gave up
+/// after a second and the node logged the store unavailable.
+#[test]
+fn a_daemon_starting_beside_a_writer_on_a_fresh_sqlite_file_waits_without_an_error() {
+    use sqlx::Connection;
+    let mut c = Cluster::new(Backend::Sqlite, None, "");
+    let db = c.dir.path().join("locks.db");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    sqlx::any::install_default_drivers();
+    let mut writer = rt
+        .block_on(sqlx::AnyConnection::connect(&format!(
+            "sqlite://{}?mode=rwc",
+            db.display()
+        )))
+        .unwrap();
+    rt.block_on(
+        sqlx::raw_sql(
+            "CREATE TABLE other_app (x INTEGER); BEGIN EXCLUSIVE; INSERT INTO other_app VALUES (1)",
+        )
+        .execute(&mut writer),
+    )
+    .unwrap();
+    c.start("n1");
+    std::thread::sleep(Duration::from_millis(1500));
+    rt.block_on(sqlx::raw_sql("COMMIT").execute(&mut writer))
+        .unwrap();
+    c.wait_for("two runs", Duration::from_secs(20), |l| l.len() >= 2);
+    c.stop_all();
+    let log = c.log("n1");
+    for bad in [" ERROR ", "database is locked", "store unavailable"] {
+        assert!(!log.contains(bad), "{bad:?} in the log:\n{log}");
+    }
+}
+
+/// What a test's current thread logs, as text.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A new pooled connection waits for the database's lock while it sets the
+/// file up (busy handler, WAL), instead of failing at once: sqlx then
+/// logged `error returned from after_connect … database is locked` at
+/// ERROR and tried again. That is what a daemon starting beside others on
+/// one file met when another process held the lock (its WAL switch or
+/// recovery) just as its pool opened a connection.
+#[test]
+fn a_new_sqlite_connection_waits_for_the_lock_without_an_error() {
+    use cronlease::config::{StoreConfig, StoreUrl};
+    use sqlx::Connection;
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _local = tracing::subscriber::set_default(subscriber);
+    // One thread: every task logs through this thread's subscriber.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let config = StoreConfig::new(
+        StoreUrl::parse(&format!("sqlite://{}", db.display()), dir.path()).unwrap(),
+    );
+    rt.block_on(async {
+        // Another process writes to the file (fresh, so still in rollback
+        // mode) for half a second.
+        sqlx::any::install_default_drivers();
+        let mut other =
+            sqlx::AnyConnection::connect(&format!("sqlite://{}?mode=rwc", db.display()))
+                .await
+                .unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE other_app (x INTEGER); BEGIN EXCLUSIVE; INSERT INTO other_app VALUES (1)",
+        )
+        .execute(&mut other)
+        .await
+        .unwrap();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+            other.close().await.unwrap();
+        });
+        // A daemon starting now: its first connection meets the lock.
+        let starting = cronlease::store::connect(&config).await.unwrap();
+        let answered = starting.ping().await;
+        release.await.unwrap();
+        assert!(answered.is_ok(), "{answered:?}");
+    });
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        !text.contains("after_connect") && !text.contains("ERROR"),
+        "{text}"
+    );
+}

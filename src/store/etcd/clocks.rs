@@ -173,7 +173,7 @@ impl EtcdStore {
         *slot = Some(tokio::spawn(read_clocks(
             Arc::downgrade(&self.clocks),
             client.clone(),
-            self.node_key(""),
+            self.keys.of(Kind::Node, ""),
             self.url.clone(),
         )));
     }

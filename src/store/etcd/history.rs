@@ -14,7 +14,7 @@ impl History for EtcdStore {
         let mut plans = Vec::with_capacity(runs.len());
         let mut sizes = Vec::with_capacity(runs.len());
         for (i, run) in runs.iter().enumerate() {
-            let key = self.run_key(&run.job, run.fence);
+            let key = self.keys.run(&run.job, run.fence);
             // One write per (job, fence): etcd refuses a transaction that
             // writes a key twice.
             if !seen.insert(key.clone()) {
@@ -63,9 +63,9 @@ impl History for EtcdStore {
             return Ok(Vec::new());
         }
         let client = self.client().await?;
-        let root = self.runs_root();
+        let root = self.keys.of(Kind::Runs, "");
         let under = match job {
-            Some(j) => self.runs_prefix(j.as_str()),
+            Some(j) => self.keys.runs_prefix(j.as_str()),
             None => root.clone(),
         };
         let keys = self.keys_under(&client, &under).await?;
@@ -113,7 +113,7 @@ impl History for EtcdStore {
             return Ok(Vec::new());
         }
         let client = self.client().await?;
-        let root = self.runs_root();
+        let root = self.keys.of(Kind::Runs, "");
         let newest = || {
             GetOptions::new()
                 .with_prefix()
@@ -123,7 +123,7 @@ impl History for EtcdStore {
         let reads = jobs.chunks(RUNS_PER_READ).map(|chunk| {
             let ops = chunk
                 .iter()
-                .map(|job| TxnOp::get(self.runs_prefix(job.as_str()), Some(newest())))
+                .map(|job| TxnOp::get(self.keys.runs_prefix(job.as_str()), Some(newest())))
                 .collect();
             self.batch(&client, ops)
         });
@@ -174,7 +174,7 @@ impl EtcdStore {
             .iter()
             .map(|job| {
                 let options = GetOptions::new().with_prefix().with_count_only();
-                TxnOp::get(self.runs_prefix(job), Some(options))
+                TxnOp::get(self.keys.runs_prefix(job), Some(options))
             })
             .collect();
         let answers = self.batch(client, counts).await?;
@@ -198,7 +198,7 @@ impl EtcdStore {
                     .with_keys_only()
                     .with_sort(SortTarget::Key, SortOrder::Ascend)
                     .with_limit(*surplus);
-                TxnOp::get(self.runs_prefix(job), Some(options))
+                TxnOp::get(self.keys.runs_prefix(job), Some(options))
             })
             .collect();
         let answers = self.batch(client, oldest).await?;
@@ -212,7 +212,7 @@ impl EtcdStore {
                 let mut end = newest_surplus.key().to_vec();
                 end.push(0);
                 let below = DeleteOptions::new().with_range(end);
-                deletes.push(TxnOp::delete(self.runs_prefix(job), Some(below)));
+                deletes.push(TxnOp::delete(self.keys.runs_prefix(job), Some(below)));
             }
         }
         if !deletes.is_empty() {

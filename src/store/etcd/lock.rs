@@ -94,7 +94,7 @@ impl EtcdStore {
                     None,
                     ClaimOutcome::Failed(format!(
                         "the lock key {} of job {job} is unreadable ({why}); delete it (etcdctl del) to start the job afresh",
-                        self.lock_key(job)
+                        self.keys.of(Kind::Lock, job)
                     )),
                 );
             }
@@ -104,7 +104,7 @@ impl EtcdStore {
                 None,
                 ClaimOutcome::Failed(format!(
                     "the lease key {} of job {job} has no etcd lease, so it never ends (written by hand?); delete it (etcdctl del) to free the job",
-                    self.lease_key(job)
+                    self.keys.of(Kind::Lease, job)
                 )),
             );
         }
@@ -153,7 +153,10 @@ impl EtcdStore {
             };
             let json = serde_json::to_vec(&state).map_err(|e| e.to_string())?;
             let lease_json = serde_json::to_vec(&lease).map_err(|e| e.to_string())?;
-            let (lock, lease) = (self.lock_key(job), self.lease_key(job));
+            let (lock, lease) = (
+                self.keys.of(Kind::Lock, job),
+                self.keys.of(Kind::Lease, job),
+            );
             let mut plan = Plan {
                 when: vec![
                     unchanged(&lock, view.keys.lock.as_ref()),
@@ -165,7 +168,7 @@ impl EtcdStore {
                 ],
             };
             if let Some(id) = grant.manual {
-                plan.ops.push(PlanOp::Delete(self.trigger_key(job, id)));
+                plan.ops.push(PlanOp::Delete(self.keys.trigger(job, id)));
             }
             Ok(plan)
         })
@@ -194,7 +197,7 @@ impl EtcdStore {
             let Ok(value) = serde_json::to_vec(&state) else {
                 return (None, ());
             };
-            let key = self.lock_key(jobs[i]);
+            let key = self.keys.of(Kind::Lock, jobs[i]);
             let plan = Plan {
                 when: vec![unchanged(&key, view.keys.lock.as_ref())],
                 ops: vec![PlanOp::Put(key, value)],
@@ -240,7 +243,7 @@ impl EtcdStore {
             .zip(&outcomes)
             .filter_map(|(req, outcome)| match (req.manual, outcome) {
                 (Some(id), ClaimOutcome::Lost(lost)) if lost.trigger_gone => {
-                    Some(TxnOp::delete(self.trigger_key(req.job.as_str(), id), None))
+                    Some(TxnOp::delete(self.keys.trigger(req.job.as_str(), id), None))
                 }
                 _ => None,
             })

@@ -61,12 +61,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::cas;
-use super::records::JobMarks;
+use super::records::{JobMarks, Kind, Layout};
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
     RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, from_ms, lock, newest_first,
-    pending_from_entries, run_from_json, to_ms, trigger_entry, trigger_row,
+    pending_from_entries, run_from_json, to_ms, trigger_row,
 };
 use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
 
@@ -118,8 +118,8 @@ pub struct EtcdStore {
     target: EtcdTarget,
     url: StoreUrl,
     tls: Option<TlsFiles>,
-    /// `store.key_prefix`: every key starts with it.
-    prefix: String,
+    /// Every key starts with `store.key_prefix` ([`Layout::etcd`]).
+    keys: Layout,
     op_timeout: Duration,
     client: tokio::sync::Mutex<Option<etcd::Client>>,
     /// The member the client talks to, as an index into the URL's list: one
@@ -171,16 +171,13 @@ impl EtcdStore {
     /// Connections are made on first use.
     pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
         let StoreKind::Etcd(target) = config.url.kind() else {
-            return Err(StoreError::Backend {
-                store: config.url.redacted().into(),
-                reason: "not an etcd:// or etcds:// URL".into(),
-            });
+            return Err(StoreError::not_a(config, "an etcd:// or etcds:// URL"));
         };
         Ok(EtcdStore {
             target: target.clone(),
             url: config.url.clone(),
             tls: config.tls.clone(),
-            prefix: config.key_prefix.clone(),
+            keys: Layout::etcd(&config.key_prefix),
             op_timeout: config.op_timeout,
             client: tokio::sync::Mutex::new(None),
             endpoint: std::sync::atomic::AtomicUsize::new(0),
@@ -189,41 +186,6 @@ impl EtcdStore {
             clocks: Arc::new(PeerClocks::default()),
             beat_lease: std::sync::Mutex::new(None),
         })
-    }
-
-    fn lock_key(&self, job: &str) -> String {
-        format!("{}lock/{job}", self.prefix)
-    }
-
-    fn lease_key(&self, job: &str) -> String {
-        format!("{}lease/{job}", self.prefix)
-    }
-
-    /// The registry's key of `owner` (`""`: the registry's prefix).
-    fn node_key(&self, owner: &str) -> String {
-        format!("{}node/{owner}", self.prefix)
-    }
-
-    fn triggers_root(&self) -> String {
-        format!("{}trigger/", self.prefix)
-    }
-
-    /// A pending request's key: `{p}trigger/<job>~<id>`.
-    fn trigger_key(&self, job: &str, id: TriggerId) -> String {
-        format!("{}{}", self.triggers_root(), trigger_entry(job, id))
-    }
-
-    fn runs_root(&self) -> String {
-        format!("{}runs/", self.prefix)
-    }
-
-    fn runs_prefix(&self, job: &str) -> String {
-        format!("{}{job}/", self.runs_root())
-    }
-
-    /// A run's key: the fence zero-padded to 20 digits, so keys sort by fence.
-    fn run_key(&self, job: &str, fence: u64) -> String {
-        format!("{}{fence:020}", self.runs_prefix(job))
     }
 
     fn backend(&self, reason: impl Into<String>) -> StoreError {
@@ -398,7 +360,7 @@ impl EtcdStore {
         *slot = Some(tokio::spawn(wake_on_deletions(
             Arc::downgrade(&self.releases),
             client,
-            self.lease_key(""),
+            self.keys.of(Kind::Lease, ""),
             self.url.clone(),
         )));
     }
@@ -485,13 +447,7 @@ fn endpoints(target: &EtcdTarget) -> Vec<String> {
     target
         .servers
         .iter()
-        .map(|(host, port)| {
-            if host.contains(':') {
-                format!("{scheme}://[{host}]:{port}")
-            } else {
-                format!("{scheme}://{host}:{port}")
-            }
-        })
+        .map(|server| format!("{scheme}://{}", crate::config::host_port(server)))
         .collect()
 }
 
@@ -598,7 +554,7 @@ impl Locks for EtcdStore {
     /// claim's read and this wait is not seen: the claimer then waits the
     /// lease out as elsewhere.
     async fn lease_freed(&self, job: &JobName) {
-        let key = self.lease_key(job.as_str());
+        let key = self.keys.of(Kind::Lease, job.as_str());
         let notify = lock(&self.releases.waiters).entry(key).or_default().clone();
         let freed = notify.notified();
         tokio::pin!(freed);
@@ -643,7 +599,7 @@ impl Locks for EtcdStore {
                 let Ok(value) = serde_json::to_vec(&renewed) else {
                     return (None, false);
                 };
-                let key = self.lease_key(jobs[i]);
+                let key = self.keys.of(Kind::Lease, jobs[i]);
                 let plan = Plan {
                     when: vec![unchanged(&key, Some(e))],
                     ops: vec![PlanOp::PutLeased(
@@ -675,7 +631,7 @@ impl Locks for EtcdStore {
                         // Past its end the key is deleted too (peers whose
                         // clocks lag see it end now, and the watch tells
                         // them), but only a live lease counts as ended.
-                        let key = self.lease_key(names[i]);
+                        let key = self.keys.of(Kind::Lease, names[i]);
                         let plan = Plan {
                             when: vec![unchanged(&key, Some(e))],
                             ops: vec![PlanOp::Delete(key)],
@@ -709,7 +665,7 @@ impl Locks for EtcdStore {
                 Err(why) => {
                     failed = Some(format!(
                         "the lock key {} of job {} is unreadable ({why}); delete it (etcdctl del) to start the job afresh",
-                        self.lock_key(names[i]),
+                        self.keys.of(Kind::Lock, names[i]),
                         names[i]
                     ));
                     return (None, ());
@@ -717,7 +673,7 @@ impl Locks for EtcdStore {
             };
             match serde_json::to_vec(&state) {
                 Ok(json) => {
-                    let key = self.lock_key(names[i]);
+                    let key = self.keys.of(Kind::Lock, names[i]);
                     let plan = Plan {
                         when: vec![unchanged(&key, view.keys.lock.as_ref())],
                         ops: vec![PlanOp::Put(key, json)],
@@ -753,7 +709,7 @@ impl Locks for EtcdStore {
                             None,
                             Err(format!(
                                 "the lock key {} of job {name} is unreadable ({why}); delete it (etcdctl del) to start the job afresh",
-                                self.lock_key(name)
+                                self.keys.of(Kind::Lock, name)
                             )),
                         );
                     }
@@ -771,7 +727,7 @@ impl Locks for EtcdStore {
                 };
                 match serde_json::to_vec(&state) {
                     Ok(json) => {
-                        let (lock, lease) = (self.lock_key(name), self.lease_key(name));
+                        let (lock, lease) = (self.keys.of(Kind::Lock, name), self.keys.of(Kind::Lease, name));
                         let plan = Plan {
                             when: vec![
                                 unchanged(&lock, view.keys.lock.as_ref()),
@@ -779,7 +735,7 @@ impl Locks for EtcdStore {
                             ],
                             ops: vec![
                                 PlanOp::Put(lock, json),
-                                PlanOp::Put(self.trigger_key(name, id), Vec::new()),
+                                PlanOp::Put(self.keys.trigger(name, id), Vec::new()),
                             ],
                         };
                         (Some(plan), Ok(answer))
@@ -809,12 +765,12 @@ impl Locks for EtcdStore {
                 let state = LockState { marks, ..state };
                 match serde_json::to_vec(&state) {
                     Ok(json) => {
-                        let lock = self.lock_key(name);
+                        let lock = self.keys.of(Kind::Lock, name);
                         let plan = Plan {
                             when: vec![unchanged(&lock, view.keys.lock.as_ref())],
                             ops: vec![
                                 PlanOp::Put(lock, json),
-                                PlanOp::Delete(self.trigger_key(name, id)),
+                                PlanOp::Delete(self.keys.trigger(name, id)),
                             ],
                         };
                         (Some(plan), Ok(true))
@@ -832,7 +788,7 @@ impl Locks for EtcdStore {
 
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let client = self.client().await?;
-        let root = self.triggers_root();
+        let root = self.keys.of(Kind::Trigger, "");
         let keys = self.keys_under(&client, &root).await?;
         Ok(pending_from_entries(
             keys.iter().filter_map(|key| key.strip_prefix(&root)),
@@ -845,14 +801,15 @@ impl Locks for EtcdStore {
         let client = self.client().await?;
         let mut kv = client.kv_client();
         let options = GetOptions::new().with_count_only();
-        self.timed(kv.get(self.lock_key(""), Some(options)))
+        self.timed(kv.get(self.keys.of(Kind::Lock, ""), Some(options)))
             .await
             .map(|_| ())
     }
 
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
         let client = self.client().await?;
-        let (lock_prefix, lease_prefix) = (self.lock_key(""), self.lease_key(""));
+        let (lock_prefix, lease_prefix) =
+            (self.keys.of(Kind::Lock, ""), self.keys.of(Kind::Lease, ""));
         // Both ranges at one revision, the locks' first page's.
         let (locks, revision) = self.range_all(&client, &lock_prefix, 0).await?;
         let (leases, _) = self.range_all(&client, &lease_prefix, revision).await?;

@@ -66,7 +66,7 @@ impl Registry for EtcdStore {
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let client = self.client().await?;
-        let prefix = self.node_key("");
+        let prefix = self.keys.of(Kind::Node, "");
         let mut kv = client.kv_client();
         let read = self
             .timed(kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
@@ -77,7 +77,7 @@ impl Registry for EtcdStore {
     async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
         let client = self.client().await?;
         let mut kv = client.kv_client();
-        self.timed(kv.delete(self.node_key(owner.as_str()), None))
+        self.timed(kv.delete(self.keys.of(Kind::Node, owner.as_str()), None))
             .await
             .map(|_| ())
     }
@@ -127,10 +127,10 @@ impl EtcdStore {
         let mut data = BeatData::from(beat);
         let now = now_ms();
         data.last_seen = Some(now);
-        let prefix = self.node_key("");
+        let prefix = self.keys.of(Kind::Node, "");
         let ops = vec![
             TxnOp::put(
-                self.node_key(beat.owner.as_str()),
+                self.keys.of(Kind::Node, beat.owner.as_str()),
                 data.to_json(),
                 Some(PutOptions::new().with_lease(lease)),
             ),
@@ -149,7 +149,7 @@ impl EtcdStore {
         read: &GetResponse,
         sent: i64,
     ) -> Vec<NodeRecord> {
-        let prefix = self.node_key("");
+        let prefix = self.keys.of(Kind::Node, "");
         let live = live_records(read.kvs(), &prefix, sent);
         // Every other record's clock is waited for, not only those live by
         // this node's clock: a node whose clock ran ahead saw its peers'

@@ -24,20 +24,20 @@ fn lease_ttls_are_whole_seconds_rounded_up_and_at_least_two() {
 #[test]
 fn keys_sit_under_the_prefix_and_runs_sort_by_fence() {
     let s = store("etcd://h", "cronlease:");
-    assert_eq!(s.lock_key("backup"), "cronlease:lock/backup");
-    assert_eq!(s.lease_key("backup"), "cronlease:lease/backup");
-    assert_eq!(s.runs_prefix("backup"), "cronlease:runs/backup/");
+    assert_eq!(s.keys.of(Kind::Lock, "backup"), "cronlease:lock/backup");
+    assert_eq!(s.keys.of(Kind::Lease, "backup"), "cronlease:lease/backup");
+    assert_eq!(s.keys.runs_prefix("backup"), "cronlease:runs/backup/");
     assert_eq!(
-        s.run_key("backup", 42),
+        s.keys.run("backup", 42),
         "cronlease:runs/backup/00000000000000000042"
     );
-    assert!(s.run_key("j", 9) < s.run_key("j", 10));
+    assert!(s.keys.run("j", 9) < s.keys.run("j", 10));
     assert_eq!(
-        s.run_key("j", u64::MAX),
+        s.keys.run("j", u64::MAX),
         format!("cronlease:runs/j/{}", u64::MAX)
     );
     let bare = store("etcd://h", "");
-    assert_eq!(bare.lock_key("j"), "lock/j");
+    assert_eq!(bare.keys.of(Kind::Lock, "j"), "lock/j");
 }
 
 #[test]

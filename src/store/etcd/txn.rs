@@ -381,10 +381,10 @@ impl EtcdStore {
         let mut keys = Vec::with_capacity(jobs.len() * 2);
         for job in jobs {
             if want.lock() {
-                keys.push(self.lock_key(job));
+                keys.push(self.keys.of(Kind::Lock, job));
             }
             if want.lease() {
-                keys.push(self.lease_key(job));
+                keys.push(self.keys.of(Kind::Lease, job));
             }
         }
         let (entries, extra) = self.read_keys_with(client, &keys, extra).await?;

@@ -177,12 +177,7 @@ impl SqlStore {
                 StoreKind::Sqlite { path } => sqlite_parts(path)?,
                 StoreKind::Mysql => mysql_parts(&url, op_ms, config.tls.as_ref())?,
                 StoreKind::Postgres => postgres_parts(&url, op_ms, config.tls.as_ref())?,
-                _ => {
-                    return Err(StoreError::Backend {
-                        store: url.redacted().into(),
-                        reason: "not an SQL URL".into(),
-                    });
-                }
+                _ => return Err(StoreError::not_a(config, "an SQL URL")),
             };
         let file_clock = match url.kind() {
             StoreKind::Sqlite { path } => sqlite_clock(path),

@@ -3,8 +3,7 @@
 use super::*;
 
 /// The columns of a node registry row, as `nodes` reads them.
-pub(super) const NODE_COLUMNS: &str =
-    "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held";
+pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions";
 
 #[async_trait]
 impl Registry for SqlStore {
@@ -83,7 +82,10 @@ impl SqlStore {
             .iter()
             .map(|r| -> Result<NodeRecord, sqlx::Error> {
                 let expires_at: i64 = r.try_get(5)?;
-                let now: i64 = r.try_get(8)?;
+                let now: i64 = r.try_get(9)?;
+                // JSON of what the beat said of its definitions; an
+                // unreadable one (a hand edit) says nothing.
+                let definitions: Option<String> = r.try_get(8)?;
                 Ok(NodeRecord {
                     owner: r.try_get(0)?,
                     node: r.try_get(1)?,
@@ -93,6 +95,7 @@ impl SqlStore {
                     expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
                     clock_offset_ms: r.try_get(6)?,
                     jobs_held: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
+                    definitions: definitions.and_then(|d| serde_json::from_str(&d).ok()),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -112,7 +115,7 @@ impl SqlStore {
         let now = self.file_clock_now()?;
         sqlx::query(self.sql(
             format!(
-                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?){}",
+                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?){}",
                 self.dialect.upsert_node
             ),
             now,
@@ -124,6 +127,11 @@ impl SqlStore {
         .bind(duration_ms(beat.ttl))
         .bind(beat.clock_offset_ms)
         .bind(i64::from(beat.jobs_held))
+        .bind(
+            beat.definitions
+                .as_ref()
+                .and_then(|d| serde_json::to_string(d).ok()),
+        )
         .execute(&mut *conn)
         .await?;
         if forget {

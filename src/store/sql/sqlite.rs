@@ -35,7 +35,7 @@ pub static DIALECT: Dialect = Dialect {
     insert_ignore: "INSERT OR IGNORE INTO",
     ignore_conflict: "",
     upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at, running = excluded.running, trigger_id = excluded.trigger_id, last_trigger = excluded.last_trigger",
-    upsert_node: " ON CONFLICT (owner) DO UPDATE SET node = excluded.node, version = excluded.version, started_at = excluded.started_at, last_seen = excluded.last_seen, expires_at = excluded.expires_at, clock_offset_ms = excluded.clock_offset_ms, jobs_held = excluded.jobs_held",
+    upsert_node: " ON CONFLICT (owner) DO UPDATE SET node = excluded.node, version = excluded.version, started_at = excluded.started_at, last_seen = excluded.last_seen, expires_at = excluded.expires_at, clock_offset_ms = excluded.clock_offset_ms, jobs_held = excluded.jobs_held, definitions = excluded.definitions",
     numbered_params: false,
     json_lock_rows: None,
     json_names: None,
@@ -62,8 +62,17 @@ pub static DIALECT: Dialect = Dialect {
             8,
             include_str!("../../../migrations/sqlite/0008_trigger.sql"),
         ),
+        (
+            9,
+            include_str!("../../../migrations/sqlite/0009_definitions.sql"),
+        ),
     ],
 };
+
+/// How long a new connection's setup, and a migration, wait for the
+/// database's lock: another daemon's first migration holds it for as long as
+/// its scripts take (MySQL's migration lock waits 30 s too).
+pub(super) const SETUP_BUSY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The dialect, the sqlx URL and the per-connection setup for a database file.
 pub(super) fn parts(path: &Path) -> Result<(&'static Dialect, String, Vec<String>), StoreError> {
@@ -84,10 +93,21 @@ pub(super) fn parts(path: &Path) -> Result<(&'static Dialect, String, Vec<String
     }
     let url = format!("sqlite://{encoded}?mode=rwc");
     let setup = vec![
-        // No busy handler: SqlStore retries a busy database itself, finely.
-        "PRAGMA busy_timeout = 0".into(),
-        "PRAGMA journal_mode = WAL".into(),
+        // Setting WAL needs the database's lock while the file is still in
+        // rollback mode (a fresh file another daemon is migrating): wait for
+        // it. Without a wait the pool's background connection failed, and
+        // sqlx logged "error returned from after_connect … database is
+        // locked" at ERROR before trying again (2-3 daemons starting at
+        // once on a new file).
+        format!("PRAGMA busy_timeout = {}", SETUP_BUSY.as_millis()),
+        // And when two connections switch at once, SQLite answers one of
+        // them "locked" without waiting (it would deadlock): the other one
+        // makes the file WAL for both (the mode is kept in the file), and
+        // the migration, which every daemon runs first, sets it as well.
+        format!("{}PRAGMA journal_mode = WAL", super::OPTIONAL),
         "PRAGMA synchronous = FULL".into(),
+        // Then no busy handler: SqlStore retries a busy database itself, finely.
+        "PRAGMA busy_timeout = 0".into(),
     ];
     Ok((&DIALECT, url, setup))
 }

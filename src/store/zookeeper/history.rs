@@ -24,7 +24,7 @@ impl History for ZkStore {
                     store: self.url.redacted().into(),
                     reason: e.to_string(),
                 })?;
-            let path = format!("{}/{:020}", self.runs_path(&run.job), run.fence);
+            let path = self.paths.run(&run.job, run.fence);
             writes.push((path, data));
         }
         // One request each, sent together; a fence recorded already is
@@ -40,7 +40,7 @@ impl History for ZkStore {
         self.end_running_marks(client, runs).await?;
         for job in jobs {
             let mut names = self
-                .timed(client.list_children(&self.runs_path(job)))
+                .timed(client.list_children(&self.paths.of(Kind::Runs, job)))
                 .await?;
             if names.len() <= keep.max(1) as usize {
                 continue;
@@ -48,7 +48,7 @@ impl History for ZkStore {
             names.sort_unstable();
             let surplus = names.len() - keep.max(1) as usize;
             let deleted = futures_util::future::join_all(names[..surplus].iter().map(|n| {
-                let path = format!("{}/{n}", self.runs_path(job));
+                let path = format!("{}/{n}", self.paths.of(Kind::Runs, job));
                 async move {
                     self.idempotent(client.delete(&path, None), zk::Error::NoNode)
                         .await
@@ -69,7 +69,7 @@ impl History for ZkStore {
         let jobs = match job {
             Some(j) => vec![j.as_str().to_string()],
             None => {
-                self.timed(client.list_children(&format!("{}/runs", self.base)))
+                self.timed(client.list_children(&self.paths.dir(Kind::Runs)))
                     .await?
             }
         };
@@ -88,7 +88,7 @@ impl ZkStore {
         client: &zk::Client,
         job: &str,
     ) -> Result<(), StoreError> {
-        let path = self.runs_path(job);
+        let path = self.paths.of(Kind::Runs, job);
         if self.known_dir(&path) {
             return Ok(());
         }
@@ -108,7 +108,10 @@ impl ZkStore {
         job: &str,
         limit: u32,
     ) -> Result<Vec<RunRecord>, StoreError> {
-        let mut names = match self.timed(client.list_children(&self.runs_path(job))).await {
+        let mut names = match self
+            .timed(client.list_children(&self.paths.of(Kind::Runs, job)))
+            .await
+        {
             Ok(n) => n,
             Err(StoreError::NotMigrated { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(e),
@@ -118,7 +121,7 @@ impl ZkStore {
         // A few runs per multi read, the reads sent together: an answer
         // stays far below ZooKeeper's 1 MiB packet limit (`jute.maxbuffer`)
         // with the largest output tails.
-        let dir = self.runs_path(job);
+        let dir = self.paths.of(Kind::Runs, job);
         let reads = names.chunks(RUNS_PER_READ).map(|chunk| {
             let dir = &dir;
             async move {
@@ -145,12 +148,11 @@ impl ZkStore {
                 Ok::<_, StoreError>(runs)
             }
         });
-        let runs: Vec<RunRecord> = futures_util::future::try_join_all(reads)
+        Ok(futures_util::future::try_join_all(reads)
             .await?
             .into_iter()
             .flatten()
-            .collect();
-        Ok(runs)
+            .collect())
     }
 
     /// Clears the running mark of each lock whose last claim's run is among
@@ -161,12 +163,12 @@ impl ZkStore {
         client: &zk::Client,
         runs: &[RunRecord],
     ) -> Result<(), StoreError> {
+        let session = Self::session_tag(client);
         let (jobs, ended) = cas::ended_runs(runs);
         if jobs.is_empty() {
             return Ok(());
         }
         let nodes = self.read_locks(client, &jobs).await?;
-        let session = Self::session_tag(client);
         // The clock is not read: clearing a mark decides on the node alone.
         self.decide_and_write(client, &jobs, &nodes, 0, &session, &mut |i, node, _, _| {
             let Node::Present(d, _) = node else {

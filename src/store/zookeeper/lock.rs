@@ -172,7 +172,7 @@ impl ZkStore {
             let mut reader = client.new_multi_reader();
             for job in chunk {
                 reader
-                    .add_get_data(&self.lock_path(job))
+                    .add_get_data(&self.paths.of(Kind::Lock, job))
                     .map_err(|e| self.err(e))?;
             }
             reader
@@ -205,7 +205,7 @@ impl ZkStore {
                             }
                             Err(e) => Node::Unreadable(format!(
                                 "the lock node of job {job} is unreadable ({e}); delete {} to start the job afresh",
-                                self.lock_path(job)
+                                self.paths.of(Kind::Lock, job)
                             )),
                         }
                     }
@@ -249,7 +249,7 @@ impl ZkStore {
                     store: self.url.redacted().into(),
                     reason: e.to_string(),
                 })?;
-                let path = self.lock_path(job);
+                let path = self.paths.of(Kind::Lock, job);
                 match version {
                     Some(v) => writer.add_set_data(&path, &json, Some(*v)),
                     None => writer.add_create(&path, &json, &persistent),
@@ -258,7 +258,7 @@ impl ZkStore {
                 of_write.push(w);
                 if let Some(name) = &data.announce {
                     writer
-                        .add_create(&self.trigger_path(name), b"", &persistent)
+                        .add_create(&self.paths.of(Kind::Trigger, name), b"", &persistent)
                         .map_err(|e| self.err(e))?;
                     of_write.push(w);
                 }
@@ -290,10 +290,14 @@ impl ZkStore {
         jobs: &[&str],
         owners: &[&str],
         decide_one: impl FnMut(usize, &Node, i64, &str) -> (Option<LockData>, A),
-    ) -> Result<(i64, Vec<A>), StoreError> {
+    ) -> Result<Vec<A>, StoreError> {
+        // Nothing to decide: no call (a node holding nothing releases nothing).
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
         self.read_decide_write_beating(jobs, owners, None, decide_one)
             .await
-            .map(|(now, answers, _)| (now, answers))
+            .map(|(_, answers, _)| answers)
     }
 
     /// [`ZkStore::read_decide_write`] with `beat` in its clock write
@@ -423,7 +427,7 @@ impl ZkStore {
                     ClaimOutcome::Lost(lost) => lost.trigger_gone,
                     ClaimOutcome::Failed(_) => false,
                 };
-                over.then(|| self.trigger_path(&trigger_entry(req.job.as_str(), id)))
+                over.then(|| self.paths.trigger(req.job.as_str(), id))
             })
             .collect();
         if !done.is_empty() {

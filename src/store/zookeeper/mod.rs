@@ -56,7 +56,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::cas;
-use super::records::JobMarks;
+use super::records::{JobMarks, Kind, Layout};
 use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
@@ -85,6 +85,8 @@ pub struct ZkStore {
     url: StoreUrl,
     /// Where cronlease's nodes are: the URL's path plus the key prefix.
     base: String,
+    /// The znodes of each kind of record under `base` ([`Layout::zookeeper`]).
+    paths: Layout,
     op_timeout: Duration,
     client: tokio::sync::Mutex<Option<zk::Client>>,
     /// The current session, as far as this process can prove it alive.
@@ -97,10 +99,7 @@ impl ZkStore {
     /// Connections are made on first use.
     pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
         let StoreKind::ZooKeeper(target) = config.url.kind() else {
-            return Err(StoreError::Backend {
-                store: config.url.redacted().into(),
-                reason: "not a zk:// URL".into(),
-            });
+            return Err(StoreError::not_a(config, "a zk:// URL"));
         };
         let node = config.key_prefix.trim_end_matches(':').replace('/', "_");
         let node = if node.is_empty() {
@@ -112,25 +111,13 @@ impl ZkStore {
         Ok(ZkStore {
             target: target.clone(),
             url: config.url.clone(),
+            paths: Layout::zookeeper(&base),
             base,
             op_timeout: config.op_timeout,
             client: tokio::sync::Mutex::new(None),
             session: Arc::new(Mutex::new(None)),
             run_dirs: Mutex::new(HashSet::new()),
         })
-    }
-
-    fn lock_path(&self, job: &str) -> String {
-        format!("{}/locks/{job}", self.base)
-    }
-
-    /// `name` is `<job>~<id>` ([`trigger_entry`]).
-    fn trigger_path(&self, name: &str) -> String {
-        format!("{}/triggers/{name}", self.base)
-    }
-
-    fn runs_path(&self, job: &str) -> String {
-        format!("{}/runs/{job}", self.base)
     }
 
     fn err(&self, e: zk::Error) -> StoreError {
@@ -187,13 +174,7 @@ impl ZkStore {
             .target
             .servers
             .iter()
-            .map(|(h, p)| {
-                if h.contains(':') {
-                    format!("[{h}]:{p}")
-                } else {
-                    format!("{h}:{p}")
-                }
-            })
+            .map(crate::config::host_port)
             .collect();
         let mut connector = zk::Client::connector()
             .with_session_timeout(self.target.session_timeout)
@@ -262,13 +243,10 @@ impl Locks for ZkStore {
         owner: &Owner,
         renewals: &[Renewal],
     ) -> Result<Vec<bool>, StoreError> {
-        if renewals.is_empty() {
-            return Ok(Vec::new());
-        }
         let jobs: Vec<&str> = renewals.iter().map(|r| r.job.as_str()).collect();
         // A lease taken in an ended session (read as ended) is not renewed:
         // a peer may have seen that session end.
-        let (_, done) = self
+        let done = self
             .read_decide_write(
                 &jobs,
                 &[owner.as_str()],
@@ -290,11 +268,8 @@ impl Locks for ZkStore {
     }
 
     async fn release(&self, jobs: &[JobName], owner: &Owner) -> Result<usize, StoreError> {
-        if jobs.is_empty() {
-            return Ok(0);
-        }
         let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
-        let (_, done) = self
+        let done = self
             .read_decide_write(&names, &[], |_, node, now, _| match node {
                 Node::Present(d, _)
                     if d.owner.as_deref() == Some(owner.as_str()) && d.expires_at > now =>
@@ -311,9 +286,6 @@ impl Locks for ZkStore {
     }
 
     async fn set_paused(&self, jobs: &[JobName], paused: bool) -> Result<(), StoreError> {
-        if jobs.is_empty() {
-            return Ok(());
-        }
         let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
         self.read_decide_write(&names, &[], |_, node, now, _| match node {
             Node::Present(d, _) => (
@@ -341,13 +313,13 @@ impl Locks for ZkStore {
         job: &JobName,
         id: TriggerId,
     ) -> Result<TriggerAnswer, StoreError> {
-        let client = self.client().await?;
         // A store prepared by a version without manual runs has no directory
         // for their announcements yet.
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        self.timed(client.mkdir(&format!("{}/triggers", self.base), &persistent))
+        let client = self.client().await?;
+        self.timed(client.mkdir(&self.paths.dir(Kind::Trigger), &persistent))
             .await?;
-        let (_, answers) = self
+        let answers = self
             .read_decide_write(&[job.as_str()], &[], |_, node, now, _| {
                 if let Node::Unreadable(why) = node {
                     return (None, Err(why.clone()));
@@ -382,7 +354,7 @@ impl Locks for ZkStore {
     }
 
     async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
-        let (_, answers) = self
+        let answers = self
             .read_decide_write(&[job.as_str()], &[], |_, node, _, _| match node {
                 Node::Present(d, _) => match JobMarks::withdrawn(&d.marks, id) {
                     Some(marks) => (
@@ -402,7 +374,7 @@ impl Locks for ZkStore {
         // Its announcement goes too (best effort: one left behind is found
         // gone, and deleted, at the next look).
         if let Ok(client) = self.client().await {
-            let path = self.trigger_path(&trigger_entry(job.as_str(), id));
+            let path = self.paths.trigger(job.as_str(), id);
             let _ = self
                 .idempotent(client.delete(&path, None), zk::Error::NoNode)
                 .await;
@@ -413,7 +385,7 @@ impl Locks for ZkStore {
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let client = self.client().await?;
         let names = match self
-            .timed(client.list_children(&format!("{}/triggers", self.base)))
+            .timed(client.list_children(&self.paths.dir(Kind::Trigger)))
             .await
         {
             Ok(names) => names,
@@ -461,7 +433,7 @@ impl Locks for ZkStore {
     async fn status(&self) -> Result<Vec<LockStatus>, StoreError> {
         let client = self.client().await?;
         let mut jobs = self
-            .timed(client.list_children(&format!("{}/locks", self.base)))
+            .timed(client.list_children(&self.paths.dir(Kind::Lock)))
             .await?;
         jobs.sort();
         let names: Vec<&str> = jobs.iter().map(String::as_str).collect();

@@ -50,7 +50,7 @@ impl Registry for ZkStore {
 
     async fn leave(&self, owner: &Owner) -> Result<(), StoreError> {
         let client = self.client().await?;
-        let path = format!("{}/nodes/{owner}", self.base);
+        let path = self.paths.of(Kind::Node, owner.as_str());
         self.idempotent(client.delete(&path, None), zk::Error::NoNode)
             .await
     }
@@ -74,7 +74,7 @@ impl Registry for ZkStore {
 impl ZkStore {
     /// A node's record in the registry.
     pub(super) fn node_path(&self, owner: &str) -> String {
-        format!("{}/nodes/{owner}", self.base)
+        self.paths.of(Kind::Node, owner)
     }
 
     /// The registry's records live at the store's `now` (ms), read in
@@ -86,7 +86,7 @@ impl ZkStore {
         now: i64,
         forget: bool,
     ) -> Result<Vec<NodeRecord>, StoreError> {
-        let dir = format!("{}/nodes", self.base);
+        let dir = self.paths.dir(Kind::Node);
         let owners = match tokio::time::timeout(self.op_timeout, client.list_children(&dir)).await {
             Ok(Ok(owners)) => owners,
             // Never prepared by a version with a registry: nobody in it.

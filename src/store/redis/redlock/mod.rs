@@ -123,10 +123,7 @@ impl RedlockStore {
     /// Builds a client per master; connections are made on first use.
     pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
         let StoreKind::Redlock(urls) = config.url.kind() else {
-            return Err(StoreError::Backend {
-                store: config.url.redacted().into(),
-                reason: "not a Redlock store URL".into(),
-            });
+            return Err(StoreError::not_a(config, "a Redlock store URL"));
         };
         let masters = urls
             .iter()

@@ -1,0 +1,5 @@
+-- cronlease schema v9 for mysql: each node's registry row carries what its
+-- last beat said of its job definitions (docs/protocol.md, "Job definitions
+-- across nodes"), as JSON. NULL for a node of an earlier version. Additive:
+-- binaries that know schema 8 claim on it.
+ALTER TABLE {prefix}nodes ADD COLUMN definitions TEXT NULL;
