@@ -51,28 +51,7 @@ impl SqlStore {
             ),
         };
         if self.dialect.name == "sqlite" {
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "PRAGMA busy_timeout = {}",
-                super::sqlite::SETUP_BUSY.as_millis()
-            )))
-            .execute(&mut conn)
-            .await?;
-            // Two daemons switching a new file to WAL at once: SQLite
-            // answers one of them "locked" without waiting (a wait could
-            // deadlock), so that one tries again.
-            let deadline = tokio::time::Instant::now() + super::sqlite::SETUP_BUSY;
-            loop {
-                match sqlx::raw_sql("PRAGMA journal_mode = WAL")
-                    .execute(&mut conn)
-                    .await
-                {
-                    Ok(_) => break,
-                    Err(e) if super::is_transient(&e) && tokio::time::Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            super::sqlite::prepare_for_migration(&mut conn).await?;
         }
         sqlx::raw_sql(AssertSqlSafe(lock))
             .execute(&mut conn)

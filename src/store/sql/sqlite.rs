@@ -112,6 +112,34 @@ pub(super) fn parts(path: &Path) -> Result<(&'static Dialect, String, Vec<String
     Ok((&DIALECT, url, setup))
 }
 
+/// Sets up the migration's connection: it waits for the database's lock
+/// ([`SETUP_BUSY`]), and switches the file to WAL. Two daemons switching a
+/// new file at once: SQLite answers one of them "locked" without waiting (a
+/// wait could deadlock), so that one tries again.
+pub(super) async fn prepare_for_migration(
+    conn: &mut sqlx::AnyConnection,
+) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PRAGMA busy_timeout = {}",
+        SETUP_BUSY.as_millis()
+    )))
+    .execute(&mut *conn)
+    .await?;
+    let deadline = tokio::time::Instant::now() + SETUP_BUSY;
+    loop {
+        match sqlx::raw_sql("PRAGMA journal_mode = WAL")
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if super::is_transient(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The host's clock as the kernel stamps it on a write to `<db>-clock`.
 pub struct FileClock {
     db: PathBuf,
