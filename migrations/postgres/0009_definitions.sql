@@ -2,4 +2,4 @@
 -- last beat said of its job definitions (docs/protocol.md, "Job definitions
 -- across nodes"), as JSON. NULL for a node of an earlier version. Additive:
 -- binaries that know schema 8 claim on it.
-ALTER TABLE {prefix}nodes ADD COLUMN definitions TEXT NULL;
+ALTER TABLE {prefix}nodes ADD COLUMN IF NOT EXISTS definitions TEXT NULL;
