@@ -50,6 +50,7 @@ impl SqlStore {
                 "COMMIT".into(),
             ),
         };
+        #[cfg(feature = "sqlite")]
         if self.dialect.name == "sqlite" {
             super::sqlite::prepare_for_migration(&mut conn).await?;
         }
