@@ -184,9 +184,15 @@ impl Layout {
         }
     }
 
+    /// `{root}{name}`: a record of the store's own beside the kinds
+    /// (ZooKeeper's `clock` and `live`).
+    pub fn under(&self, name: &str) -> String {
+        format!("{}{name}", self.root)
+    }
+
     /// The directory of a kind: `{root}{dir}` (a ZooKeeper parent znode).
     pub fn dir(&self, kind: Kind) -> String {
-        format!("{}{}", self.root, self.dirs[kind as usize])
+        self.under(self.dirs[kind as usize])
     }
 
     /// The record `name` of a kind; with `""`, the prefix every record of
@@ -238,6 +244,7 @@ mod tests {
         assert_eq!(zk.dir(Kind::Trigger), "/ch/cronlease/triggers");
         assert_eq!(zk.dir(Kind::Node), "/ch/cronlease/nodes");
         assert_eq!(zk.of(Kind::Runs, "j"), "/ch/cronlease/runs/j");
+        assert_eq!(zk.under("clock"), "/ch/cronlease/clock");
         assert_eq!(zk.run("j", 7), "/ch/cronlease/runs/j/00000000000000000007");
     }
 

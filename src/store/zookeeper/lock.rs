@@ -107,7 +107,7 @@ impl ZkStore {
     pub(super) async fn tick(&self, client: &zk::Client) -> Result<i64, StoreError> {
         let sent = Instant::now();
         let stat = self
-            .timed(client.set_data(&format!("{}/clock", self.base), b"", None))
+            .timed(client.set_data(&self.paths.under("clock"), b"", None))
             .await?;
         self.confirmed(client, sent);
         Ok(stat.mtime)
@@ -129,7 +129,7 @@ impl ZkStore {
         let data = BeatData::from(beat).to_json();
         let mut writer = client.new_multi_writer();
         writer
-            .add_set_data(&format!("{}/clock", self.base), b"", None)
+            .add_set_data(&self.paths.under("clock"), b"", None)
             .map_err(|e| self.err(e))?;
         writer
             .add_set_data(&self.node_path(beat.owner.as_str()), data.as_bytes(), None)
@@ -176,7 +176,7 @@ impl ZkStore {
                     .map_err(|e| self.err(e))?;
             }
             reader
-                .add_get_children(&format!("{}/live", self.base))
+                .add_get_children(&self.paths.under("live"))
                 .map_err(|e| self.err(e))?;
             let sent = Instant::now();
             let mut results = self.timed(reader.commit()).await?;

@@ -83,9 +83,8 @@ const RUNS_PER_READ: usize = 2;
 pub struct ZkStore {
     target: ZkTarget,
     url: StoreUrl,
-    /// Where cronlease's nodes are: the URL's path plus the key prefix.
-    base: String,
-    /// The znodes of each kind of record under `base` ([`Layout::zookeeper`]).
+    /// Where cronlease's znodes are, under the URL's path plus the key
+    /// prefix ([`Layout::zookeeper`]).
     paths: Layout,
     op_timeout: Duration,
     client: tokio::sync::Mutex<Option<zk::Client>>,
@@ -112,7 +111,6 @@ impl ZkStore {
             target: target.clone(),
             url: config.url.clone(),
             paths: Layout::zookeeper(&base),
-            base,
             op_timeout: config.op_timeout,
             client: tokio::sync::Mutex::new(None),
             session: Arc::new(Mutex::new(None)),
@@ -210,12 +208,18 @@ impl Locks for ZkStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        for dir in ["locks", "runs", "live", "nodes", "triggers"] {
-            self.timed(client.mkdir(&format!("{}/{dir}", self.base), &persistent))
-                .await?;
+        let dirs = [
+            self.paths.dir(Kind::Lock),
+            self.paths.dir(Kind::Runs),
+            self.paths.under("live"),
+            self.paths.dir(Kind::Node),
+            self.paths.dir(Kind::Trigger),
+        ];
+        for dir in dirs {
+            self.timed(client.mkdir(&dir, &persistent)).await?;
         }
         self.idempotent(
-            client.create(&format!("{}/clock", self.base), b"", &persistent),
+            client.create(&self.paths.under("clock"), b"", &persistent),
             zk::Error::NodeExists,
         )
         .await

@@ -109,7 +109,7 @@ impl ZkStore {
         }
         let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         for owner in missing {
-            let path = format!("{}/live/{}", self.base, live_name(owner, id));
+            let path = self.paths.under(&format!("live/{}", live_name(owner, id)));
             self.idempotent(client.create(&path, b"", &ephemeral), zk::Error::NodeExists)
                 .await?;
             if let Some(s) = lock(&self.session).as_mut().filter(|s| s.id == id) {
