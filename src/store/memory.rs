@@ -25,9 +25,9 @@ use tokio::time::Instant;
 
 use super::registry::{BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry, sorted};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
-    RunRecord, Store, StoreError, TriggerAnswer, TriggerId, claim_rows, clears_running,
-    duration_ms, from_ms, to_ms, trigger_row,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, RECORD_FORMAT,
+    Renewal, RunRecord, SchemaNotice, Store, StoreError, TriggerAnswer, TriggerId, claim_rows,
+    clears_running, duration_ms, from_ms, to_ms, trigger_row,
 };
 use crate::config::JobName;
 
@@ -89,6 +89,9 @@ struct State {
     lose_replies: usize,
     /// The node registry by owner: the record, last seen and end (ms).
     nodes: BTreeMap<String, (BeatData, i64, i64)>,
+    /// The record format version (0: none yet), as the key-value stores
+    /// keep it.
+    format: i64,
 }
 
 /// One store call, as [`MemoryStore::call_log`] lists it.
@@ -113,6 +116,7 @@ pub struct MemoryStore {
     /// Cleared: this handle's calls fail as if the store were unreachable
     /// (a partitioned or frozen node).
     reachable: Arc<AtomicBool>,
+    schema_notice: Arc<SchemaNotice>,
 }
 
 impl Default for MemoryStore {
@@ -135,6 +139,7 @@ impl MemoryStore {
             base: Instant::now(),
             name: "memory://".into(),
             reachable: Arc::new(AtomicBool::new(true)),
+            schema_notice: Arc::default(),
         }
     }
 
@@ -147,6 +152,7 @@ impl MemoryStore {
     pub fn connection(&self) -> MemoryStore {
         MemoryStore {
             reachable: Arc::new(AtomicBool::new(true)),
+            schema_notice: Arc::default(),
             ..self.clone()
         }
     }
@@ -250,13 +256,23 @@ impl MemoryStore {
         let id = s.next_id;
         s.runs.entry(run.job.clone()).or_default().push((id, run));
     }
+
+    /// Sets the record format version as a newer binary would.
+    pub fn set_format(&self, version: i64) {
+        self.state().format = version;
+    }
 }
 
 #[async_trait]
 impl Locks for MemoryStore {
     async fn prepare(&self) -> Result<(), StoreError> {
-        drop(self.count("prepare", 0)?);
-        Ok(())
+        let found = {
+            let mut s = self.count("prepare", 0)?;
+            let found = s.format;
+            s.format = found.max(RECORD_FORMAT);
+            found
+        };
+        self.schema_notice.settle(&self.name, found, RECORD_FORMAT)
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
@@ -376,6 +392,10 @@ impl Locks for MemoryStore {
 
     fn describe(&self) -> &str {
         &self.name
+    }
+
+    fn schema_notice(&self) -> Option<String> {
+        self.schema_notice.get()
     }
 }
 

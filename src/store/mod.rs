@@ -511,6 +511,72 @@ pub fn newer_schema(store: &str, found: i64, known: i64) -> Option<Result<String
     )))
 }
 
+/// The record format version of the key-value stores (Redis, Sentinel,
+/// Redlock, ZooKeeper, etcd): their schema version, kept in one `format`
+/// record that [`Locks::prepare`] reads and raises to this when it is
+/// missing or older. Numbered in blocks of [`SCHEMA_BLOCK`] as the SQL
+/// schema is (docs/operations.md, "Upgrade").
+pub const RECORD_FORMAT: i64 = 1;
+
+/// A `format` record's text as a version: a whole number from 1, or an
+/// error naming the record (a stray write, another program's key).
+pub(crate) fn parse_format(store: &str, record: &str, text: &str) -> Result<i64, StoreError> {
+    match text.trim().parse::<i64>() {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => {
+            let shown: String = text.chars().take(32).collect();
+            Err(StoreError::Backend {
+                store: store.to_string(),
+                reason: format!(
+                    "the format record {record} holds {shown:?}, not a cronlease format version: claiming nothing; remove it if no cronlease wrote it (docs/operations.md, \"Upgrade\")"
+                ),
+            })
+        }
+    }
+}
+
+/// How often a key-value store reads its `format` record again when another
+/// node changed it between the read and the conditional write.
+pub(crate) const FORMAT_ATTEMPTS: usize = 5;
+
+/// The `format` record changed under every one of [`FORMAT_ATTEMPTS`].
+pub(crate) fn format_contended(store: &str, record: &str) -> StoreError {
+    StoreError::Unavailable {
+        store: store.to_string(),
+        reason: format!(
+            "the format record {record} changed under each of {FORMAT_ATTEMPTS} attempts to read it"
+        ),
+    }
+}
+
+/// What the last [`Locks::prepare`] found about the store's schema, for
+/// [`Locks::schema_notice`].
+#[derive(Debug, Default)]
+pub(crate) struct SchemaNotice(std::sync::Mutex<Option<String>>);
+
+impl SchemaNotice {
+    /// Settles the store's version `found` (0: none recorded yet) against
+    /// this binary's `known`: a newer one of a later block is refused, a
+    /// newer one of this block is logged once per prepare and kept as the
+    /// notice, anything else clears it.
+    pub(crate) fn settle(&self, store: &str, found: i64, known: i64) -> Result<(), StoreError> {
+        let notice = match newer_schema(store, found, known) {
+            Some(Err(e)) => return Err(e),
+            Some(Ok(note)) => {
+                tracing::warn!(store = %store, "{note}");
+                Some(note)
+            }
+            None => None,
+        };
+        *lock(&self.0) = notice;
+        Ok(())
+    }
+
+    pub(crate) fn get(&self) -> Option<String> {
+        lock(&self.0).clone()
+    }
+}
+
 impl StoreError {
     /// A backend opened with another backend's URL (`what`: the URL it
     /// takes, `"a zk:// URL"`).

@@ -36,17 +36,17 @@ use tokio::sync::OnceCell;
 
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner, Renewal,
-    RunRecord, StoreError, TriggerAnswer, TriggerId, Won, duration_ms, from_ms, newest_first,
-    to_ms,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner,
+    RECORD_FORMAT, Renewal, RunRecord, SchemaNotice, StoreError, TriggerAnswer, TriggerId, Won,
+    duration_ms, from_ms, newest_first, to_ms,
 };
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, TlsFiles, one_line};
 
 mod args;
 mod nodes;
 mod scan;
-pub(crate) use args::triggers_key;
 use args::*;
+pub(crate) use args::{format_key, triggers_key};
 pub(crate) use nodes::nodes_from_reply;
 #[cfg(feature = "redlock")]
 pub(crate) use nodes::registry_args;
@@ -62,6 +62,7 @@ static REGISTRY: &str = include_str!("redis/registry.lua");
 pub(crate) static PAUSE: &str = include_str!("redis/pause.lua");
 pub(crate) static TRIGGER: &str = include_str!("redis/trigger.lua");
 pub(crate) static WITHDRAW: &str = include_str!("redis/withdraw.lua");
+pub(crate) static FORMAT: &str = include_str!("redis/format.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
@@ -81,6 +82,7 @@ pub struct RedisStore {
     trigger: Script,
     withdraw: Script,
     warned_persistence: AtomicBool,
+    schema_notice: SchemaNotice,
 }
 
 /// How the store reaches its master.
@@ -161,6 +163,7 @@ impl RedisStore {
             trigger: Script::new(TRIGGER),
             withdraw: Script::new(WITHDRAW),
             warned_persistence: AtomicBool::new(false),
+            schema_notice: SchemaNotice::default(),
         }
     }
 
@@ -545,7 +548,14 @@ impl Locks for RedisStore {
                 .map_err(|e| self.err(e))?;
         }
         self.warn_without_persistence(&mut conn).await;
-        Ok(())
+        let found: i64 = Script::new(FORMAT)
+            .key(format_key(&self.prefix))
+            .arg(RECORD_FORMAT)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.schema_notice
+            .settle(self.url.redacted(), found, RECORD_FORMAT)
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
@@ -689,5 +699,9 @@ impl Locks for RedisStore {
 
     fn describe(&self) -> &str {
         self.url.redacted()
+    }
+
+    fn schema_notice(&self) -> Option<String> {
+        self.schema_notice.get()
     }
 }

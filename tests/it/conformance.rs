@@ -10,7 +10,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
     ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner, Renewal,
-    RunRecord, Store, TriggerAnswer, TriggerId, Won, from_ms,
+    RunRecord, Store, StoreError, TriggerAnswer, TriggerId, Won, from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -631,6 +631,46 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
         runs.len()
     );
     a.status().await.unwrap();
+}
+
+/// A store whose schema or record format is newer than this binary knows
+/// is named, never used silently: a newer version of this binary's block
+/// is used with a notice, one of a later block is refused; on the key-value
+/// stores a format record that is no version at all is refused too.
+pub async fn a_newer_format_is_named_and_a_later_block_refused(h: &Harness) {
+    let a = h.store().await;
+    a.prepare().await.unwrap();
+    assert_eq!(a.schema_notice(), None);
+    h.write_format("99").await;
+    a.prepare().await.unwrap();
+    let notice = a.schema_notice().unwrap_or_default();
+    assert!(
+        notice.contains("version 99 is newer than this binary knows"),
+        "{notice:?}"
+    );
+    // A fresh connection, as a restarted daemon's, finds the same: the
+    // prepare above did not lower the record to this binary's version.
+    let b = h.store().await;
+    b.prepare().await.unwrap();
+    assert!(b.schema_notice().is_some_and(|n| n.contains("99")));
+
+    h.write_format("100").await;
+    match a.prepare().await {
+        Err(StoreError::SchemaTooNew {
+            found: 100,
+            breaking: 100,
+            ..
+        }) => {}
+        other => panic!("a format of a later block was not refused: {other:?}"),
+    }
+    if h.backend.is_key_value() {
+        h.write_format("x1").await;
+        let refused = a.prepare().await.unwrap_err().to_string();
+        assert!(
+            refused.contains("not a cronlease format version") && refused.contains("format"),
+            "{refused}"
+        );
+    }
 }
 
 /// Fences stay exact up to the top of their range (Redis keeps them as
@@ -1621,6 +1661,7 @@ macro_rules! conformance {
                 occurrence_beyond_the_store_clock_is_refused,
                 a_claim_decided_after_its_window_is_stale,
                 history_shows_rows_it_does_not_understand,
+                a_newer_format_is_named_and_a_later_block_refused,
                 fences_stay_exact_and_never_wrap,
                 batch_answers_like_one_by_one,
                 a_batch_of_a_thousand,

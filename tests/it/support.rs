@@ -53,6 +53,18 @@ pub const SENTINEL_URL: &str =
     "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/cronlease?wait=1";
 
 impl Backend {
+    /// Keeps a `format` record rather than a schema table.
+    pub fn is_key_value(self) -> bool {
+        matches!(
+            self,
+            Backend::Redis
+                | Backend::Sentinel
+                | Backend::Redlock
+                | Backend::ZooKeeper
+                | Backend::Etcd
+        )
+    }
+
     /// The backend a per-store test module is named after ([`per_store!`]):
     /// the one place a store's module name meets its backend.
     pub fn named(module: &str) -> Backend {
@@ -513,6 +525,52 @@ impl Harness {
     }
 
     /// Runs one SQL statement on the harness's database, bypassing cronlease.
+    /// Records the store's schema (SQL) or record format (key-value
+    /// stores) as `version`, as a newer binary or a stray write would;
+    /// SQL takes numbers only.
+    pub async fn write_format(&self, version: &str) {
+        #[cfg(feature = "memory")]
+        if let Some(memory) = &self.memory {
+            memory.set_format(version.parse().unwrap());
+            return;
+        }
+        match self.backend {
+            Backend::Sqlite | Backend::Mysql | Backend::Postgres => {
+                self.raw_sql(&format!(
+                    "INSERT INTO {}cronlease_schema (version, applied_at) VALUES ({version}, 0)",
+                    self.config.table_prefix
+                ))
+                .await;
+            }
+            Backend::Redis | Backend::Sentinel | Backend::Redlock => {
+                for client in self.redis_clients().await {
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    let key = format!("{}format", self.config.key_prefix);
+                    let _: () = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(version)
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                }
+            }
+            Backend::Etcd => {
+                let key = format!("{}format", self.config.key_prefix);
+                self.etcd().await.put(key, version, None).await.unwrap();
+            }
+            Backend::ZooKeeper => {
+                let path = format!("{}/format", self.zk_base());
+                self.zk()
+                    .await
+                    .set_data(&path, version.as_bytes(), None)
+                    .await
+                    .unwrap();
+            }
+            #[allow(unreachable_patterns)]
+            _ => panic!("no format record on {:?}", self.backend),
+        }
+    }
+
     pub async fn raw_sql(&self, sql: &str) {
         sqlx::any::install_default_drivers();
         let url = match self.config.url.kind() {

@@ -64,8 +64,9 @@ use super::cas;
 use super::records::{JobMarks, Kind, Layout};
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
-    RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, from_ms, lock, newest_first,
+    ClaimOutcome, ClaimRequest, Claimed, FORMAT_ATTEMPTS, History, LockRow, LockStatus, Locks,
+    Owner, RECORD_FORMAT, Renewal, RunData, RunRecord, SchemaNotice, StoreError, TriggerAnswer,
+    TriggerId, decide, format_contended, from_ms, lock, newest_first, parse_format,
     pending_from_entries, run_from_json, to_ms, trigger_row,
 };
 use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
@@ -139,6 +140,7 @@ pub struct EtcdStore {
     /// when a heartbeat may still use it ([`BEAT_LEASE_SPARE`]): claims
     /// carry the heartbeat in their first transaction with it.
     beat_lease: std::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
+    schema_notice: SchemaNotice,
 }
 
 /// A heartbeat's etcd lease lives this much longer than the record's time
@@ -185,7 +187,46 @@ impl EtcdStore {
             releases: Arc::new(Releases::default()),
             clocks: Arc::new(PeerClocks::default()),
             beat_lease: std::sync::Mutex::new(None),
+            schema_notice: SchemaNotice::default(),
         })
+    }
+
+    /// The record format version the `format` key held (0: none), after
+    /// putting this binary's there when it held none or an older one, on
+    /// condition that it did not change since the read.
+    async fn settle_format(&self, client: &etcd::Client) -> Result<i64, StoreError> {
+        let key = self.keys.under("format");
+        let ours = RECORD_FORMAT.to_string();
+        let mut kv = client.kv_client();
+        for _ in 0..FORMAT_ATTEMPTS {
+            let read = self.timed(kv.get(key.as_str(), None)).await?;
+            let (found, unchanged) = match read.kvs().first() {
+                None => (
+                    0,
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                ),
+                Some(record) => (
+                    parse_format(
+                        self.url.redacted(),
+                        &key,
+                        &String::from_utf8_lossy(record.value()),
+                    )?,
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, record.mod_revision()),
+                ),
+            };
+            if found >= RECORD_FORMAT {
+                return Ok(found);
+            }
+            let raise = Txn::new().when(vec![unchanged]).and_then(vec![TxnOp::put(
+                key.as_str(),
+                ours.as_str(),
+                None,
+            )]);
+            if self.timed(kv.txn(raise)).await?.succeeded() {
+                return Ok(found);
+            }
+        }
+        Err(format_contended(self.url.redacted(), &key))
     }
 
     fn backend(&self, reason: impl Into<String>) -> StoreError {
@@ -522,8 +563,8 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 
 #[async_trait]
 impl Locks for EtcdStore {
-    /// Nothing to create: checks that the cluster answers, is recent
-    /// enough, and lets this user read.
+    /// Checks that the cluster answers and is recent enough, and settles
+    /// the record format version (the `format` key).
     async fn prepare(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
         let mut maintenance = client.maintenance_client();
@@ -534,7 +575,9 @@ impl Locks for EtcdStore {
                 status.version()
             )));
         }
-        self.ping().await
+        let found = self.settle_format(&client).await?;
+        self.schema_notice
+            .settle(self.url.redacted(), found, RECORD_FORMAT)
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
@@ -849,6 +892,10 @@ impl Locks for EtcdStore {
 
     fn describe(&self) -> &str {
         self.url.redacted()
+    }
+
+    fn schema_notice(&self) -> Option<String> {
+        self.schema_notice.get()
     }
 }
 

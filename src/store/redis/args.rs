@@ -14,6 +14,11 @@ pub(crate) fn triggers_key(prefix: &str) -> String {
     format!("{prefix}triggers")
 }
 
+/// The key of the store's record format version (`format.lua`).
+pub(crate) fn format_key(prefix: &str) -> String {
+    format!("{prefix}format")
+}
+
 /// Runs `build(which)`'s pipeline on `conn`: `lead` commands first (the
 /// same every time), then the `EVALSHA`s of the calls `which` names, all
 /// `count` of them the first time. The pipeline ignores errors: each reply

@@ -32,8 +32,8 @@ use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Connection, Row, SqlSafeStr, S
 use super::registry::{self, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Outcome, Owner,
-    Renewal, RunRecord, StoreError, TriggerAnswer, TriggerId, claim_row, duration_ms, from_ms,
-    newer_schema, to_ms, trigger_row,
+    Renewal, RunRecord, SchemaNotice, StoreError, TriggerAnswer, TriggerId, claim_row, duration_ms,
+    from_ms, to_ms, trigger_row,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
@@ -97,8 +97,8 @@ pub struct SqlStore {
     op_timeout: Duration,
     /// SQLite's clock (the file system's); `None`: the database's own.
     file_clock: Option<FileClock>,
-    /// The last migration found a newer schema it may use ([`newer_schema`]).
-    schema_notice: std::sync::Mutex<Option<String>>,
+    /// What the last migration found: a newer schema it may use ([`super::newer_schema`]).
+    schema_notice: SchemaNotice,
 }
 
 /// A SQLite database file and its (device, inode) when this store opened it.
@@ -238,7 +238,7 @@ impl SqlStore {
             dialect,
             op_timeout: config.op_timeout,
             file_clock,
-            schema_notice: std::sync::Mutex::new(None),
+            schema_notice: SchemaNotice::default(),
         })
     }
 
@@ -380,18 +380,8 @@ fn is_transient(e: &sqlx::Error) -> bool {
 impl Locks for SqlStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         let versions = self.migrate().await.map_err(|e| self.err(e))?;
-        let newer = newer_schema(self.url.redacted(), versions.found, versions.known);
-        let notice = match newer {
-            Some(Err(e)) => return Err(e),
-            Some(Ok(note)) => {
-                tracing::warn!(store = %self.url.redacted(), "{note}");
-                Some(note)
-            }
-            None => None,
-        };
-        if let Ok(mut n) = self.schema_notice.lock() {
-            *n = notice;
-        }
+        self.schema_notice
+            .settle(self.url.redacted(), versions.found, versions.known)?;
         // Open a pooled connection now (one is kept from then on): the
         // first instant's claims should not pay for connecting (about
         // 100 ms to PostgreSQL here).
@@ -577,7 +567,7 @@ impl Locks for SqlStore {
     }
 
     fn schema_notice(&self) -> Option<String> {
-        self.schema_notice.lock().ok().and_then(|n| n.clone())
+        self.schema_notice.get()
     }
 }
 

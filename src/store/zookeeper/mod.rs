@@ -59,9 +59,10 @@ use super::cas;
 use super::records::{JobMarks, Kind, Layout};
 use super::registry::{self, BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, Renewal,
-    RunBound, RunData, RunRecord, StoreError, TriggerAnswer, TriggerId, decide, duration_ms,
-    from_ms, lock, newest_first, pending_from_entries, run_from_json, trigger_entry, trigger_row,
+    ClaimOutcome, ClaimRequest, Claimed, FORMAT_ATTEMPTS, History, LockRow, LockStatus, Locks,
+    Owner, RECORD_FORMAT, Renewal, RunBound, RunData, RunRecord, SchemaNotice, StoreError,
+    TriggerAnswer, TriggerId, decide, duration_ms, format_contended, from_ms, lock, newest_first,
+    parse_format, pending_from_entries, run_from_json, trigger_entry, trigger_row,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
 
@@ -92,6 +93,7 @@ pub struct ZkStore {
     session: Arc<Mutex<Option<Session>>>,
     /// Run directories known to exist.
     run_dirs: Mutex<HashSet<String>>,
+    schema_notice: SchemaNotice,
 }
 
 impl ZkStore {
@@ -115,6 +117,7 @@ impl ZkStore {
             client: tokio::sync::Mutex::new(None),
             session: Arc::new(Mutex::new(None)),
             run_dirs: Mutex::new(HashSet::new()),
+            schema_notice: SchemaNotice::default(),
         })
     }
 
@@ -138,10 +141,54 @@ impl ZkStore {
         &self,
         fut: impl std::future::Future<Output = Result<T, zk::Error>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.op_timeout, fut).await {
-            Ok(r) => r.map_err(|e| self.err(e)),
-            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+        self.within(fut).await?.map_err(|e| self.err(e))
+    }
+
+    /// A call within `op_timeout`, its ZooKeeper error left to the caller.
+    async fn within<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, zk::Error>>,
+    ) -> Result<Result<T, zk::Error>, StoreError> {
+        tokio::time::timeout(self.op_timeout, fut)
+            .await
+            .map_err(|_| StoreError::Timeout(self.op_timeout))
+    }
+
+    /// The record format version the `format` znode held (0: none), after
+    /// writing this binary's there when it held none or an older one, on
+    /// condition that it did not change since the read.
+    async fn settle_format(&self, client: &zk::Client) -> Result<i64, StoreError> {
+        let path = self.paths.under("format");
+        let ours = RECORD_FORMAT.to_string();
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        for _ in 0..FORMAT_ATTEMPTS {
+            match self
+                .within(client.create(&path, ours.as_bytes(), &persistent))
+                .await?
+            {
+                Ok(_) => return Ok(0),
+                Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(self.err(e)),
+            }
+            let (data, stat) = match self.within(client.get_data(&path)).await? {
+                Ok(read) => read,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(self.err(e)),
+            };
+            let found = parse_format(self.url.redacted(), &path, &String::from_utf8_lossy(&data))?;
+            if found >= RECORD_FORMAT {
+                return Ok(found);
+            }
+            match self
+                .within(client.set_data(&path, ours.as_bytes(), Some(stat.version)))
+                .await?
+            {
+                Ok(_) => return Ok(found),
+                Err(zk::Error::BadVersion | zk::Error::NoNode) => {}
+                Err(e) => return Err(self.err(e)),
+            }
         }
+        Err(format_contended(self.url.redacted(), &path))
     }
 
     /// A create or delete within `op_timeout` whose `done` error (the node
@@ -151,11 +198,10 @@ impl ZkStore {
         fut: impl std::future::Future<Output = Result<T, zk::Error>>,
         done: zk::Error,
     ) -> Result<(), StoreError> {
-        match tokio::time::timeout(self.op_timeout, fut).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) if e == done => Ok(()),
-            Ok(Err(e)) => Err(self.err(e)),
-            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+        match self.within(fut).await? {
+            Ok(_) => Ok(()),
+            Err(e) if e == done => Ok(()),
+            Err(e) => Err(self.err(e)),
         }
     }
 
@@ -222,7 +268,10 @@ impl Locks for ZkStore {
             client.create(&self.paths.under("clock"), b"", &persistent),
             zk::Error::NodeExists,
         )
-        .await
+        .await?;
+        let found = self.settle_format(&client).await?;
+        self.schema_notice
+            .settle(self.url.redacted(), found, RECORD_FORMAT)
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
@@ -470,5 +519,9 @@ impl Locks for ZkStore {
 
     fn describe(&self) -> &str {
         self.url.redacted()
+    }
+
+    fn schema_notice(&self) -> Option<String> {
+        self.schema_notice.get()
     }
 }

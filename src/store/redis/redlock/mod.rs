@@ -41,8 +41,9 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::{
-    RELEASE, RENEW, ServerLock, add_evalsha, client_for, eval_loading, job_key, manager_config,
-    record_args, renew_args, scan_keys, server_locks, store_error, stream_runs, triggers_key,
+    RELEASE, RENEW, ServerLock, add_evalsha, client_for, eval_loading, format_key, job_key,
+    manager_config, record_args, renew_args, scan_keys, server_locks, store_error, stream_runs,
+    triggers_key,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 
@@ -53,8 +54,8 @@ mod nodes;
 use crate::store::registry::{self, Heartbeat, NodeRecord, Registry};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
-    Owner, Renewal, RunRecord, StoreError, TriggerAnswer, TriggerId, Won, decide, duration_ms,
-    fence_exhausted, from_ms, newest_first, to_ms,
+    Owner, RECORD_FORMAT, Renewal, RunRecord, SchemaNotice, StoreError, TriggerAnswer, TriggerId,
+    Won, decide, duration_ms, fence_exhausted, from_ms, newest_first, to_ms,
 };
 use claim::*;
 use masters::*;
@@ -91,6 +92,7 @@ pub struct RedlockStore {
     /// Keep restarted masters out of quorums; off only through a test's
     /// failpoint, to show what it prevents.
     quarantine: bool,
+    schema_notice: SchemaNotice,
 }
 
 /// One master's answer to phase 1 for one request: got, holder, pttl,
@@ -156,6 +158,7 @@ impl RedlockStore {
             trigger: Script::new(super::TRIGGER),
             withdraw: Script::new(WITHDRAW),
             quarantine: true,
+            schema_notice: SchemaNotice::default(),
         })
     }
 
@@ -221,10 +224,22 @@ impl Locks for RedlockStore {
                     .await
                     .map_err(|e| store_error(&m.url, &e))?;
                 m.observe(&info);
-                Ok(())
+                Script::new(super::FORMAT)
+                    .key(format_key(&self.prefix))
+                    .arg(RECORD_FORMAT)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+                    .map_err(|e| store_error(&m.url, &e))
             })
             .await;
-        self.quorum(answers).map(|_| ())
+        // A master restarted empty answers 0: the newest any majority
+        // member recorded is the store's version.
+        let found = self.quorum(answers)?.into_iter().map(|(_, v)| v).max();
+        self.schema_notice.settle(
+            self.url.redacted(),
+            found.unwrap_or_default(),
+            RECORD_FORMAT,
+        )
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Claimed, StoreError> {
@@ -473,6 +488,10 @@ impl Locks for RedlockStore {
 
     fn describe(&self) -> &str {
         self.url.redacted()
+    }
+
+    fn schema_notice(&self) -> Option<String> {
+        self.schema_notice.get()
     }
 }
 
