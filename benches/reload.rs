@@ -6,7 +6,10 @@
 //! line). The floor is the same daemon with no filler job. Uses the binary
 //! the tests use (a debug build unless `CRONLEASE_BENCH_BIN` names another).
 //!
-//! cargo bench --all-features --bench reload -- [--jobs 20000] [--reloads 10]
+//! cargo bench --all-features --bench reload -- [--jobs 20000] [--reloads 10] [--settle-ms 3000]
+//!
+//! `--settle-ms`: how long after each reload (and after the first ticks) the
+//! RSS is read.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -55,7 +58,7 @@ fn wait_reloads(c: &cluster::Cluster, n: usize) -> Duration {
 
 /// Starts a daemon with `filler` jobs; answers its RSS once it ticks, and
 /// after each of `reloads` SIGHUPs with how long the reload took.
-fn measure(filler: usize, reloads: usize) -> (u64, Vec<(u64, Duration)>) {
+fn measure(filler: usize, reloads: usize, settle: Duration) -> (u64, Vec<(u64, Duration)>) {
     let mut jobs =
         "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = \"true\"\n".to_string();
     for i in 0..filler {
@@ -79,14 +82,15 @@ fn measure(filler: usize, reloads: usize) -> (u64, Vec<(u64, Duration)>) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    std::thread::sleep(settle);
     let at_start = rss_kib(pid);
     let mut after = Vec::new();
     for n in 1..=reloads {
         c.signal("n1", Signal::SIGHUP);
         let took = wait_reloads(&c, n);
-        // The old job set is dropped as the new one applies; let the
-        // allocator settle a moment.
-        std::thread::sleep(Duration::from_millis(500));
+        // The old job set is dropped as the new one applies; the allocator
+        // hands freed pages back after its purge delay (mimalloc: 1 s).
+        std::thread::sleep(settle);
         after.push((rss_kib(pid), took));
     }
     c.stop_all();
@@ -96,13 +100,18 @@ fn measure(filler: usize, reloads: usize) -> (u64, Vec<(u64, Duration)>) {
 fn main() {
     let jobs: usize = common::arg("--jobs", "20000").parse().expect("--jobs N");
     let reloads: usize = common::arg("--reloads", "10").parse().expect("--reloads N");
+    let settle = Duration::from_millis(
+        common::arg("--settle-ms", "3000")
+            .parse()
+            .expect("--settle-ms N"),
+    );
     println!(
         "binary: {}",
         std::env::var("CRONLEASE_BENCH_BIN")
             .unwrap_or_else(|_| "this build (tests' binary)".into())
     );
-    let (floor, _) = measure(0, 1);
-    let (start, after) = measure(jobs, reloads);
+    let (floor, _) = measure(0, 1, settle);
+    let (start, after) = measure(jobs, reloads, settle);
     let mib = |k: u64| k as f64 / 1024.0;
     let per_job = |k: u64| k.saturating_sub(floor) as f64 / jobs as f64;
     println!(

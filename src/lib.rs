@@ -27,6 +27,8 @@
 //! - `fuzzing` (feature `fuzzing`, hidden): the store decoders, reachable by
 //!   the fuzz targets in `fuzz/` (docs/fuzzing.md).
 
+#![forbid(unsafe_code)]
+
 pub mod app;
 pub mod cli;
 pub mod config;
