@@ -163,6 +163,10 @@ pub enum Commands {
     /// Internal: the process that kills jobs if their daemon dies
     #[command(name = "__guard", hide = true)]
     Guard,
+    /// Internal (the unit's `ExecStopPost=`): wait until the daemon's guard
+    /// has finished and exited
+    #[command(name = "__wait-guard", hide = true)]
+    WaitGuard,
     /// Internal: become a job's user (with its supplementary groups), then
     /// execute the job's command
     #[command(name = "__run-as", hide = true)]

@@ -39,6 +39,7 @@ pub const EXIT_CONFIG: u8 = 78;
 pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
         Commands::Guard => guard::serve(),
+        Commands::WaitGuard => crate::systemd::wait_for_guard(crate::systemd::GUARD_WITHIN),
         Commands::RunAs {
             uid,
             gid,
