@@ -38,7 +38,7 @@ use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
     ClaimOutcome, ClaimRequest, Claimed, History, LockStatus, Locks, Lost, Outcome, Owner,
     RECORD_FORMAT, Renewal, RunRecord, SchemaNotice, StoreError, TriggerAnswer, TriggerId, Won,
-    duration_ms, from_ms, newest_first, to_ms,
+    duration_ms, from_ms, newest_first, parse_format, to_ms,
 };
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, TlsFiles, one_line};
 
@@ -548,12 +548,17 @@ impl Locks for RedisStore {
                 .map_err(|e| self.err(e))?;
         }
         self.warn_without_persistence(&mut conn).await;
-        let found: i64 = Script::new(FORMAT)
-            .key(format_key(&self.prefix))
+        let key = format_key(&self.prefix);
+        let record: Option<String> = Script::new(FORMAT)
+            .key(&key)
             .arg(RECORD_FORMAT)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.err(e))?;
+        let found = record
+            .map(|text| parse_format(self.url.redacted(), &key, &text))
+            .transpose()?
+            .unwrap_or(0);
         self.schema_notice
             .settle(self.url.redacted(), found, RECORD_FORMAT)
     }

@@ -55,7 +55,7 @@ use crate::store::registry::{self, Heartbeat, NodeRecord, Registry};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
     Owner, RECORD_FORMAT, Renewal, RunRecord, SchemaNotice, StoreError, TriggerAnswer, TriggerId,
-    Won, decide, duration_ms, fence_exhausted, from_ms, newest_first, to_ms,
+    Won, decide, duration_ms, fence_exhausted, from_ms, newest_first, parse_format, to_ms,
 };
 use claim::*;
 use masters::*;
@@ -224,12 +224,17 @@ impl Locks for RedlockStore {
                     .await
                     .map_err(|e| store_error(&m.url, &e))?;
                 m.observe(&info);
-                Script::new(super::FORMAT)
-                    .key(format_key(&self.prefix))
+                let key = format_key(&self.prefix);
+                let record: Option<String> = Script::new(super::FORMAT)
+                    .key(&key)
                     .arg(RECORD_FORMAT)
-                    .invoke_async::<i64>(&mut conn)
+                    .invoke_async(&mut conn)
                     .await
-                    .map_err(|e| store_error(&m.url, &e))
+                    .map_err(|e| store_error(&m.url, &e))?;
+                record
+                    .map(|text| parse_format(m.url.redacted(), &key, &text))
+                    .transpose()
+                    .map(Option::unwrap_or_default)
             })
             .await;
         // A master restarted empty answers 0: the newest any majority
