@@ -136,6 +136,9 @@ pub enum Commands {
     Migrate(ConfigArg),
     /// Ask the local daemon to release its leases and pause claiming for one margin
     StepDown(ConfigArg),
+    /// Validate config and jobs as `check` does, then ask the local daemon to
+    /// reload them (SIGHUP); an invalid configuration is refused (exit 78)
+    Reload(ConfigArg),
     /// Failover drill: disturb this host's daemon and report who took over its jobs
     Drill {
         #[command(flatten)]

@@ -25,7 +25,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::config::{Command, Job, NodeName, StoreUrl};
+use crate::config::{Command, Job, JobName, NodeName, StoreUrl};
 use crate::guard::{Guard, RunNote, StartError};
 use crate::launch::Launch;
 use crate::output::{LogLines, Tail, escape_controls};
@@ -211,7 +211,7 @@ pub async fn run(
                 exit_code: None,
                 started_at,
                 finished_at: spec.clock.now(),
-                output: String::new(),
+                output: with_sandbox_hint(&job.name, fence, &e, String::new()),
             };
         }
     };
@@ -287,6 +287,12 @@ pub async fn run(
         Ok(tail) => tail.finish(|text| spec.secrets.scrub(text)),
         Err(_) => String::new(),
     };
+    let output = if outcome == Outcome::Ok {
+        output
+    } else {
+        let text = output.clone();
+        with_sandbox_hint(&job.name, fence, &text, output)
+    };
     Finished {
         outcome,
         exit_code,
@@ -294,6 +300,25 @@ pub async fn run(
         finished_at: spec.clock.now(),
         output,
     }
+}
+
+/// `output` with a last line naming the unit's setting to relax, when the
+/// daemon runs under systemd and `seen` (the output, or why the command
+/// could not start) shows an error its sandbox causes ([`crate::hints`]);
+/// the hint is logged as a WARN too.
+fn with_sandbox_hint(job: &JobName, fence: u64, seen: &str, mut output: String) -> String {
+    if !crate::hints::under_systemd() {
+        return output;
+    }
+    if let Some(hint) = crate::hints::sandbox_hint(seen) {
+        tracing::warn!(job = %job, fence, "{hint}");
+        if !output.is_empty() && !output.ends_with('\n') {
+            output.push('\n');
+        }
+        output.push_str(hint);
+        output.push('\n');
+    }
+    output
 }
 
 type Output = Box<dyn AsyncRead + Unpin + Send>;

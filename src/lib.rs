@@ -39,6 +39,7 @@ pub mod exec;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod guard;
+pub mod hints;
 pub mod http;
 pub mod launch;
 pub mod metrics;

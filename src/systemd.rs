@@ -6,7 +6,8 @@
 //! Also the unit's `ExecStopPost=` (`cronlease __wait-guard`): the stop of
 //! the unit ends only once the daemon's guard has finished (killed the runs
 //! of a crashed daemon, recorded them, handed its leases over) and exited,
-//! so a restart never races it ([`wait_for_guard`]).
+//! so a restart never races it, and then kills whatever is left in the
+//! unit's cgroup, as systemd's own kill would have ([`wait_for_guard`]).
 
 use std::time::Duration;
 
@@ -75,14 +76,20 @@ impl Notifier {
 /// it again.
 pub const GUARD_WITHIN: Duration = Duration::from_secs(20);
 
-/// Waits until no guard process (`cronlease __guard`) is left in this
-/// process's cgroup (the unit's, where systemd runs `ExecStopPost=`), at
-/// most `within`. Other processes (what a job left behind on purpose) are
-/// not waited for. Never fails the stop: after `within`, or where the
-/// cgroup cannot be read, it says so on stderr (the journal) and returns
-/// success.
+/// How long the sweep after the guard keeps killing what is left: each
+/// round kills what the cgroup lists, until it lists nothing but us.
+const SWEEP_WITHIN: Duration = Duration::from_secs(5);
+
+/// The unit's `ExecStopPost=`: waits until no guard process (`cronlease
+/// __guard`) is left in this process's cgroup (the unit's, where systemd
+/// runs `ExecStopPost=`), at most `within`, then SIGKILLs every process
+/// still there: what a job left behind (a daemonized child), or a guard
+/// that did not finish in time. The unit's `KillMode=process` keeps
+/// systemd from killing the cgroup itself, since that would kill the guard
+/// of a crashed daemon before its handover; this sweep is that kill, once
+/// the guard is done. Never fails the stop: where the cgroup cannot be
+/// read, it says so on stderr (the journal) and returns success.
 pub fn wait_for_guard(within: Duration) -> std::process::ExitCode {
-    let deadline = std::time::Instant::now() + within;
     let me = std::process::id();
     let Some(procs) = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
@@ -91,29 +98,87 @@ pub fn wait_for_guard(within: Duration) -> std::process::ExitCode {
         eprintln!("cronlease __wait-guard: cannot find this unit's cgroup; not waiting");
         return std::process::ExitCode::SUCCESS;
     };
-    loop {
-        let guards = match std::fs::read_to_string(&procs) {
-            Ok(list) => list
-                .lines()
-                .filter_map(|l| l.trim().parse::<u32>().ok())
-                .filter(|p| *p != me && is_guard(*p))
-                .count(),
-            Err(e) => {
-                eprintln!("cronlease __wait-guard: cannot read {procs}: {e}; not waiting");
-                return std::process::ExitCode::SUCCESS;
+    let read = || -> std::io::Result<Vec<u32>> {
+        Ok(std::fs::read_to_string(&procs)?
+            .lines()
+            .filter_map(|l| l.trim().parse::<u32>().ok())
+            .filter(|p| *p != me)
+            .collect())
+    };
+    let outcome = wait_then_sweep(read, is_guard, within, SWEEP_WITHIN);
+    match outcome {
+        Ok(Settled { guard_gone, killed }) => {
+            if !guard_gone {
+                eprintln!(
+                    "cronlease __wait-guard: the guard was still there after {within:?}; killed it"
+                );
             }
-        };
-        if guards == 0 {
-            return std::process::ExitCode::SUCCESS;
+            if killed > 0 {
+                eprintln!(
+                    "cronlease __wait-guard: killed {killed} process(es) left in the unit after its guard"
+                );
+            }
+        }
+        Err(e) => eprintln!("cronlease __wait-guard: cannot read {procs}: {e}; not waiting"),
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// What [`wait_then_sweep`] did.
+#[derive(Debug, PartialEq, Eq)]
+struct Settled {
+    /// The guard exited within the wait (else it was among the killed).
+    guard_gone: bool,
+    /// Processes SIGKILLed by the sweep.
+    killed: usize,
+}
+
+/// Waits while `read` (the cgroup's processes but us) lists a guard, at most
+/// `within`; then, for at most `sweep`, SIGKILLs whatever `read` lists until
+/// it lists nothing (a process forked between a read and a kill is caught
+/// by the next round).
+fn wait_then_sweep(
+    mut read: impl FnMut() -> std::io::Result<Vec<u32>>,
+    is_guard: impl Fn(u32) -> bool,
+    within: Duration,
+    sweep: Duration,
+) -> std::io::Result<Settled> {
+    let deadline = std::time::Instant::now() + within;
+    let guard_gone = loop {
+        if !read()?.into_iter().any(&is_guard) {
+            break true;
         }
         if std::time::Instant::now() >= deadline {
-            eprintln!(
-                "cronlease __wait-guard: the guard is still there after {within:?}; the stop goes on"
-            );
-            return std::process::ExitCode::SUCCESS;
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let deadline = std::time::Instant::now() + sweep;
+    let mut killed = std::collections::BTreeSet::new();
+    loop {
+        let left = read()?;
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            break;
+        }
+        for pid in left {
+            let Ok(raw) = i32::try_from(pid) else {
+                continue;
+            };
+            if nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(raw),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+            {
+                killed.insert(pid);
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    Ok(Settled {
+        guard_gone,
+        killed: killed.len(),
+    })
 }
 
 /// Whether process `pid` is a guard: its second argument is `__guard`.
@@ -150,17 +215,105 @@ fn cgroup_procs_file(content: &str, exists: impl Fn(&str) -> bool) -> Option<Str
 #[cfg(test)]
 mod wait_tests {
     #![allow(clippy::unwrap_used)]
-    use super::{cgroup_procs_file, is_guard};
+    use super::{Settled, cgroup_procs_file, is_guard, wait_then_sweep};
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::Duration;
+
+    /// A `read` over real children: lists those not yet reaped.
+    fn alive(children: &std::cell::RefCell<Vec<std::process::Child>>) -> Vec<u32> {
+        children
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(|c| matches!(c.try_wait(), Ok(None)).then(|| c.id()))
+            .collect()
+    }
+
+    #[test]
+    fn what_is_left_after_the_guard_is_killed() {
+        // A guard that exits by itself after 200 ms, and a leftover that
+        // would sleep for a minute: the wait ends with the guard, then the
+        // leftover is SIGKILLed.
+        let guard = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        let guard_pid = guard.id();
+        let leftover = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let children = std::cell::RefCell::new(vec![guard, leftover]);
+        let started = std::time::Instant::now();
+        let settled = wait_then_sweep(
+            || Ok(alive(&children)),
+            |p| p == guard_pid,
+            Duration::from_secs(20),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(
+            settled,
+            Settled {
+                guard_gone: true,
+                killed: 1
+            }
+        );
+        assert!(started.elapsed() < Duration::from_secs(20));
+        let mut children = children.into_inner();
+        assert!(children[0].wait().unwrap().success());
+        assert_eq!(children[1].wait().unwrap().signal(), Some(9));
+    }
+
+    #[test]
+    fn a_guard_past_its_time_is_killed_too() {
+        let guard = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let guard_pid = guard.id();
+        let children = std::cell::RefCell::new(vec![guard]);
+        let settled = wait_then_sweep(
+            || Ok(alive(&children)),
+            |p| p == guard_pid,
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(
+            settled,
+            Settled {
+                guard_gone: false,
+                killed: 1
+            }
+        );
+        assert_eq!(children.into_inner()[0].wait().unwrap().signal(), Some(9));
+    }
+
+    #[test]
+    fn an_unreadable_cgroup_is_an_error_not_a_wait() {
+        let settled = wait_then_sweep(
+            || Err(std::io::Error::other("gone")),
+            |_| true,
+            Duration::from_secs(20),
+            Duration::from_secs(5),
+        );
+        assert!(settled.is_err());
+    }
 
     #[test]
     fn a_guard_is_told_by_its_argument() {
         assert!(!is_guard(std::process::id()));
         // `sh __guard`: argv[1] is `__guard`, as in `cronlease __guard`.
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("__guard"), "sleep 5\n").unwrap();
+        // Not `sleep` last: dash may exec a script's last command, and the
+        // process would then be `sleep 5` (seen: this test failed so once).
+        std::fs::write(dir.path().join("__guard"), "sleep 5\nexit 0\n").unwrap();
+        // Its `sleep` outlives the kill below: no pipe of the test's with it.
         let mut child = std::process::Command::new("sh")
             .arg("__guard")
             .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         assert!(is_guard(child.id()));

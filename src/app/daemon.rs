@@ -30,6 +30,16 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
         tracing::warn!("{warning}");
     }
     let node = Node::new(&config, store.clone());
+    // A store that refuses this node (credentials, no such database, TLS)
+    // will not change its mind: fail the start at once, with the reason,
+    // so `systemctl enable --now` fails instead of waiting. A store that
+    // is only down is retried by the node.
+    if let Err(e) = node.preflight().await {
+        if e.is_refused() {
+            return store_failure(&e);
+        }
+        tracing::warn!("{e}; retrying until it answers");
+    }
     let shutdown = CancellationToken::new();
     // The dashboard reads the configuration a reload installs.
     let (config_tx, config_rx) = tokio::sync::watch::channel(config.clone());

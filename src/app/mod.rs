@@ -1,6 +1,7 @@
 //! The commands behind `main`: each loads the configuration, does its work and
 //! maps the result to an exit code (docs/cli.md): 0 ok, 2 usage (clap),
-//! 64 no such job, 69 store unreachable, 78 invalid configuration, 1 anything else.
+//! 64 no such job, 69 store unreachable, 77 store refused this node,
+//! 78 invalid configuration, 1 anything else.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,9 @@ use reports::*;
 pub const EXIT_NO_SUCH_JOB: u8 = 64;
 /// Exit code: store unreachable (sysexits EX_UNAVAILABLE).
 pub const EXIT_UNAVAILABLE: u8 = 69;
+/// Exit code: the store refused this node: credentials, no such database,
+/// TLS (sysexits EX_NOPERM). The unit does not restart on it.
+pub const EXIT_REFUSED: u8 = 77;
 /// Exit code: invalid configuration (sysexits EX_CONFIG).
 pub const EXIT_CONFIG: u8 = 78;
 
@@ -73,6 +77,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
         Commands::StepDown(c) => step_down(&c.config),
+        Commands::Reload(c) => reload(&c.config),
         Commands::Drill {
             config,
             kill: _,
@@ -134,6 +139,7 @@ fn store_failure_with(e: &StoreError, more: &str) -> ExitCode {
     match e {
         StoreError::NotBuiltIn(_) => ExitCode::from(EXIT_CONFIG),
         e if e.is_unreachable() => ExitCode::from(EXIT_UNAVAILABLE),
+        e if e.is_refused() => ExitCode::from(EXIT_REFUSED),
         _ => ExitCode::FAILURE,
     }
 }

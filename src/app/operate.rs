@@ -1,4 +1,4 @@
-//! The commands that act on a cluster: `step-down`, `drill`, `trigger`
+//! The commands that act on a cluster: `step-down`, `reload`, `drill`, `trigger`
 //! (with `--wait` and `--cancel`), `pause` and `resume`.
 
 use super::*;
@@ -8,6 +8,44 @@ pub(super) fn step_down(path: &Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    signal_daemon(
+        path,
+        &config,
+        nix::sys::signal::Signal::SIGUSR1,
+        "step-down",
+    )
+}
+
+/// `cronlease reload` (docs/cli.md; the unit's `ExecReload=`): validates the
+/// configuration as `check` does and only then sends SIGHUP to the daemon
+/// of the pid file, so a broken configuration fails the reload (exit 78,
+/// the errors on stderr) and the daemon keeps the one it runs.
+pub(super) fn reload(path: &Path) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => {
+            eprintln!(
+                "cronlease: reload refused: {} is invalid (above); the daemon keeps its configuration",
+                path.display()
+            );
+            return code;
+        }
+    };
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    signal_daemon(path, &config, nix::sys::signal::Signal::SIGHUP, "reload")
+}
+
+/// Sends `signal` to the daemon of `config`'s pid file (checked to be
+/// `cronlease run` with this configuration) and says so: exit 1 with one
+/// line when there is none.
+fn signal_daemon(
+    path: &Path,
+    config: &Config,
+    signal: nix::sys::signal::Signal,
+    what: &str,
+) -> ExitCode {
     let pid = match pidfile::daemon_pid(&config.pid_file, path) {
         Ok(pid) => pid,
         Err(e) => {
@@ -15,12 +53,9 @@ pub(super) fn step_down(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGUSR1,
-    ) {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal) {
         Ok(()) => {
-            println!("step-down requested from cronlease pid {pid}");
+            println!("{what} requested from cronlease pid {pid}");
             ExitCode::SUCCESS
         }
         Err(e) => {

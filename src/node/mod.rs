@@ -368,7 +368,14 @@ struct GuardLink {
 struct Prepared {
     done: AtomicBool,
     lock: tokio::sync::Mutex<()>,
+    /// Why the last prepare failed, until one succeeds: systemd's STATUS=.
+    waiting: Mutex<Option<String>>,
 }
+
+/// How long a daemon whose store does not answer at start waits before it
+/// tells systemd it is ready anyway (docs/operations.md, "The systemd
+/// unit"): the unit's start then ends instead of hanging on the store.
+pub const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// The node's token tree and its tasks.
 struct Lifecycle {
@@ -517,6 +524,7 @@ impl Node {
             prepare: Prepared {
                 done: AtomicBool::new(false),
                 lock: tokio::sync::Mutex::new(()),
+                waiting: Mutex::new(None),
             },
             life: Lifecycle {
                 claims: root.child_token(),
@@ -761,9 +769,23 @@ impl Node {
         });
     }
 
-    /// Retries [`crate::store::Locks::prepare`] (migrations, scripts) until it succeeds.
+    /// The daemon's first [`crate::store::Locks::prepare`], before the node
+    /// runs: a store that refuses this node ([`StoreError::is_refused`])
+    /// fails the start at once; any other error is left to the node's
+    /// retries.
+    pub async fn preflight(&self) -> Result<(), StoreError> {
+        self.ensure_prepared().await
+    }
+
+    /// Retries [`crate::store::Locks::prepare`] (migrations, scripts) until it
+    /// succeeds. Meanwhile systemd's STATUS= says why (`waiting for the
+    /// store: …`), and after [`READY_WITHIN`] the daemon reports ready
+    /// anyway, so a store that is down does not hold the unit's start
+    /// (`/healthz` answers 503 until the store answers).
     async fn prepare_until_ready(self: Arc<Self>) {
         let mut backoff = Duration::from_millis(200);
+        let began = Instant::now();
+        let mut told_ready = false;
         loop {
             let prepared = tokio::select! {
                 () = self.life.claims.cancelled() => return,
@@ -771,7 +793,20 @@ impl Node {
             };
             match prepared {
                 Ok(()) => return,
-                Err(_) => {
+                Err(e) => {
+                    if let Ok(mut waiting) = self.prepare.waiting.lock() {
+                        *waiting = Some(e.to_string());
+                    }
+                    let status = self.status_line(self.job_and_lease_counts());
+                    if !told_ready && began.elapsed() >= READY_WITHIN {
+                        told_ready = true;
+                        tracing::warn!(
+                            "the store has not answered for {READY_WITHIN:?}: reporting ready to systemd anyway; claiming starts once it answers ({e})"
+                        );
+                        self.notifier.ready(&status);
+                    } else {
+                        self.notifier.status(&status);
+                    }
                     tokio::select! {
                         () = self.life.claims.cancelled() => return,
                         () = tokio::time::sleep(backoff) => {}
@@ -1011,6 +1046,11 @@ impl Node {
 
     /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.
     fn status_line(&self, (jobs, held): (usize, usize)) -> String {
+        if !self.prepare.done.load(Ordering::SeqCst) {
+            if let Some(why) = self.prepare.waiting.lock().ok().and_then(|w| w.clone()) {
+                return format!("{jobs} jobs, waiting for the store: {why}");
+            }
+        }
         let store = if self.health.is_up() { "up" } else { "down" };
         format!("{jobs} jobs, holding {held} leases, store {store}")
     }

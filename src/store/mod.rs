@@ -467,6 +467,11 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("store {store} failed: {reason}")]
     Backend { store: String, reason: String },
+    /// The store answered and refused this node for good: credentials
+    /// rejected, no such database, a TLS handshake that fails. Retrying
+    /// changes nothing until the configuration or the store does.
+    #[error("store {store} refused this node: {reason}")]
+    Refused { store: String, reason: String },
     #[error(
         "store {store} has no cronlease tables yet: run `cronlease migrate` (or start `cronlease run`, which applies them)"
     )]
@@ -588,6 +593,11 @@ impl StoreError {
     }
 
     /// Unreachable or too slow, as opposed to a refused or broken request.
+    /// The store refused this node for good ([`StoreError::Refused`]).
+    pub fn is_refused(&self) -> bool {
+        matches!(self, StoreError::Refused { .. })
+    }
+
     pub fn is_unreachable(&self) -> bool {
         matches!(
             self,

@@ -531,9 +531,22 @@ fn store_error(url: &StoreUrl, e: &redis::RedisError) -> StoreError {
         || e.is_connection_dropped()
     {
         StoreError::Unavailable { store, reason }
+    } else if refuses(e) {
+        StoreError::Refused { store, reason }
     } else {
         StoreError::Backend { store, reason }
     }
+}
+
+/// An error that refuses this node for good: a password or user rejected
+/// (`WRONGPASS`, `NOAUTH`, a password sent to a server without one), a
+/// client configuration the server cannot take (TLS).
+fn refuses(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
+    ) || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+        || e.to_string().contains("without any password configured")
 }
 
 #[async_trait]

@@ -1,6 +1,7 @@
 //! The command line's contract (docs/cli.md): exit codes and output.
 
 use std::process::Command;
+use std::time::Duration;
 
 use crate::support::{Backend, binary, unique};
 
@@ -619,4 +620,76 @@ fn a_malformed_job_name_is_exit_2_for_every_command() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A store that answers and refuses the node ends `run` at once: exit 77,
+/// one line, no password (the unit does not restart on 77).
+#[test]
+fn run_exits_77_at_once_when_the_store_refuses_the_node() {
+    let urls = [
+        // PostgreSQL: no such database (3D000).
+        "postgres://postgres:s3cretpw@127.0.0.1:5432/cronlease_no_such_database",
+        // MariaDB: root has no password here, so a password is refused (1045).
+        "mysql://root:s3cretpw@127.0.0.1:3306/test",
+        // MariaDB: no such database (1049).
+        "mysql://root@127.0.0.1:3306/cronlease_no_such_database",
+        // Redis without a password configured, sent one.
+        "redis://:s3cretpw@127.0.0.1:6379/",
+    ];
+    Backend::Postgres.require();
+    Backend::Mysql.require();
+    Backend::Redis.require();
+    std::thread::scope(|scope| {
+        let running: Vec<_> = urls
+            .iter()
+            .map(|url| {
+                scope.spawn(move || {
+                    let dir = tempfile::tempdir().unwrap();
+                    let config = write_config(dir.path(), url);
+                    let mut child = Command::new(binary())
+                        .args(["run", "-c"])
+                        .arg(&config)
+                        .env_remove("CRONLEASE_STORE_URL")
+                        .env_remove("RUST_LOG")
+                        .stdout(std::process::Stdio::piped())
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap();
+                    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                    let status = loop {
+                        if let Some(s) = child.try_wait().unwrap() {
+                            break Some(s);
+                        }
+                        if std::time::Instant::now() > deadline {
+                            let _ = child.kill();
+                            break None;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    };
+                    let out = child.wait_with_output().unwrap();
+                    (url, status, out)
+                })
+            })
+            .collect();
+        for done in running {
+            let (url, status, out) = done.join().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                status.and_then(|s| s.code()),
+                Some(77),
+                "{url}: still running after 20 s or another exit\n{stdout}{stderr}"
+            );
+            let refused: Vec<&str> = stderr
+                .lines()
+                .chain(stdout.lines())
+                .filter(|l| l.contains("refused this node"))
+                .collect();
+            assert_eq!(refused.len(), 1, "{url}: one line saying why\n{stdout}{stderr}");
+            assert!(
+                !stderr.contains("s3cretpw") && !stdout.contains("s3cretpw"),
+                "{stdout}{stderr}"
+            );
+        }
+    });
 }

@@ -350,35 +350,7 @@ impl Cluster {
 
     /// The runs of a job writing phase lines, by fence, in start order.
     pub fn runs(&self) -> Vec<Run> {
-        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
-        let mut by_fence: BTreeMap<u64, Run> = BTreeMap::new();
-        for l in text.lines() {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let [occ, fence, node, phase, t] = f[..] else {
-                continue;
-            };
-            let (Ok(occ), Ok(fence), Ok(t)) = (
-                DateTime::parse_from_rfc3339(occ),
-                fence.parse::<u64>(),
-                t.parse::<f64>(),
-            ) else {
-                continue;
-            };
-            let run = by_fence.entry(fence).or_insert(Run {
-                occurrence: occ.with_timezone(&Utc),
-                fence,
-                node: node.into(),
-                start: t,
-                end: None,
-            });
-            match phase {
-                "start" => run.start = t,
-                _ => run.end = Some(t),
-            }
-        }
-        let mut v: Vec<Run> = by_fence.into_values().collect();
-        v.sort_by(|a, b| a.start.total_cmp(&b.start));
-        v
+        runs_in(&std::fs::read_to_string(&self.out).unwrap_or_default())
     }
 
     /// Everything the jobs wrote, in file order.
@@ -469,6 +441,39 @@ impl Drop for Cluster {
 /// How far into its second `t` is, in seconds.
 pub fn fraction_of_second(t: DateTime<Utc>) -> f64 {
     f64::from(t.timestamp_subsec_millis()) / 1000.0
+}
+
+/// The runs in `text`, phase lines of a job (`timed_job`), by fence, in
+/// start order.
+pub fn runs_in(text: &str) -> Vec<Run> {
+    let mut by_fence: BTreeMap<u64, Run> = BTreeMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [occ, fence, node, phase, t] = f[..] else {
+            continue;
+        };
+        let (Ok(occ), Ok(fence), Ok(t)) = (
+            DateTime::parse_from_rfc3339(occ),
+            fence.parse::<u64>(),
+            t.parse::<f64>(),
+        ) else {
+            continue;
+        };
+        let run = by_fence.entry(fence).or_insert(Run {
+            occurrence: occ.with_timezone(&Utc),
+            fence,
+            node: node.into(),
+            start: t,
+            end: None,
+        });
+        match phase {
+            "start" => run.start = t,
+            _ => run.end = Some(t),
+        }
+    }
+    let mut v: Vec<Run> = by_fence.into_values().collect();
+    v.sort_by(|a, b| a.start.total_cmp(&b.start));
+    v
 }
 
 /// Sleeps until the wall clock is `frac` into a second (away from instants).

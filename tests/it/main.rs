@@ -24,6 +24,7 @@ mod drills;
 mod e2e;
 mod etcd;
 mod handover;
+mod hosts;
 #[cfg(feature = "memory")]
 mod inprocess;
 mod jobs;

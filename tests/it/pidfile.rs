@@ -1,4 +1,4 @@
-//! The pid file: `step-down` signals only this config's `cronlease run`, a
+//! The pid file: `step-down` and `reload` signal only this config's `cronlease run`, a
 //! second daemon never takes over or deletes the first one's file, and the
 //! file is never written through a symlink.
 
@@ -206,4 +206,71 @@ fn a_daemon_never_removes_a_pid_file_it_does_not_hold() {
         !pid_file.exists(),
         "the second daemon removes its own pid file"
     );
+}
+
+#[test]
+fn reload_refuses_a_broken_configuration_and_sends_a_valid_one() {
+    let a = "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = \"echo a >> '{out}'\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(a), "");
+    c.start("n1");
+    let out = c.out.clone();
+    let count = |s: &str| {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == s)
+            .count()
+    };
+    wait_until(
+        "a runs",
+        Duration::from_secs(15),
+        || c.report(),
+        || (count("a") >= 1).then_some(()),
+    );
+    let jobs = c.dir.path().join("jobs.d/jobs.toml");
+    std::fs::write(
+        &jobs,
+        "[[job]]\nname = \"a\"\nschedule = \"* * *\"\ncommand = \"true\"\n",
+    )
+    .unwrap();
+    let refused = c.cli("n1", &["reload"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(78), "{err}");
+    assert!(err.contains("jobs.toml:3:12: invalid schedule"), "{err}");
+    assert!(err.contains("reload refused"), "{err}");
+    // No SIGHUP reached the daemon: it never logged a reload, and a still runs.
+    let before = count("a");
+    wait_until(
+        "a still runs after a refused reload",
+        Duration::from_secs(15),
+        || c.report(),
+        || (count("a") >= before + 2).then_some(()),
+    );
+    assert!(!c.log("n1").contains("SIGHUP"), "{}", c.log("n1"));
+
+    let b = format!(
+        "[[job]]\nname = \"b\"\nschedule = \"* * * * * *\"\ncommand = \"echo b >> '{}'\"\n",
+        out.display()
+    );
+    std::fs::write(&jobs, b).unwrap();
+    let sent = c.cli("n1", &["reload"]);
+    let said = String::from_utf8_lossy(&sent.stdout);
+    assert_eq!(
+        sent.status.code(),
+        Some(0),
+        "{said}{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(
+        said.starts_with("reload requested from cronlease pid "),
+        "{said}"
+    );
+    wait_until(
+        "b runs",
+        Duration::from_secs(15),
+        || c.report(),
+        || (count("b") >= 1).then_some(()),
+    );
+    assert!(c.log("n1").contains("SIGHUP: configuration reloaded"));
+    c.stop_all();
 }

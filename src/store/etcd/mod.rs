@@ -111,8 +111,10 @@ const KEYS_PAGE: i64 = 10_000;
 /// re-export the type).
 const CANCELLED: i32 = 1;
 const DEADLINE_EXCEEDED: i32 = 4;
+const PERMISSION_DENIED: i32 = 7;
 const RESOURCE_EXHAUSTED: i32 = 8;
 const UNAVAILABLE: i32 = 14;
+const UNAUTHENTICATED: i32 = 16;
 
 /// The etcd implementation of [`crate::store::Store`].
 pub struct EtcdStore {
@@ -241,6 +243,8 @@ impl EtcdStore {
         let reason = one_line(&self.url.scrub(&error_text(e)));
         if is_transient(e) {
             StoreError::Unavailable { store, reason }
+        } else if matches!(status_code(e), Some(UNAUTHENTICATED | PERMISSION_DENIED)) {
+            StoreError::Refused { store, reason }
         } else {
             StoreError::Backend { store, reason }
         }

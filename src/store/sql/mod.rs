@@ -247,16 +247,18 @@ impl SqlStore {
         let reason = self.url.scrub(&e.to_string());
         match &e {
             sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => StoreError::Unavailable { store, reason },
+            sqlx::Error::Tls(_) => StoreError::Refused { store, reason },
             sqlx::Error::Database(db) => {
                 let code = db.code().unwrap_or_default();
                 let missing_table =
                     code == "42S02" || code == "42P01" || db.message().contains("no such table");
                 if missing_table {
                     StoreError::NotMigrated { store }
+                } else if refuses(&code, db.message()) {
+                    StoreError::Refused { store, reason }
                 } else {
                     StoreError::Backend { store, reason }
                 }
@@ -633,3 +635,28 @@ fn postgres_parts(
 
 #[cfg(test)]
 mod tests;
+
+/// A database error that refuses this node for good: credentials rejected
+/// (SQLSTATE 28000, PostgreSQL's 28P01), no such database (PostgreSQL's
+/// 3D000, MariaDB's "Unknown database", whose SQLSTATE 42000 is shared with
+/// syntax errors).
+fn refuses(code: &str, message: &str) -> bool {
+    matches!(code, "28000" | "28P01" | "3D000")
+        || (code == "42000" && message.starts_with("Unknown database"))
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::refuses;
+
+    #[test]
+    fn credentials_and_missing_databases_refuse_syntax_errors_do_not() {
+        assert!(refuses("28P01", "password authentication failed for user \"u\""));
+        assert!(refuses("28000", "Access denied for user 'root'@'localhost'"));
+        assert!(refuses("3D000", "database \"x\" does not exist"));
+        assert!(refuses("42000", "Unknown database 'x'"));
+        assert!(!refuses("42000", "You have an error in your SQL syntax"));
+        assert!(!refuses("40001", "serialization failure"));
+        assert!(!refuses("", "database is locked"));
+    }
+}

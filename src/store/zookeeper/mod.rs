@@ -132,6 +132,7 @@ impl ZkStore {
             | zk::Error::SessionMoved
             | zk::Error::ClientClosed => StoreError::Unavailable { store, reason },
             zk::Error::NoNode => StoreError::NotMigrated { store },
+            zk::Error::AuthFailed | zk::Error::NoAuth => StoreError::Refused { store, reason },
             _ => StoreError::Backend { store, reason },
         }
     }
