@@ -12,7 +12,9 @@
 pub fn sandbox_hint(text: &str) -> Option<&'static str> {
     let has = |needle: &str| text.contains(needle);
     let denied = || {
-        has("Permission denied") || has("No such file or directory") || has("Operation not permitted")
+        has("Permission denied")
+            || has("No such file or directory")
+            || has("Operation not permitted")
     };
     if has("Read-only file system") {
         Some(

@@ -685,7 +685,11 @@ fn run_exits_77_at_once_when_the_store_refuses_the_node() {
                 .chain(stdout.lines())
                 .filter(|l| l.contains("refused this node"))
                 .collect();
-            assert_eq!(refused.len(), 1, "{url}: one line saying why\n{stdout}{stderr}");
+            assert_eq!(
+                refused.len(),
+                1,
+                "{url}: one line saying why\n{stdout}{stderr}"
+            );
             assert!(
                 !stderr.contains("s3cretpw") && !stdout.contains("s3cretpw"),
                 "{stdout}{stderr}"

@@ -21,10 +21,14 @@
 //! prints a table row: the first run on a peer after the disturbance, late
 //! by p50/p99/max over the rounds.
 //!
+//! Also here: the jobs cron users run, under the unit as shipped and with
+//! the documented drop-ins (`hardening`), and the package's life cycle
+//! (`packaging`).
+//!
 //! Ignored in every tier (they need root and the `.deb`): `.ci/host-drills`
-//! runs them, short (2 rounds of `crash` and `host` on Redis) in `.ci/run`,
-//! long (`.ci/host-drills long`: every mode, 10 rounds, Redis, PostgreSQL
-//! and etcd) by hand.
+//! runs them, short (2 rounds of `crash` and `host` on Redis, hardening,
+//! packaging) in `.ci/run`, long (`.ci/host-drills long`: every mode, 10
+//! rounds, Redis, PostgreSQL and etcd) by hand.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -134,16 +138,8 @@ impl Fleet {
     /// jobs `jobs` (`{out}` the shared output file), the unit enabled and
     /// started.
     fn boot_n(prefix: &str, backend: Backend, n: usize, jobs: &str) -> Fleet {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "the host drills boot systemd-nspawn hosts: run them as root (.ci/host-drills)"
-        );
         backend.require();
-        let deb = deb();
-        let names: Vec<String> = (1..=n).map(|i| format!("{prefix}{i}")).collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        hosts(&[&["down"], &refs[..]].concat());
-        hosts(&[&["boot"], &refs[..]].concat());
+        let (names, deb) = Fleet::bare(prefix, n);
         let tag = format!("{prefix}{}", std::process::id());
         let dir = shared().join(&tag);
         std::fs::create_dir_all(&dir).unwrap();
@@ -198,6 +194,20 @@ impl Fleet {
             );
         }
         fleet
+    }
+
+    /// `n` fresh hosts booted (the names), and the package to install.
+    fn bare(prefix: &str, n: usize) -> (Vec<String>, PathBuf) {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the host drills boot systemd-nspawn hosts: run them as root (.ci/host-drills)"
+        );
+        let deb = deb();
+        let names: Vec<String> = (1..=n).map(|i| format!("{prefix}{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        hosts(&[&["down"], &refs[..]].concat());
+        hosts(&[&["boot"], &refs[..]].concat());
+        (names, deb)
     }
 
     fn runs(&self) -> Vec<Run> {
@@ -264,6 +274,14 @@ impl Drop for Fleet {
     }
 }
 
+/// How often systemd restarted `host`'s unit (`NRestarts`).
+fn restarts(host: &str) -> u64 {
+    must(host, "systemctl show -p NRestarts --value cronlease", "")
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
 /// The modes and rounds of this run: `$CRONLEASE_HOST_MODES` (comma
 /// separated) and `$CRONLEASE_HOST_ROUNDS`, by default the short form.
 fn plan() -> (Vec<String>, usize) {
@@ -300,6 +318,7 @@ fn drill(prefix: &str, backend: Backend) {
             // recorded.
             at_fraction_of_second(if busy { 0.1 } else { 0.8 });
             let holder = fleet.runs().last().expect("a run").node.clone();
+            let restarted = restarts(&holder);
             let at = Utc::now();
             match mode.as_str() {
                 "crash" | "crash-busy" => {
@@ -360,7 +379,18 @@ fn drill(prefix: &str, backend: Backend) {
                 "stop" => {
                     must(&holder, "systemctl start cronlease", "");
                 }
-                _ => {}
+                _ => {
+                    // Not "active" as systemd saw it before the crash.
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while restarts(&holder) <= restarted {
+                        assert!(
+                            Instant::now() < deadline,
+                            "{holder}: the unit did not restart\n{}",
+                            fleet.journals()
+                        );
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
             }
             fleet.wait_active(&holder);
             // Steady again: a run on time after the disturbance.
@@ -470,7 +500,11 @@ fn hardening() {
     };
     let jobs = [
         yearly("python", "python3 -c 'print(6 * 7)'", ""),
-        yearly("tar_state", "tar czf /var/lib/cronlease/etc.tgz /etc/cronlease", ""),
+        yearly(
+            "tar_state",
+            "tar czf /var/lib/cronlease/etc.tgz /etc/cronlease",
+            "",
+        ),
         yearly("meminfo", "grep MemTotal /proc/meminfo", ""),
         yearly("local_bin", "drill-hello", ""),
         yearly("backups", "tar czf /var/backups/etc.tgz /etc/cronlease", ""),
@@ -499,10 +533,17 @@ fn hardening() {
         ("home", false),
     ] {
         let (ok, logs) = run(job);
-        table.push(format!("| as shipped | {job} | {} |", if ok { "ok" } else { "failed" }));
+        table.push(format!(
+            "| as shipped | {job} | {} |",
+            if ok { "ok" } else { "failed" }
+        ));
         assert_eq!(ok, works, "{job} as shipped:\n{logs}\n{}", fleet.journals());
         if !works {
-            let setting = if job == "backups" { "ReadWritePaths=" } else { "ProtectHome=read-only" };
+            let setting = if job == "backups" {
+                "ReadWritePaths="
+            } else {
+                "ProtectHome=read-only"
+            };
             assert!(
                 logs.contains("cronlease: hint: ") && logs.contains(setting),
                 "{job}: its output names {setting}:\n{logs}"
@@ -520,15 +561,88 @@ fn hardening() {
         "command = \"cat /home/ops/note\"\n",
         "command = \"cat /home/ops/note\"\nuser = \"ops\"\n",
     );
-    must(&host, "cat > /etc/cronlease/jobs.d/drill.toml", &home_as_ops);
-    must(&host, "systemctl daemon-reload && systemctl restart cronlease", "");
+    must(
+        &host,
+        "cat > /etc/cronlease/jobs.d/drill.toml",
+        &home_as_ops,
+    );
+    must(
+        &host,
+        "systemctl daemon-reload && systemctl restart cronlease",
+        "",
+    );
     for job in ["backups", "home"] {
         let (ok, logs) = run(job);
-        table.push(format!("| with the drop-ins | {job} | {} |", if ok { "ok" } else { "failed" }));
+        table.push(format!(
+            "| with the drop-ins | {job} | {} |",
+            if ok { "ok" } else { "failed" }
+        ));
         assert!(ok, "{job} with the drop-ins:\n{logs}\n{}", fleet.journals());
         assert!(!logs.contains("cronlease: hint: "), "{logs}");
     }
     let (_, logs) = run("home");
     assert!(logs.contains("secret-note"), "{logs}");
-    println!("| unit | job | outcome |\n|---|---|---|\n{}", table.join("\n"));
+    println!(
+        "| unit | job | outcome |\n|---|---|---|\n{}",
+        table.join("\n")
+    );
+}
+
+/// The package on a fresh host: installs with its dependencies, creates
+/// the user, enables the unit (not started before it is configured), keeps
+/// an operator's edit of the conffile through a reinstall, and leaves
+/// nothing of its own after a purge.
+#[test]
+#[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
+fn packaging() {
+    let (names, deb) = Fleet::bare("hk", 1);
+    let fleet = Fleet {
+        names,
+        out: PathBuf::new(),
+        report: String::new(),
+    };
+    let host = fleet.names[0].clone();
+    hosts(&["install", &host, deb.to_str().unwrap()]);
+    let state = must(
+        &host,
+        "dpkg-query -W -f '${Status} ${Version}\\n' cronlease; systemctl is-enabled cronlease; id -un cronlease; stat -c '%a %U:%G' /etc/cronlease/cronlease.toml; cronlease --version",
+        "",
+    );
+    assert!(state.contains("install ok installed"), "{state}");
+    assert!(state.contains("enabled"), "{state}");
+    assert!(state.contains("640 root:cronlease"), "{state}");
+    for store in [
+        "sqlite",
+        "mysql",
+        "postgres",
+        "redis",
+        "sentinel",
+        "redlock",
+        "zookeeper",
+        "etcd",
+    ] {
+        assert!(state.contains(store), "the package serves {store}: {state}");
+    }
+    must(
+        &host,
+        "echo '# an operator edit' >> /etc/cronlease/cronlease.toml && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall /root/cronlease.deb",
+        "",
+    );
+    let kept = must(&host, "tail -1 /etc/cronlease/cronlease.toml", "");
+    assert_eq!(
+        kept.trim(),
+        "# an operator edit",
+        "the conffile edit survives"
+    );
+    must(
+        &host,
+        "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q cronlease",
+        "",
+    );
+    let left = must(
+        &host,
+        "for p in /usr/bin/cronlease /etc/cronlease/cronlease.toml /var/lib/cronlease /lib/systemd/system/cronlease.service; do [ -e $p ] && echo left: $p; done; id cronlease 2>/dev/null && echo left: the user; true",
+        "",
+    );
+    assert_eq!(left.trim(), "", "purge leaves nothing: {left}");
 }

@@ -651,8 +651,14 @@ mod refusal_tests {
 
     #[test]
     fn credentials_and_missing_databases_refuse_syntax_errors_do_not() {
-        assert!(refuses("28P01", "password authentication failed for user \"u\""));
-        assert!(refuses("28000", "Access denied for user 'root'@'localhost'"));
+        assert!(refuses(
+            "28P01",
+            "password authentication failed for user \"u\""
+        ));
+        assert!(refuses(
+            "28000",
+            "Access denied for user 'root'@'localhost'"
+        ));
         assert!(refuses("3D000", "database \"x\" does not exist"));
         assert!(refuses("42000", "Unknown database 'x'"));
         assert!(!refuses("42000", "You have an error in your SQL syntax"));
