@@ -12,10 +12,22 @@ use crate::config::{DEFAULT_CONFIG_PATH, JobName};
 /// Every job name on the command line is parsed here, by one parser: a
 /// malformed one is a usage error (exit 2) for every command.
 #[derive(Debug, Parser)]
-#[command(name = "cronlease", version, about, long_about = None)]
+#[command(name = "cronlease", version, long_version = long_version(), about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Commands,
+}
+
+/// `--version`: the version, then the stores built in (`-V`: the version).
+fn long_version() -> &'static str {
+    static LONG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "{}\nstores: {}",
+            env!("CARGO_PKG_VERSION"),
+            crate::store::built_in().join(", ")
+        )
+    });
+    LONG.as_str()
 }
 
 /// Where the configuration is.

@@ -912,6 +912,16 @@ fn open_redis(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     Ok(Arc::new(redis::RedisStore::open(config)?))
 }
 
+/// The stores this binary serves, by their feature names (`cronlease
+/// --version` lists them).
+pub fn built_in() -> Vec<&'static str> {
+    BACKENDS
+        .iter()
+        .filter(|b| b.open.is_some())
+        .map(|b| b.feature)
+        .collect()
+}
+
 /// Opens the store a config names, with the backend that serves its URL's
 /// scheme ([`BACKENDS`]). Connections are made lazily, so a store that is
 /// down now is not an error here: calls fail until it is back.

@@ -30,7 +30,17 @@ fn write_config(dir: &std::path::Path, store: &str) -> std::path::PathBuf {
 fn version_help_and_usage_errors() {
     let out = Command::new(binary()).arg("--version").output().unwrap();
     assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("cronlease "));
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(version.starts_with("cronlease "));
+    // The tests build every store (--all-features).
+    assert!(
+        version.contains(
+            "\nstores: sqlite, mysql, postgres, redis, sentinel, redlock, zookeeper, etcd"
+        ),
+        "{version}"
+    );
+    let out = Command::new(binary()).arg("-V").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
     let out = Command::new(binary()).arg("--help").output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     let out = Command::new(binary()).arg("frobnicate").output().unwrap();
