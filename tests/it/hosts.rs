@@ -268,6 +268,20 @@ impl Fleet {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
+        // The hosts' journals outlive them, beside what the job wrote: a
+        // round to explain later (text, microsecond timestamps).
+        if let Some(dir) = self.out.parent().filter(|d| d.is_dir()) {
+            for name in &self.names {
+                let _ = sh(
+                    name,
+                    &format!(
+                        "journalctl -u cronlease -o short-precise --no-pager > /srv/drill/{}/{name}.journal",
+                        dir.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+                    ),
+                    "",
+                );
+            }
+        }
         let mut args = vec!["down".to_string()];
         args.extend(self.names.iter().cloned());
         let _ = Command::new("bash").arg(script()).args(&args).status();
