@@ -153,12 +153,12 @@ impl Launch {
             ),
         };
         let mut env = Vec::new();
-        if let Some(id) = &spec.job.identity {
-            if let Some((name, home)) = &id.user {
-                env.push(("USER".into(), name.clone()));
-                env.push(("LOGNAME".into(), name.clone()));
-                env.push(("HOME".into(), home.to_string_lossy().into_owned()));
-            }
+        if let Some(id) = &spec.job.identity
+            && let Some((name, home)) = &id.user
+        {
+            env.push(("USER".into(), name.clone()));
+            env.push(("LOGNAME".into(), name.clone()));
+            env.push(("HOME".into(), home.to_string_lossy().into_owned()));
         }
         env.extend(spec.job.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.push(("CRONLEASE_JOB".into(), spec.job.name.to_string()));
@@ -407,10 +407,10 @@ async fn start(
 }
 
 fn signal_group(pgid: u32, sig: Signal) {
-    if let Ok(pgid) = i32::try_from(pgid) {
-        if pgid > 1 {
-            let _ = killpg(Pid::from_raw(pgid), sig);
-        }
+    if let Ok(pgid) = i32::try_from(pgid)
+        && pgid > 1
+    {
+        let _ = killpg(Pid::from_raw(pgid), sig);
     }
 }
 

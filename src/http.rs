@@ -268,10 +268,10 @@ fn json<T: serde::Serialize>(result: Result<T, StoreError>) -> Response {
 
 async fn status(State(api): State<Arc<Api>>) -> Response {
     let mut reading = api.reading.lock().await;
-    if let Some((at, rows)) = reading.as_ref() {
-        if at.elapsed() < SNAPSHOT_AGE {
-            return json(Ok(rows.clone()));
-        }
+    if let Some((at, rows)) = reading.as_ref()
+        && at.elapsed() < SNAPSHOT_AGE
+    {
+        return json(Ok(rows.clone()));
     }
     let config = api.config.borrow().clone();
     let rows = crate::status::gather(&config, api.store.as_ref(), config.store.call_budget())

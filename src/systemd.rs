@@ -43,10 +43,10 @@ impl Notifier {
     }
 
     fn send(&self, state: &[NotifyState<'_>]) {
-        if self.enabled {
-            if let Err(e) = sd_notify::notify(state) {
-                tracing::debug!("sd_notify failed: {e}");
-            }
+        if self.enabled
+            && let Err(e) = sd_notify::notify(state)
+        {
+            tracing::debug!("sd_notify failed: {e}");
         }
     }
 

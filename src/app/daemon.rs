@@ -203,9 +203,9 @@ pub(super) fn apply_reload(node: &Arc<Node>, startup: &Config, current: &Config,
     );
     node.apply_settings(new);
     node.apply_jobs(new.jobs.clone());
-    if live.contains(&"log.level") {
-        if let Err(e) = telemetry::set_level(&new.log.level) {
-            tracing::warn!("SIGHUP: log.level not changed: {e}");
-        }
+    if live.contains(&"log.level")
+        && let Err(e) = telemetry::set_level(&new.log.level)
+    {
+        tracing::warn!("SIGHUP: log.level not changed: {e}");
     }
 }

@@ -33,10 +33,10 @@ pub(super) fn validate_job(
         }
     }
     let zone = rj.timezone.as_ref().map_or("UTC", |z| z.get_ref().as_str());
-    if let Some(z) = &rj.timezone {
-        if let Err(e) = crate::schedule::parse_zone(z.get_ref()) {
-            errors.push(src.at(z, e.to_string()));
-        }
+    if let Some(z) = &rj.timezone
+        && let Err(e) = crate::schedule::parse_zone(z.get_ref())
+    {
+        errors.push(src.at(z, e.to_string()));
     }
     let schedule = match Schedule::parse(rj.schedule.get_ref(), zone) {
         Ok(s) => Some(s),

@@ -200,13 +200,13 @@ impl Watched {
         let mut known: BTreeMap<i32, u64> = self.known.into_values().flatten().collect();
         known.extend(self.orphans.counted());
         let doomed = kill_trees(&self.groups, &known);
-        if !self.succession.bye {
-            if let Some(handover) = self.succession.handover.take() {
-                let runs = std::mem::take(&mut self.succession.runs)
-                    .into_values()
-                    .collect();
-                hand_over(handover, &self.succession.jobs, runs, &doomed, died);
-            }
+        if !self.succession.bye
+            && let Some(handover) = self.succession.handover.take()
+        {
+            let runs = std::mem::take(&mut self.succession.runs)
+                .into_values()
+                .collect();
+            hand_over(handover, &self.succession.jobs, runs, &doomed, died);
         }
     }
 }

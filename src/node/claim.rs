@@ -752,23 +752,24 @@ impl Node {
     ) -> Flow {
         let (state, occurrence) = (&due.state, due.occurrence);
         let ours = lost.holder.as_deref() == Some(self.owner.as_str());
-        if ours && lost.last_occurrence == Some(occurrence) {
-            if let Some(first_send) = at.unanswered {
-                // A claim whose reply was lost did win (a store that
-                // answered "claimed" before it knew the retry rule): run
-                // it, with the lease counted from that first send.
-                tracing::info!(job = %state.job().name, fence = lost.fence, "an unanswered claim had won: running it");
-                state.lease_granted(first_send, self.lease_for(occurrence, due.next));
-                state.note_standing(Standing::Holder, lost.fence);
-                let won = Won {
-                    fence: lost.fence,
-                    occurrence,
-                    catch_up: false,
-                    previous_owner: None,
-                };
-                self.start_run(state, self.ticket(&won, decision_ms));
-                return Flow::Done(false);
-            }
+        if ours
+            && lost.last_occurrence == Some(occurrence)
+            && let Some(first_send) = at.unanswered
+        {
+            // A claim whose reply was lost did win (a store that
+            // answered "claimed" before it knew the retry rule): run
+            // it, with the lease counted from that first send.
+            tracing::info!(job = %state.job().name, fence = lost.fence, "an unanswered claim had won: running it");
+            state.lease_granted(first_send, self.lease_for(occurrence, due.next));
+            state.note_standing(Standing::Holder, lost.fence);
+            let won = Won {
+                fence: lost.fence,
+                occurrence,
+                catch_up: false,
+                previous_owner: None,
+            };
+            self.start_run(state, self.ticket(&won, decision_ms));
+            return Flow::Done(false);
         }
         if !ours {
             state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);

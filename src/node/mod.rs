@@ -474,12 +474,11 @@ impl NodeParts {
 /// limit it was given, and so do the jobs it starts (some still `select()`).
 fn raise_open_files_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard {
-            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
-            }
-        }
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
     }
 }
 
@@ -774,7 +773,7 @@ impl Node {
     /// fails the start at once; any other error is left to the node's
     /// retries.
     pub async fn preflight(&self) -> Result<(), StoreError> {
-        self.ensure_prepared().await
+        self.prepare_once(false).await
     }
 
     /// Retries [`crate::store::Locks::prepare`] (migrations, scripts) until it
@@ -819,6 +818,13 @@ impl Node {
 
     /// Prepares the store once (and again after it reported missing tables).
     async fn ensure_prepared(&self) -> Result<(), StoreError> {
+        self.prepare_once(true).await
+    }
+
+    /// [`Node::ensure_prepared`]; with `as_outage` its failure counts in the
+    /// store's health (logged as an outage, the metrics), without it (the
+    /// daemon's preflight, which exits on a refusal) it is the caller's.
+    async fn prepare_once(&self, as_outage: bool) -> Result<(), StoreError> {
         if self.prepare.done.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -828,7 +834,13 @@ impl Node {
         }
         // Migrations may wait for another node's migration lock.
         let budget = self.settings.op_timeout.max(Duration::from_secs(30));
-        let result = self.call("prepare", budget, self.store.prepare()).await;
+        let result = if as_outage {
+            self.call("prepare", budget, self.store.prepare()).await
+        } else {
+            tokio::time::timeout(budget, self.store.prepare())
+                .await
+                .unwrap_or(Err(StoreError::Timeout(budget)))
+        };
         if result.is_ok() && !self.prepare.done.swap(true, Ordering::SeqCst) {
             self.notifier
                 .ready(&self.status_line(self.job_and_lease_counts()));
@@ -1046,10 +1058,10 @@ impl Node {
 
     /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.
     fn status_line(&self, (jobs, held): (usize, usize)) -> String {
-        if !self.prepare.done.load(Ordering::SeqCst) {
-            if let Some(why) = self.prepare.waiting.lock().ok().and_then(|w| w.clone()) {
-                return format!("{jobs} jobs, waiting for the store: {why}");
-            }
+        if !self.prepare.done.load(Ordering::SeqCst)
+            && let Some(why) = self.prepare.waiting.lock().ok().and_then(|w| w.clone())
+        {
+            return format!("{jobs} jobs, waiting for the store: {why}");
         }
         let store = if self.health.is_up() { "up" } else { "down" };
         format!("{jobs} jobs, holding {held} leases, store {store}")

@@ -314,11 +314,12 @@ impl Locks for MemoryStore {
         let mut s = self.count("release", jobs.len())?;
         let mut n = 0;
         for job in jobs {
-            if let Some(lock) = s.locks.get_mut(job.as_str()) {
-                if lock.owner.as_deref() == Some(owner.as_str()) && lock.expires_at > now {
-                    lock.expires_at = now;
-                    n += 1;
-                }
+            if let Some(lock) = s.locks.get_mut(job.as_str())
+                && lock.owner.as_deref() == Some(owner.as_str())
+                && lock.expires_at > now
+            {
+                lock.expires_at = now;
+                n += 1;
             }
         }
         Ok(n)
@@ -411,10 +412,10 @@ impl History for MemoryStore {
             if seen {
                 continue;
             }
-            if let Some(lock) = s.locks.get_mut(&run.job) {
-                if clears_running(run, lock.fence) {
-                    lock.running = false;
-                }
+            if let Some(lock) = s.locks.get_mut(&run.job)
+                && clears_running(run, lock.fence)
+            {
+                lock.running = false;
             }
             s.next_id += 1;
             let id = s.next_id;

@@ -449,13 +449,13 @@ impl RedisStore {
                 .filter(|f| f != "always")
                 .map(|f| format!("uses appendfsync {f}, not always"))
         };
-        if let Some(problem) = problem {
-            if !self.warned_persistence.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    store = %self.url,
-                    "Redis {problem}: a restart or failover can lose acknowledged claims, and an occurrence may then run twice; use `appendonly yes` with `appendfsync always` (docs/protocol.md)"
-                );
-            }
+        if let Some(problem) = problem
+            && !self.warned_persistence.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                store = %self.url,
+                "Redis {problem}: a restart or failover can lose acknowledged claims, and an occurrence may then run twice; use `appendonly yes` with `appendfsync always` (docs/protocol.md)"
+            );
         }
     }
 }

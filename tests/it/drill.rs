@@ -221,10 +221,10 @@ pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
         let kind = *rng.pick(plan.kinds);
         *counts.events.entry(kind).or_default() += 1;
         if let Some((lo, hi)) = plan.near_instant {
-            if let Some(holder) = c.runs().last().map(|r| r.node.clone()) {
-                if healthy.contains(&holder.as_str()) {
-                    node = holder;
-                }
+            if let Some(holder) = c.runs().last().map(|r| r.node.clone())
+                && healthy.contains(&holder.as_str())
+            {
+                node = holder;
             }
             // Two kills in five land in the claim's first 60 ms, where a
             // window of the whole range would rarely put one.

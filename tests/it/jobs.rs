@@ -561,10 +561,10 @@ fn job_groups(marker: &str) -> Vec<i32> {
     let mut groups = Vec::new();
     for pid in crate::support::all_pids() {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(marker) {
-            if let Ok(pgid) = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))) {
-                groups.push(pgid.as_raw());
-            }
+        if String::from_utf8_lossy(&cmdline).contains(marker)
+            && let Ok(pgid) = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid)))
+        {
+            groups.push(pgid.as_raw());
         }
     }
     groups

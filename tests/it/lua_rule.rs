@@ -33,7 +33,7 @@ impl Rng {
     }
 
     fn chance(&mut self) -> bool {
-        self.next() % 2 == 0
+        self.next().is_multiple_of(2)
     }
 }
 
@@ -85,8 +85,8 @@ fn case(rng: &mut Rng, base: i64, job: &str) -> Case {
         head_start: rng
             .pick(&[None, Some(2_000), Some(10_000)])
             .map(Duration::from_millis),
-        after_unanswered: rng.next() % 4 == 0,
-        recheck_only: rng.next() % 8 == 0,
+        after_unanswered: rng.next().is_multiple_of(4),
+        recheck_only: rng.next().is_multiple_of(8),
         window_end: rng
             .pick(&[None, Some(-2), Some(5)])
             .map(|k| from_ms(second(k))),
@@ -105,7 +105,7 @@ fn case(rng: &mut Rng, base: i64, job: &str) -> Case {
             .pick(&[None, Some(-2), Some(-1), Some(0), Some(1)])
             .map(|k| occurrence + k * 1000),
         running: rng.chance(),
-        paused: rng.next() % 6 == 0,
+        paused: rng.next().is_multiple_of(6),
         request,
     }
 }

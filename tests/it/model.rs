@@ -496,21 +496,20 @@ impl Protocol {
         }
         // An answer that arrived is read before anything else (the job's
         // loop waits on it).
-        if let Some((id, _, _)) = &s.nodes[i].waiting {
-            if s.wire
+        if let Some((id, _, _)) = &s.nodes[i].waiting
+            && s.wire
                 .iter()
                 .any(|m| m.node == i && m.id == *id && m.answer.is_some())
-            {
-                return;
-            }
+        {
+            return;
         }
         // A request that got no answer in time.
-        if let Some((_, sent, msg)) = s.nodes[i].waiting.clone() {
-            if now >= sent + self.op_timeout {
-                s.nodes[i].waiting = None;
-                if matches!(msg, Msg::Claim { .. }) {
-                    s.nodes[i].unanswered = true;
-                }
+        if let Some((_, sent, msg)) = s.nodes[i].waiting.clone()
+            && now >= sent + self.op_timeout
+        {
+            s.nodes[i].waiting = None;
+            if matches!(msg, Msg::Claim { .. }) {
+                s.nodes[i].unanswered = true;
             }
         }
         // The occurrence's window closes at the next instant.
@@ -538,11 +537,13 @@ impl Protocol {
             return;
         }
         // Renew a running job's lease.
-        if let Some(w) = &n.run {
-            if !w.termed && now >= self.renew_at(n, w.ok_sent) && w.end > now {
-                self.send(s, i, Msg::Renew);
-                return;
-            }
+        if let Some(w) = &n.run
+            && !w.termed
+            && now >= self.renew_at(n, w.ok_sent)
+            && w.end > now
+        {
+            self.send(s, i, Msg::Renew);
+            return;
         }
         // Claim the next occurrence at its instant (its wall clock), or
         // when a refusal said to ask again.
@@ -799,10 +800,10 @@ impl Protocol {
                         let (row, answer) = self.decide_claim(&s, m.node, occ, after_unanswered);
                         match row {
                             Some(row) if self.rules.atomic_claim => {
-                                if let Answer::Won { fence, .. } = answer {
-                                    if fence != s.row.fence {
-                                        Self::hand_out(&mut s, fence);
-                                    }
+                                if let Answer::Won { fence, .. } = answer
+                                    && fence != s.row.fence
+                                {
+                                    Self::hand_out(&mut s, fence);
                                 }
                                 s.row = row;
                                 Some(answer)
@@ -973,10 +974,11 @@ impl Protocol {
                 }
                 s.wire.retain(|m| m.node != i);
                 // Whatever it won and had not started is lost with it.
-                if let Some(last) = s.row.last {
-                    if s.row.owner == Some(i) && !s.ran.contains(&last) {
-                        Self::excuse(&mut s, last);
-                    }
+                if let Some(last) = s.row.last
+                    && s.row.owner == Some(i)
+                    && !s.ran.contains(&last)
+                {
+                    Self::excuse(&mut s, last);
                 }
                 Self::use_fault(&mut s, Fault::Crash);
             }

@@ -146,10 +146,10 @@ pub(super) async fn read_clocks(
                             clocks.forget(owner);
                             continue;
                         }
-                        if let Some(data) = BeatData::parse(kv.value()) {
-                            if let Some(sent) = data.last_seen {
-                                clocks.observe(owner, sent, received, data.ttl_ms);
-                            }
+                        if let Some(data) = BeatData::parse(kv.value())
+                            && let Some(sent) = data.last_seen
+                        {
+                            clocks.observe(owner, sent, received, data.ttl_ms);
                         }
                     }
                 }

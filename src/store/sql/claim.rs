@@ -77,16 +77,14 @@ impl SqlStore {
     ) -> Result<Result<Answer, Vec<String>>, sqlx::Error> {
         let mut conn = self.pool().acquire().await?;
         let (mut result, mut clean) = self.locked_on(&mut conn, op, false).await;
-        if clean {
-            if let Ok(Err(missing)) = &result {
-                if let Err(e) = self.seed_rows(&mut conn, missing).await {
-                    if !is_transient(&e) {
-                        conn.close_on_drop();
-                    }
-                    return Err(e);
+        if clean && let Ok(Err(missing)) = &result {
+            if let Err(e) = self.seed_rows(&mut conn, missing).await {
+                if !is_transient(&e) {
+                    conn.close_on_drop();
                 }
-                (result, clean) = self.locked_on(&mut conn, op, true).await;
+                return Err(e);
             }
+            (result, clean) = self.locked_on(&mut conn, op, true).await;
         }
         if !clean {
             conn.close_on_drop();

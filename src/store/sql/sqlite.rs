@@ -177,10 +177,10 @@ impl FileClock {
             // or the daemon's own user could not write it.
             if nix::unistd::geteuid().is_root() {
                 use std::os::unix::fs::MetadataExt;
-                if let (Ok(db), Ok(own)) = (std::fs::metadata(&self.db), file.metadata()) {
-                    if (db.uid(), db.gid()) != (own.uid(), own.gid()) {
-                        let _ = std::os::unix::fs::fchown(&file, Some(db.uid()), Some(db.gid()));
-                    }
+                if let (Ok(db), Ok(own)) = (std::fs::metadata(&self.db), file.metadata())
+                    && (db.uid(), db.gid()) != (own.uid(), own.gid())
+                {
+                    let _ = std::os::unix::fs::fchown(&file, Some(db.uid()), Some(db.gid()));
                 }
             }
             *slot = Some(file);

@@ -430,13 +430,13 @@ impl ZkStore {
                 over.then(|| self.paths.trigger(req.job.as_str(), id))
             })
             .collect();
-        if !done.is_empty() {
-            if let Ok(client) = self.client().await {
-                for path in done {
-                    let _ = self
-                        .idempotent(client.delete(&path, None), zk::Error::NoNode)
-                        .await;
-                }
+        if !done.is_empty()
+            && let Ok(client) = self.client().await
+        {
+            for path in done {
+                let _ = self
+                    .idempotent(client.delete(&path, None), zk::Error::NoNode)
+                    .await;
             }
         }
         let claimed = Claimed {

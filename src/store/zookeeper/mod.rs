@@ -210,10 +210,10 @@ impl ZkStore {
     /// session ended.
     async fn client(&self) -> Result<zk::Client, StoreError> {
         let mut slot = self.client.lock().await;
-        if let Some(c) = slot.as_ref() {
-            if !c.state().is_terminated() {
-                return Ok(c.clone());
-            }
+        if let Some(c) = slot.as_ref()
+            && !c.state().is_terminated()
+        {
+            return Ok(c.clone());
         }
         let servers: Vec<String> = self
             .target

@@ -281,14 +281,14 @@ impl RedlockStore {
             return Vote::Ours;
         }
         let top = top_holder(&t.others);
-        if let Some((holder, pttls)) = &top {
-            if let Some(left) = majority_left(pttls.clone(), m) {
-                return Vote::Held {
-                    holder: holder.to_string(),
-                    remaining: Duration::from_millis(left),
-                    idle_wait: majority_past(t.idle_waits.clone(), m),
-                };
-            }
+        if let Some((holder, pttls)) = &top
+            && let Some(left) = majority_left(pttls.clone(), m)
+        {
+            return Vote::Held {
+                holder: holder.to_string(),
+                remaining: Duration::from_millis(left),
+                idle_wait: majority_past(t.idle_waits.clone(), m),
+            };
         }
         match (t.counted >= m, req.recheck_only) {
             // A recheck takes nothing: it reads a majority's state.
