@@ -660,3 +660,122 @@ fn packaging() {
     );
     assert_eq!(left.trim(), "", "purge leaves nothing: {left}");
 }
+
+/// The unit's own behaviour on a real host: `systemctl reload` with a
+/// broken job file fails and the daemon keeps its jobs; a process a job
+/// left behind does not outlive `systemctl stop`; a store that refuses the
+/// node fails the start at once (exit 77, not restarted); a store that is
+/// down lets the start end (active, "waiting for the store" in STATUS).
+#[test]
+#[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
+fn unit() {
+    let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = \"echo tick >> '{out}'\"\n\n[[job]]\nname = \"leaver\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"setsid sleep 1000 < /dev/null > /dev/null 2>&1 & echo left\"\n";
+    let fleet = Fleet::boot_n("hu", Backend::Redis, 1, jobs);
+    let host = fleet.names[0].clone();
+    let ticks = || {
+        std::fs::read_to_string(&fleet.out)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let wait_ticks = |n: usize, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while ticks() < n {
+            assert!(Instant::now() < deadline, "{what}\n{}", fleet.journals());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_ticks(2, "tick runs");
+    let mut table = Vec::new();
+
+    // Reload: a broken job file fails it, visibly; the daemon keeps going.
+    let good = must(&host, "cat /etc/cronlease/jobs.d/drill.toml", "");
+    must(
+        &host,
+        "cat > /etc/cronlease/jobs.d/broken.toml",
+        "[[job]]\nname = \"broken\"\nschedule = \"* * *\"\ncommand = \"true\"\n",
+    );
+    let reload = sh(&host, "systemctl reload cronlease", "");
+    let why = must(&host, "journalctl -u cronlease --no-pager -n 20", "");
+    assert!(
+        !reload.status.success(),
+        "reload of a broken config must fail\n{why}"
+    );
+    assert!(why.contains("reload refused"), "{why}");
+    assert!(why.contains("broken.toml:3:12"), "{why}");
+    let before = ticks();
+    wait_ticks(before + 2, "tick still runs after a refused reload");
+    must(&host, "rm /etc/cronlease/jobs.d/broken.toml", "");
+    must(&host, "systemctl reload cronlease", "");
+    table.push("| `systemctl reload`, a broken job file | fails (exit 1), the journal names file:line:column, the jobs go on |".to_string());
+    assert_eq!(
+        good,
+        must(&host, "cat /etc/cronlease/jobs.d/drill.toml", "")
+    );
+
+    // What a job leaves behind goes with the unit's stop.
+    must(&host, "cronlease trigger leaver --wait", "");
+    let sleepers = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^sleep 1000' && echo $p; done | wc -l";
+    let left = must(&host, sleepers, "");
+    assert_eq!(left.trim(), "1", "the job left its sleep behind");
+    must(&host, "systemctl stop cronlease", "");
+    let after = must(&host, sleepers, "");
+    let journal = must(&host, "journalctl -u cronlease --no-pager -n 30", "");
+    assert_eq!(after.trim(), "0", "left behind after the stop\n{journal}");
+    assert!(
+        journal.contains("left in the unit after its guard"),
+        "{journal}"
+    );
+    table.push("| a job's `setsid sleep &`, then `systemctl stop` | killed by `__wait-guard`, said in the journal |".to_string());
+
+    // A store that refuses the node: the start fails at once, no restart.
+    let config = must(&host, "cat /etc/cronlease/cronlease.toml", "");
+    let refused = config.replace(
+        "url = \"redis://127.0.0.1:6379/\"",
+        "url = \"redis://:wrongpw@127.0.0.1:6379/\"",
+    );
+    assert_ne!(refused, config, "{config}");
+    must(&host, "cat > /etc/cronlease/cronlease.toml", &refused);
+    let started = Instant::now();
+    let start = sh(&host, "systemctl start cronlease", "");
+    let took = started.elapsed();
+    std::thread::sleep(Duration::from_secs(3));
+    let state = must(
+        &host,
+        "systemctl show -p ActiveState -p ExecMainStatus -p NRestarts cronlease; journalctl -u cronlease --no-pager -n 20",
+        "",
+    );
+    assert!(!start.status.success(), "{state}");
+    assert!(state.contains("ActiveState=failed"), "{state}");
+    assert!(state.contains("ExecMainStatus=77"), "{state}");
+    assert!(state.contains("NRestarts=0"), "{state}");
+    assert!(
+        state.contains("refused this node") && !state.contains("wrongpw"),
+        "{state}"
+    );
+    table.push(format!("| a wrong password, `systemctl start` | fails after {:.1} s: exit 77, `failed`, not restarted, no password in the journal |", took.as_secs_f64()));
+
+    // A store that is down: the start ends, the unit active and waiting.
+    let down = config.replace(
+        "url = \"redis://127.0.0.1:6379/\"",
+        "url = \"redis://127.0.0.1:1/\"",
+    );
+    must(&host, "cat > /etc/cronlease/cronlease.toml", &down);
+    must(&host, "systemctl reset-failed cronlease", "");
+    let started = Instant::now();
+    let start = sh(&host, "systemctl start cronlease", "");
+    let took = started.elapsed();
+    let state = must(
+        &host,
+        "systemctl show -p ActiveState -p StatusText cronlease",
+        "",
+    );
+    assert!(start.status.success(), "{state}");
+    assert!(state.contains("ActiveState=active"), "{state}");
+    assert!(state.contains("waiting for the store"), "{state}");
+    table.push(format!("| the store down, `systemctl start` | returns after {:.1} s: `active`, STATUS `waiting for the store: …` |", took.as_secs_f64()));
+    println!(
+        "| on a real host | what happened |\n|---|---|\n{}",
+        table.join("\n")
+    );
+}

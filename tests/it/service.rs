@@ -330,10 +330,12 @@ fn passwords_never_appear_in_any_output() {
             url.replace(SECRET, "<secret>")
         );
         assert!(all.contains("***"), "the redacted URL is shown: {all}");
+        // A wrong password is a refusal (the daemon exits 77 at start).
         assert!(
             all.contains("store unavailable")
                 || all.contains("unreachable")
-                || all.contains("failed"),
+                || all.contains("failed")
+                || all.contains("refused this node"),
             "{all}"
         );
     }
