@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::cluster::{Run, at_fraction_of_second, runs_in, timed_job};
+use crate::cluster::{Run, assert_no_overlap, at_fraction_of_second, runs_in, timed_job};
 use crate::support::Backend;
 
 /// The repository's `.ci/hosts`.
@@ -427,27 +427,8 @@ fn drill(prefix: &str, backend: Backend) {
     let mut runs = fleet.runs();
     let report = fleet.journals();
     runs.sort_by_key(|r| r.occurrence);
-    for w in runs.windows(2) {
-        assert!(
-            w[0].occurrence < w[1].occurrence,
-            "an occurrence ran twice: {:?} {:?}\n{report}",
-            w[0],
-            w[1]
-        );
-        assert!(
-            w[0].fence < w[1].fence,
-            "fences out of order: {:?} then {:?}\n{report}",
-            w[0],
-            w[1]
-        );
-        let end = w[0].end.unwrap_or(w[0].start);
-        assert!(
-            w[1].start > end,
-            "runs overlap: {:?} and {:?}\n{report}",
-            w[0],
-            w[1]
-        );
-    }
+    // No occurrence twice (occurrences rise), fences rise, no overlap.
+    assert_no_overlap(&runs, &report);
     println!("| store | event | rounds | first run on a peer, late p50 | p99 | max | missed |");
     println!("|---|---|---:|---:|---:|---:|---:|");
     let mut failed = Vec::new();
