@@ -316,6 +316,16 @@ mod wait_tests {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // The spawn returns once the exec has begun, but the kernel sets the
+        // new argument area a moment later: until then `cmdline` is empty
+        // (seen under CI load: this assertion failed so). Wait for it.
+        let cmdline = format!("/proc/{}/cmdline", child.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::fs::read(&cmdline).unwrap_or_default().is_empty()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(is_guard(child.id()));
         let _ = child.kill();
         let _ = child.wait();
