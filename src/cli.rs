@@ -38,6 +38,18 @@ pub struct ConfigArg {
     pub config: PathBuf,
 }
 
+/// What `reload` validates and whom it signals.
+#[derive(Debug, Args, Clone)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Signal this process instead of the pid file's, unchecked: the unit
+    /// passes $MAINPID (its sandbox hides the daemon's /proc entry from
+    /// ExecReload, so the pid file's process cannot be verified there)
+    #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(2..))]
+    pub pid: Option<i32>,
+}
+
 /// The jobs `pause` and `resume` act on.
 #[derive(Debug, Args, Clone)]
 pub struct PauseArgs {
@@ -150,7 +162,7 @@ pub enum Commands {
     StepDown(ConfigArg),
     /// Validate config and jobs as `check` does, then ask the local daemon to
     /// reload them (SIGHUP); an invalid configuration is refused (exit 78)
-    Reload(ConfigArg),
+    Reload(ReloadArgs),
     /// Failover drill: disturb this host's daemon and report who took over its jobs
     Drill {
         #[command(flatten)]

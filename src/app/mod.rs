@@ -77,7 +77,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),
         Commands::StepDown(c) => step_down(&c.config),
-        Commands::Reload(c) => reload(&c.config),
+        Commands::Reload(r) => reload(&r.config.config, r.pid),
         Commands::Drill {
             config,
             kill: _,

@@ -18,9 +18,10 @@ pub(super) fn step_down(path: &Path) -> ExitCode {
 
 /// `cronlease reload` (docs/cli.md; the unit's `ExecReload=`): validates the
 /// configuration as `check` does and only then sends SIGHUP to the daemon
-/// of the pid file, so a broken configuration fails the reload (exit 78,
-/// the errors on stderr) and the daemon keeps the one it runs.
-pub(super) fn reload(path: &Path) -> ExitCode {
+/// of the pid file (or to `pid`, as given: the unit passes `$MAINPID`), so
+/// a broken configuration fails the reload (exit 78, the errors on stderr)
+/// and the daemon keeps the one it runs.
+pub(super) fn reload(path: &Path, pid: Option<i32>) -> ExitCode {
     let config = match load_config(path) {
         Ok(c) => c,
         Err(code) => {
@@ -34,7 +35,10 @@ pub(super) fn reload(path: &Path) -> ExitCode {
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }
-    signal_daemon(path, &config, nix::sys::signal::Signal::SIGHUP, "reload")
+    match pid {
+        Some(pid) => send(pid, nix::sys::signal::Signal::SIGHUP, "reload"),
+        None => signal_daemon(path, &config, nix::sys::signal::Signal::SIGHUP, "reload"),
+    }
 }
 
 /// Sends `signal` to the daemon of `config`'s pid file (checked to be
@@ -53,6 +57,12 @@ fn signal_daemon(
             return ExitCode::FAILURE;
         }
     };
+    send(pid, signal, what)
+}
+
+/// Sends `signal` to `pid` and says so; exit 1 with one line when it
+/// cannot be sent.
+fn send(pid: i32, signal: nix::sys::signal::Signal, what: &str) -> ExitCode {
     match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal) {
         Ok(()) => {
             println!("{what} requested from cronlease pid {pid}");

@@ -272,5 +272,39 @@ fn reload_refuses_a_broken_configuration_and_sends_a_valid_one() {
         || (count("b") >= 1).then_some(()),
     );
     assert!(c.log("n1").contains("SIGHUP: configuration reloaded"));
+
+    // `--pid` (the unit's `$MAINPID`): the pid file is not consulted, so a
+    // sandbox that hides the daemon's /proc entry does not matter. Here the
+    // pid file is moved away: without `--pid` the reload has no daemon.
+    let pid_file = c.dir.path().join("n1.pid");
+    let aside = c.dir.path().join("n1.pid.aside");
+    std::fs::rename(&pid_file, &aside).unwrap();
+    let no_file = c.cli("n1", &["reload"]);
+    assert_eq!(no_file.status.code(), Some(1));
+    let d = format!(
+        "[[job]]\nname = \"d\"\nschedule = \"* * * * * *\"\ncommand = \"echo d >> '{}'\"\n",
+        out.display()
+    );
+    std::fs::write(&jobs, d).unwrap();
+    let pid = c.pid("n1").to_string();
+    let by_pid = c.cli("n1", &["reload", "--pid", &pid]);
+    assert_eq!(
+        by_pid.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&by_pid.stderr)
+    );
+    wait_until(
+        "d runs after a reload by pid",
+        Duration::from_secs(15),
+        || c.report(),
+        || (count("d") >= 1).then_some(()),
+    );
+    // Pid 1 is never a daemon of ours: refused as a usage error.
+    assert_eq!(
+        c.cli("n1", &["reload", "--pid", "1"]).status.code(),
+        Some(2)
+    );
+    std::fs::rename(&aside, &pid_file).unwrap();
     c.stop_all();
 }
