@@ -32,6 +32,26 @@ pub(super) fn split_statements(script: &str) -> Vec<String> {
         .collect()
 }
 
+/// Built for the upgrade drill (`.ci/deb next`, tests/it/hosts.rs
+/// `upgrade`): `CRONLEASE_UPGRADE_DRILL` set at compile time makes this
+/// binary the "next release", knowing one PostgreSQL migration more (a
+/// column added) than this release. Unset in every release build.
+const UPGRADE_DRILL: bool = option_env!("CRONLEASE_UPGRADE_DRILL").is_some();
+
+/// The drill's migration, numbered after this release's last.
+const UPGRADE_DRILL_SCRIPT: &str = include_str!("../../../tests/upgrade/postgres_next.sql");
+
+/// The migrations this binary applies, in order: the dialect's, and the
+/// upgrade drill's on PostgreSQL in a drill build.
+fn migrations(dialect: &Dialect) -> Vec<(i64, &'static str)> {
+    let mut all = dialect.migrations.to_vec();
+    if UPGRADE_DRILL && dialect.name == "postgres" {
+        let next = all.iter().map(|(v, _)| *v).max().unwrap_or(0) + 1;
+        all.push((next, UPGRADE_DRILL_SCRIPT));
+    }
+    all
+}
+
 impl SqlStore {
     /// Applies pending migrations on a connection of its own, under the
     /// database's migration lock, so nodes starting together do not collide.
@@ -69,9 +89,7 @@ impl SqlStore {
         .await?;
         let versions = SchemaVersions {
             found: applied.iter().copied().max().unwrap_or(0),
-            known: self
-                .dialect
-                .migrations
+            known: migrations(self.dialect)
                 .iter()
                 .map(|(v, _)| *v)
                 .max()
@@ -108,7 +126,7 @@ impl SqlStore {
             };
             tables_present &= present;
         }
-        for (version, script) in self.dialect.migrations {
+        for (version, script) in &migrations(self.dialect) {
             if applied.contains(version) && tables_present {
                 continue;
             }
