@@ -25,13 +25,15 @@
 //! by p50/p99/max over the rounds.
 //!
 //! Also here: the jobs cron users run, under the unit as shipped and with
-//! the documented drop-ins (`hardening`), and the package's life cycle
-//! (`packaging`).
+//! the documented drop-ins (`hardening`), the package's life cycle
+//! (`packaging`), the unit's reload, stop and start (`unit`) and the
+//! rolling upgrade with a rollback (`upgrade`).
 //!
 //! Ignored in every tier (they need root and the `.deb`): `.ci/host-drills`
-//! runs them, short (2 rounds of `crash` and `host` on Redis, hardening,
-//! packaging) in `.ci/run`, long (`.ci/host-drills long`: every mode, 10
-//! rounds, Redis, PostgreSQL and etcd) by hand.
+//! runs them one at a time, short (2 rounds of `crash` and `host` on Redis,
+//! hardening, packaging, unit, upgrade) in `.ci/run`, long
+//! (`.ci/host-drills long`: every mode, 10 rounds, Redis, PostgreSQL and
+//! etcd) by hand.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
