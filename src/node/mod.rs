@@ -950,6 +950,17 @@ impl Node {
         if let Ok(mut u) = self.step_down_until.lock() {
             *u = Some(until);
         }
+        let released = self.release_leases_now_or_after_runs().await;
+        tracing::info!(
+            released,
+            "stepped down: leases released, claiming nothing for {:?}",
+            self.settings.margin
+        );
+    }
+
+    /// Releases the leases of the jobs not running now, and marks each
+    /// running job's to be released as its run ends; the count released now.
+    async fn release_leases_now_or_after_runs(&self) -> usize {
         let mut idle = Vec::new();
         for state in self.states() {
             // Wait out a claim in flight: its run, if it won, counts as running.
@@ -958,12 +969,7 @@ impl Node {
                 idle.push(state.job().name.clone());
             }
         }
-        let released = self.release(&idle).await;
-        tracing::info!(
-            released,
-            "stepped down: leases released, claiming nothing for {:?}",
-            self.settings.margin
-        );
+        self.release(&idle).await
     }
 
     /// Releases this node's leases on `jobs` (owner-checked in the store).
@@ -1013,14 +1019,7 @@ impl Node {
         // occurrences on time, not once the slowest run is over (the
         // randomized drill on SQLite missed an occurrence so, a stopping
         // node holding an idle lease while its load jobs finished).
-        let mut idle = Vec::new();
-        for state in self.states() {
-            let _gate = state.claim_gate.lock().await;
-            if state.step_down() {
-                idle.push(state.job().name.clone());
-            }
-        }
-        let mut released = self.release(&idle).await;
+        let mut released = self.release_leases_now_or_after_runs().await;
         let running = self.life.runs.len();
         if running > 0 {
             tracing::info!(

@@ -107,10 +107,20 @@ fn must(host: &str, cmd: &str, input: &str) -> String {
 /// The package to install: `$CRONLEASE_DEB`, else the newest
 /// target/debian/cronlease_*.deb.
 fn deb() -> PathBuf {
-    if let Ok(p) = std::env::var("CRONLEASE_DEB") {
+    newest_deb(
+        "CRONLEASE_DEB",
+        "target/debian",
+        "build it as .ci/run's package phase does",
+    )
+}
+
+/// `$var`, else the newest .deb in the repository's `dir`; a failure
+/// saying how to `build` one when there is none.
+fn newest_deb(var: &str, dir: &str, build: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(var) {
         return p.into();
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debian");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let newest = std::fs::read_dir(&dir).ok().and_then(|d| {
         d.filter_map(Result::ok)
             .map(|e| e.path())
@@ -119,7 +129,7 @@ fn deb() -> PathBuf {
     });
     newest.unwrap_or_else(|| {
         panic!(
-            "no package in {}: build it as .ci/run's package phase does, or run these drills with .ci/host-drills (which builds it)",
+            "no package in {}: {build}, or run these drills with .ci/host-drills (which builds it)",
             dir.display()
         )
     })
@@ -795,23 +805,11 @@ fn unit() {
 /// The upgrade drill's "next release": `$CRONLEASE_DEB_NEXT`, else
 /// target/debian-next's package (`.ci/deb next`).
 fn deb_next() -> PathBuf {
-    if let Ok(p) = std::env::var("CRONLEASE_DEB_NEXT") {
-        return p.into();
-    }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debian-next");
-    std::fs::read_dir(&dir)
-        .ok()
-        .and_then(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.path())
-                .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no package in {}: build it with `.ci/deb next`, or run this drill with .ci/host-drills (which builds it)",
-                dir.display()
-            )
-        })
+    newest_deb(
+        "CRONLEASE_DEB_NEXT",
+        "target/debian-next",
+        "build it with `.ci/deb next`",
+    )
 }
 
 /// One value from the drill's PostgreSQL database (psql on this machine).

@@ -87,13 +87,10 @@ impl SqlStore {
         )))
         .fetch_all(&mut conn)
         .await?;
+        let migrations = migrations(self.dialect);
         let versions = SchemaVersions {
             found: applied.iter().copied().max().unwrap_or(0),
-            known: migrations(self.dialect)
-                .iter()
-                .map(|(v, _)| *v)
-                .max()
-                .unwrap_or(0),
+            known: migrations.iter().map(|(v, _)| *v).max().unwrap_or(0),
         };
         if versions.found > versions.known {
             // A newer binary migrated it: apply nothing of ours.
@@ -126,7 +123,7 @@ impl SqlStore {
             };
             tables_present &= present;
         }
-        for (version, script) in &migrations(self.dialect) {
+        for (version, script) in &migrations {
             if applied.contains(version) && tables_present {
                 continue;
             }
