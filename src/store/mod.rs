@@ -525,6 +525,7 @@ pub const RECORD_FORMAT: i64 = 1;
 
 /// A `format` record's text as a version: a whole number from 1, or an
 /// error naming the record (a stray write, another program's key).
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 pub(crate) fn parse_format(store: &str, record: &str, text: &str) -> Result<i64, StoreError> {
     match text.trim().parse::<i64>() {
         Ok(v) if v >= 1 => Ok(v),
@@ -542,9 +543,11 @@ pub(crate) fn parse_format(store: &str, record: &str, text: &str) -> Result<i64,
 
 /// How often a key-value store reads its `format` record again when another
 /// node changed it between the read and the conditional write.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) const FORMAT_ATTEMPTS: usize = 5;
 
 /// The `format` record changed under every one of [`FORMAT_ATTEMPTS`].
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) fn format_contended(store: &str, record: &str) -> StoreError {
     StoreError::Unavailable {
         store: store.to_string(),
@@ -585,6 +588,14 @@ impl SchemaNotice {
 impl StoreError {
     /// A backend opened with another backend's URL (`what`: the URL it
     /// takes, `"a zk:// URL"`).
+    #[cfg(any(
+        feature = "sqlite",
+        feature = "mysql",
+        feature = "postgres",
+        feature = "redlock",
+        feature = "zookeeper",
+        feature = "etcd"
+    ))]
     pub(crate) fn not_a(config: &StoreConfig, what: &str) -> StoreError {
         StoreError::Backend {
             store: config.url.redacted().into(),
@@ -958,6 +969,7 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Orders runs as `History::history` answers: newest first by end, then
 /// by fence; at most `limit`.
+#[cfg(any(feature = "redis", feature = "etcd", feature = "zookeeper"))]
 pub(crate) fn newest_first(runs: &mut Vec<RunRecord>, limit: u32) {
     runs.sort_by(|a, b| {
         b.finished_at

@@ -150,6 +150,7 @@ impl JobMarks {
 pub(crate) enum Kind {
     Lock,
     /// etcd only: a lease is a key of its own.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     Lease,
     Node,
     Trigger,
@@ -169,6 +170,7 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// etcd's keys under `prefix`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub fn etcd(prefix: &str) -> Self {
         Layout {
             root: prefix.to_string(),
@@ -177,6 +179,7 @@ impl Layout {
     }
 
     /// ZooKeeper's znodes under `base`.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
     pub fn zookeeper(base: &str) -> Self {
         Layout {
             root: format!("{base}/"),

@@ -47,6 +47,7 @@ mod nodes;
 mod scan;
 use args::*;
 pub(crate) use args::{format_key, triggers_key};
+#[cfg(any(feature = "redlock", feature = "fuzzing"))]
 pub(crate) use nodes::nodes_from_reply;
 #[cfg(feature = "redlock")]
 pub(crate) use nodes::registry_args;

@@ -16,7 +16,15 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{ClaimRequest, Claimed, Owner, StoreError, from_ms, to_ms};
+use super::{ClaimRequest, Claimed, Owner, StoreError};
+#[cfg(any(
+    test,
+    feature = "redis",
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "memory"
+))]
+use super::{from_ms, to_ms};
 
 /// A record expired this long ago is deleted by the next heartbeat of any
 /// node; until then it is kept, but never listed.
@@ -160,6 +168,14 @@ pub trait Registry: Send + Sync + 'static {
 /// multiplexes its requests): every store's answer to a batch with no
 /// claims (the beat alone), and etcd's while it has no etcd lease for the
 /// record to reuse.
+#[cfg(any(
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "etcd"
+))]
 pub(crate) async fn claim_alongside<S: super::Locks + Registry + ?Sized>(
     store: &S,
     requests: &[ClaimRequest],
@@ -174,6 +190,12 @@ pub(crate) async fn claim_alongside<S: super::Locks + Registry + ?Sized>(
 
 /// A record's fields as key-value stores keep them (JSON); the instants
 /// that decide liveness are kept apart, where the store's clock sets them.
+#[cfg(any(
+    feature = "redis",
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "memory"
+))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct BeatData {
     pub node: String,
@@ -194,6 +216,12 @@ pub(crate) struct BeatData {
     pub definitions: Option<DefinitionsBeat>,
 }
 
+#[cfg(any(
+    feature = "redis",
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "memory"
+))]
 impl From<&Heartbeat> for BeatData {
     fn from(beat: &Heartbeat) -> Self {
         BeatData {
@@ -209,8 +237,18 @@ impl From<&Heartbeat> for BeatData {
     }
 }
 
+#[cfg(any(
+    feature = "redis",
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "memory"
+))]
 impl BeatData {
     /// The JSON kept in the store.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+        allow(dead_code)
+    )]
     pub fn to_json(&self) -> String {
         // A struct of strings and numbers always serializes.
         serde_json::to_string(self).unwrap_or_default()
@@ -218,6 +256,10 @@ impl BeatData {
 
     /// A stored record read back; `None` when it is not one of ours (a hand
     /// edit, a newer version's shape): such a record is not listed.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+        allow(dead_code)
+    )]
     pub fn parse(data: &[u8]) -> Option<BeatData> {
         serde_json::from_slice(data).ok()
     }

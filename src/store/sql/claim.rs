@@ -45,6 +45,7 @@ pub(super) fn stop_failpoint() {
 /// short: while 1,000 jobs start at once, a node's history transaction
 /// waited 500 ms for a worker between its two statements, and the server
 /// ended it.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(super) fn idle_limit_ms(op_ms: i64) -> i64 {
     (op_ms / 2).max(100)
 }
