@@ -1,5 +1,5 @@
 -- The upgrade drill's schema migration (tests/it/hosts.rs `upgrade`): only a
--- binary built for the drill (`.ci/deb next`, CRONLEASE_UPGRADE_DRILL=1)
+-- binary made for the drill (examples/upgrade_next.rs, `.ci/deb next`)
 -- applies it, as the release after this one would apply its own: one
 -- column more, additive, so the same block (binaries of this release claim
 -- on it). Never in a release.

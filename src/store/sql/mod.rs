@@ -46,6 +46,8 @@ use batch::*;
 use claim::*;
 #[cfg(feature = "fuzzing")]
 pub(crate) use history::run_from_row;
+#[cfg(feature = "failpoints")]
+pub use schema::be_the_upgrade_drills_next_release;
 
 /// What differs between SQL databases.
 pub struct Dialect {

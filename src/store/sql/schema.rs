@@ -1,6 +1,8 @@
 //! The schema: tables made and migrated in blocks, the version recorded,
 //! and a schema newer than this binary noticed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::*;
 
 /// What [`SqlStore::migrate`] found: the newest schema version recorded
@@ -32,20 +34,28 @@ pub(super) fn split_statements(script: &str) -> Vec<String> {
         .collect()
 }
 
-/// Built for the upgrade drill (`.ci/deb next`, tests/it/hosts.rs
-/// `upgrade`): `CRONLEASE_UPGRADE_DRILL` set at compile time makes this
-/// binary the "next release", knowing one PostgreSQL migration more (a
-/// column added) than this release. Unset in every release build.
-const UPGRADE_DRILL: bool = option_env!("CRONLEASE_UPGRADE_DRILL").is_some();
+/// The upgrade drill's "next release" (tests/it/hosts.rs `upgrade`,
+/// `examples/upgrade_next.rs`, packaged by `.ci/deb next`) turns this on
+/// before it runs: the binary then knows one PostgreSQL migration more (a
+/// column added) than this release. Only a test build (`failpoints`) has
+/// the switch; in a release build this stays false.
+static UPGRADE_DRILL: AtomicBool = AtomicBool::new(false);
+
+/// Makes this process the upgrade drill's next release (see
+/// [`UPGRADE_DRILL`]); for `examples/upgrade_next.rs` only.
+#[cfg(feature = "failpoints")]
+pub fn be_the_upgrade_drills_next_release() {
+    UPGRADE_DRILL.store(true, Ordering::Relaxed);
+}
 
 /// The drill's migration, numbered after this release's last.
 const UPGRADE_DRILL_SCRIPT: &str = include_str!("../../../tests/upgrade/postgres_next.sql");
 
 /// The migrations this binary applies, in order: the dialect's, and the
-/// upgrade drill's on PostgreSQL in a drill build.
+/// upgrade drill's on PostgreSQL in the drill's next release.
 fn migrations(dialect: &Dialect) -> Vec<(i64, &'static str)> {
     let mut all = dialect.migrations.to_vec();
-    if UPGRADE_DRILL && dialect.name == "postgres" {
+    if UPGRADE_DRILL.load(Ordering::Relaxed) && dialect.name == "postgres" {
         let next = all.iter().map(|(v, _)| *v).max().unwrap_or(0) + 1;
         all.push((next, UPGRADE_DRILL_SCRIPT));
     }
