@@ -409,6 +409,106 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CRONL
     }
 }
 
+/// A manual run that outlasts the windows of the occurrences it covers
+/// costs them: each is recorded `skipped`, as an overlap is, and the one
+/// whose window is still open when it ends starts then (docs/cli.md
+/// `trigger`, protocol.md "Manual runs"; the docs once said both).
+#[test]
+fn a_manual_run_longer_than_the_window_costs_the_occurrences_it_covers_recorded_skipped() {
+    let jobs = r#"
+[[job]]
+name = "tick"
+schedule = "* * * * * *"
+command = "if [ -n \"$CRONLEASE_TRIGGER\" ]; then sleep 3.5; else sleep 0.1; fi; echo \"$CRONLEASE_OCCURRENCE\" >> '{out}'"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    wait_until(
+        "tick to run twice",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let runs = std::fs::read_to_string(&c.out).unwrap_or_default();
+            (runs.lines().count() >= 2).then_some(())
+        },
+    );
+    // Between runs (each is over and recorded by .6 s); a request that
+    // still meets the last run (refused as an overlap) is made again.
+    let mut refused = Vec::new();
+    loop {
+        at_fraction_of_second(0.6);
+        let out = c.cli("n1", &["trigger", "tick"]);
+        if out.status.code() == Some(0) {
+            break;
+        }
+        refused.push(text(&out));
+        assert!(refused.len() < 5, "{refused:?}\n{}", c.report());
+    }
+    std::thread::sleep(Duration::from_secs(7));
+    c.stop_all();
+    let report = c.report();
+    let history = c.all_history("n1", Some("tick"));
+    let records = history.as_array().unwrap();
+    let at = |r: &serde_json::Value, field: &str| -> chrono::DateTime<chrono::Utc> {
+        r[field].as_str().unwrap().parse().unwrap()
+    };
+    let manual: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| r["trigger"].is_string())
+        .collect();
+    assert_eq!(manual.len(), 1, "{manual:?}\n{report}");
+    assert_eq!(manual[0]["outcome"], "ok", "{report}");
+    let (began, ended) = (at(manual[0], "started_at"), at(manual[0], "finished_at"));
+    let mut scheduled: Vec<(chrono::DateTime<chrono::Utc>, String)> = records
+        .iter()
+        .filter(|r| r["trigger"].is_null())
+        .map(|r| {
+            (
+                at(r, "occurrence"),
+                r["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    scheduled.sort();
+    let skipped: Vec<chrono::DateTime<chrono::Utc>> = scheduled
+        .iter()
+        .filter(|(_, outcome)| outcome == "skipped")
+        .map(|(o, _)| *o)
+        .collect();
+    // 3.5 s from about x.6: the instants x+1 and x+2 at least have their
+    // windows (up to the next instant) end while it runs.
+    assert!(skipped.len() >= 2, "{scheduled:?}\n{report}");
+    for o in &skipped {
+        assert!(
+            *o > began && *o + chrono::Duration::seconds(1) <= ended,
+            "{o} skipped, but its window is not inside the manual run ({began} to {ended})\n{report}"
+        );
+    }
+    // Every instant once, from before the manual run to after it: run
+    // `ok` or recorded `skipped`, none missing.
+    let first = skipped[0] - chrono::Duration::seconds(1);
+    let last = skipped[skipped.len() - 1] + chrono::Duration::seconds(1);
+    let span: Vec<&(chrono::DateTime<chrono::Utc>, String)> = scheduled
+        .iter()
+        .filter(|(o, _)| *o >= first && *o <= last)
+        .collect();
+    assert_eq!(
+        span.len() as i64,
+        (last - first).num_seconds() + 1,
+        "an instant missed or recorded twice: {span:?}\n{report}"
+    );
+    assert_eq!(span[0].1, "ok", "{span:?}\n{report}");
+    // The first instant after the skipped ones waited for the manual run
+    // and then ran.
+    let after = span[span.len() - 1];
+    assert_eq!(after.1, "ok", "{span:?}\n{report}");
+    assert!(
+        after.0 < ended,
+        "{} was due before the manual run ended at {ended}\n{report}",
+        after.0
+    );
+}
+
 /// A request for a job no daemon runs (in the operator's configuration
 /// only): `status` lists it with its age, a second trigger is refused with
 /// the way out, `trigger --cancel` withdraws it once; and a request no node
