@@ -194,14 +194,17 @@ pub enum Commands {
     /// has finished and exited
     #[command(name = "__wait-guard", hide = true)]
     WaitGuard,
-    /// Internal: become a job's user (with its supplementary groups), then
-    /// execute the job's command
+    /// Internal: set a job's priority and open files limit, become its user
+    /// (with its supplementary groups), then execute its command
     #[command(name = "__run-as", hide = true)]
     RunAs {
-        uid: u32,
-        gid: u32,
-        /// The user's name, for its supplementary groups ("" for none)
-        user: String,
+        /// UID:GID:NAME (NAME, for the supplementary groups, may be empty)
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long, allow_hyphen_values = true)]
+        nice: Option<i32>,
+        #[arg(long)]
+        open_files: Option<u64>,
         /// The program and its arguments
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,

@@ -44,6 +44,41 @@ pub trait Runner: Send + Sync {
         guard: Option<&'a Guard>,
         stop: Pin<Box<dyn Future<Output = StopReason> + Send + 'a>>,
     ) -> Finished;
+
+    /// Which runner this is, for what it can enforce
+    /// ([`crate::config::Isolation::unenforced`]).
+    fn kind(&self) -> crate::config::RunnerKind {
+        crate::config::RunnerKind::Process
+    }
+
+    /// The cgroup controllers (`memory`, `pids`, `cpu`, `io`) its limits
+    /// need and this host does not give it.
+    fn lacking(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+}
+
+/// One WARN per job with settings `runner` cannot enforce, naming them.
+pub fn warn_unenforced(jobs: &[Job], runner: &dyn Runner) {
+    let lacking = runner.lacking();
+    for job in jobs {
+        let missing = job.isolation.unenforced(runner.kind(), &lacking);
+        if missing.is_empty() {
+        } else if runner.kind() == crate::config::RunnerKind::Process {
+            tracing::warn!(
+                job = %job.name,
+                "runs start as processes (jobs.runner): not enforced for this job: {} (they need the systemd runner)",
+                missing.join(", ")
+            );
+        } else {
+            tracing::warn!(
+                job = %job.name,
+                "not enforced for this job: {} (this host's cgroups lack the {} controller)",
+                missing.join(", "),
+                lacking.join(", ")
+            );
+        }
+    }
 }
 
 /// Runs the job's command as a process ([`run`]).
@@ -81,6 +116,17 @@ pub struct Finished {
     pub finished_at: DateTime<Utc>,
     /// The output tail for history ([`crate::output`]; empty: none).
     pub output: String,
+    /// What the run used, when its runner can tell.
+    pub usage: Usage,
+}
+
+/// What a run used (a systemd unit's accounting).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time, user and system, in milliseconds.
+    pub cpu_ms: Option<u64>,
+    /// The most memory its processes held at once, in bytes.
+    pub memory_peak: Option<u64>,
 }
 
 impl Finished {
@@ -93,6 +139,7 @@ impl Finished {
             started_at: now,
             finished_at: now,
             output: String::new(),
+            usage: Usage::default(),
         }
     }
 }
@@ -121,36 +168,38 @@ pub struct RunSpec<'a> {
 }
 
 impl Launch {
+    /// The process of a run: its command, as the job's user through
+    /// `__run-as` when it has one, with `nice` and `open_files` applied.
     fn new(spec: &RunSpec<'_>) -> Launch {
-        let argv: Vec<&str> = match &spec.job.command {
-            Command::Argv(argv) => argv.iter().map(String::as_str).collect(),
-            Command::Shell(script) => vec!["/bin/sh", "-c", script],
-        };
-        let (program, args) = match &spec.job.identity {
+        let argv = command_argv(spec);
+        let limits = &spec.job.isolation.limits;
+        let wrapped =
+            spec.job.identity.is_some() || limits.nice.is_some() || limits.open_files.is_some();
+        let (program, args) = if wrapped {
             // std's Command can set uid and gid but not the user's
-            // supplementary groups; this binary's `__run-as` does
-            // (initgroups) and then executes the command in place, same pid
-            // and process group. Not current_exe(): after a package upgrade
-            // that path names the new binary, or nothing ("(deleted)");
+            // supplementary groups, nor a priority or an rlimit without
+            // `unsafe` pre_exec; this binary's `__run-as` does them and
+            // then executes the command in place, same pid and process
+            // group. Not current_exe(): after a package upgrade that path
+            // names the new binary, or nothing ("(deleted)");
             // /proc/self/exe is this one.
-            Some(id) => {
-                let mut args = vec![
-                    "__run-as".to_string(),
-                    id.uid.to_string(),
-                    id.gid.to_string(),
-                    id.user
-                        .as_ref()
-                        .map_or("", |(name, _)| name.as_str())
-                        .to_string(),
-                    "--".to_string(),
-                ];
-                args.extend(argv.iter().map(|a| a.to_string()));
-                ("/proc/self/exe".to_string(), args)
+            let mut args = vec!["__run-as".to_string()];
+            if let Some(id) = &spec.job.identity {
+                let name = id.user.as_ref().map_or("", |(name, _)| name.as_str());
+                args.push(format!("--user={}:{}:{name}", id.uid, id.gid));
             }
-            None => (
-                argv.first().copied().unwrap_or_default().to_string(),
-                argv.iter().skip(1).map(|a| a.to_string()).collect(),
-            ),
+            if let Some(n) = limits.nice {
+                args.push(format!("--nice={n}"));
+            }
+            if let Some(n) = limits.open_files {
+                args.push(format!("--open-files={n}"));
+            }
+            args.push("--".to_string());
+            args.extend(argv);
+            ("/proc/self/exe".to_string(), args)
+        } else {
+            let mut argv = argv.into_iter();
+            (argv.next().unwrap_or_default(), argv.collect())
         };
         let mut env = Vec::new();
         if let Some(id) = &spec.job.identity
@@ -160,17 +209,7 @@ impl Launch {
             env.push(("LOGNAME".into(), name.clone()));
             env.push(("HOME".into(), home.to_string_lossy().into_owned()));
         }
-        env.extend(spec.job.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        env.push(("CRONLEASE_JOB".into(), spec.job.name.to_string()));
-        env.push(("CRONLEASE_FENCE".into(), spec.fence.to_string()));
-        env.push((
-            "CRONLEASE_OCCURRENCE".into(),
-            spec.occurrence.to_rfc3339_opts(SecondsFormat::Secs, true),
-        ));
-        env.push(("CRONLEASE_NODE".into(), spec.node.as_str().to_string()));
-        if let Some(id) = spec.trigger {
-            env.push(("CRONLEASE_TRIGGER".into(), id.to_string()));
-        }
+        env.extend(run_env(spec));
         Launch {
             program,
             args,
@@ -178,6 +217,130 @@ impl Launch {
             cwd: spec.job.working_dir.clone(),
         }
     }
+
+    /// The command of a run started as a systemd unit: systemd takes the
+    /// user (and sets USER, LOGNAME, HOME), the limits and the priority.
+    pub(crate) fn for_unit(spec: &RunSpec<'_>) -> Launch {
+        let mut argv = command_argv(spec).into_iter();
+        Launch {
+            program: argv.next().unwrap_or_default(),
+            args: argv.collect(),
+            env: run_env(spec),
+            cwd: spec.job.working_dir.clone(),
+        }
+    }
+}
+
+/// The run's argv: the job's command (`on_failure`'s for that run).
+fn command_argv(spec: &RunSpec<'_>) -> Vec<String> {
+    match &spec.job.command {
+        Command::Argv(argv) => argv.clone(),
+        Command::Shell(script) => vec!["/bin/sh".into(), "-c".into(), script.clone()],
+    }
+}
+
+/// The job's `env` and the CRONLEASE_* variables of the run.
+fn run_env(spec: &RunSpec<'_>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = spec
+        .job
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.push(("CRONLEASE_JOB".into(), spec.job.name.to_string()));
+    env.push(("CRONLEASE_FENCE".into(), spec.fence.to_string()));
+    env.push((
+        "CRONLEASE_OCCURRENCE".into(),
+        spec.occurrence.to_rfc3339_opts(SecondsFormat::Secs, true),
+    ));
+    env.push(("CRONLEASE_NODE".into(), spec.node.as_str().to_string()));
+    if let Some(id) = spec.trigger {
+        env.push(("CRONLEASE_TRIGGER".into(), id.to_string()));
+    }
+    env
+}
+
+/// What the guard records for the run if the daemon dies during it
+/// (none for an `on_failure` command).
+pub(crate) fn run_note(spec: &RunSpec<'_>, started_at: DateTime<Utc>) -> Option<RunNote> {
+    spec.is_run.then(|| RunNote {
+        job: spec.job.name.to_string(),
+        fence: spec.fence,
+        occurrence: spec.occurrence,
+        takeover: spec.takeover,
+        decision_ms: spec.decision_ms,
+        started_at,
+        trigger: spec.trigger.map(crate::store::TriggerId::get),
+    })
+}
+
+/// A run's output: a task per stream logging its lines and keeping the
+/// tail ([`pump`]).
+pub(crate) struct Collector {
+    pumps: Vec<tokio::task::JoinHandle<()>>,
+    tail: std::sync::Arc<std::sync::Mutex<Tail>>,
+}
+
+impl Collector {
+    pub(crate) fn start(
+        spec: &RunSpec<'_>,
+        stdout: Option<Output>,
+        stderr: Option<Output>,
+    ) -> Collector {
+        let tail = std::sync::Arc::new(std::sync::Mutex::new(Tail::new(spec.job.output_tail)));
+        let mut pumps = Vec::new();
+        for (stream, name) in [(stdout, "stdout"), (stderr, "stderr")] {
+            if let Some(stream) = stream {
+                pumps.push(tokio::spawn(pump(
+                    stream,
+                    Pumped {
+                        job: spec.job.name.to_string(),
+                        fence: spec.fence,
+                        name,
+                        tail: tail.clone(),
+                        secrets: spec.secrets.clone(),
+                    },
+                )));
+            }
+        }
+        Collector { pumps, tail }
+    }
+
+    /// The tail, once the streams ended (at most 2 s after the run: what
+    /// a run left behind may hold them open), without the store's
+    /// password.
+    pub(crate) async fn finish(self, spec: &RunSpec<'_>) -> String {
+        for p in self.pumps {
+            let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
+        }
+        match self.tail.lock() {
+            Ok(tail) => tail.finish(|text| spec.secrets.scrub(text)),
+            Err(_) => String::new(),
+        }
+    }
+}
+
+/// The daemon's read end (non-blocking) and the job's write end (blocking)
+/// of a run's stdout and of its stderr.
+pub(crate) type OutputPipes = (
+    (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+);
+
+/// Opens a run's output pipes: non-blocking for the daemon's read end as
+/// made, blocking again for the job's write end (two calls less per pipe
+/// than tokio's checked conversion: a thousand jobs at one instant are two
+/// thousand pipes).
+pub(crate) fn output_pipes() -> Result<OutputPipes, String> {
+    let pipe = || {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        fcntl(&w, FcntlArg::F_SETFL(OFlag::empty()))?;
+        Ok::<_, nix::Error>((r, w))
+    };
+    pipe()
+        .and_then(|out| Ok((out, pipe()?)))
+        .map_err(|e| format!("cannot open the output pipes: {e}"))
 }
 
 /// Runs the job to its end. `stop` resolving ends the run early (the reason
@@ -191,18 +354,8 @@ pub async fn run(
     let started_at = spec.clock.now();
     let job = spec.job;
     let fence = spec.fence;
-    // What the guard records if the daemon dies during the run.
-    let note = RunNote {
-        job: job.name.to_string(),
-        fence,
-        occurrence: spec.occurrence,
-        takeover: spec.takeover,
-        decision_ms: spec.decision_ms,
-        started_at,
-        trigger: spec.trigger.map(crate::store::TriggerId::get),
-    };
-    let note = spec.is_run.then_some(&note);
-    let mut process = match start(&Launch::new(&spec), note, guard).await {
+    let note = run_note(&spec, started_at);
+    let mut process = match start(&Launch::new(&spec), note.as_ref(), guard).await {
         Ok(process) => process,
         Err(e) => {
             tracing::error!(job = %job.name, fence, "cannot start the command: {e}");
@@ -212,30 +365,13 @@ pub async fn run(
                 started_at,
                 finished_at: spec.clock.now(),
                 output: with_sandbox_hint(&job.name, fence, &e, String::new()),
+                usage: Usage::default(),
             };
         }
     };
     let started_at = process.started_at.unwrap_or(started_at);
     let pgid = process.pgid;
-    let mut pumps = Vec::new();
-    let tail = std::sync::Arc::new(std::sync::Mutex::new(Tail::new(job.output_tail)));
-    for (stream, name) in [
-        (process.stdout.take(), "stdout"),
-        (process.stderr.take(), "stderr"),
-    ] {
-        if let Some(stream) = stream {
-            pumps.push(tokio::spawn(pump(
-                stream,
-                Pumped {
-                    job: job.name.to_string(),
-                    fence,
-                    name,
-                    tail: tail.clone(),
-                    secrets: spec.secrets.clone(),
-                },
-            )));
-        }
-    }
+    let collector = Collector::start(&spec, process.stdout.take(), process.stderr.take());
 
     let timeout = async {
         match job.timeout {
@@ -272,9 +408,6 @@ pub async fn run(
             g.forget(pgid).await;
         }
     }
-    for p in pumps {
-        let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
-    }
     let exit_code = status.and_then(|s| {
         use std::os::unix::process::ExitStatusExt;
         s.code().or_else(|| s.signal().map(|sig| 128 + sig))
@@ -283,10 +416,7 @@ pub async fn run(
         Some(s) if s.success() => Outcome::Ok,
         _ => Outcome::Failed,
     });
-    let output = match tail.lock() {
-        Ok(tail) => tail.finish(|text| spec.secrets.scrub(text)),
-        Err(_) => String::new(),
-    };
+    let output = collector.finish(&spec).await;
     let output = if outcome == Outcome::Ok {
         output
     } else {
@@ -299,6 +429,7 @@ pub async fn run(
         started_at,
         finished_at: spec.clock.now(),
         output,
+        usage: Usage::default(),
     }
 }
 
@@ -321,7 +452,7 @@ fn with_sandbox_hint(job: &JobName, fence: u64, seen: &str, mut output: String) 
     output
 }
 
-type Output = Box<dyn AsyncRead + Unpin + Send>;
+pub(crate) type Output = Box<dyn AsyncRead + Unpin + Send>;
 
 /// How a started process ends (`None`: unknown).
 type Exit = Pin<Box<dyn Future<Output = Option<ExitStatus>> + Send>>;
@@ -348,18 +479,7 @@ async fn start(
     guard: Option<&Guard>,
 ) -> Result<Process, String> {
     if let Some(g) = guard {
-        // Non-blocking for the daemon's read end as made, blocking again for
-        // the job's write end: two calls less per pipe than tokio's checked
-        // conversion (a thousand jobs at one instant are two thousand pipes).
-        let pipe = || {
-            use nix::fcntl::{FcntlArg, OFlag, fcntl};
-            let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-            fcntl(&w, FcntlArg::F_SETFL(OFlag::empty()))?;
-            Ok::<_, nix::Error>((r, w))
-        };
-        let pipes = pipe().and_then(|out| Ok((out, pipe()?)));
-        let ((out_r, out_w), (err_r, err_w)) =
-            pipes.map_err(|e| format!("cannot open the output pipes: {e}"))?;
+        let ((out_r, out_w), (err_r, err_w)) = output_pipes()?;
         match g.start(launch, note, out_w, err_w).await {
             Ok(child) => {
                 let reader = |r: std::os::fd::OwnedFd| -> Option<Output> {

@@ -69,7 +69,7 @@ impl Launch {
     /// fork-and-exec way (taken for a bare name once the environment is
     /// replaced) waits for it and panics when the guard's reaper, which
     /// waits for any child, took it first.
-    fn program_path(&self) -> Result<std::path::PathBuf, String> {
+    pub(crate) fn program_path(&self) -> Result<std::path::PathBuf, String> {
         if self.program.contains('/') {
             return Ok(self.program.clone().into());
         }
@@ -95,40 +95,67 @@ impl Launch {
     }
 }
 
-/// `cronlease __run-as UID GID USER -- PROGRAM ARGS...`: takes the user's
-/// supplementary groups (`initgroups`, or only GID when USER is empty), then
-/// GID and UID, and executes PROGRAM in place. Exits 127 when any step fails,
-/// as a shell does for a command it cannot run.
+/// `cronlease __run-as [--user UID:GID:USER] [--nice N] [--open-files N]
+/// -- PROGRAM ARGS...`: sets the priority and the open files limit, then
+/// takes the user's supplementary groups (`initgroups`, or only GID when
+/// USER is empty), GID and UID, and executes PROGRAM in place. Exits 127
+/// when any step fails, as a shell does for a command it cannot run.
 pub fn run_as(
-    uid: u32,
-    gid: u32,
-    user: &str,
+    user: Option<&str>,
+    nice: Option<i32>,
+    open_files: Option<u64>,
     command: &[std::ffi::OsString],
 ) -> std::process::ExitCode {
     use nix::unistd::{Gid, Uid};
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let fail = |what: &str, e: &dyn std::fmt::Display| {
-        eprintln!("cronlease: cannot run the job as uid {uid} gid {gid}: {what}: {e}");
+        eprintln!("cronlease: cannot run the job: {what}: {e}");
         std::process::ExitCode::from(127)
     };
-    let gid_ = Gid::from_raw(gid);
-    let groups = if user.is_empty() {
-        nix::unistd::setgroups(&[gid_])
-    } else {
-        match CString::new(user) {
-            Ok(name) => nix::unistd::initgroups(&name, gid_),
-            Err(e) => return fail("user name", &e),
+    if let Some(n) = nice
+        && let Err(e) = rustix::process::setpriority_process(None, n)
+    {
+        return fail(&format!("setting limits.nice = {n}"), &e);
+    }
+    if let Some(n) = open_files {
+        use nix::sys::resource::{Resource, setrlimit};
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, n, n) {
+            return fail(&format!("setting limits.open_files = {n}"), &e);
         }
-    };
-    if let Err(e) = groups {
-        return fail("setting the supplementary groups", &e);
     }
-    if let Err(e) = nix::unistd::setgid(gid_) {
-        return fail("setgid", &e);
-    }
-    if let Err(e) = nix::unistd::setuid(Uid::from_raw(uid)) {
-        return fail("setuid", &e);
+    if let Some(user) = user {
+        let mut parts = user.splitn(3, ':');
+        let (uid, gid, name) = match (
+            parts.next().and_then(|u| u.parse::<u32>().ok()),
+            parts.next().and_then(|g| g.parse::<u32>().ok()),
+            parts.next(),
+        ) {
+            (Some(u), Some(g), Some(n)) => (u, g, n),
+            _ => return fail("--user", &"expected UID:GID:NAME"),
+        };
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            eprintln!("cronlease: cannot run the job as uid {uid} gid {gid}: {what}: {e}");
+            std::process::ExitCode::from(127)
+        };
+        let gid_ = Gid::from_raw(gid);
+        let groups = if name.is_empty() {
+            nix::unistd::setgroups(&[gid_])
+        } else {
+            match CString::new(name) {
+                Ok(name) => nix::unistd::initgroups(&name, gid_),
+                Err(e) => return fail("user name", &e),
+            }
+        };
+        if let Err(e) = groups {
+            return fail("setting the supplementary groups", &e);
+        }
+        if let Err(e) = nix::unistd::setgid(gid_) {
+            return fail("setgid", &e);
+        }
+        if let Err(e) = nix::unistd::setuid(Uid::from_raw(uid)) {
+            return fail("setuid", &e);
+        }
     }
     let argv: Result<Vec<CString>, _> =
         command.iter().map(|a| CString::new(a.as_bytes())).collect();

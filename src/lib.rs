@@ -51,4 +51,5 @@ pub mod status;
 pub mod store;
 pub mod systemd;
 pub mod telemetry;
+pub mod units;
 pub mod wallclock;

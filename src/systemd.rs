@@ -13,6 +13,12 @@ use std::time::Duration;
 
 use sd_notify::NotifyState;
 
+/// Whether this host was booted with systemd as its init (what
+/// `sd_booted()` checks): only then can runs be systemd units.
+pub fn booted() -> bool {
+    std::path::Path::new("/run/systemd/system").is_dir()
+}
+
 /// The daemon's line to systemd.
 pub struct Notifier {
     enabled: bool,

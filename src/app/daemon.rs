@@ -29,7 +29,30 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let node = Node::new(&config, store.clone());
+    let runner = match crate::units::choose(&config).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cronlease: jobs.runner = \"systemd\": {e}");
+            return ExitCode::from(crate::app::EXIT_CONFIG);
+        }
+    };
+    tracing::info!(
+        runner = runner.kind().as_str(),
+        "runs start as {}",
+        match runner.kind() {
+            crate::config::RunnerKind::Systemd => "transient systemd units",
+            crate::config::RunnerKind::Process => "processes of the job guard",
+        }
+    );
+    crate::exec::warn_unenforced(&config.jobs, runner.as_ref());
+    let node = Node::with_parts(
+        &config,
+        store.clone(),
+        crate::node::NodeParts {
+            runner,
+            ..crate::node::NodeParts::daemon()
+        },
+    );
     // A store that refuses this node (credentials, no such database, TLS)
     // will not change its mind: fail the start at once, with the reason,
     // so `systemctl enable --now` fails instead of waiting. A store that
@@ -202,6 +225,7 @@ pub(super) fn apply_reload(node: &Arc<Node>, startup: &Config, current: &Config,
         }
     );
     node.apply_settings(new);
+    node.warn_unenforced(&new.jobs);
     node.apply_jobs(new.jobs.clone());
     if live.contains(&"log.level")
         && let Err(e) = telemetry::set_level(&new.log.level)

@@ -9,6 +9,7 @@ pub(super) fn validate_job(
     rj: &RawJob,
     base: &Path,
     seen: &mut HashMap<String, String>,
+    runner: RunnerChoice,
     errors: &mut Vec<ConfigError>,
 ) -> Option<Job> {
     let before = errors.len();
@@ -100,7 +101,8 @@ pub(super) fn validate_job(
         None => Some(DEFAULT_OUTPUT_TAIL),
     };
     let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
-    let identity = identity(src, rj, errors);
+    let identity = identity(src, rj, runner, errors);
+    let isolation = isolation(src, rj, base, errors);
     if errors.len() > before {
         return None;
     }
@@ -117,6 +119,7 @@ pub(super) fn validate_job(
         identity,
         output_tail: output_tail?,
         on_failure,
+        isolation,
         defined_at: here,
     })
 }
@@ -314,10 +317,14 @@ pub(super) fn byte_size(
     }
 }
 
-/// Resolves a job's `user`/`group`; only a daemon running as root may switch.
+/// Resolves a job's `user`/`group`. A daemon starting its runs as
+/// processes must run as root to switch; systemd switches for a daemon
+/// starting them as units (`runner = "systemd"`, or `auto` on a host booted
+/// with systemd).
 pub(super) fn identity(
     src: &Source,
     rj: &RawJob,
+    runner: RunnerChoice,
     errors: &mut Vec<ConfigError>,
 ) -> Option<Identity> {
     use nix::unistd::{Group, User, geteuid};
@@ -325,7 +332,12 @@ pub(super) fn identity(
         return None;
     }
     let first = rj.user.as_ref().or(rj.group.as_ref())?;
-    if !geteuid().is_root() {
+    let systemd_may_switch = match runner {
+        RunnerChoice::Systemd => true,
+        RunnerChoice::Auto => crate::systemd::booted(),
+        RunnerChoice::Process => false,
+    };
+    if !geteuid().is_root() && !systemd_may_switch {
         errors.push(src.at(
             first,
             format!("user/group needs the daemon to run as root (it runs as uid {}); remove it or run cronlease as root", geteuid()),

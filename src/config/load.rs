@@ -89,6 +89,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             ),
             http_listen,
             log,
+            runner: raw.jobs.runner.unwrap_or_default(),
             jobs,
             job_files,
             warnings,
@@ -210,11 +211,12 @@ fn load_jobs(
     base: &Path,
     errors: &mut Vec<ConfigError>,
 ) -> (Vec<Job>, Vec<PathBuf>) {
+    let runner = raw.jobs.runner.unwrap_or_default();
     let mut jobs = Vec::new();
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut job_files = vec![path.to_path_buf()];
     for rj in &raw.job {
-        if let Some(job) = validate_job(src, rj, base, &mut seen, errors) {
+        if let Some(job) = validate_job(src, rj, base, &mut seen, runner, errors) {
             jobs.push(job);
         }
     }
@@ -258,7 +260,8 @@ fn load_jobs(
                 };
                 if let Some(jf) = parse_toml::<RawJobFile>(&jsrc, errors) {
                     for rj in &jf.job {
-                        if let Some(job) = validate_job(&jsrc, rj, base, &mut seen, errors) {
+                        if let Some(job) = validate_job(&jsrc, rj, base, &mut seen, runner, errors)
+                        {
                             jobs.push(job);
                         }
                     }

@@ -8,6 +8,7 @@
 //! first, so `cronlease check` can list everything wrong in one pass.
 
 mod error;
+mod isolation;
 mod job;
 mod load;
 pub mod raw;
@@ -15,6 +16,7 @@ mod source;
 mod store_url;
 
 pub use error::*;
+pub use isolation::*;
 pub use job::*;
 pub use load::*;
 pub use source::*;
@@ -112,6 +114,16 @@ pub struct StoreConfig {
     pub max_connections: u32,
     /// TLS trust and client identity (`rediss://`, `etcds://`, MySQL, PostgreSQL).
     pub tls: Option<TlsFiles>,
+}
+
+impl StoreConfig {
+    /// Files a job must not read: the TLS client key.
+    pub fn secret_files(&self) -> Vec<PathBuf> {
+        self.tls
+            .iter()
+            .filter_map(|t| t.client.as_ref().map(|(_, key)| key.clone()))
+            .collect()
+    }
 }
 
 /// Files for TLS to the store.
@@ -322,6 +334,8 @@ pub struct Job {
     /// `on_failure`: run on the same node after a run ended `failed`,
     /// `timeout` or `lease_lost`.
     pub on_failure: Option<Command>,
+    /// `[job.limits]`, `[job.sandbox]`, `credentials`.
+    pub isolation: Isolation,
     /// `file:line` of the definition, for log messages.
     pub defined_at: String,
 }
@@ -341,6 +355,7 @@ impl Job {
             && self.identity == other.identity
             && self.output_tail == other.output_tail
             && self.on_failure == other.on_failure
+            && self.isolation == other.isolation
     }
 }
 
@@ -362,6 +377,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         identity: None,
         output_tail: 0,
         on_failure: None,
+        isolation: Isolation::default(),
         defined_at: "test.toml:1".into(),
     }
 }
@@ -397,6 +413,8 @@ pub struct Config {
     pub pid_file: PathBuf,
     pub http_listen: Option<SocketAddr>,
     pub log: LogConfig,
+    /// `jobs.runner`.
+    pub runner: RunnerChoice,
     /// Sorted by name; names are unique.
     pub jobs: Vec<Job>,
     /// Files the jobs came from (the config file first).
@@ -440,6 +458,7 @@ impl Config {
             pid_file,
             http_listen,
             log,
+            runner,
             // Jobs are applied by the node; where they came from is not a setting.
             jobs: _,
             job_files: _,
@@ -466,6 +485,7 @@ impl Config {
             }
         };
         note(*node != self.node, "node", false);
+        note(*runner != self.runner, "jobs.runner", false);
         note(*url != self.store.url, "store.url (or its password)", false);
         note(
             *table_prefix != self.store.table_prefix,

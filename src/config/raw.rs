@@ -69,6 +69,7 @@ pub struct RawCluster {
 #[serde(deny_unknown_fields)]
 pub struct RawJobs {
     pub dir: Option<Spanned<String>>,
+    pub runner: Option<super::RunnerChoice>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,4 +113,21 @@ pub struct RawJob {
     pub output_tail: Option<Spanned<String>>,
     /// Like `command`; checked in validation.
     pub on_failure: Option<Spanned<toml::Value>>,
+    pub limits: Option<RawLimits>,
+    /// Property name → value; both checked in validation.
+    pub sandbox: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
+    pub credentials: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
+}
+
+/// `[job.limits]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    pub memory_max: Option<Spanned<String>>,
+    pub cpu_quota: Option<Spanned<String>>,
+    pub tasks_max: Option<Spanned<i64>>,
+    pub io_weight: Option<Spanned<i64>>,
+    pub cpu_weight: Option<Spanned<i64>>,
+    pub nice: Option<Spanned<i64>>,
+    pub open_files: Option<Spanned<i64>>,
 }

@@ -144,6 +144,24 @@ impl Guard {
         .await;
     }
 
+    /// Lists a run started as a systemd unit, for killing (and recording)
+    /// if the daemon dies.
+    pub async fn watch_unit(&self, unit: &str, run: Option<&RunNote>) {
+        self.note(Request::WatchUnit {
+            unit: unit.to_string(),
+            run: run.cloned(),
+        })
+        .await;
+    }
+
+    /// Takes such a unit off the list.
+    pub async fn forget_unit(&self, unit: &str) {
+        self.note(Request::ForgetUnit {
+            unit: unit.to_string(),
+        })
+        .await;
+    }
+
     /// Tells the guard what it needs to hand over if the daemon dies
     /// (several messages for many jobs). False if it did not get it.
     pub async fn hand_over(&self, handover: Handover) -> bool {

@@ -87,6 +87,11 @@ enum Request {
     Watch { pgid: i32, run: Option<RunNote> },
     /// That job ended.
     Forget { pgid: i32 },
+    /// A run the daemon started as a systemd unit: kill the unit if the
+    /// daemon dies.
+    WatchUnit { unit: String, run: Option<RunNote> },
+    /// That unit ended.
+    ForgetUnit { unit: String },
     /// What the guard needs to hand over for a daemon that dies (the store,
     /// the owner, job names to release); sent when the node starts and
     /// whenever its jobs or settings change. Names add up.

@@ -9,6 +9,9 @@ pub(super) enum Event {
     /// A job's process group to kill if the daemon dies, and its run.
     Watch(i32, Option<Box<RunNote>>),
     Forget(i32),
+    /// A run's systemd unit to kill if the daemon dies, and its run.
+    WatchUnit(String, Option<Box<RunNote>>),
+    ForgetUnit(String),
     Handover(Box<Handover>),
     Bye,
     /// The daemon is gone.
@@ -23,6 +26,8 @@ pub(super) struct Succession {
     pub(super) jobs: BTreeSet<String>,
     /// The runs going, by process group.
     pub(super) runs: BTreeMap<i32, RunNote>,
+    /// The runs going as systemd units, by unit.
+    pub(super) unit_runs: BTreeMap<String, RunNote>,
     pub(super) bye: bool,
 }
 
@@ -139,6 +144,8 @@ struct Watched {
     /// later.
     known: BTreeMap<i32, BTreeMap<i32, u64>>,
     orphans: Orphans,
+    /// The runs' systemd units.
+    units: BTreeSet<String>,
 }
 
 impl Watched {
@@ -162,6 +169,16 @@ impl Watched {
                 self.groups.remove(&pgid);
                 self.known.remove(&pgid);
                 self.succession.runs.remove(&pgid);
+            }
+            Event::WatchUnit(unit, run) => {
+                if let Some(run) = run {
+                    self.succession.unit_runs.insert(unit.clone(), *run);
+                }
+                self.units.insert(unit);
+            }
+            Event::ForgetUnit(unit) => {
+                self.units.remove(&unit);
+                self.succession.unit_runs.remove(&unit);
             }
             Event::Handover(handover) => {
                 let mut handover = *handover;
@@ -200,12 +217,23 @@ impl Watched {
         let mut known: BTreeMap<i32, u64> = self.known.into_values().flatten().collect();
         known.extend(self.orphans.counted());
         let doomed = kill_trees(&self.groups, &known);
-        if !self.succession.bye
+        // Its units too, and they must be gone before anything is handed
+        // over (a peer would run beside them).
+        let units_gone =
+            self.units.is_empty() || crate::units::kill_and_wait(&self.units, GONE_WITHIN);
+        if !units_gone {
+            eprintln!(
+                "cronlease __guard: the daemon died and units of its runs are still there after {GONE_WITHIN:?}: its leases are left to expire"
+            );
+        }
+        if units_gone
+            && !self.succession.bye
             && let Some(handover) = self.succession.handover.take()
         {
-            let runs = std::mem::take(&mut self.succession.runs)
+            let mut runs: Vec<RunNote> = std::mem::take(&mut self.succession.runs)
                 .into_values()
                 .collect();
+            runs.extend(std::mem::take(&mut self.succession.unit_runs).into_values());
             hand_over(handover, &self.succession.jobs, runs, &doomed, died);
         }
     }
@@ -482,6 +510,12 @@ pub(super) fn serve_requests(
             }
             Ok(Request::Forget { pgid }) => {
                 let _ = events.send(Event::Forget(pgid));
+            }
+            Ok(Request::WatchUnit { unit, run }) => {
+                let _ = events.send(Event::WatchUnit(unit, run.map(Box::new)));
+            }
+            Ok(Request::ForgetUnit { unit }) => {
+                let _ = events.send(Event::ForgetUnit(unit));
             }
             // Where, not what: a request holds the job's environment.
             Err(e) => eprintln!(

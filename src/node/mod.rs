@@ -561,6 +561,11 @@ impl Node {
     }
 
     /// The node's metrics.
+    /// Warns of the settings of `jobs` this node's runner cannot enforce.
+    pub fn warn_unenforced(&self, jobs: &[crate::config::Job]) {
+        crate::exec::warn_unenforced(jobs, self.runner.as_ref());
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

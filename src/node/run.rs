@@ -199,10 +199,10 @@ impl Node {
         let took = (finished.finished_at - finished.started_at).num_milliseconds();
         match &finished.outcome {
             Outcome::Ok => {
-                tracing::info!(job = %job.name, fence = ticket.fence, duration_ms = took, "run finished: ok")
+                tracing::info!(job = %job.name, fence = ticket.fence, duration_ms = took, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: ok")
             }
             outcome => {
-                tracing::warn!(job = %job.name, fence = ticket.fence, duration_ms = took, exit_code = ?finished.exit_code, "run finished: {outcome}")
+                tracing::warn!(job = %job.name, fence = ticket.fence, duration_ms = took, exit_code = ?finished.exit_code, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: {outcome}")
             }
         }
         let ended = (finished.outcome.clone(), finished.exit_code);

@@ -94,6 +94,7 @@ impl Runner for VirtualRunner {
             started_at,
             finished_at,
             output: String::new(),
+            usage: Default::default(),
         }
     }
 }
