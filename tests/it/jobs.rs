@@ -855,3 +855,44 @@ fn a_reload_of_a_large_configuration_misses_no_occurrence() {
     eprintln!("the reload took {took:?}");
     crate::cluster::check_exactly_once(&c.lines(), &report);
 }
+
+/// Process mode (`jobs.runner = "process"`): `limits.nice` and
+/// `limits.open_files` reach the run (through `__run-as`); a limit only a
+/// systemd unit can enforce is a one-line WARN naming the job and the
+/// limit, never ignored silently; the run still goes.
+#[test]
+fn process_mode_applies_nice_and_open_files_and_warns_of_the_rest() {
+    let jobs = r#"
+[[job]]
+name = "limited"
+schedule = "* * * * * *"
+command = "echo nice=$(nice) nofile=$(ulimit -n)"
+[job.limits]
+nice = 7
+open_files = 123
+memory_max = "64M"
+tasks_max = 32
+"#;
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        Some(jobs),
+        "[jobs]\nrunner = \"process\"\n",
+    );
+    c.start("n1");
+    let h = wait_history(&c, "limited", |h| h.iter().any(|r| r["outcome"] == "ok"));
+    let log = c.log("n1");
+    c.stop_all();
+    let run = h.iter().find(|r| r["outcome"] == "ok").unwrap();
+    let output = run["output"].as_str().unwrap_or_default();
+    assert!(output.contains("nice=7 nofile=123"), "{output}");
+    let warns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("not enforced for this job"))
+        .collect();
+    assert_eq!(warns.len(), 1, "one line for the job: {log}");
+    assert!(
+        warns[0].contains("limits.memory_max, limits.tasks_max") && warns[0].contains("limited"),
+        "{}",
+        warns[0]
+    );
+}
