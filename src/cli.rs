@@ -194,6 +194,20 @@ pub enum Commands {
     /// has finished and exited
     #[command(name = "__wait-guard", hide = true)]
     WaitGuard,
+    /// Internal: a run's unit's main process: runs the job's command and
+    /// copies its output to the journal and to the daemon
+    #[command(name = "__unit-run", hide = true)]
+    UnitRun {
+        /// The journal's SYSLOG_IDENTIFIER for its lines
+        #[arg(long)]
+        identifier: String,
+        /// argv[0] of the command (its program as the job wrote it)
+        #[arg(long)]
+        arg0: Option<String>,
+        /// The program (a path) and its arguments
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Internal: set a job's priority and open files limit, become its user
     /// (with its supplementary groups), then execute its command
     #[command(name = "__run-as", hide = true)]

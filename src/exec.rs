@@ -282,10 +282,12 @@ pub(crate) struct Collector {
 }
 
 impl Collector {
+    /// `level`: what the daemon logs each line at.
     pub(crate) fn start(
         spec: &RunSpec<'_>,
         stdout: Option<Output>,
         stderr: Option<Output>,
+        level: tracing::Level,
     ) -> Collector {
         let tail = std::sync::Arc::new(std::sync::Mutex::new(Tail::new(spec.job.output_tail)));
         let mut pumps = Vec::new();
@@ -299,6 +301,7 @@ impl Collector {
                         name,
                         tail: tail.clone(),
                         secrets: spec.secrets.clone(),
+                        level,
                     },
                 )));
             }
@@ -371,7 +374,12 @@ pub async fn run(
     };
     let started_at = process.started_at.unwrap_or(started_at);
     let pgid = process.pgid;
-    let collector = Collector::start(&spec, process.stdout.take(), process.stderr.take());
+    let collector = Collector::start(
+        &spec,
+        process.stdout.take(),
+        process.stderr.take(),
+        tracing::Level::INFO,
+    );
 
     let timeout = async {
         match job.timeout {
@@ -556,6 +564,8 @@ struct Pumped {
     tail: std::sync::Arc<std::sync::Mutex<Tail>>,
     /// The store's URL: its password is removed from every logged line.
     secrets: StoreUrl,
+    /// What each line is logged at.
+    level: tracing::Level,
 }
 
 /// Logs a stream line by line, tagged with job and fence, without the
@@ -568,11 +578,16 @@ async fn pump(mut stream: impl AsyncRead + Unpin, to: Pumped) {
         name,
         tail,
         secrets,
+        level,
     } = to;
     let log = |event: Vec<u8>| {
         let text = secrets.scrub(&String::from_utf8_lossy(&event));
         let text = escape_controls(&text);
-        tracing::info!(target: "cronlease::job", job = %job, fence, stream = name, "{text}");
+        if level == tracing::Level::INFO {
+            tracing::info!(target: "cronlease::job", job = %job, fence, stream = name, "{text}");
+        } else {
+            tracing::debug!(target: "cronlease::job", job = %job, fence, stream = name, "{text}");
+        }
     };
     let mut lines = LogLines::new(secrets.secret_forms());
     let mut chunk = vec![0u8; 8192];

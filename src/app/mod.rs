@@ -44,6 +44,11 @@ pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
         Commands::Guard => guard::serve(),
         Commands::WaitGuard => crate::systemd::wait_for_guard(crate::systemd::GUARD_WITHIN),
+        Commands::UnitRun {
+            identifier,
+            arg0,
+            command,
+        } => crate::units::tee::unit_run(&identifier, arg0.as_deref(), &command),
         Commands::RunAs {
             user,
             nice,

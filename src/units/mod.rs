@@ -21,6 +21,8 @@
 //! for processes; and the unit is bound to the daemon's own unit
 //! (`BindsTo=`) as the second line of defence.
 
+pub mod tee;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::OwnedFd;
@@ -92,6 +94,8 @@ pub struct SystemdRunner {
     own_uid: u32,
     /// The cgroup controllers this host's units can have.
     controllers: Vec<String>,
+    /// This binary, for the units' `__unit-run`.
+    exe: String,
 }
 
 impl SystemdRunner {
@@ -140,6 +144,7 @@ impl SystemdRunner {
             daemon_unit,
             own_uid: nix::unistd::geteuid().as_raw(),
             controllers: controllers(),
+            exe: own_binary(),
         })
     }
 
@@ -192,7 +197,16 @@ impl SystemdRunner {
     ) -> Result<Vec<(&'static str, Value<'static>)>, String> {
         let job = spec.job;
         let program = launch.program_path()?.to_string_lossy().into_owned();
-        let mut argv = vec![launch.program.clone()];
+        // The unit's main process is this binary's `__unit-run` ([`tee`]),
+        // which runs the command and copies its output to the journal.
+        let mut argv = vec![
+            "cronlease".to_string(),
+            "__unit-run".to_string(),
+            format!("--identifier=cronlease-{}", job.name),
+            format!("--arg0={}", launch.program),
+            "--".to_string(),
+            program,
+        ];
         argv.extend(launch.args.iter().cloned());
         let mut env: Vec<String> = Vec::new();
         if !launch.env.iter().any(|(k, _)| k == "PATH")
@@ -212,7 +226,7 @@ impl SystemdRunner {
                 )),
             ),
             ("Type", Value::from("exec")),
-            ("ExecStart", Value::from(vec![(program, argv, false)])),
+            ("ExecStart", Value::from(vec![(self.exe.clone(), argv, false)])),
             ("Environment", Value::from(env)),
             ("StandardInput", Value::from("null")),
             ("StandardOutputFileDescriptor", Value::Fd(out.into())),
@@ -396,6 +410,15 @@ fn controllers() -> Vec<String> {
         .collect()
 }
 
+/// This binary's path, as installed (after a package upgrade the path
+/// names the new binary, whose `__unit-run` is the same).
+fn own_binary() -> String {
+    let exe = std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "/usr/bin/cronlease".into());
+    exe.strip_suffix(" (deleted)").map_or(exe.clone(), str::to_string)
+}
+
 /// The unit this process runs in, if it runs in one.
 async fn own_unit(conn: &zbus::Connection) -> Option<String> {
     let reply = conn
@@ -527,7 +550,10 @@ impl SystemdRunner {
                 .ok()
                 .map(|r| Box::new(r) as Box<dyn AsyncRead + Unpin + Send>)
         };
-        let collector = crate::exec::Collector::start(&spec, reader(out_r), reader(err_r));
+        // The unit puts the lines in the journal itself: the daemon's log
+        // has them at debug only.
+        let collector =
+            crate::exec::Collector::start(&spec, reader(out_r), reader(err_r), tracing::Level::DEBUG);
 
         let timeout = async {
             match job.timeout {
