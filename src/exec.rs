@@ -61,7 +61,14 @@ pub trait Runner: Send + Sync {
 /// One WARN per job with settings `runner` cannot enforce, naming them.
 pub fn warn_unenforced(jobs: &[Job], runner: &dyn Runner) {
     let lacking = runner.lacking();
+    let process = runner.kind() == crate::config::RunnerKind::Process;
     for job in jobs {
+        if process && job.identity.is_some() && !nix::unistd::geteuid().is_root() {
+            tracing::warn!(
+                job = %job.name,
+                "user/group: runs start as processes and this daemon is not root: the job's runs cannot switch to its user and will not start (run the daemon as root, or let it start units: jobs.runner)"
+            );
+        }
         let missing = job.isolation.unenforced(runner.kind(), &lacking);
         if missing.is_empty() {
         } else if runner.kind() == crate::config::RunnerKind::Process {

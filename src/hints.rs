@@ -45,6 +45,24 @@ pub fn sandbox_hint(text: &str) -> Option<&'static str> {
     }
 }
 
+/// The line added to the output of a run started as a systemd unit
+/// ([`crate::units`]) when `text` shows an error the unit's sandbox causes:
+/// the `[job.sandbox]` setting that relaxes it for this job alone.
+pub fn unit_sandbox_hint(text: &str) -> Option<&'static str> {
+    let has = |needle: &str| text.contains(needle);
+    if has("Read-only file system") {
+        Some(
+            "cronlease: hint: the run's unit keeps /usr, /boot and /etc read-only (ProtectSystem=full; with \"strict\" all but /dev, /proc and /sys); for this job: [job.sandbox] ReadWritePaths = [\"/the/path\"]",
+        )
+    } else if has("no new privileges") || has("effective uid is not 0") {
+        Some(
+            "cronlease: hint: the run's unit has NoNewPrivileges=yes and RestrictSUIDSGID=yes, so setuid programs (sudo, su, ping) gain nothing; for this job: [job.sandbox] NoNewPrivileges = false, RestrictSUIDSGID = false (or user = \"root\" instead of sudo)",
+        )
+    } else {
+        None
+    }
+}
+
 /// Whether this process runs as a systemd service (systemd sets
 /// `$INVOCATION_ID` for each of its units' processes): only then is the
 /// sandbox the likely cause of those errors.
@@ -54,7 +72,25 @@ pub fn under_systemd() -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::sandbox_hint;
+    use super::{sandbox_hint, unit_sandbox_hint};
+
+    #[test]
+    fn a_units_sandbox_errors_name_the_jobs_setting() {
+        for (output, setting) in [
+            (
+                "sh: 1: cannot create /srv/x/no: Read-only file system",
+                "[job.sandbox] ReadWritePaths",
+            ),
+            (
+                "sudo: The \"no new privileges\" flag is set, which prevents sudo from running as root.",
+                "NoNewPrivileges = false",
+            ),
+        ] {
+            let hint = unit_sandbox_hint(output).unwrap_or_default();
+            assert!(hint.contains(setting), "{output} -> {hint}");
+        }
+        assert_eq!(unit_sandbox_hint("backup failed: disk full"), None);
+    }
 
     #[test]
     fn each_sandbox_error_names_its_setting() {

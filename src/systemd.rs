@@ -127,6 +127,15 @@ pub fn wait_for_guard(within: Duration) -> std::process::ExitCode {
         }
         Err(e) => eprintln!("cronlease __wait-guard: cannot read {procs}: {e}; not waiting"),
     }
+    // Runs started as units are outside this unit's cgroup: what the guard
+    // left of them goes too.
+    if booted() {
+        match crate::units::sweep(SWEEP_WITHIN) {
+            Ok(0) => {}
+            Ok(n) => eprintln!("cronlease __wait-guard: killed {n} run unit(s) left after the guard"),
+            Err(e) => eprintln!("cronlease __wait-guard: run units: {e}"),
+        }
+    }
     std::process::ExitCode::SUCCESS
 }
 

@@ -18,8 +18,12 @@
 //! Each unit is also given to the job guard ([`crate::guard`]): if the
 //! daemon dies, the guard kills the daemon's units and waits for them to be
 //! gone before it records the runs `killed` and hands the leases over, as
-//! for processes; and the unit is bound to the daemon's own unit
-//! (`BindsTo=`) as the second line of defence.
+//! for processes. The second line of defence is the daemon's unit's
+//! `ExecStopPost=` (`cronlease __wait-guard`): once daemon and guard are
+//! gone it kills whatever run unit of theirs is left ([`sweep`]; their
+//! Description names the daemon's unit). Not `BindsTo=`: a stop of the
+//! daemon's unit would stop the runs with it at once, where a graceful stop
+//! gives them `shutdown_grace` to finish.
 
 pub mod tee;
 
@@ -46,6 +50,9 @@ const UNIT: &str = "org.freedesktop.systemd1.Unit";
 const SERVICE: &str = "org.freedesktop.systemd1.Service";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 
+/// What a run unit's Description ends with, before the daemon's unit.
+const OF: &str = " of ";
+
 /// Why the systemd runner cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum UnitsError {
@@ -53,6 +60,8 @@ pub enum UnitsError {
     NotBooted,
     #[error("the system bus does not answer: {0}")]
     Bus(#[from] zbus::Error),
+    #[error("this daemon may not start units: {0}")]
+    NotAllowed(String),
 }
 
 /// The unit name of a run: `cronlease-<job>-<fence>.service`, and
@@ -106,6 +115,7 @@ impl SystemdRunner {
             return Err(UnitsError::NotBooted);
         }
         let conn = zbus::Connection::system().await?;
+        may_manage_units(&conn).await.map_err(UnitsError::NotAllowed)?;
         // systemd sends unit signals once a client subscribed.
         conn.call_method(Some(SYSTEMD), MANAGER_PATH, Some(MANAGER), "Subscribe", &())
             .await?;
@@ -219,10 +229,13 @@ impl SystemdRunner {
             (
                 "Description",
                 Value::from(format!(
-                    "cronlease job {} (fence {}, occurrence {})",
+                    "cronlease job {} (fence {}, occurrence {}){}",
                     job.name,
                     spec.fence,
-                    spec.occurrence.to_rfc3339()
+                    spec.occurrence.to_rfc3339(),
+                    self.daemon_unit
+                        .as_ref()
+                        .map_or_else(String::new, |u| format!("{OF}{u}"))
                 )),
             ),
             ("Type", Value::from("exec")),
@@ -274,9 +287,6 @@ impl SystemdRunner {
                 .map(|(k, v)| (k.clone(), v.to_string_lossy().into_owned()))
                 .collect();
             p.push(("LoadCredential", Value::from(creds)));
-        }
-        if let Some(unit) = &self.daemon_unit {
-            p.push(("BindsTo", Value::from(vec![unit.clone()])));
         }
         Ok(p)
     }
@@ -603,14 +613,16 @@ impl SystemdRunner {
             Some(e) if e.success => crate::store::Outcome::Ok,
             _ => crate::store::Outcome::Failed,
         });
-        if let Some(e) = &end
-            && let Some(why) = reason_line(e, &job.isolation)
-        {
-            tracing::warn!(job = %job.name, fence, unit, "{why}");
+        let why = end.as_ref().and_then(|e| reason_line(e, &job.isolation));
+        let hint = (outcome != crate::store::Outcome::Ok)
+            .then(|| crate::hints::unit_sandbox_hint(&output).map(str::to_string))
+            .flatten();
+        for line in why.into_iter().chain(hint) {
+            tracing::warn!(job = %job.name, fence, unit, "{line}");
             if !output.is_empty() && !output.ends_with('\n') {
                 output.push('\n');
             }
-            output.push_str(&why);
+            output.push_str(&line);
             output.push('\n');
         }
         let usage = crate::exec::Usage {
@@ -682,6 +694,23 @@ fn reason_line(end: &UnitEnd, iso: &Isolation) -> Option<String> {
             None => "cronlease: the run was killed: out of memory".to_string(),
         }),
         "resources" => Some("cronlease: systemd could not set the run up (resources): see journalctl -u for the unit".to_string()),
+        // systemd's own exit codes for a unit it could not set up
+        // (systemd.exec(5)); a command's own code could be the same.
+        "exit-code" => {
+            let what = match end.exit_code? {
+                200 => "the working directory (working_dir)",
+                203 => "executing the command",
+                216 => "the group (group)",
+                217 => "the user (user)",
+                226 => "the sandbox's namespaces ([job.sandbox])",
+                243 => "the credentials (credentials: a file missing or unreadable?)",
+                _ => return None,
+            };
+            Some(format!(
+                "cronlease: exit code {}: systemd's code for a unit it could not set up: {what}; see journalctl -u for the unit",
+                end.exit_code.unwrap_or_default()
+            ))
+        }
         _ => None,
     }
 }
@@ -710,77 +739,173 @@ pub fn kill_and_wait(units: &std::collections::BTreeSet<String>, limit: Duration
             }
             Err(_) => return false,
         };
-        let call = |method: &'static str, body: (String, &'static str, i32)| {
-            let conn = conn.clone();
-            async move {
-                conn.call_method(Some(SYSTEMD), MANAGER_PATH, Some(MANAGER), method, &body)
-                    .await
-            }
-        };
-        for unit in units {
-            let _ = call(
+        kill_units(&conn, units, limit).await
+    })
+}
+
+/// SIGKILLs every process of `units` and waits until each is no longer
+/// active (or unloaded), at most `limit`; true if they all went.
+async fn kill_units(
+    conn: &zbus::Connection,
+    units: &std::collections::BTreeSet<String>,
+    limit: Duration,
+) -> bool {
+    for unit in units {
+        let _ = conn
+            .call_method(
+                Some(SYSTEMD),
+                MANAGER_PATH,
+                Some(MANAGER),
                 "KillUnit",
-                (
-                    unit.clone(),
-                    "all",
-                    nix::sys::signal::Signal::SIGKILL as i32,
-                ),
+                &(unit.as_str(), "all", nix::sys::signal::Signal::SIGKILL as i32),
             )
             .await;
+    }
+    let since = std::time::Instant::now();
+    loop {
+        let mut alive = false;
+        for unit in units {
+            let state = conn
+                .call_method(
+                    Some(SYSTEMD),
+                    unit_path(unit).as_str(),
+                    Some(PROPERTIES),
+                    "Get",
+                    &(UNIT, "ActiveState"),
+                )
+                .await
+                .ok()
+                .and_then(|r| r.body().deserialize::<OwnedValue>().ok())
+                .and_then(|v| String::try_from(v).ok());
+            // No answer: the unit is unloaded, gone.
+            if state.is_some_and(|s| s != "inactive" && s != "failed") {
+                alive = true;
+            }
         }
-        let since = std::time::Instant::now();
-        loop {
-            let mut alive = false;
-            for unit in units {
-                let state = conn
-                    .call_method(
-                        Some(SYSTEMD),
-                        unit_path(unit).as_str(),
-                        Some(PROPERTIES),
-                        "Get",
-                        &(UNIT, "ActiveState"),
-                    )
-                    .await
-                    .ok()
-                    .and_then(|r| r.body().deserialize::<OwnedValue>().ok())
-                    .and_then(|v| String::try_from(v).ok());
-                // No answer: the unit is unloaded, gone.
-                if state.is_some_and(|s| s != "inactive" && s != "failed") {
-                    alive = true;
-                }
-            }
-            if !alive {
-                return true;
-            }
-            if since.elapsed() >= limit {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        if !alive {
+            return true;
+        }
+        if since.elapsed() >= limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// For the daemon's unit's `ExecStopPost=`, once its daemon and guard are
+/// gone: SIGKILLs the run units they left (running units named
+/// `cronlease-*.service` whose Description ends with ` of <this unit>`)
+/// and waits for them to go, at most `limit`. Answers how many there were.
+pub fn sweep(limit: Duration) -> Result<usize, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let conn = zbus::Connection::system().await.map_err(|e| e.to_string())?;
+        let Some(me) = own_unit(&conn).await else {
+            return Ok(0);
+        };
+        type Listed = (
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            OwnedObjectPath,
+            u32,
+            String,
+            OwnedObjectPath,
+        );
+        let reply = conn
+            .call_method(
+                Some(SYSTEMD),
+                MANAGER_PATH,
+                Some(MANAGER),
+                "ListUnitsByPatterns",
+                &(Vec::<String>::new(), vec!["cronlease-*.service".to_string()]),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let listed: Vec<Listed> = reply.body().deserialize().map_err(|e| e.to_string())?;
+        let suffix = format!("{OF}{me}");
+        let left: std::collections::BTreeSet<String> = listed
+            .into_iter()
+            .filter(|u| u.1.ends_with(&suffix) && u.3 != "inactive" && u.3 != "failed")
+            .map(|u| u.0)
+            .collect();
+        if left.is_empty() {
+            return Ok(0);
+        }
+        let n = left.len();
+        if kill_units(&conn, &left, limit).await {
+            Ok(n)
+        } else {
+            Err(format!("{n} run unit(s) still there after {limit:?}"))
         }
     })
 }
 
 /// The runner for `config`'s `jobs.runner`: `auto` takes systemd when this
-/// host was booted with it and its bus answers (else processes, said
-/// once); `systemd` fails the start without it.
+/// host was booted with it, its bus answers and this daemon may start
+/// units (root, or polkit says so: the package's rule lets user
+/// `cronlease`), else processes (said once); `systemd` fails the start
+/// without them.
 pub async fn choose(config: &Config) -> Result<Arc<dyn Runner>, UnitsError> {
     use crate::config::RunnerChoice;
+    let process = || -> Arc<dyn Runner> { Arc::new(crate::exec::ProcessRunner) };
     match config.runner {
-        RunnerChoice::Process => Ok(Arc::new(crate::exec::ProcessRunner)),
+        RunnerChoice::Process => Ok(process()),
         RunnerChoice::Systemd => Ok(Arc::new(SystemdRunner::connect(config).await?)),
-        // Only root may start units without a polkit rule that lets it
-        // (Debian has no polkit by default): an unprivileged daemon on
-        // `auto` starts processes, as before.
-        RunnerChoice::Auto if !nix::unistd::geteuid().is_root() => {
-            Ok(Arc::new(crate::exec::ProcessRunner))
-        }
         RunnerChoice::Auto => match SystemdRunner::connect(config).await {
             Ok(r) => Ok(Arc::new(r)),
-            Err(UnitsError::NotBooted) => Ok(Arc::new(crate::exec::ProcessRunner)),
+            Err(UnitsError::NotBooted) => Ok(process()),
             Err(e) => {
                 tracing::warn!("jobs.runner = \"auto\": {e}; runs start as processes");
-                Ok(Arc::new(crate::exec::ProcessRunner))
+                Ok(process())
             }
         },
+    }
+}
+
+/// Whether this process may start and stop units: root may; another user
+/// if polkit answers yes for `org.freedesktop.systemd1.manage-units`
+/// without asking anyone (what systemd will ask it).
+async fn may_manage_units(conn: &zbus::Connection) -> Result<(), String> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let me = conn
+        .unique_name()
+        .map(|n| n.to_string())
+        .ok_or("no name on the system bus")?;
+    let subject: (&str, HashMap<&str, Value<'_>>) =
+        ("system-bus-name", HashMap::from([("name", Value::from(me))]));
+    let details: HashMap<&str, &str> = HashMap::new();
+    let reply = conn
+        .call_method(
+            Some("org.freedesktop.PolicyKit1"),
+            "/org/freedesktop/PolicyKit1/Authority",
+            Some("org.freedesktop.PolicyKit1.Authority"),
+            "CheckAuthorization",
+            &(subject, "org.freedesktop.systemd1.manage-units", details, 0u32, ""),
+        )
+        .await
+        .map_err(|e| format!("polkit does not answer ({e}); is polkitd installed?"))?;
+    let (authorized, _challenge, _details): (bool, bool, HashMap<String, String>) = reply
+        .body()
+        .deserialize()
+        .map_err(|e| format!("polkit's answer: {e}"))?;
+    if authorized {
+        Ok(())
+    } else {
+        Err(format!(
+            "polkit does not let user {} start units (org.freedesktop.systemd1.manage-units); the package's rule is /usr/share/polkit-1/rules.d/50-cronlease.rules",
+            nix::unistd::User::from_uid(nix::unistd::geteuid())
+                .ok()
+                .flatten()
+                .map_or_else(|| nix::unistd::geteuid().to_string(), |u| u.name)
+        ))
     }
 }
