@@ -132,7 +132,9 @@ pub fn wait_for_guard(within: Duration) -> std::process::ExitCode {
     if booted() {
         match crate::units::sweep(SWEEP_WITHIN) {
             Ok(0) => {}
-            Ok(n) => eprintln!("cronlease __wait-guard: killed {n} run unit(s) left after the guard"),
+            Ok(n) => {
+                eprintln!("cronlease __wait-guard: killed {n} run unit(s) left after the guard")
+            }
             Err(e) => eprintln!("cronlease __wait-guard: run units: {e}"),
         }
     }

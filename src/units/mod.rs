@@ -115,7 +115,9 @@ impl SystemdRunner {
             return Err(UnitsError::NotBooted);
         }
         let conn = zbus::Connection::system().await?;
-        may_manage_units(&conn).await.map_err(UnitsError::NotAllowed)?;
+        may_manage_units(&conn)
+            .await
+            .map_err(UnitsError::NotAllowed)?;
         // systemd sends unit signals once a client subscribed.
         conn.call_method(Some(SYSTEMD), MANAGER_PATH, Some(MANAGER), "Subscribe", &())
             .await?;
@@ -239,7 +241,10 @@ impl SystemdRunner {
                 )),
             ),
             ("Type", Value::from("exec")),
-            ("ExecStart", Value::from(vec![(self.exe.clone(), argv, false)])),
+            (
+                "ExecStart",
+                Value::from(vec![(self.exe.clone(), argv, false)]),
+            ),
             ("Environment", Value::from(env)),
             ("StandardInput", Value::from("null")),
             ("StandardOutputFileDescriptor", Value::Fd(out.into())),
@@ -426,7 +431,8 @@ fn own_binary() -> String {
     let exe = std::env::current_exe()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "/usr/bin/cronlease".into());
-    exe.strip_suffix(" (deleted)").map_or(exe.clone(), str::to_string)
+    exe.strip_suffix(" (deleted)")
+        .map_or(exe.clone(), str::to_string)
 }
 
 /// The unit this process runs in, if it runs in one.
@@ -562,8 +568,12 @@ impl SystemdRunner {
         };
         // The unit puts the lines in the journal itself: the daemon's log
         // has them at debug only.
-        let collector =
-            crate::exec::Collector::start(&spec, reader(out_r), reader(err_r), tracing::Level::DEBUG);
+        let collector = crate::exec::Collector::start(
+            &spec,
+            reader(out_r),
+            reader(err_r),
+            tracing::Level::DEBUG,
+        );
 
         let timeout = async {
             match job.timeout {
@@ -757,7 +767,11 @@ async fn kill_units(
                 MANAGER_PATH,
                 Some(MANAGER),
                 "KillUnit",
-                &(unit.as_str(), "all", nix::sys::signal::Signal::SIGKILL as i32),
+                &(
+                    unit.as_str(),
+                    "all",
+                    nix::sys::signal::Signal::SIGKILL as i32,
+                ),
             )
             .await;
     }
@@ -802,7 +816,9 @@ pub fn sweep(limit: Duration) -> Result<usize, String> {
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
-        let conn = zbus::Connection::system().await.map_err(|e| e.to_string())?;
+        let conn = zbus::Connection::system()
+            .await
+            .map_err(|e| e.to_string())?;
         let Some(me) = own_unit(&conn).await else {
             return Ok(0);
         };
@@ -824,7 +840,10 @@ pub fn sweep(limit: Duration) -> Result<usize, String> {
                 MANAGER_PATH,
                 Some(MANAGER),
                 "ListUnitsByPatterns",
-                &(Vec::<String>::new(), vec!["cronlease-*.service".to_string()]),
+                &(
+                    Vec::<String>::new(),
+                    vec!["cronlease-*.service".to_string()],
+                ),
             )
             .await
             .map_err(|e| e.to_string())?;
@@ -880,8 +899,10 @@ async fn may_manage_units(conn: &zbus::Connection) -> Result<(), String> {
         .unique_name()
         .map(|n| n.to_string())
         .ok_or("no name on the system bus")?;
-    let subject: (&str, HashMap<&str, Value<'_>>) =
-        ("system-bus-name", HashMap::from([("name", Value::from(me))]));
+    let subject: (&str, HashMap<&str, Value<'_>>) = (
+        "system-bus-name",
+        HashMap::from([("name", Value::from(me))]),
+    );
     let details: HashMap<&str, &str> = HashMap::new();
     let reply = conn
         .call_method(
@@ -889,7 +910,13 @@ async fn may_manage_units(conn: &zbus::Connection) -> Result<(), String> {
             "/org/freedesktop/PolicyKit1/Authority",
             Some("org.freedesktop.PolicyKit1.Authority"),
             "CheckAuthorization",
-            &(subject, "org.freedesktop.systemd1.manage-units", details, 0u32, ""),
+            &(
+                subject,
+                "org.freedesktop.systemd1.manage-units",
+                details,
+                0u32,
+                "",
+            ),
         )
         .await
         .map_err(|e| format!("polkit does not answer ({e}); is polkitd installed?"))?;

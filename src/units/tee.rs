@@ -123,5 +123,10 @@ pub fn unit_run(identifier: &str, arg0: Option<&str>, command: &[OsString]) -> E
         let _ = signal_hook::low_level::emulate_default_handler(sig);
         return ExitCode::from(u8::try_from(128 + sig).unwrap_or(255));
     }
-    ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1))
+    ExitCode::from(
+        status
+            .code()
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(1),
+    )
 }

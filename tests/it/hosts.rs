@@ -676,7 +676,7 @@ fn units() {
     ]
     .concat();
     // Booted with one job; the rest once user ops exists.
-    let fleet = Fleet::boot_n("hu", Backend::Postgres, 1, &yearly("python", "true", ""));
+    let fleet = Fleet::boot_n("hy", Backend::Postgres, 1, &yearly("python", "true", ""));
     let host = fleet.names[0].clone();
     // The store's password in a password_file, root:cronlease 0640 as an
     // operator would keep it (PostgreSQL's trust authentication here
@@ -728,9 +728,18 @@ fn units() {
         assert_eq!(ok, works, "{job}:\n{logs}\n{}", fleet.journals());
         assert!(logs.contains(shows), "{job} shows {shows:?}:\n{logs}");
         if job.starts_with("peek") {
-            assert!(!logs.contains(PASSWORD), "{job} saw the store's password:\n{logs}");
-            assert!(!logs.contains("cred-token-42"), "{job} saw another job's credential:\n{logs}");
-            assert!(!logs.contains("[store]"), "{job} read the configuration:\n{logs}");
+            assert!(
+                !logs.contains(PASSWORD),
+                "{job} saw the store's password:\n{logs}"
+            );
+            assert!(
+                !logs.contains("cred-token-42"),
+                "{job} saw another job's credential:\n{logs}"
+            );
+            assert!(
+                !logs.contains("[store]"),
+                "{job} read the configuration:\n{logs}"
+            );
         }
     }
     assert_eq!(must(&host, "cat /srv/x/yes", "").trim(), "a");
@@ -746,20 +755,38 @@ fn units() {
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .find(|e| e["MESSAGE"] == text)
-            .map(|e| format!("{} {}", e["PRIORITY"].as_str().unwrap_or(""), e["_SYSTEMD_UNIT"].as_str().unwrap_or("")))
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["PRIORITY"].as_str().unwrap_or(""),
+                    e["_SYSTEMD_UNIT"].as_str().unwrap_or("")
+                )
+            })
     };
     let out = priority_of("to-stdout").unwrap_or_default();
     let err = priority_of("to-stderr").unwrap_or_default();
-    assert!(out.starts_with("6 cronlease-stderr-"), "stdout at info, in its unit: {out}\n{by_id}");
-    assert!(err.starts_with("4 cronlease-stderr-"), "stderr at warning, in its unit: {err}\n{by_id}");
+    assert!(
+        out.starts_with("6 cronlease-stderr-"),
+        "stdout at info, in its unit: {out}\n{by_id}"
+    );
+    assert!(
+        err.starts_with("4 cronlease-stderr-"),
+        "stderr at warning, in its unit: {err}\n{by_id}"
+    );
     let unit = err.split(' ').nth(1).unwrap_or_default().to_string();
     let by_unit = must(&host, &format!("journalctl -u {unit} --no-pager"), "");
-    assert!(by_unit.contains("to-stderr"), "journalctl -u {unit}:\n{by_unit}");
+    assert!(
+        by_unit.contains("to-stderr"),
+        "journalctl -u {unit}:\n{by_unit}"
+    );
     // No relaxation of the daemon's unit was needed (the drills' own
     // drop-in only opens /srv/drill, which these jobs do not use).
     let dropins = must(&host, "ls /etc/systemd/system/cronlease.service.d", "");
     assert_eq!(dropins.trim(), "drill.conf", "{dropins}");
-    println!("| job (systemd runner, as shipped) | outcome |\n|---|---|\n{}", table.join("\n"));
+    println!(
+        "| job (systemd runner, as shipped) | outcome |\n|---|---|\n{}",
+        table.join("\n")
+    );
 }
 
 /// The package on a fresh host: installs with its dependencies, creates
@@ -879,9 +906,29 @@ fn unit() {
         must(&host, "cat /etc/cronlease/jobs.d/drill.toml", "")
     );
 
-    // What a job leaves behind goes with the unit's stop.
+    // What a job leaves behind goes with its run's unit (systemd runner),
+    // or with the daemon's unit's stop (process runner).
     must(&host, "cronlease trigger leaver --wait", "");
     let sleepers = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^sleep 1000' && echo $p; done | wc -l";
+    let left = must(&host, sleepers, "");
+    let units = must(&host, "journalctl -u cronlease --no-pager", "")
+        .contains("runs start as transient systemd units");
+    assert!(units, "the package's runner where polkitd is installed");
+    assert_eq!(
+        left.trim(),
+        "0",
+        "the run's unit ended with its command, and took the sleep"
+    );
+    table.push("| a job's `setsid sleep &` (systemd runner) | killed with the run's unit when its command ends |".to_string());
+    // The process runner: runs inside the daemon's unit.
+    must(
+        &host,
+        "sed -i 's/^\\[jobs\\]$/[jobs]\\nrunner = \"process\"/' /etc/cronlease/cronlease.toml && systemctl restart cronlease",
+        "",
+    );
+    // The leaver waits for its sleep's mark: a fresh one.
+    let _ = std::fs::remove_file(format!("{}.leaver", fleet.out.display()));
+    must(&host, "cronlease trigger leaver --wait", "");
     let left = must(&host, sleepers, "");
     assert_eq!(left.trim(), "1", "the job left its sleep behind");
     must(&host, "systemctl stop cronlease", "");
@@ -892,7 +939,12 @@ fn unit() {
         journal.contains("left in the unit after its guard"),
         "{journal}"
     );
-    table.push("| a job's `setsid sleep &`, then `systemctl stop` | killed by `__wait-guard`, said in the journal |".to_string());
+    table.push("| the same on the process runner, then `systemctl stop` | killed by `__wait-guard`, said in the journal |".to_string());
+    must(
+        &host,
+        "sed -i '/^runner = \"process\"$/d' /etc/cronlease/cronlease.toml",
+        "",
+    );
 
     // A store that refuses the node: the start fails at once, no restart.
     let config = must(&host, "cat /etc/cronlease/cronlease.toml", "");
