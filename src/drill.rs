@@ -549,6 +549,8 @@ mod tests {
             decision_ms: 0,
             output: String::new(),
             trigger: None,
+            cpu_ms: None,
+            memory_peak: None,
         }
     }
 

@@ -46,6 +46,16 @@ fn duration_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.01, 4.0, 12))
 }
 
+fn cpu_buckets() -> Histogram {
+    // 1 ms .. 4.7 h
+    Histogram::new(exponential_buckets(0.001, 4.0, 13))
+}
+
+fn memory_buckets() -> Histogram {
+    // 1 MiB .. 64 GiB
+    Histogram::new(exponential_buckets(1048576.0, 4.0, 9))
+}
+
 fn store_call_buckets() -> Histogram {
     // 0.5 ms .. 4 s
     Histogram::new(exponential_buckets(0.0005, 2.0, 14))
@@ -57,6 +67,10 @@ pub struct Metrics {
     pub runs: Family<RunLabel, Counter>,
     pub run_duration: Histograms<JobLabel>,
     pub start_lateness: Histograms<JobLabel>,
+    /// CPU time of runs whose runner can tell (systemd units).
+    pub run_cpu: Histograms<JobLabel>,
+    /// Peak memory of runs whose runner can tell (systemd 254+ units).
+    pub run_memory_peak: Histograms<JobLabel>,
     /// From an occurrence's instant to the claim's answer: what the engine
     /// costs, apart from spawning.
     pub claim_decision: Histogram,
@@ -92,6 +106,8 @@ impl Metrics {
             runs: Family::default(),
             run_duration: Family::new_with_constructor(duration_buckets),
             start_lateness: Family::new_with_constructor(lateness_buckets),
+            run_cpu: Family::new_with_constructor(cpu_buckets),
+            run_memory_peak: Family::new_with_constructor(memory_buckets),
             claim_decision: lateness_buckets(),
             leases_lost: Family::default(),
             store_errors: Counter::default(),
@@ -121,6 +137,16 @@ impl Metrics {
             "cronlease_run_duration_seconds",
             "How long runs took",
             m.run_duration.clone(),
+        );
+        registry.register(
+            "cronlease_run_cpu_seconds",
+            "CPU time runs used, user and system (runs started as systemd units)",
+            m.run_cpu.clone(),
+        );
+        registry.register(
+            "cronlease_run_memory_peak_bytes",
+            "The most memory a run's processes held at once (runs started as systemd units, systemd 254 or newer)",
+            m.run_memory_peak.clone(),
         );
         registry.register(
             "cronlease_start_lateness_seconds",

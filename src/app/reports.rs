@@ -256,6 +256,9 @@ pub(super) async fn history(
                     "{:.3}s",
                     (r.finished_at - r.started_at).num_milliseconds() as f64 / 1000.0
                 ),
+                r.cpu_ms
+                    .map_or_else(|| "-".into(), |ms| format!("{:.3}s", ms as f64 / 1000.0)),
+                r.memory_peak.map_or_else(|| "-".into(), mebibytes),
                 match r.exit_code {
                     Some(c) => format!("{} ({c})", r.outcome),
                     None => r.outcome.to_string(),
@@ -279,6 +282,8 @@ pub(super) async fn history(
             "OCCURRENCE",
             "LATE",
             "TOOK",
+            "CPU",
+            "PEAK",
             "OUTCOME",
             "TAKEOVER",
             "TRIGGER",
@@ -287,6 +292,11 @@ pub(super) async fn history(
         &table,
     );
     ExitCode::SUCCESS
+}
+
+/// Bytes as MiB with one decimal (`12.5MiB`).
+fn mebibytes(bytes: u64) -> String {
+    format!("{:.1}MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// `logs JOB [--fence N]`: the output tail of the job's newest run in

@@ -96,7 +96,7 @@ function renderTimeline(runs) {
       const s = Date.parse(r.started_at), e = Date.parse(r.finished_at);
       const bar = el("div", {
         class: "run " + outcomeClass(r.outcome) + (r.trigger ? " manual" : ""),
-        title: `${r.job} fence ${r.fence} ${r.outcome} (${r.trigger ? "manual run, trigger " + r.trigger : "occurrence " + time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}`,
+        title: `${r.job} fence ${r.fence} ${r.outcome} (${r.trigger ? "manual run, trigger " + r.trigger : "occurrence " + time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}${r.cpu_ms != null ? ", CPU " + r.cpu_ms + " ms" : ""}${r.memory_peak != null ? ", peak memory " + (r.memory_peak / 1048576).toFixed(1) + " MiB" : ""}`,
         "data-job": r.job, "data-fence": r.fence,
       });
       bar.style.left = ((s - from) / span * 100).toFixed(3) + "%";

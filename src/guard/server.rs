@@ -282,6 +282,8 @@ pub(super) fn hand_over(
             decision_ms: r.decision_ms,
             output: String::new(),
             trigger: r.trigger.and_then(crate::store::TriggerId::from_stored),
+            cpu_ms: None,
+            memory_peak: None,
         })
         .collect();
     let jobs: Vec<JobName> = jobs.iter().filter_map(|j| JobName::parse(j).ok()).collect();

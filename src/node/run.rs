@@ -297,6 +297,8 @@ impl Node {
             decision_ms: ticket.decision_ms,
             output: finished.output,
             trigger: ticket.trigger,
+            cpu_ms: finished.usage.cpu_ms,
+            memory_peak: finished.usage.memory_peak,
         };
         let labels = crate::metrics::RunLabel {
             job: job.name.to_string(),
@@ -312,6 +314,18 @@ impl Node {
                 .run_duration
                 .get_or_create(&Metrics::job(job.name.as_str()))
                 .observe(took);
+        }
+        if let Some(ms) = record.cpu_ms {
+            self.metrics
+                .run_cpu
+                .get_or_create(&Metrics::job(job.name.as_str()))
+                .observe(ms as f64 / 1000.0);
+        }
+        if let Some(bytes) = record.memory_peak {
+            self.metrics
+                .run_memory_peak
+                .get_or_create(&Metrics::job(job.name.as_str()))
+                .observe(bytes as f64);
         }
         if record.outcome == Outcome::LeaseLost {
             self.metrics

@@ -173,6 +173,8 @@ impl Node {
                     decision_ms: 0,
                     output: String::new(),
                     trigger: Some(id),
+                    cpu_ms: None,
+                    memory_peak: None,
                 };
                 if let Err(e) = self.batch.records.call(record).await {
                     tracing::warn!(job = %name, fence = won.fence, "expired request not recorded in history: {e}");

@@ -446,6 +446,13 @@ pub struct RunRecord {
     pub output: String,
     /// A manual run (`cronlease trigger`): its request's id.
     pub trigger: Option<TriggerId>,
+    /// CPU time the run used, user and system, in milliseconds (systemd
+    /// runner; `None` where the runner cannot tell, and in records of
+    /// older versions).
+    pub cpu_ms: Option<u64>,
+    /// The most memory the run's processes held at once, in bytes (systemd
+    /// 254 or newer).
+    pub memory_peak: Option<u64>,
 }
 
 /// How long a run on a lease may go when the store can end leases before
@@ -1001,6 +1008,10 @@ pub(crate) struct RunData {
     pub(crate) output: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) trigger: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) memory_peak: Option<u64>,
 }
 
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
@@ -1021,6 +1032,8 @@ impl From<&RunRecord> for RunData {
             decision_ms: run.decision_ms,
             output: run.output.clone(),
             trigger: run.trigger.map(TriggerId::get),
+            cpu_ms: run.cpu_ms,
+            memory_peak: run.memory_peak,
         }
     }
 }
@@ -1047,6 +1060,8 @@ pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> R
             decision_ms: r.decision_ms,
             output: r.output,
             trigger: r.trigger.and_then(TriggerId::from_stored),
+            cpu_ms: r.cpu_ms,
+            memory_peak: r.memory_peak,
         },
         Err(_) => RunRecord {
             job: job.to_string(),
@@ -1063,6 +1078,8 @@ pub(crate) fn run_from_json(job: &str, name: &str, data: &[u8], mtime: i64) -> R
             decision_ms: 0,
             output: String::new(),
             trigger: None,
+            cpu_ms: None,
+            memory_peak: None,
         },
     }
 }

@@ -473,6 +473,8 @@ struct UnitEnd {
     result: String,
     cpu_ns: Option<u64>,
     memory_peak: Option<u64>,
+    /// When systemd started the unit's main process (µs since the epoch).
+    started_us: Option<u64>,
 }
 
 #[async_trait::async_trait]
@@ -639,6 +641,14 @@ impl SystemdRunner {
             cpu_ms: end.as_ref().and_then(|e| e.cpu_ns).map(|ns| ns / 1_000_000),
             memory_peak: end.as_ref().and_then(|e| e.memory_peak),
         };
+        // When the command's process really started (history's LATE), not
+        // when the unit was asked for.
+        let started_at = end
+            .as_ref()
+            .and_then(|e| e.started_us)
+            .and_then(|us| i64::try_from(us).ok())
+            .and_then(chrono::DateTime::from_timestamp_micros)
+            .unwrap_or(started_at);
         Finished {
             outcome,
             exit_code: end.and_then(|e| e.exit_code),
@@ -691,6 +701,7 @@ impl SystemdRunner {
             result,
             cpu_ns: number(&service, "CPUUsageNSec"),
             memory_peak: number(&service, "MemoryPeak"),
+            started_us: number(&service, "ExecMainStartTimestamp").filter(|us| *us > 0),
         }
     }
 }

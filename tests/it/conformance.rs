@@ -334,11 +334,25 @@ pub async fn history_is_bounded_and_newest_first(h: &Harness) {
             decision_ms: 1,
             output: String::new(),
             trigger: None,
+            // What a unit used, on the runs that have it (issue 32).
+            cpu_ms: (fence != 4).then_some(fence * 1_000 + 7),
+            memory_peak: (fence == 5).then_some(5_000_000_000),
         };
         a.record_run(&run, 3).await.unwrap();
     }
     let runs = a.history(Some(&job("h")), 10).await.unwrap();
     assert_eq!(runs.iter().map(|r| r.fence).collect::<Vec<_>>(), [5, 4, 3]);
+    assert_eq!(
+        runs.iter()
+            .map(|r| (r.cpu_ms, r.memory_peak))
+            .collect::<Vec<_>>(),
+        [
+            (Some(5_007), Some(5_000_000_000)),
+            (None, None),
+            (Some(3_007), None)
+        ],
+        "accounting kept as recorded"
+    );
     assert_eq!(
         (runs[1].outcome.clone(), runs[1].exit_code),
         (Outcome::Failed, Some(3))
@@ -365,6 +379,8 @@ fn run_at(job: &str, fence: u64) -> RunRecord {
         decision_ms: 0,
         output: format!("run {fence}"),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     }
 }
 
@@ -590,6 +606,8 @@ pub async fn history_shows_rows_it_does_not_understand(h: &Harness) {
         decision_ms: 0,
         output: String::new(),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     };
     a.record_run(&ok, 100).await.unwrap();
     a.record_run(
@@ -911,6 +929,8 @@ fn run(name: &str, fence: u64) -> RunRecord {
         decision_ms: 1,
         output: String::new(),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     }
 }
 
@@ -1362,6 +1382,8 @@ fn finished(name: &str, owner: &str, fence: u64, at: DateTime<Utc>, outcome: Out
         decision_ms: 0,
         output: String::new(),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     }
 }
 

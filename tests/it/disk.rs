@@ -150,5 +150,7 @@ fn run(job: &str, fence: u64) -> cronlease::store::RunRecord {
         decision_ms: 0,
         output: String::new(),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     }
 }

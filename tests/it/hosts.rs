@@ -639,6 +639,8 @@ fn hardening() {
 #[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
 fn units() {
     const PASSWORD: &str = "Drill-Pa55-xyzzy";
+    // Hosts share this machine's network: a port of this test's own.
+    let port = 20_000 + std::process::id() % 10_000;
     let yearly = |name: &str, command: &str, extra: &str| {
         format!(
             "[[job]]\nname = \"{name}\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"{command}\"\n{extra}"
@@ -687,7 +689,8 @@ fn units() {
             "useradd -m ops && echo secret-note > /home/ops/note && chown ops:ops /home/ops/note && chmod 0600 /home/ops/note \
              && mkdir -p /srv/x /etc/cronlease-secrets && echo cred-token-42 > /etc/cronlease-secrets/tok && chmod 0600 /etc/cronlease-secrets/tok \
              && printf %s {PASSWORD} > /etc/cronlease/store.pass && chown root:cronlease /etc/cronlease/store.pass && chmod 0640 /etc/cronlease/store.pass \
-             && sed -i 's|^url = .*|&\\npassword_file = \"store.pass\"|' /etc/cronlease/cronlease.toml"
+             && sed -i 's|^url = .*|&\\npassword_file = \"store.pass\"|' /etc/cronlease/cronlease.toml \
+             && printf '[http]\\nlisten = \"127.0.0.1:{port}\"\\n' >> /etc/cronlease/cronlease.toml"
         ),
         "",
     );
@@ -743,6 +746,22 @@ fn units() {
         }
     }
     assert_eq!(must(&host, "cat /srv/x/yes", "").trim(), "a");
+    // What the unit used, in history and in the metrics.
+    let history = must(&host, "cronlease history python --json", "");
+    let history: serde_json::Value = serde_json::from_str(&history).unwrap();
+    let cpu = &history[0]["cpu_ms"];
+    assert!(cpu.is_u64(), "a unit's CPU time in history: {history}");
+    let metrics = must(
+        &host,
+        &format!(
+            "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:{port}/metrics\").read().decode())'"
+        ),
+        "",
+    );
+    assert!(
+        metrics.contains("cronlease_run_cpu_seconds_count{job=\"python\"} 1"),
+        "{metrics}"
+    );
     // The journal: the unit's own lines at their priority, by unit and by
     // identifier.
     let by_id = must(
@@ -786,6 +805,103 @@ fn units() {
     println!(
         "| job (systemd runner, as shipped) | outcome |\n|---|---|\n{}",
         table.join("\n")
+    );
+}
+
+/// Start lateness of many jobs due at one instant (issue 32): runs as
+/// systemd units against runs as the guard's processes (the floor), on one
+/// host as shipped, from what each job wrote when it started. Prints
+/// p50/p99/max per runner and the ratio. `CRONLEASE_LATENESS_JOBS` (100)
+/// and `CRONLEASE_LATENESS_INSTANTS` (4) size it. Measures, asserts
+/// nothing about time: `.ci/host-drills long`, or alone with
+/// `.ci/host-drills long -E 'test(=hosts::unit_start_lateness)'`.
+#[test]
+#[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
+fn unit_start_lateness() {
+    let var = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let n = var("CRONLEASE_LATENESS_JOBS", 100);
+    let instants = var("CRONLEASE_LATENESS_INSTANTS", 4);
+    let jobs: String = (0..n)
+        .map(|i| {
+            format!(
+                "[[job]]\nname = \"j{i:04}\"\nschedule = \"*/5 * * * * *\"\ncommand = \"echo $CRONLEASE_OCCURRENCE $(date +%s.%N) >> {{out}}\"\n"
+            )
+        })
+        .collect();
+    let fleet = Fleet::boot_n("hl", Backend::Redis, 1, &jobs);
+    let host = fleet.names[0].clone();
+    // Lateness of each start, by occurrence, from the lines written since
+    // `from` (a line count), the first instant left out (the daemon's
+    // start).
+    let measure = |from: usize| -> Vec<f64> {
+        let deadline = Instant::now() + Duration::from_secs(10 * instants as u64 + 30);
+        loop {
+            let text = std::fs::read_to_string(&fleet.out).unwrap_or_default();
+            let mut by_occ: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+            for l in text.lines().skip(from) {
+                let mut f = l.split_whitespace();
+                let (Some(occ), Some(t)) = (f.next(), f.next().and_then(|t| t.parse::<f64>().ok()))
+                else {
+                    continue;
+                };
+                let Ok(at) = DateTime::parse_from_rfc3339(occ) else {
+                    continue;
+                };
+                let at = at.timestamp_millis() as f64 / 1000.0;
+                by_occ
+                    .entry(occ.to_string())
+                    .or_default()
+                    .push((t - at) * 1000.0);
+            }
+            let complete: Vec<&Vec<f64>> =
+                by_occ.values().skip(1).filter(|v| v.len() == n).collect();
+            if complete.len() >= instants {
+                return complete
+                    .into_iter()
+                    .take(instants)
+                    .flatten()
+                    .copied()
+                    .collect();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{instants} complete instants of {n} jobs\n{}",
+                fleet.journals()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let journal = must(&host, "journalctl -u cronlease --no-pager", "");
+    assert!(
+        journal.contains("runs start as transient systemd units"),
+        "{journal}"
+    );
+    let units = measure(0);
+    let lines = std::fs::read_to_string(&fleet.out)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    must(
+        &host,
+        "sed -i 's/^\\[jobs\\]$/[jobs]\\nrunner = \"process\"/' /etc/cronlease/cronlease.toml && systemctl restart cronlease",
+        "",
+    );
+    let processes = measure(lines);
+    let (u50, u99, umax) = percentiles(units);
+    let (p50, p99, pmax) = percentiles(processes);
+    println!(
+        "| runner | jobs at one instant | instants | start late p50 | p99 | max |\n|---|---|---|---|---|---|\n\
+         | systemd (transient units) | {n} | {instants} | {u50:.1} ms | {u99:.1} ms | {umax:.1} ms |\n\
+         | process (the guard's, the floor) | {n} | {instants} | {p50:.1} ms | {p99:.1} ms | {pmax:.1} ms |\n\
+         | ratio | | | {:.1}x | {:.1}x | {:.1}x |",
+        u50 / p50,
+        u99 / p99,
+        umax / pmax
     );
 }
 

@@ -86,6 +86,8 @@ async fn version_1_duplicates_are_removed(backend: Backend) {
         decision_ms: 2,
         output: String::new(),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     };
     s.record_run(&run, 100).await.unwrap();
     s.record_run(&run, 100).await.unwrap();

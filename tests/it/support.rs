@@ -339,6 +339,8 @@ impl Harness {
                 decision_ms: 0,
                 output: String::new(),
                 trigger: None,
+                cpu_ms: None,
+                memory_peak: None,
             });
             return;
         }

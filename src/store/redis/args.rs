@@ -171,6 +171,12 @@ pub(super) fn record_args(
         if !run.output.is_empty() {
             fields.extend(["output".to_string(), run.output.clone()]);
         }
+        if let Some(ms) = run.cpu_ms {
+            fields.extend(["cpu_ms".to_string(), ms.to_string()]);
+        }
+        if let Some(bytes) = run.memory_peak {
+            fields.extend(["memory_peak".to_string(), bytes.to_string()]);
+        }
         if let Some(id) = run.trigger {
             fields.extend(["trigger".to_string(), id.get().to_string()]);
         }

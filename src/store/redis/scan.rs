@@ -170,6 +170,8 @@ pub(super) fn run_from_fields(f: &HashMap<String, String>) -> Option<RunRecord> 
         decision_ms: int("decision_ms").unwrap_or(0).max(0) as u64,
         output: f.get("output").cloned().unwrap_or_default(),
         trigger: int("trigger").and_then(TriggerId::from_stored),
+        cpu_ms: f.get("cpu_ms").and_then(|v| v.parse().ok()),
+        memory_peak: f.get("memory_peak").and_then(|v| v.parse().ok()),
     })
 }
 
@@ -199,6 +201,8 @@ pub(super) fn malformed_run(job: &str, id: &str, f: &HashMap<String, String>) ->
         decision_ms: 0,
         output: String::new(),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     }
 }
 

@@ -11,12 +11,12 @@ pub(super) struct Queries {
     pub(super) history_job: SqlStr,
 }
 
-pub(super) const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output, trigger_id";
+pub(super) const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output, trigger_id, cpu_ms, memory_peak";
 
 pub(super) const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at, running, trigger_id, last_trigger";
 
 /// Rows per multi-row statement: far below every database's bind limit
-/// (SQLite 32766, MySQL and PostgreSQL 65535) at 13 columns.
+/// (SQLite 32766, MySQL and PostgreSQL 65535) at 16 columns.
 pub(super) const CHUNK: usize = 500;
 
 /// Output tails per history insert, in bytes: a statement stays below
@@ -165,7 +165,7 @@ impl BatchSql<'_> {
             self.d.insert_ignore,
             self.d.ignore_conflict.replace("{key}", "job, fence"),
             p = self.p,
-            rows = tuples(n, 14)
+            rows = tuples(n, 16)
         )
     }
 

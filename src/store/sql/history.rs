@@ -21,6 +21,12 @@ pub(crate) fn run_from_row(r: &AnyRow) -> Result<RunRecord, sqlx::Error> {
         trigger: r
             .try_get::<Option<i64>, _>(13)?
             .and_then(TriggerId::from_stored),
+        cpu_ms: r
+            .try_get::<Option<i64>, _>(14)?
+            .and_then(|v| u64::try_from(v).ok()),
+        memory_peak: r
+            .try_get::<Option<i64>, _>(15)?
+            .and_then(|v| u64::try_from(v).ok()),
     })
 }
 
@@ -129,7 +135,9 @@ impl SqlStore {
                     .bind(run.delay_ms as i64)
                     .bind(run.decision_ms as i64)
                     .bind((!run.output.is_empty()).then(|| run.output.clone()))
-                    .bind(run.trigger.map(TriggerId::get));
+                    .bind(run.trigger.map(TriggerId::get))
+                    .bind(run.cpu_ms.and_then(|v| i64::try_from(v).ok()))
+                    .bind(run.memory_peak.and_then(|v| i64::try_from(v).ok()));
             }
             query.execute(&mut *conn).await?;
         }

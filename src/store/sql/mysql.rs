@@ -40,6 +40,7 @@ pub static DIALECT: Dialect = Dialect {
             9,
             include_str!("../../../migrations/mysql/0009_definitions.sql"),
         ),
+        (10, include_str!("../../../migrations/mysql/0010_usage.sql")),
     ],
 };
 

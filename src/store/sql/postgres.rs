@@ -56,6 +56,10 @@ pub static DIALECT: Dialect = Dialect {
             9,
             include_str!("../../../migrations/postgres/0009_definitions.sql"),
         ),
+        (
+            10,
+            include_str!("../../../migrations/postgres/0010_usage.sql"),
+        ),
     ],
 };
 

@@ -66,6 +66,10 @@ pub static DIALECT: Dialect = Dialect {
             9,
             include_str!("../../../migrations/sqlite/0009_definitions.sql"),
         ),
+        (
+            10,
+            include_str!("../../../migrations/sqlite/0010_usage.sql"),
+        ),
     ],
 };
 

@@ -1,0 +1,5 @@
+-- cronlease schema v10 for postgres: what a run used (docs/protocol.md, "History"):
+-- CPU time in milliseconds and peak memory in bytes, read back from a run's
+-- systemd unit (jobs.runner); NULL where the runner could not tell.
+ALTER TABLE {prefix}job_runs ADD COLUMN IF NOT EXISTS cpu_ms BIGINT NULL;
+ALTER TABLE {prefix}job_runs ADD COLUMN IF NOT EXISTS memory_peak BIGINT NULL;
