@@ -42,6 +42,8 @@ fn run(job: &str, fence: u64) -> RunRecord {
         decision_ms: 0,
         output: String::new(),
         trigger: None,
+        cpu_ms: None,
+        memory_peak: None,
     }
 }
 
