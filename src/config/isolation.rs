@@ -389,3 +389,68 @@ fn credential(
     }
     Some((name.clone(), base.join(v.get_ref())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jobs_sandbox_goes_over_the_defaults() {
+        let iso = Isolation {
+            sandbox: BTreeMap::from([
+                ("NoNewPrivileges", SandboxValue::Bool(false)),
+                ("ProtectSystem", SandboxValue::Word("strict".into())),
+                ("ReadWritePaths", SandboxValue::Paths(vec!["/srv/x".into()])),
+            ]),
+            ..Isolation::default()
+        };
+        let all = iso.sandbox();
+        assert_eq!(all["NoNewPrivileges"], SandboxValue::Bool(false));
+        assert_eq!(all["ProtectSystem"], SandboxValue::Word("strict".into()));
+        assert_eq!(
+            all["PrivateTmp"],
+            SandboxValue::Bool(true),
+            "a default kept"
+        );
+        assert_eq!(
+            all["ReadWritePaths"],
+            SandboxValue::Paths(vec!["/srv/x".into()])
+        );
+        assert_eq!(all.len(), SANDBOX_DEFAULTS.len() + 1);
+        assert!(
+            SANDBOX_DEFAULTS
+                .iter()
+                .all(|(k, _)| SANDBOX_KEYS.iter().any(|(n, _)| n == k)),
+            "every default is on the allow-list"
+        );
+    }
+
+    #[test]
+    fn what_each_runner_cannot_enforce() {
+        let iso = Isolation {
+            limits: Limits {
+                memory_max: Some(1 << 30),
+                tasks_max: Some(8),
+                nice: Some(5),
+                open_files: Some(100),
+                ..Limits::default()
+            },
+            sandbox: BTreeMap::from([("PrivateTmp", SandboxValue::Bool(false))]),
+            credentials: BTreeMap::from([("db".to_string(), PathBuf::from("/etc/x"))]),
+        };
+        assert_eq!(
+            iso.unenforced(RunnerKind::Process, &[]),
+            [
+                "limits.memory_max",
+                "limits.tasks_max",
+                "sandbox.PrivateTmp",
+                "credentials.db"
+            ]
+        );
+        assert!(iso.unenforced(RunnerKind::Systemd, &[]).is_empty());
+        assert_eq!(
+            iso.unenforced(RunnerKind::Systemd, &["memory", "cpu"]),
+            ["limits.memory_max"]
+        );
+    }
+}

@@ -947,3 +947,99 @@ async fn may_manage_units(conn: &zbus::Connection) -> Result<(), String> {
         ))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::config::Limits;
+
+    #[test]
+    fn unit_names_and_their_object_paths() {
+        assert_eq!(
+            unit_name("backup.db", 42, true),
+            "cronlease-backup.db-42.service"
+        );
+        assert_eq!(
+            unit_name("a_b", 7, false),
+            "cronlease-a_b-7-on-failure.service"
+        );
+        // systemd's escaping: every byte but [A-Za-z0-9] as _xx.
+        assert_eq!(
+            unit_path("cronlease-a_b.c-7.service"),
+            "/org/freedesktop/systemd1/unit/cronlease_2da_5fb_2ec_2d7_2eservice"
+        );
+    }
+
+    #[test]
+    fn limits_become_unit_properties() {
+        let iso = Isolation {
+            limits: Limits {
+                memory_max: Some(64 << 20),
+                cpu_quota: Some(150),
+                tasks_max: Some(16),
+                io_weight: Some(10),
+                cpu_weight: Some(20),
+                nice: Some(-3),
+                open_files: Some(333),
+            },
+            ..Isolation::default()
+        };
+        let mut p = Vec::new();
+        limits(&iso, &mut p);
+        let got: BTreeMap<&str, String> = p.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        let want = [
+            ("MemoryMax", "uint64 67108864"),
+            ("MemorySwapMax", "uint64 0"),
+            ("CPUQuotaPerSecUSec", "uint64 1500000"),
+            ("TasksMax", "uint64 16"),
+            ("IOWeight", "uint64 10"),
+            ("CPUWeight", "uint64 20"),
+            ("Nice", "-3"),
+            ("LimitNOFILE", "uint64 333"),
+            ("LimitNOFILESoft", "uint64 333"),
+        ];
+        for (k, v) in want {
+            assert_eq!(got.get(k).map(String::as_str), Some(v), "{k}: {got:?}");
+        }
+        let mut none = Vec::new();
+        limits(&Isolation::default(), &mut none);
+        assert!(none.is_empty(), "no limit, no property: {none:?}");
+    }
+
+    use std::collections::BTreeMap;
+
+    fn end(result: &str, exit_code: Option<i32>) -> UnitEnd {
+        UnitEnd {
+            exit_code,
+            success: false,
+            result: result.into(),
+            cpu_ns: None,
+            memory_peak: None,
+            started_us: None,
+        }
+    }
+
+    #[test]
+    fn a_run_systemd_ended_says_why() {
+        let iso = Isolation {
+            limits: Limits {
+                memory_max: Some(64 << 20),
+                ..Limits::default()
+            },
+            ..Isolation::default()
+        };
+        let oom = reason_line(&end("oom-kill", Some(137)), &iso).unwrap();
+        assert!(
+            oom.contains("out of memory (limits.memory_max = 67108864 bytes)"),
+            "{oom}"
+        );
+        let creds = reason_line(&end("exit-code", Some(243)), &iso).unwrap();
+        assert!(creds.contains("credentials"), "{creds}");
+        let user = reason_line(&end("exit-code", Some(217)), &iso).unwrap();
+        assert!(user.contains("(user)"), "{user}");
+        assert_eq!(reason_line(&end("exit-code", Some(3)), &iso), None);
+        assert_eq!(reason_line(&end("success", Some(0)), &iso), None);
+        assert_eq!(reason_line(&end("signal", Some(143)), &iso), None);
+    }
+}

@@ -672,8 +672,8 @@ fn units() {
         yearly("peek_root", peek, "user = \"root\"\n"),
         yearly(
             "limited",
-            "echo limited",
-            "[job.limits]\nmemory_max = \"64M\"\ntasks_max = 16\nnice = 5\n",
+            "systemctl show cronlease-$CRONLEASE_JOB-$CRONLEASE_FENCE.service -p MemoryMax -p TasksMax -p Nice -p LimitNOFILE -p CPUQuotaPerSecUSec; echo nice=$(nice)",
+            "[job.limits]\nmemory_max = \"64M\"\ntasks_max = 16\nnice = 5\nopen_files = 333\ncpu_quota = \"50%\"\n",
         ),
     ]
     .concat();
@@ -724,7 +724,7 @@ fn units() {
         ("cred", true, "cred-token-42"),
         ("peek", true, "cronlease"),
         ("peek_root", true, "root"),
-        ("limited", true, "limited"),
+        ("limited", true, "MemoryMax=67108864"),
     ] {
         let (ok, logs) = run(job);
         table.push(format!("| {job} | {} |", if ok { "ok" } else { "failed" }));
@@ -746,6 +746,19 @@ fn units() {
         }
     }
     assert_eq!(must(&host, "cat /srv/x/yes", "").trim(), "a");
+    // The limits are the unit's (systemd and the kernel enforce them where
+    // the host's cgroups have the controllers; these hosts' do not).
+    let limited = must(&host, "cronlease logs limited", "");
+    for want in [
+        "MemoryMax=67108864",
+        "TasksMax=16",
+        "Nice=5",
+        "LimitNOFILE=333",
+        "CPUQuotaPerSecUSec=500ms",
+        "nice=5",
+    ] {
+        assert!(limited.contains(want), "{want}:\n{limited}");
+    }
     // What the unit used, in history and in the metrics.
     let history = must(&host, "cronlease history python --json", "");
     let history: serde_json::Value = serde_json::from_str(&history).unwrap();
@@ -804,6 +817,200 @@ fn units() {
     assert_eq!(dropins.trim(), "drill.conf", "{dropins}");
     println!(
         "| job (systemd runner, as shipped) | outcome |\n|---|---|\n{}",
+        table.join("\n")
+    );
+}
+
+/// The conformance of runs (tests/it/jobs.rs on this machine's process
+/// runner) for runs as systemd units: outcomes and exit codes, argv and
+/// the environment, `working_dir`, a timeout's SIGTERM and `kill_grace`'s
+/// SIGKILL, `overlap = "skip"`, the output tail's bound, and the store's
+/// password scrubbed from it.
+#[test]
+#[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
+fn unit_runs() {
+    const PASSWORD: &str = "Drill-Pa55-runs-42";
+    let job = |name: &str, schedule: &str, command: &str, extra: &str| {
+        format!(
+            "[[job]]\nname = \"{name}\"\nschedule = \"{schedule}\"\ncommand = {command}\n{extra}"
+        )
+    };
+    let yearly = "0 0 0 1 1 *";
+    let jobs = [
+        job("ok", yearly, "\"echo fine\"", ""),
+        job("fails", yearly, "\"echo bad >&2; exit 3\"", ""),
+        job("argv", yearly, "[\"printf\", \"%s|\", \"a b\", \"c\"]", ""),
+        job(
+            "env",
+            yearly,
+            "\"echo $GREETING $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_OCCURRENCE; pwd\"",
+            "env = { GREETING = \"hi\" }\nworking_dir = \"/srv\"\n",
+        ),
+        job(
+            "polite",
+            yearly,
+            "\"trap 'echo terminated; exit 0' TERM; sleep 20 & wait\"",
+            "timeout = \"1s\"\n",
+        ),
+        job(
+            "stubborn",
+            yearly,
+            "\"trap '' TERM; sleep 20\"",
+            "timeout = \"1s\"\nkill_grace = \"1s\"\n",
+        ),
+        job("overlap", "* * * * * *", "\"sleep 2.5\"", ""),
+        job(
+            "tail",
+            yearly,
+            "\"seq 1 1000\"",
+            "output_tail = \"64B\"\n",
+        ),
+        job("scrub", yearly, &format!("\"echo the password is {PASSWORD}.\""), ""),
+    ]
+    .concat();
+    let fleet = Fleet::boot_n(
+        "hz",
+        Backend::Postgres,
+        1,
+        &job("ok", yearly, "\"true\"", ""),
+    );
+    let host = fleet.names[0].clone();
+    must(
+        &host,
+        &format!(
+            "printf %s {PASSWORD} > /etc/cronlease/store.pass && chown root:cronlease /etc/cronlease/store.pass && chmod 0640 /etc/cronlease/store.pass \
+             && sed -i 's|^url = .*|&\\npassword_file = \"store.pass\"|' /etc/cronlease/cronlease.toml"
+        ),
+        "",
+    );
+    must(&host, "cat > /etc/cronlease/jobs.d/drill.toml", &jobs);
+    must(&host, "systemctl restart cronlease", "");
+    fleet.wait_active(&host);
+    let history = |job: &str| -> Vec<serde_json::Value> {
+        let out = must(
+            &host,
+            &format!("cronlease history {job} --json --limit 50"),
+            "",
+        );
+        serde_json::from_str::<serde_json::Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let took = |r: &serde_json::Value| {
+        let t = |k: &str| DateTime::parse_from_rfc3339(r[k].as_str().unwrap()).unwrap();
+        (t("finished_at") - t("started_at")).num_milliseconds()
+    };
+    let trigger = |job: &str| {
+        let _ = sh(&host, &format!("cronlease trigger {job} --wait"), "");
+        history(job).remove(0)
+    };
+    let mut table = Vec::new();
+    let mut row = |what: &str, r: &serde_json::Value| {
+        table.push(format!(
+            "| {what} | {} | {} | {} ms |",
+            r["outcome"],
+            r["exit_code"],
+            took(r)
+        ));
+    };
+    let r = trigger("ok");
+    row("ok", &r);
+    assert_eq!(
+        (r["outcome"].as_str(), r["exit_code"].as_i64()),
+        (Some("ok"), Some(0)),
+        "{r}"
+    );
+    assert!(r["output"].as_str().unwrap().contains("fine"), "{r}");
+    let r = trigger("fails");
+    row("exit 3", &r);
+    assert_eq!(
+        (r["outcome"].as_str(), r["exit_code"].as_i64()),
+        (Some("failed"), Some(3)),
+        "{r}"
+    );
+    assert!(r["output"].as_str().unwrap().contains("bad"), "{r}");
+    let r = trigger("argv");
+    row("argv", &r);
+    assert_eq!(r["output"].as_str().unwrap().trim(), "a b|c|", "{r}");
+    let r = trigger("env");
+    row("env, working_dir", &r);
+    let out = r["output"].as_str().unwrap();
+    let fence = r["fence"].as_u64().unwrap();
+    assert!(out.contains(&format!("hi env {fence} {host} 20")), "{r}");
+    assert!(out.contains("\n/srv"), "{r}");
+    let r = trigger("polite");
+    row("timeout, SIGTERM obeyed", &r);
+    assert_eq!(r["outcome"], "timeout", "{r}");
+    assert!(r["output"].as_str().unwrap().contains("terminated"), "{r}");
+    assert!((900..1900).contains(&took(&r)), "ended by SIGTERM: {r}");
+    let r = trigger("stubborn");
+    row("timeout, SIGTERM ignored", &r);
+    assert_eq!(
+        (r["outcome"].as_str(), r["exit_code"].as_i64()),
+        (Some("timeout"), Some(137)),
+        "{r}"
+    );
+    assert!(
+        (1900..4000).contains(&took(&r)),
+        "SIGKILL after kill_grace: {r}"
+    );
+    let r = trigger("tail");
+    row("output_tail 64B", &r);
+    let out = r["output"].as_str().unwrap();
+    assert!(out.len() <= 64 && out.ends_with("1000\n"), "{out:?}");
+    let r = trigger("scrub");
+    row("the store's password printed", &r);
+    let out = r["output"].as_str().unwrap();
+    assert!(
+        out.contains("the password is ***.") && !out.contains(PASSWORD),
+        "{out:?}"
+    );
+    let journal = must(&host, "journalctl -u cronlease --no-pager", "");
+    assert!(
+        !journal.contains(PASSWORD),
+        "the daemon's log has no password"
+    );
+    // Overlap: a run of 2.5 s every second; the occurrences due meanwhile
+    // are skipped, and no two runs overlap.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let h = history("overlap");
+        let done = h.iter().filter(|r| r["outcome"] == "ok").count();
+        if done >= 3 {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "3 runs of overlap: {h:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mut ran: Vec<(i64, i64)> = runs
+        .iter()
+        .filter(|r| r["outcome"] == "ok")
+        .map(|r| {
+            let t = |k: &str| {
+                DateTime::parse_from_rfc3339(r[k].as_str().unwrap())
+                    .unwrap()
+                    .timestamp_millis()
+            };
+            (t("started_at"), t("finished_at"))
+        })
+        .collect();
+    ran.sort_unstable();
+    for w in ran.windows(2) {
+        assert!(w[0].1 <= w[1].0, "two runs at once: {ran:?}");
+    }
+    let skipped = runs.iter().filter(|r| r["outcome"] == "skipped").count();
+    assert!(
+        skipped >= 2,
+        "occurrences due during a run are skipped: {runs:?}"
+    );
+    table.push(format!(
+        "| overlap = \"skip\" | {} runs, {skipped} skipped, none at once | | |",
+        ran.len()
+    ));
+    println!(
+        "| run (systemd runner) | outcome | exit code | took |\n|---|---|---|---|\n{}",
         table.join("\n")
     );
 }
