@@ -199,13 +199,14 @@ impl SystemdRunner {
         }
     }
 
-    /// The properties of the unit for `spec`, with its stdout and stderr.
+    /// The properties of the unit for `spec`, with its stdout and stderr,
+    /// and as its stdin the pipe `__unit-run` says it started the command
+    /// on ([`tee`]).
     fn properties_of(
         &self,
         spec: &RunSpec<'_>,
         launch: &Launch,
-        out: OwnedFd,
-        err: OwnedFd,
+        [started, out, err]: [OwnedFd; 3],
     ) -> Result<Vec<(&'static str, Value<'static>)>, String> {
         let job = spec.job;
         let program = launch.program_path()?.to_string_lossy().into_owned();
@@ -246,7 +247,7 @@ impl SystemdRunner {
                 Value::from(vec![(self.exe.clone(), argv, false)]),
             ),
             ("Environment", Value::from(env)),
-            ("StandardInput", Value::from("null")),
+            ("StandardInputFileDescriptor", Value::Fd(started.into())),
             ("StandardOutputFileDescriptor", Value::Fd(out.into())),
             ("StandardErrorFileDescriptor", Value::Fd(err.into())),
             (
@@ -537,12 +538,17 @@ impl SystemdRunner {
                 usage: Default::default(),
             }
         };
-        let pipes = crate::exec::output_pipes();
-        let ((out_r, out_w), (err_r, err_w)) = match pipes {
+        let pipes = crate::exec::output_pipes().and_then(|p| {
+            let (r, w) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                    .map_err(|e| format!("cannot open a pipe: {e}"))?;
+            Ok((p, (r, w)))
+        });
+        let (((out_r, out_w), (err_r, err_w)), (started_r, started_w)) = match pipes {
             Ok(p) => p,
             Err(e) => return not_started(e, &spec),
         };
-        let properties = match self.properties_of(&spec, &launch, out_w, err_w) {
+        let properties = match self.properties_of(&spec, &launch, [started_w, out_w, err_w]) {
             Ok(p) => p,
             Err(e) => return not_started(e, &spec),
         };
@@ -621,11 +627,24 @@ impl SystemdRunner {
             g.forget_unit(unit).await;
         }
         let mut output = collector.finish(&spec).await;
+        // `__unit-run` wrote a byte once it had started the command: without
+        // it systemd could not set the unit up (its user, working
+        // directory, credentials, namespaces), and the command never ran.
+        let mut byte = [0u8; 1];
+        let command_ran = matches!(nix::unistd::read(&started_r, &mut byte), Ok(1));
+        let setup_failed = outcome.is_none() && !command_ran && end.is_some();
         let outcome = outcome.unwrap_or(match &end {
+            _ if setup_failed => crate::store::Outcome::NotStarted,
             Some(e) if e.success => crate::store::Outcome::Ok,
             _ => crate::store::Outcome::Failed,
         });
-        let why = end.as_ref().and_then(|e| reason_line(e, &job.isolation));
+        let why = end.as_ref().and_then(|e| {
+            if setup_failed {
+                Some(setup_failure(e))
+            } else {
+                reason_line(e, &job.isolation)
+            }
+        });
         let hint = (outcome != crate::store::Outcome::Ok)
             .then(|| crate::hints::unit_sandbox_hint(&output).map(str::to_string))
             .flatten();
@@ -651,7 +670,7 @@ impl SystemdRunner {
             .unwrap_or(started_at);
         Finished {
             outcome,
-            exit_code: end.and_then(|e| e.exit_code),
+            exit_code: end.and_then(|e| e.exit_code).filter(|_| !setup_failed),
             started_at,
             finished_at: spec.clock.now(),
             output,
@@ -711,29 +730,32 @@ impl SystemdRunner {
 fn reason_line(end: &UnitEnd, iso: &Isolation) -> Option<String> {
     match end.result.as_str() {
         "oom-kill" => Some(match iso.limits.memory_max {
-            Some(m) => format!("cronlease: the run was killed: out of memory (limits.memory_max = {m} bytes)"),
+            Some(m) => format!(
+                "cronlease: the run was killed: out of memory (limits.memory_max = {m} bytes)"
+            ),
             None => "cronlease: the run was killed: out of memory".to_string(),
         }),
-        "resources" => Some("cronlease: systemd could not set the run up (resources): see journalctl -u for the unit".to_string()),
-        // systemd's own exit codes for a unit it could not set up
-        // (systemd.exec(5)); a command's own code could be the same.
-        "exit-code" => {
-            let what = match end.exit_code? {
-                200 => "the working directory (working_dir)",
-                203 => "executing the command",
-                216 => "the group (group)",
-                217 => "the user (user)",
-                226 => "the sandbox's namespaces ([job.sandbox])",
-                243 => "the credentials (credentials: a file missing or unreadable?)",
-                _ => return None,
-            };
-            Some(format!(
-                "cronlease: exit code {}: systemd's code for a unit it could not set up: {what}; see journalctl -u for the unit",
-                end.exit_code.unwrap_or_default()
-            ))
-        }
         _ => None,
     }
+}
+
+/// The line a run's output ends with when systemd could not set its unit
+/// up: its exit code (systemd.exec(5)) and what it stands for.
+fn setup_failure(end: &UnitEnd) -> String {
+    let code = end.exit_code.unwrap_or_default();
+    let what = match code {
+        200 => "changing to the working directory (working_dir)",
+        203 => "executing the command",
+        216 => "the group (group)",
+        217 => "the user (user)",
+        226 => "the sandbox's namespaces ([job.sandbox])",
+        243 => "the credentials (credentials: a file missing or unreadable?)",
+        _ => "setting the unit up",
+    };
+    format!(
+        "cronlease: the command did not start: systemd failed at {what} (result {}, exit code {code}); see journalctl -u for the unit",
+        end.result
+    )
 }
 
 /// For the job guard of a daemon that died: SIGKILLs every process of
@@ -1034,9 +1056,12 @@ mod tests {
             oom.contains("out of memory (limits.memory_max = 67108864 bytes)"),
             "{oom}"
         );
-        let creds = reason_line(&end("exit-code", Some(243)), &iso).unwrap();
-        assert!(creds.contains("credentials"), "{creds}");
-        let user = reason_line(&end("exit-code", Some(217)), &iso).unwrap();
+        let creds = setup_failure(&end("exit-code", Some(243)));
+        assert!(
+            creds.contains("credentials") && creds.contains("did not start"),
+            "{creds}"
+        );
+        let user = setup_failure(&end("exit-code", Some(217)));
         assert!(user.contains("(user)"), "{user}");
         assert_eq!(reason_line(&end("exit-code", Some(3)), &iso), None);
         assert_eq!(reason_line(&end("success", Some(0)), &iso), None);

@@ -7,7 +7,9 @@
 //! scrubbing, the daemon's log). It exits as the command did: its exit
 //! code, or killed by the same signal, so systemd records the command's
 //! end. Signals to the unit reach every process of it (`KillUnit` "all");
-//! this one only notes them and waits for the command.
+//! this one only notes them and waits for the command. Its stdin is a pipe
+//! from the daemon: one byte written there once the command started tells
+//! a run that failed from a unit systemd could not set up (`not_started`).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -75,7 +77,10 @@ pub fn unit_run(identifier: &str, arg0: Option<&str>, command: &[OsString]) -> E
         return fail("command", &"empty");
     };
     let mut cmd = Command::new(program);
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if let Some(arg0) = arg0 {
         std::os::unix::process::CommandExt::arg0(&mut cmd, arg0);
     }
@@ -83,6 +88,9 @@ pub fn unit_run(identifier: &str, arg0: Option<&str>, command: &[OsString]) -> E
         Ok(c) => c,
         Err(e) => return fail(&format!("{}", program.to_string_lossy()), &e),
     };
+    // The command runs: one byte on stdin, a pipe from the daemon (the
+    // command's own stdin is /dev/null), says so.
+    let _ = nix::unistd::write(std::io::stdin(), b"s");
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let mut copies = 0;
     if let Some(out) = child.stdout.take() {

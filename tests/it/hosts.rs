@@ -866,6 +866,7 @@ fn unit_runs() {
             "output_tail = \"64B\"\n",
         ),
         job("scrub", yearly, &format!("\"echo the password is {PASSWORD}.\""), ""),
+        job("nodir", yearly, "\"true\"", "working_dir = \"/nonexistent\"\n"),
     ]
     .concat();
     let fleet = Fleet::boot_n(
@@ -971,6 +972,17 @@ fn unit_runs() {
     assert!(
         !journal.contains(PASSWORD),
         "the daemon's log has no password"
+    );
+    let r = trigger("nodir");
+    row("working_dir missing", &r);
+    assert_eq!(
+        (r["outcome"].as_str(), r["exit_code"].as_i64()),
+        (Some("not_started"), None),
+        "{r}"
+    );
+    assert!(
+        r["output"].as_str().unwrap().contains("working directory"),
+        "{r}"
     );
     // Overlap: a run of 2.5 s every second; the occurrences due meanwhile
     // are skipped, and no two runs overlap.
