@@ -227,6 +227,7 @@ impl Launch {
 
     /// The command of a run started as a systemd unit: systemd takes the
     /// user (and sets USER, LOGNAME, HOME), the limits and the priority.
+    #[cfg(feature = "systemd")]
     pub(crate) fn for_unit(spec: &RunSpec<'_>) -> Launch {
         let mut argv = command_argv(spec).into_iter();
         Launch {
