@@ -71,7 +71,9 @@ pub fn warn_unenforced(jobs: &[Job], runner: &dyn Runner) {
         }
         let missing = job.isolation.unenforced(runner.kind(), &lacking);
         if missing.is_empty() {
-        } else if runner.kind() == crate::config::RunnerKind::Process {
+            continue;
+        }
+        if process {
             tracing::warn!(
                 job = %job.name,
                 "runs start as processes (jobs.runner): not enforced for this job: {} (they need the systemd runner)",
@@ -112,6 +114,24 @@ pub enum StopReason {
     LeaseLost { grace: Duration },
     /// The daemon is shutting down and the grace period is over.
     Shutdown,
+}
+
+impl StopReason {
+    /// The outcome of a run of `job` stopped for this reason, and how long
+    /// its SIGTERM may take before SIGKILL; said in a WARN. Both runners
+    /// stop their runs this way.
+    pub(crate) fn outcome_and_grace(self, job: &Job, fence: u64) -> (Outcome, Duration) {
+        match self {
+            StopReason::LeaseLost { grace } => {
+                tracing::warn!(job = %job.name, fence, "lease lost: stopping the run (SIGKILL in {grace:?})");
+                (Outcome::LeaseLost, grace.min(job.kill_grace))
+            }
+            StopReason::Shutdown => {
+                tracing::warn!(job = %job.name, fence, "shutdown grace over: stopping the run");
+                (Outcome::Killed, job.kill_grace)
+            }
+        }
+    }
 }
 
 /// How a run went.
@@ -403,16 +423,7 @@ pub async fn run(
             (Some(Outcome::Timeout), terminate(exit, pgid, job.kill_grace).await)
         }
         reason = stop => {
-            let (outcome, grace) = match reason {
-                StopReason::LeaseLost { grace } => {
-                    tracing::warn!(job = %job.name, fence, "lease lost: stopping the run (SIGKILL in {grace:?})");
-                    (Outcome::LeaseLost, grace.min(job.kill_grace))
-                }
-                StopReason::Shutdown => {
-                    tracing::warn!(job = %job.name, fence, "shutdown grace over: stopping the run");
-                    (Outcome::Killed, job.kill_grace)
-                }
-            };
+            let (outcome, grace) = reason.outcome_and_grace(job, fence);
             (Some(outcome), terminate(exit, pgid, grace).await)
         }
     };

@@ -273,24 +273,23 @@ impl SystemdRunner {
     /// The job's sandbox over the defaults, the daemon's secrets always
     /// inaccessible.
     fn sandbox(&self, iso: &Isolation, p: &mut Vec<(&'static str, Value<'static>)>) {
-        let mut hidden_done = false;
-        for (name, value) in iso.sandbox() {
+        let mut sandbox = iso.sandbox();
+        if !self.hidden.is_empty() {
+            let hidden = sandbox
+                .entry("InaccessiblePaths")
+                .or_insert_with(|| SandboxValue::Paths(Vec::new()));
+            if let SandboxValue::Paths(paths) = hidden {
+                paths.extend(self.hidden.iter().cloned());
+            }
+        }
+        p.extend(sandbox.into_iter().map(|(name, value)| {
             let value = match value {
                 SandboxValue::Bool(b) => Value::from(b),
                 SandboxValue::Word(w) => Value::from(w),
-                SandboxValue::Paths(mut paths) => {
-                    if name == "InaccessiblePaths" {
-                        paths.extend(self.hidden.iter().cloned());
-                        hidden_done = true;
-                    }
-                    Value::from(paths)
-                }
+                SandboxValue::Paths(paths) => Value::from(paths),
             };
-            p.push((name, value));
-        }
-        if !hidden_done && !self.hidden.is_empty() {
-            p.push(("InaccessiblePaths", Value::from(self.hidden.clone())));
-        }
+            (name, value)
+        }));
     }
 
     /// Waits until the unit at `path` has ended: not active and no job
@@ -299,7 +298,7 @@ impl SystemdRunner {
         &self,
         path: &str,
         changes: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
-    ) -> Result<HashMap<String, OwnedValue>, String> {
+    ) -> Result<(), String> {
         loop {
             let unit = self
                 .properties(path, UNIT)
@@ -311,7 +310,7 @@ impl SystemdRunner {
                 .and_then(|v| <(u32, OwnedObjectPath)>::try_from(v.clone()).ok())
                 .is_some_and(|(id, _)| id != 0);
             if matches!(state.as_deref(), Some("inactive" | "failed")) && !job_pending {
-                return Ok(unit);
+                return Ok(());
             }
             if changes.recv().await.is_none() {
                 return Err("the system bus connection ended".into());
@@ -571,21 +570,12 @@ impl SystemdRunner {
                 (Some(crate::store::Outcome::Timeout), self.terminate(unit, &mut ended, job.kill_grace).await)
             }
             reason = stop => {
-                let (outcome, grace) = match reason {
-                    StopReason::LeaseLost { grace } => {
-                        tracing::warn!(job = %job.name, fence, unit, "lease lost: stopping the unit (SIGKILL in {grace:?})");
-                        (crate::store::Outcome::LeaseLost, grace.min(job.kill_grace))
-                    }
-                    StopReason::Shutdown => {
-                        tracing::warn!(job = %job.name, fence, unit, "shutdown grace over: stopping the unit");
-                        (crate::store::Outcome::Killed, job.kill_grace)
-                    }
-                };
+                let (outcome, grace) = reason.outcome_and_grace(job, fence);
                 (Some(outcome), self.terminate(unit, &mut ended, grace).await)
             }
         };
         let end = match ended {
-            Ok(props) => Some(self.read_end(path, &props).await),
+            Ok(()) => Some(self.read_end(path).await),
             Err(e) => {
                 tracing::error!(job = %job.name, fence, unit, "{e}: the run's end is unknown");
                 None
@@ -656,9 +646,9 @@ impl SystemdRunner {
     async fn terminate(
         &self,
         unit: &str,
-        ended: &mut (impl Future<Output = Result<HashMap<String, OwnedValue>, String>> + Unpin),
+        ended: &mut (impl Future<Output = Result<(), String>> + Unpin),
         grace: Duration,
-    ) -> Result<HashMap<String, OwnedValue>, String> {
+    ) -> Result<(), String> {
         use nix::sys::signal::Signal;
         if !grace.is_zero() {
             self.kill(unit, Signal::SIGTERM).await;
@@ -671,7 +661,7 @@ impl SystemdRunner {
     }
 
     /// How the unit's main process ended and what the unit used.
-    async fn read_end(&self, path: &str, unit: &HashMap<String, OwnedValue>) -> UnitEnd {
+    async fn read_end(&self, path: &str) -> UnitEnd {
         let service = self.properties(path, SERVICE).await.unwrap_or_default();
         let code = service
             .get("ExecMainCode")
@@ -686,7 +676,6 @@ impl SystemdRunner {
             _ => None,
         };
         let result = text(&service, "Result").unwrap_or_default();
-        let _ = unit;
         UnitEnd {
             exit_code,
             success: result == "success" && exit_code == Some(0),

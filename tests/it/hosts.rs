@@ -305,6 +305,16 @@ impl Drop for Fleet {
     }
 }
 
+/// `jobs.runner = "process"` on `host` (runs inside the daemon's unit),
+/// and the daemon restarted with it.
+fn use_process_runner(host: &str) {
+    must(
+        host,
+        "sed -i 's/^\\[jobs\\]$/[jobs]\\nrunner = \"process\"/' /etc/cronlease/cronlease.toml && systemctl restart cronlease",
+        "",
+    );
+}
+
 /// How often systemd restarted `host`'s unit (`NRestarts`).
 fn restarts(host: &str) -> u64 {
     must(host, "systemctl show -p NRestarts --value cronlease", "")
@@ -547,11 +557,7 @@ fn hardening() {
     let fleet = Fleet::boot_n("hh", Backend::Redis, 1, &jobs);
     let host = fleet.names[0].clone();
     // The process runner: runs inside the daemon's unit, under its sandbox.
-    must(
-        &host,
-        "sed -i 's/^\\[jobs\\]$/[jobs]\\nrunner = \"process\"/' /etc/cronlease/cronlease.toml && systemctl restart cronlease",
-        "",
-    );
+    use_process_runner(&host);
     fleet.wait_active(&host);
     must(
         &host,
@@ -1105,11 +1111,7 @@ fn unit_start_lateness() {
         .unwrap_or_default()
         .lines()
         .count();
-    must(
-        &host,
-        "sed -i 's/^\\[jobs\\]$/[jobs]\\nrunner = \"process\"/' /etc/cronlease/cronlease.toml && systemctl restart cronlease",
-        "",
-    );
+    use_process_runner(&host);
     let processes = measure(lines);
     let (u50, u99, umax) = percentiles(units);
     let (p50, p99, pmax) = percentiles(processes);
@@ -1256,11 +1258,7 @@ fn unit() {
     );
     table.push("| a job's `setsid sleep &` (systemd runner) | killed with the run's unit when its command ends |".to_string());
     // The process runner: runs inside the daemon's unit.
-    must(
-        &host,
-        "sed -i 's/^\\[jobs\\]$/[jobs]\\nrunner = \"process\"/' /etc/cronlease/cronlease.toml && systemctl restart cronlease",
-        "",
-    );
+    use_process_runner(&host);
     // The leaver waits for its sleep's mark: a fresh one.
     let _ = std::fs::remove_file(format!("{}.leaver", fleet.out.display()));
     must(&host, "cronlease trigger leaver --wait", "");
