@@ -208,10 +208,14 @@ pub enum Commands {
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
-    /// Internal: set a job's priority and open files limit, become its user
-    /// (with its supplementary groups), then execute its command
+    /// Internal: enter a run's cgroup, set a job's priority and open files
+    /// limit, become its user (with its supplementary groups), then execute
+    /// its command
     #[command(name = "__run-as", hide = true)]
     RunAs {
+        /// The run's cgroup (a directory), entered first
+        #[arg(long)]
+        cgroup: Option<std::path::PathBuf>,
         /// UID:GID:NAME (NAME, for the supplementary groups, may be empty)
         #[arg(long)]
         user: Option<String>,

@@ -25,6 +25,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use crate::cgroup::{CONTROLLERS, CgroupError, RunCgroup, Runs};
 use crate::config::{Command, Job, JobName, NodeName, StoreUrl};
 use crate::guard::{Guard, RunNote, StartError};
 use crate::launch::Launch;
@@ -76,8 +77,13 @@ pub fn warn_unenforced(jobs: &[Job], runner: &dyn Runner) {
         if process {
             tracing::warn!(
                 job = %job.name,
-                "runs start as processes (jobs.runner): not enforced for this job: {} (they need the systemd runner)",
-                missing.join(", ")
+                "runs start as processes (jobs.runner): not enforced for this job: {} (the sandbox and credentials need the systemd runner; a limit, a cgroup per run with its controller: {})",
+                missing.join(", "),
+                if lacking.len() == CONTROLLERS.len() {
+                    "Delegate=yes".to_string()
+                } else {
+                    format!("this host lacks {}", lacking.join(", "))
+                }
             );
         } else {
             tracing::warn!(
@@ -90,8 +96,41 @@ pub fn warn_unenforced(jobs: &[Job], runner: &dyn Runner) {
     }
 }
 
-/// Runs the job's command as a process ([`run`]).
-pub struct ProcessRunner;
+/// Runs the job's command as a process ([`run`]), each run in a cgroup of
+/// its own when the daemon has a delegated one ([`crate::cgroup`]).
+#[derive(Default)]
+pub struct ProcessRunner {
+    cgroups: Option<Runs>,
+}
+
+impl ProcessRunner {
+    /// The process runner, with a cgroup per run when systemd delegated the
+    /// daemon's cgroup to it (said either way, once).
+    pub fn with_cgroups() -> ProcessRunner {
+        let cgroups = match Runs::set_up() {
+            Ok(runs) => {
+                tracing::info!(
+                    cgroup = %runs.base().display(),
+                    "each run gets a cgroup of its own below the daemon's (delegated): its processes are killed together and accounted"
+                );
+                Some(runs)
+            }
+            Err(CgroupError::NotDelegated(why)) => {
+                tracing::info!(
+                    "runs get no cgroup of their own ({why}): a run is its process group and what the job guard finds below it"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "runs get no cgroup of their own: {e} (under systemd the unit needs Delegate=yes and ProtectControlGroups=no)"
+                );
+                None
+            }
+        };
+        ProcessRunner { cgroups }
+    }
+}
 
 #[async_trait::async_trait]
 impl Runner for ProcessRunner {
@@ -101,7 +140,15 @@ impl Runner for ProcessRunner {
         guard: Option<&'a Guard>,
         stop: Pin<Box<dyn Future<Output = StopReason> + Send + 'a>>,
     ) -> Finished {
-        run(spec, guard, stop).await
+        run(spec, guard, stop, self.cgroups.as_ref()).await
+    }
+
+    /// Without a cgroup per run, every controller; with one, those the
+    /// host does not give the runs.
+    fn lacking(&self) -> Vec<&'static str> {
+        self.cgroups
+            .as_ref()
+            .map_or_else(|| CONTROLLERS.to_vec(), Runs::lacking)
     }
 }
 
@@ -195,13 +242,16 @@ pub struct RunSpec<'a> {
 }
 
 impl Launch {
-    /// The process of a run: its command, as the job's user through
-    /// `__run-as` when it has one, with `nice` and `open_files` applied.
-    fn new(spec: &RunSpec<'_>) -> Launch {
+    /// The process of a run: its command, through `__run-as` when it has a
+    /// `cgroup` to enter, a user to become, or `nice` or `open_files` to
+    /// apply.
+    fn new(spec: &RunSpec<'_>, cgroup: Option<&std::path::Path>) -> Launch {
         let argv = command_argv(spec);
         let limits = &spec.job.isolation.limits;
-        let wrapped =
-            spec.job.identity.is_some() || limits.nice.is_some() || limits.open_files.is_some();
+        let wrapped = cgroup.is_some()
+            || spec.job.identity.is_some()
+            || limits.nice.is_some()
+            || limits.open_files.is_some();
         let (program, args) = if wrapped {
             // std's Command can set uid and gid but not the user's
             // supplementary groups, nor a priority or an rlimit without
@@ -211,6 +261,9 @@ impl Launch {
             // names the new binary, or nothing ("(deleted)");
             // /proc/self/exe is this one.
             let mut args = vec!["__run-as".to_string()];
+            if let Some(dir) = cgroup {
+                args.push(format!("--cgroup={}", dir.display()));
+            }
             if let Some(id) = &spec.job.identity {
                 let name = id.user.as_ref().map_or("", |(name, _)| name.as_str());
                 args.push(format!("--user={}:{}:{name}", id.uid, id.gid));
@@ -376,26 +429,48 @@ pub(crate) fn output_pipes() -> Result<OutputPipes, String> {
 
 /// Runs the job to its end. `stop` resolving ends the run early (the reason
 /// picks the outcome). The process group is registered with `guard` while it
-/// lives.
+/// lives. With `cgroups` the run has a cgroup of its own: everything in it
+/// is killed when the run ends, and its usage is read from it.
 pub async fn run(
     spec: RunSpec<'_>,
     guard: Option<&Guard>,
     stop: impl Future<Output = StopReason>,
+    cgroups: Option<&Runs>,
 ) -> Finished {
     let started_at = spec.clock.now();
     let job = spec.job;
     let fence = spec.fence;
     let note = run_note(&spec, started_at);
-    let mut process = match start(&Launch::new(&spec), note.as_ref(), guard).await {
+    let cgroup = cgroups
+        .map(|c| c.create(job.name.as_str(), fence, spec.is_run, &job.isolation.limits))
+        .transpose()
+        .map_err(|e| format!("cannot make the run's cgroup: {e}"));
+    let started = match &cgroup {
+        Ok(cgroup) => {
+            let launch = Launch::new(&spec, cgroup.as_ref().map(RunCgroup::path));
+            start(&launch, note.as_ref(), guard).await
+        }
+        Err(e) => Err(e.clone()),
+    };
+    let cgroup = cgroup.ok().flatten();
+    let mut process = match started {
         Ok(process) => process,
         Err(e) => {
+            if let Some(c) = cgroup {
+                c.finish(crate::cgroup::EMPTY_WITHIN).await;
+            }
             tracing::error!(job = %job.name, fence, "cannot start the command: {e}");
             return Finished {
                 outcome: Outcome::NotStarted,
                 exit_code: None,
                 started_at,
                 finished_at: spec.clock.now(),
-                output: with_sandbox_hint(&job.name, fence, &e, String::new()),
+                output: with_sandbox_hint(
+                    &job.name,
+                    fence,
+                    &e,
+                    format!("cronlease: the command did not start: {e}\n"),
+                ),
                 usage: Usage::default(),
             };
         }
@@ -420,11 +495,11 @@ pub async fn run(
         status = &mut *exit => (None, status),
         () = timeout => {
             tracing::warn!(job = %job.name, fence, "timed out after {:?}: stopping it", job.timeout.unwrap_or_default());
-            (Some(Outcome::Timeout), terminate(exit, pgid, job.kill_grace).await)
+            (Some(Outcome::Timeout), terminate(exit, pgid, job.kill_grace, cgroup.as_ref()).await)
         }
         reason = stop => {
             let (outcome, grace) = reason.outcome_and_grace(job, fence);
-            (Some(outcome), terminate(exit, pgid, grace).await)
+            (Some(outcome), terminate(exit, pgid, grace, cgroup.as_ref()).await)
         }
     };
     if !process.guarded {
@@ -435,6 +510,12 @@ pub async fn run(
             g.forget(pgid).await;
         }
     }
+    // Everything the run left in its cgroup goes, however it got away from
+    // the group (`setsid`, a double fork), as systemd does for a unit.
+    let usage = match cgroup {
+        Some(c) => c.finish(crate::cgroup::EMPTY_WITHIN).await.into(),
+        None => Usage::default(),
+    };
     let exit_code = status.and_then(|s| {
         use std::os::unix::process::ExitStatusExt;
         s.code().or_else(|| s.signal().map(|sig| 128 + sig))
@@ -456,7 +537,16 @@ pub async fn run(
         started_at,
         finished_at: spec.clock.now(),
         output,
-        usage: Usage::default(),
+        usage,
+    }
+}
+
+impl From<crate::cgroup::Accounted> for Usage {
+    fn from(a: crate::cgroup::Accounted) -> Usage {
+        Usage {
+            cpu_ms: a.cpu_ms,
+            memory_peak: a.memory_peak,
+        }
     }
 }
 
@@ -561,9 +651,14 @@ fn signal_group(pgid: u32, sig: Signal) {
     }
 }
 
-/// SIGTERM to the group, SIGKILL after `grace` (at once when zero), and
-/// wait for the end.
-async fn terminate(exit: &mut Exit, pgid: u32, grace: Duration) -> Option<ExitStatus> {
+/// SIGTERM to the group, SIGKILL after `grace` (at once when zero) to the
+/// group and to all of the run's cgroup, and wait for the end.
+async fn terminate(
+    exit: &mut Exit,
+    pgid: u32,
+    grace: Duration,
+    cgroup: Option<&RunCgroup>,
+) -> Option<ExitStatus> {
     if !grace.is_zero() {
         signal_group(pgid, Signal::SIGTERM);
         if let Ok(status) = tokio::time::timeout(grace, &mut *exit).await {
@@ -571,6 +666,9 @@ async fn terminate(exit: &mut Exit, pgid: u32, grace: Duration) -> Option<ExitSt
         }
     }
     signal_group(pgid, Signal::SIGKILL);
+    if let Some(c) = cgroup {
+        c.kill();
+    }
     exit.await
 }
 

@@ -46,7 +46,8 @@ pub struct Launch {
 impl Launch {
     /// The process to start, stdin `/dev/null`, in a new process group;
     /// stdout and stderr are the caller's to set. Fails for a program
-    /// found nowhere in `PATH` ([`Launch::program_path`]).
+    /// found nowhere in `PATH` ([`Launch::program_path`]) and for a working
+    /// directory that is not there.
     pub fn command(&self) -> Result<std::process::Command, String> {
         let mut cmd = std::process::Command::new(self.program_path()?);
         std::os::unix::process::CommandExt::arg0(&mut cmd, &self.program);
@@ -57,6 +58,14 @@ impl Launch {
             .stdin(Stdio::null());
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         if let Some(dir) = &self.cwd {
+            // Else the spawn's "No such file or directory" would not say
+            // which of the program and the directory is missing.
+            if !dir.is_dir() {
+                return Err(format!(
+                    "cannot change to the working directory {} (working_dir): no such directory",
+                    dir.display()
+                ));
+            }
             cmd.current_dir(dir);
         }
         Ok(cmd)
@@ -95,12 +104,15 @@ impl Launch {
     }
 }
 
-/// `cronlease __run-as [--user UID:GID:USER] [--nice N] [--open-files N]
-/// -- PROGRAM ARGS...`: sets the priority and the open files limit, then
+/// `cronlease __run-as [--cgroup DIR] [--user UID:GID:USER] [--nice N]
+/// [--open-files N] -- PROGRAM ARGS...`: enters the run's cgroup (while it
+/// is still the daemon's user, whose the cgroup is), sets the priority and
+/// the open files limit, then
 /// takes the user's supplementary groups (`initgroups`, or only GID when
 /// USER is empty), GID and UID, and executes PROGRAM in place. Exits 127
 /// when any step fails, as a shell does for a command it cannot run.
 pub fn run_as(
+    cgroup: Option<&std::path::Path>,
     user: Option<&str>,
     nice: Option<i32>,
     open_files: Option<u64>,
@@ -113,6 +125,11 @@ pub fn run_as(
         eprintln!("cronlease: cannot run the job: {what}: {e}");
         std::process::ExitCode::from(127)
     };
+    if let Some(dir) = cgroup
+        && let Err(e) = crate::cgroup::enter(dir)
+    {
+        return fail("entering its cgroup", &e);
+    }
     if let Some(n) = nice
         && let Err(e) = rustix::process::setpriority_process(None, n)
     {

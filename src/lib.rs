@@ -14,7 +14,8 @@
 //! - [`node`]: the daemon: a loop per job, a task per occurrence, the claim
 //!   and takeover protocol, the lease watchdog, step-down, reload, shutdown.
 //! - [`exec`] and [`guard`]: running a job's process group, and killing it if
-//!   the daemon dies.
+//!   the daemon dies; [`cgroup`]: a cgroup per run where systemd delegated
+//!   the daemon's; [`units`]: runs as transient systemd units.
 //! - [`app`]: the commands (`run`, `check`, `status`, `nodes`, `history`,
 //!   `pause`, `resume`, `migrate`, `step-down`, `logs`, `drill`,
 //!   `import-crontab`) behind the thin `main`; [`cli`]: their clap definitions.
@@ -30,6 +31,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod crontab;

@@ -87,33 +87,28 @@ pub const GUARD_WITHIN: Duration = Duration::from_secs(20);
 const SWEEP_WITHIN: Duration = Duration::from_secs(5);
 
 /// The unit's `ExecStopPost=`: waits until no guard process (`cronlease
-/// __guard`) is left in this process's cgroup (the unit's, where systemd
-/// runs `ExecStopPost=`), at most `within`, then SIGKILLs every process
-/// still there: what a job left behind (a daemonized child), or a guard
+/// __guard`) is left in the unit's cgroup or below it (systemd runs
+/// `ExecStopPost=` in the unit's cgroup, or in its `.control` when the
+/// cgroup is delegated: [`crate::cgroup`]), at most `within`, then
+/// SIGKILLs every process still there: what a job left behind (a daemonized child), or a guard
 /// that did not finish in time. The unit's `KillMode=process` keeps
 /// systemd from killing the cgroup itself, since that would kill the guard
 /// of a crashed daemon before its handover; this sweep is that kill, once
 /// the guard is done. Never fails the stop: where the cgroup cannot be
 /// read, it says so on stderr (the journal) and returns success.
 pub fn wait_for_guard(within: Duration) -> std::process::ExitCode {
-    let me = std::process::id();
-    let Some(procs) = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|c| cgroup_procs_file(&c, |p| std::path::Path::new(p).exists()))
-    else {
+    let Some((unit, read)) = crate::cgroup::unit_processes() else {
         eprintln!("cronlease __wait-guard: cannot find this unit's cgroup; not waiting");
         return std::process::ExitCode::SUCCESS;
     };
-    let read = || -> std::io::Result<Vec<u32>> {
-        Ok(std::fs::read_to_string(&procs)?
-            .lines()
-            .filter_map(|l| l.trim().parse::<u32>().ok())
-            .filter(|p| *p != me)
-            .collect())
-    };
-    let outcome = wait_then_sweep(read, is_guard, within, SWEEP_WITHIN);
+    let kill_cgroups = || crate::cgroup::kill_below(&unit);
+    let outcome = wait_then_sweep(read, is_guard, kill_cgroups, within, SWEEP_WITHIN);
     match outcome {
-        Ok(Settled { guard_gone, killed }) => {
+        Ok(Settled {
+            guard_gone,
+            killed,
+            remaining,
+        }) => {
             if !guard_gone {
                 eprintln!(
                     "cronlease __wait-guard: the guard was still there after {within:?}; killed it"
@@ -124,8 +119,16 @@ pub fn wait_for_guard(within: Duration) -> std::process::ExitCode {
                     "cronlease __wait-guard: killed {killed} process(es) left in the unit after its guard"
                 );
             }
+            if remaining > 0 {
+                eprintln!(
+                    "cronlease __wait-guard: {remaining} process(es) still in the unit after {SWEEP_WITHIN:?} of killing; systemd kills what is left"
+                );
+            }
         }
-        Err(e) => eprintln!("cronlease __wait-guard: cannot read {procs}: {e}; not waiting"),
+        Err(e) => eprintln!(
+            "cronlease __wait-guard: cannot read the processes of {}: {e}; not waiting",
+            unit.display()
+        ),
     }
     // Runs started as units are outside this unit's cgroup: what the guard
     // left of them goes too.
@@ -148,6 +151,8 @@ struct Settled {
     guard_gone: bool,
     /// Processes SIGKILLed by the sweep.
     killed: usize,
+    /// Processes still there when it gave up (not ours to kill).
+    remaining: usize,
 }
 
 /// Waits while `read` (the cgroup's processes but us) lists a guard, at most
@@ -157,6 +162,7 @@ struct Settled {
 fn wait_then_sweep(
     mut read: impl FnMut() -> std::io::Result<Vec<u32>>,
     is_guard: impl Fn(u32) -> bool,
+    kill_cgroups: impl Fn(),
     within: Duration,
     sweep: Duration,
 ) -> std::io::Result<Settled> {
@@ -172,29 +178,30 @@ fn wait_then_sweep(
     };
     let deadline = std::time::Instant::now() + sweep;
     let mut killed = std::collections::BTreeSet::new();
-    loop {
+    let remaining = loop {
         let left = read()?;
         if left.is_empty() || std::time::Instant::now() >= deadline {
-            break;
+            break left.len();
         }
+        // The cgroups below the unit's first (whoever's their processes
+        // are), then each process.
+        kill_cgroups();
         for pid in left {
+            killed.insert(pid);
             let Ok(raw) = i32::try_from(pid) else {
                 continue;
             };
-            if nix::sys::signal::kill(
+            let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(raw),
                 nix::sys::signal::Signal::SIGKILL,
-            )
-            .is_ok()
-            {
-                killed.insert(pid);
-            }
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
-    }
+    };
     Ok(Settled {
         guard_gone,
-        killed: killed.len(),
+        killed: killed.len() - remaining.min(killed.len()),
+        remaining,
     })
 }
 
@@ -204,35 +211,10 @@ fn is_guard(pid: u32) -> bool {
         .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"__guard".as_slice()))
 }
 
-/// The `cgroup.procs` file of the cgroup `/proc/self/cgroup` (`content`)
-/// names: the unified hierarchy's (`0::PATH`, mounted on /sys/fs/cgroup or,
-/// on a hybrid host, /sys/fs/cgroup/unified), else the `name=systemd`
-/// hierarchy's, the first of them that `exists`.
-fn cgroup_procs_file(content: &str, exists: impl Fn(&str) -> bool) -> Option<String> {
-    let mut candidates = Vec::new();
-    for line in content.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let path = path.trim_end_matches('/');
-        match controllers {
-            "" => {
-                candidates.insert(0, format!("/sys/fs/cgroup/unified{path}/cgroup.procs"));
-                candidates.insert(0, format!("/sys/fs/cgroup{path}/cgroup.procs"));
-            }
-            "name=systemd" => candidates.push(format!("/sys/fs/cgroup/systemd{path}/cgroup.procs")),
-            _ => {}
-        }
-    }
-    candidates.into_iter().find(|c| exists(c))
-}
-
 #[cfg(test)]
 mod wait_tests {
     #![allow(clippy::unwrap_used)]
-    use super::{Settled, cgroup_procs_file, is_guard, wait_then_sweep};
+    use super::{Settled, is_guard, wait_then_sweep};
     use std::os::unix::process::ExitStatusExt;
     use std::time::Duration;
 
@@ -264,6 +246,7 @@ mod wait_tests {
         let settled = wait_then_sweep(
             || Ok(alive(&children)),
             |p| p == guard_pid,
+            || {},
             Duration::from_secs(20),
             Duration::from_secs(5),
         )
@@ -272,7 +255,8 @@ mod wait_tests {
             settled,
             Settled {
                 guard_gone: true,
-                killed: 1
+                killed: 1,
+                remaining: 0
             }
         );
         assert!(started.elapsed() < Duration::from_secs(20));
@@ -292,6 +276,7 @@ mod wait_tests {
         let settled = wait_then_sweep(
             || Ok(alive(&children)),
             |p| p == guard_pid,
+            || {},
             Duration::from_millis(100),
             Duration::from_secs(5),
         )
@@ -300,10 +285,36 @@ mod wait_tests {
             settled,
             Settled {
                 guard_gone: false,
-                killed: 1
+                killed: 1,
+                remaining: 0
             }
         );
         assert_eq!(children.into_inner()[0].wait().unwrap().signal(), Some(9));
+    }
+
+    #[test]
+    fn the_cgroups_below_are_killed_in_each_round_and_what_stays_is_counted() {
+        // A process the sweep lists but that never goes (a pid of nobody's:
+        // its SIGKILL fails): counted as remaining once the sweep gives up,
+        // and the cgroups' kill was tried in every round.
+        let rounds = std::cell::Cell::new(0);
+        let settled = wait_then_sweep(
+            || Ok(vec![u32::MAX]),
+            |_| false,
+            || rounds.set(rounds.get() + 1),
+            Duration::from_secs(1),
+            Duration::from_millis(100),
+        )
+        .unwrap();
+        assert_eq!(
+            settled,
+            Settled {
+                guard_gone: true,
+                killed: 0,
+                remaining: 1
+            }
+        );
+        assert!(rounds.get() >= 2, "{}", rounds.get());
     }
 
     #[test]
@@ -311,6 +322,7 @@ mod wait_tests {
         let settled = wait_then_sweep(
             || Err(std::io::Error::other("gone")),
             |_| true,
+            || {},
             Duration::from_secs(20),
             Duration::from_secs(5),
         );
@@ -347,26 +359,5 @@ mod wait_tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(!is_guard(child.id()));
-    }
-
-    #[test]
-    fn the_unified_hierarchy_comes_first_then_the_systemd_one() {
-        let v2 = "0::/system.slice/cronlease.service\n";
-        assert_eq!(
-            cgroup_procs_file(v2, |_| true).as_deref(),
-            Some("/sys/fs/cgroup/system.slice/cronlease.service/cgroup.procs")
-        );
-        let hybrid = "9:name=systemd:/system.slice/cronlease.service\n4:memory:/\n0::/system.slice/cronlease.service\n";
-        assert_eq!(
-            cgroup_procs_file(hybrid, |p| p.starts_with("/sys/fs/cgroup/unified/")).as_deref(),
-            Some("/sys/fs/cgroup/unified/system.slice/cronlease.service/cgroup.procs")
-        );
-        let v1 = "9:name=systemd:/system.slice/cronlease.service\n4:memory:/x\n";
-        assert_eq!(
-            cgroup_procs_file(v1, |p| p.starts_with("/sys/fs/cgroup/systemd/")).as_deref(),
-            Some("/sys/fs/cgroup/systemd/system.slice/cronlease.service/cgroup.procs")
-        );
-        assert_eq!(cgroup_procs_file("garbage", |_| true), None);
-        assert_eq!(cgroup_procs_file(v2, |_| false), None);
     }
 }

@@ -157,8 +157,9 @@ impl Isolation {
     }
 
     /// The settings `runner` cannot enforce, one phrase each, for the
-    /// one-line WARN at load; `lacking`: the cgroup controllers a systemd
-    /// runner's host does not give its units.
+    /// one-line WARN at load; `lacking`: the cgroup controllers the
+    /// runner's runs do not get (systemd units on a host without them, or
+    /// processes: all of them without a cgroup per run, [`crate::cgroup`]).
     pub fn unenforced(&self, runner: RunnerKind, lacking: &[&str]) -> Vec<String> {
         let l = &self.limits;
         let cgroup_limits = [
@@ -170,9 +171,7 @@ impl Isolation {
         ];
         let mut out: Vec<String> = cgroup_limits
             .into_iter()
-            .filter(|(_, controller, set)| {
-                *set && (runner == RunnerKind::Process || lacking.contains(controller))
-            })
+            .filter(|(_, controller, set)| *set && lacking.contains(controller))
             .map(|(k, _, _)| format!("limits.{k}"))
             .collect();
         if runner == RunnerKind::Systemd {
@@ -438,14 +437,21 @@ mod tests {
             sandbox: BTreeMap::from([("PrivateTmp", SandboxValue::Bool(false))]),
             credentials: BTreeMap::from([("db".to_string(), PathBuf::from("/etc/x"))]),
         };
+        let every = ["memory", "pids", "cpu", "io"];
         assert_eq!(
-            iso.unenforced(RunnerKind::Process, &[]),
+            iso.unenforced(RunnerKind::Process, &every),
             [
                 "limits.memory_max",
                 "limits.tasks_max",
                 "sandbox.PrivateTmp",
                 "credentials.db"
             ]
+        );
+        // Processes in cgroups of their own with the pids controller: the
+        // tasks limit holds, the sandbox and credentials still need units.
+        assert_eq!(
+            iso.unenforced(RunnerKind::Process, &["memory", "cpu", "io"]),
+            ["limits.memory_max", "sandbox.PrivateTmp", "credentials.db"]
         );
         assert!(iso.unenforced(RunnerKind::Systemd, &[]).is_empty());
         assert_eq!(

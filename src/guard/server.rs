@@ -226,6 +226,14 @@ impl Watched {
                 "cronlease __guard: the daemon died and units of its runs are still there after {GONE_WITHIN:?}: its leases are left to expire"
             );
         }
+        // And each run's cgroup, with whatever got away from its group.
+        let cgroups_gone = crate::cgroup::kill_runs(GONE_WITHIN);
+        if !cgroups_gone {
+            eprintln!(
+                "cronlease __guard: the daemon died and processes of its runs' cgroups are still there after {GONE_WITHIN:?}: its leases are left to expire"
+            );
+        }
+        let units_gone = units_gone && cgroups_gone;
         if units_gone
             && !self.succession.bye
             && let Some(handover) = self.succession.handover.take()

@@ -452,7 +452,7 @@ impl NodeParts {
             guard,
             notifier: Notifier::from_env(),
             wall: Arc::new(SystemClock),
-            runner: Arc::new(ProcessRunner),
+            runner: Arc::new(ProcessRunner::default()),
         }
     }
 

@@ -59,7 +59,9 @@ mod without {
     pub async fn choose(config: &Config) -> Result<Arc<dyn Runner>, UnitsError> {
         match config.runner {
             RunnerChoice::Systemd => Err(UnitsError::NotBuilt),
-            RunnerChoice::Auto | RunnerChoice::Process => Ok(Arc::new(crate::exec::ProcessRunner)),
+            RunnerChoice::Auto | RunnerChoice::Process => {
+                Ok(Arc::new(crate::exec::ProcessRunner::with_cgroups()))
+            }
         }
     }
 

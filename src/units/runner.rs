@@ -868,7 +868,7 @@ pub fn sweep(limit: Duration) -> Result<usize, String> {
 /// without them.
 pub async fn choose(config: &Config) -> Result<Arc<dyn Runner>, UnitsError> {
     use crate::config::RunnerChoice;
-    let process = || -> Arc<dyn Runner> { Arc::new(crate::exec::ProcessRunner) };
+    let process = || -> Arc<dyn Runner> { Arc::new(crate::exec::ProcessRunner::with_cgroups()) };
     match config.runner {
         RunnerChoice::Process => Ok(process()),
         RunnerChoice::Systemd => Ok(Arc::new(SystemdRunner::connect(config).await?)),

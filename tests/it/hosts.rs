@@ -835,6 +835,25 @@ fn units() {
 #[test]
 #[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
 fn unit_runs() {
+    conformance_of_runs("hz", false);
+}
+
+/// The conformance of runs for the process runner on a host as shipped:
+/// each run in a cgroup of its own below the daemon's (the unit's
+/// `Delegate=yes`), so what a run leaves behind dies with it however it
+/// got away from its group, its CPU time is accounted, and no run cgroup
+/// is left.
+#[test]
+#[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
+fn process_runs() {
+    conformance_of_runs("hp", true);
+}
+
+/// Outcomes, timeouts and kill grace, overlap, output tail and scrubbing,
+/// a missing working directory: the same runs and verdicts for either
+/// runner (`process`: the process runner, else the systemd runner the
+/// host picks itself).
+fn conformance_of_runs(prefix: &str, process: bool) {
     const PASSWORD: &str = "Drill-Pa55-runs-42";
     let job = |name: &str, schedule: &str, command: &str, extra: &str| {
         format!(
@@ -873,10 +892,25 @@ fn unit_runs() {
         ),
         job("scrub", yearly, &format!("\"echo the password is {PASSWORD}.\""), ""),
         job("nodir", yearly, "\"true\"", "working_dir = \"/nonexistent\"\n"),
+        // Gets away from its process group and session, and leaves a
+        // process behind.
+        job(
+            "escape",
+            yearly,
+            "\"setsid sh -c 'sleep 300 & echo $! > /var/lib/cronlease/escaped.pid'; echo left\"",
+            "",
+        ),
+        // Half its CPU time is in a child that left the session.
+        job(
+            "busy",
+            yearly,
+            "\"setsid sh -c 'i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done' & i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; wait\"",
+            "",
+        ),
     ]
     .concat();
     let fleet = Fleet::boot_n(
-        "hz",
+        prefix,
         Backend::Postgres,
         1,
         &job("ok", yearly, "\"true\"", ""),
@@ -891,7 +925,11 @@ fn unit_runs() {
         "",
     );
     must(&host, "cat > /etc/cronlease/jobs.d/drill.toml", &jobs);
-    must(&host, "systemctl restart cronlease", "");
+    if process {
+        use_process_runner(&host);
+    } else {
+        must(&host, "systemctl restart cronlease", "");
+    }
     fleet.wait_active(&host);
     let history = |job: &str| -> Vec<serde_json::Value> {
         let out = must(
@@ -990,6 +1028,54 @@ fn unit_runs() {
         r["output"].as_str().unwrap().contains("working directory"),
         "{r}"
     );
+    let r = trigger("escape");
+    row("left a process behind (setsid, &)", &r);
+    assert_eq!(r["outcome"], "ok", "{r}");
+    let pid = must(&host, "cat /var/lib/cronlease/escaped.pid", "");
+    let alive = |pid: &str| {
+        sh(&host, &format!("kill -0 {}", pid.trim()), "")
+            .status
+            .success()
+    };
+    let r = trigger("busy");
+    row("CPU in a child that left the session", &r);
+    assert_eq!(r["outcome"], "ok", "{r}");
+    let cgroup = "/sys/fs/cgroup/system.slice/cronlease.service";
+    if process {
+        // Its cgroup went with the run, and all in it.
+        assert!(
+            !alive(&pid),
+            "the process a run left behind is killed with it"
+        );
+        assert!(
+            r["cpu_ms"].as_u64().unwrap_or_default() >= 100,
+            "the run's cgroup counts its child's CPU too: {r}"
+        );
+        let left = must(&host, &format!("ls {cgroup}"), "");
+        // (`overlap` may be running.)
+        assert!(
+            left.lines().any(|l| l == "daemon")
+                && !left.contains("run-escape-")
+                && !left.contains("run-busy-"),
+            "the daemon in its leaf, no cgroup of an ended run left: {left}"
+        );
+        let journal = must(&host, "journalctl -u cronlease --no-pager", "");
+        assert!(
+            journal.contains("each run gets a cgroup of its own"),
+            "{journal}"
+        );
+    } else {
+        // A unit's processes all end with its main one (systemd).
+        assert!(
+            !alive(&pid),
+            "the process a run left behind is killed with it"
+        );
+        assert!(r["cpu_ms"].as_u64().is_some(), "{r}");
+    }
+    table.push(format!(
+        "| busy: CPU accounted | | | {} ms CPU |",
+        r["cpu_ms"]
+    ));
     // Overlap: a run of 2.5 s every second; the occurrences due meanwhile
     // are skipped, and no two runs overlap.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1028,7 +1114,8 @@ fn unit_runs() {
         ran.len()
     ));
     println!(
-        "| run (systemd runner) | outcome | exit code | took |\n|---|---|---|---|\n{}",
+        "| run ({} runner) | outcome | exit code | took |\n|---|---|---|---|\n{}",
+        if process { "process" } else { "systemd" },
         table.join("\n")
     );
 }
@@ -1244,7 +1331,7 @@ fn unit() {
     );
 
     // What a job leaves behind goes with its run's unit (systemd runner),
-    // or with the daemon's unit's stop (process runner).
+    // or its run's cgroup (process runner, the unit's Delegate=yes).
     must(&host, "cronlease trigger leaver --wait", "");
     let sleepers = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^sleep 1000' && echo $p; done | wc -l";
     let left = must(&host, sleepers, "");
@@ -1263,7 +1350,24 @@ fn unit() {
     let _ = std::fs::remove_file(format!("{}.leaver", fleet.out.display()));
     must(&host, "cronlease trigger leaver --wait", "");
     let left = must(&host, sleepers, "");
-    assert_eq!(left.trim(), "1", "the job left its sleep behind");
+    assert_eq!(
+        left.trim(),
+        "0",
+        "the run's cgroup ended with its command, and took the sleep"
+    );
+    table.push(
+        "| the same on the process runner | killed with the run's cgroup when its command ends |"
+            .to_string(),
+    );
+    // `__wait-guard` (in the delegated unit's .control cgroup) sweeps the
+    // unit's cgroups below it: a process put in the daemon's by hand.
+    must(
+        &host,
+        "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > /sys/fs/cgroup/system.slice/cronlease.service/daemon/cgroup.procs",
+        "",
+    );
+    let left = must(&host, sleepers, "");
+    assert_eq!(left.trim(), "1", "a process in the daemon's cgroup");
     must(&host, "systemctl stop cronlease", "");
     let after = must(&host, sleepers, "");
     let journal = must(&host, "journalctl -u cronlease --no-pager -n 30", "");
@@ -1272,7 +1376,7 @@ fn unit() {
         journal.contains("left in the unit after its guard"),
         "{journal}"
     );
-    table.push("| the same on the process runner, then `systemctl stop` | killed by `__wait-guard`, said in the journal |".to_string());
+    table.push("| a process left in the daemon's cgroup, `systemctl stop` | killed by `__wait-guard`, said in the journal |".to_string());
     must(
         &host,
         "sed -i '/^runner = \"process\"$/d' /etc/cronlease/cronlease.toml",
