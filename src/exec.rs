@@ -107,6 +107,9 @@ impl ProcessRunner {
     /// The process runner, with a cgroup per run when systemd delegated the
     /// daemon's cgroup to it (said either way, once).
     pub fn with_cgroups() -> ProcessRunner {
+        // Found now, while this executable's path is still its own.
+        let (starter, _) = crate::launch::starter();
+        tracing::debug!(starter, "runs that need it start through this");
         let cgroups = match Runs::set_up() {
             Ok(runs) => {
                 tracing::info!(
@@ -242,9 +245,9 @@ pub struct RunSpec<'a> {
 }
 
 impl Launch {
-    /// The process of a run: its command, through `__run-as` when it has a
-    /// `cgroup` to enter, a user to become, or `nice` or `open_files` to
-    /// apply.
+    /// The process of a run: its command, through `cronlease-run-as`
+    /// ([`crate::launch::starter`]) when it has a `cgroup` to enter, a user
+    /// to become, or `nice` or `open_files` to apply.
     fn new(spec: &RunSpec<'_>, cgroup: Option<&std::path::Path>) -> Launch {
         let argv = command_argv(spec);
         let limits = &spec.job.isolation.limits;
@@ -254,13 +257,11 @@ impl Launch {
             || limits.open_files.is_some();
         let (program, args) = if wrapped {
             // std's Command can set uid and gid but not the user's
-            // supplementary groups, nor a priority or an rlimit without
-            // `unsafe` pre_exec; this binary's `__run-as` does them and
-            // then executes the command in place, same pid and process
-            // group. Not current_exe(): after a package upgrade that path
-            // names the new binary, or nothing ("(deleted)");
-            // /proc/self/exe is this one.
-            let mut args = vec!["__run-as".to_string()];
+            // supplementary groups, nor a cgroup, a priority or an rlimit
+            // without `unsafe` pre_exec; `cronlease-run-as` (or this
+            // binary's `__run-as`) does them and then executes the command
+            // in place, same pid and process group.
+            let (program, mut args) = crate::launch::starter();
             if let Some(dir) = cgroup {
                 args.push(format!("--cgroup={}", dir.display()));
             }
@@ -276,7 +277,7 @@ impl Launch {
             }
             args.push("--".to_string());
             args.extend(argv);
-            ("/proc/self/exe".to_string(), args)
+            (program, args)
         } else {
             let mut argv = argv.into_iter();
             (argv.next().unwrap_or_default(), argv.collect())
