@@ -90,7 +90,7 @@ pub fn exit_on_panic() {
             &mut std::io::stderr(),
             format!("cronlease: internal error at {location}: {message}; exiting\n").as_bytes(),
         );
-        std::process::exit(70);
+        std::process::exit(i32::from(crate::app::EXIT_INTERNAL));
     }));
 }
 

@@ -33,6 +33,10 @@ use reports::*;
 pub const EXIT_NO_SUCH_JOB: u8 = 64;
 /// Exit code: store unreachable (sysexits EX_UNAVAILABLE).
 pub const EXIT_UNAVAILABLE: u8 = 69;
+/// Exit code: an internal error the daemon cannot go on from (a panic, the
+/// system bus gone under the systemd runner) (sysexits EX_SOFTWARE); its
+/// guard hands over, systemd restarts it.
+pub const EXIT_INTERNAL: u8 = 70;
 /// Exit code: the store refused this node: credentials, no such database,
 /// TLS (sysexits EX_NOPERM). The unit does not restart on it.
 pub const EXIT_REFUSED: u8 = 77;

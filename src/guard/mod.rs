@@ -21,7 +21,9 @@
 //! [`serve`]). The guard is the jobs' child subreaper
 //! (`PR_SET_CHILD_SUBREAPER`): a process whose parent exits (a double fork,
 //! `setsid -f`) is adopted by the guard instead of by init, so it stays in
-//! sight, and the guard reaps it. Under systemd the unit's control group is
+//! sight, and the guard reaps it. Where systemd delegated the daemon's
+//! cgroup, each run also has a cgroup of its own ([`crate::cgroup`]), and
+//! the guard kills those too. Under systemd the unit's control group is
 //! the second line of defence. If the guard is gone the daemon starts jobs
 //! itself (and says once that they would now outlive it).
 

@@ -115,11 +115,20 @@ impl SystemdRunner {
                     let _ = tx.send(());
                 }
             }
-            // The bus is gone: every waiting run hears it (their senders
-            // drop), and ends as unknown.
+            // The bus is gone (dbus-daemon restarted, or killed): this
+            // daemon can neither follow nor stop its runs' units, nor start
+            // new ones. It exits as on an internal error: its guard kills
+            // the units (a connection of its own) and hands the leases
+            // over, and systemd restarts it with a new connection. Waiting
+            // runs would otherwise end as unknown with their units going
+            // on, unfenced.
+            tracing::error!(
+                "the system bus connection ended: the runs' units can no longer be followed or stopped; exiting (70) for the guard to kill them and hand the leases over, and systemd to restart the daemon"
+            );
             if let Ok(mut w) = routes.lock() {
                 w.clear();
             }
+            std::process::exit(i32::from(crate::app::EXIT_INTERNAL));
         });
         let daemon_unit = own_unit(&conn).await;
         Ok(SystemdRunner {

@@ -345,6 +345,15 @@ fn late_ms(run: &Run) -> f64 {
 fn drill(prefix: &str, backend: Backend) {
     let (modes, rounds) = plan();
     let mut fleet = Fleet::boot(prefix, backend);
+    // `CRONLEASE_HOST_RUNNER=process`: the runs as the guard's processes,
+    // each in a cgroup of its own (the unit's Delegate=yes), not as units.
+    let runner = std::env::var("CRONLEASE_HOST_RUNNER").unwrap_or_else(|_| "auto".into());
+    if runner == "process" {
+        for name in fleet.names.clone() {
+            use_process_runner(&name);
+            fleet.wait_active(&name);
+        }
+    }
     fleet.wait("three runs", Duration::from_secs(30), |runs| {
         runs.len() >= 3
     });
@@ -475,6 +484,7 @@ fn drill(prefix: &str, backend: Backend) {
     runs.sort_by_key(|r| r.occurrence);
     // No occurrence twice (occurrences rise), fences rise, no overlap.
     assert_no_overlap(&runs, &report);
+    println!("runner: {runner}");
     println!("| store | event | rounds | first run on a peer, late p50 | p99 | max | missed |");
     println!("|---|---|---:|---:|---:|---:|---:|");
     let mut failed = Vec::new();
@@ -836,6 +846,66 @@ fn units() {
 #[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
 fn unit_runs() {
     conformance_of_runs("hz", false);
+}
+
+/// The system bus lost under the systemd runner (dbus-daemon killed while
+/// a run's unit goes on): the daemon can no longer follow or stop the unit,
+/// so it exits 70; its guard, with a connection of its own, kills the unit
+/// and records the run `killed`, and systemd restarts the daemon, which
+/// starts runs as units again. No unit is left running unfenced.
+#[test]
+#[ignore = "real systemd hosts, as root, with the .deb: .ci/host-drills"]
+fn bus_lost() {
+    let jobs = "[[job]]\nname = \"long\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"sleep 300\"\n";
+    let fleet = Fleet::boot_n("hb", Backend::Redis, 1, jobs);
+    let host = fleet.names[0].clone();
+    fleet.wait_active(&host);
+    must(&host, "cronlease trigger long", "");
+    let running = || {
+        must(
+            &host,
+            "systemctl list-units 'cronlease-long-*' --state=active --no-legend --plain | wc -l",
+            "",
+        )
+        .trim()
+        .to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while running() != "1" {
+        assert!(Instant::now() < deadline, "{}", fleet.journals());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    must(&host, "pkill -KILL dbus-daemon", "");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let history = loop {
+        let h = must(&host, "cronlease history long --json", "");
+        if h.contains("\"killed\"") && restarts(&host) >= 1 {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "{h}\n{}", fleet.journals());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(running(), "0", "the unit went with the daemon's bus");
+    fleet.wait_active(&host);
+    let journal = must(&host, "journalctl -u cronlease --no-pager", "");
+    assert!(
+        journal.contains("the system bus connection ended")
+            && journal.contains("status=70")
+            && journal.contains("1 interrupted runs recorded killed"),
+        "{journal}"
+    );
+    // The new daemon starts runs as units again.
+    let after = journal
+        .rsplit("the system bus connection ended")
+        .next()
+        .unwrap_or_default();
+    assert!(
+        after.contains("runs start as transient systemd units"),
+        "{journal}"
+    );
+    println!(
+        "| the system bus killed under a running unit | daemon exits 70, the guard kills the unit and records it killed, systemd restarts the daemon |\n{history}"
+    );
 }
 
 /// The conformance of runs for the process runner on a host as shipped:
