@@ -207,9 +207,12 @@ impl Node {
         }
         let ended = (finished.outcome.clone(), finished.exit_code);
         self.record(state, ticket, finished).await;
+        // Also a command that could not start (a missing program or
+        // directory, a user systemd could not switch to): the job did not
+        // do its work.
         let failed = matches!(
             ended.0,
-            Outcome::Failed | Outcome::Timeout | Outcome::LeaseLost
+            Outcome::Failed | Outcome::Timeout | Outcome::LeaseLost | Outcome::NotStarted
         );
         (failed && job.on_failure.is_some()).then_some(ended)
     }

@@ -479,8 +479,8 @@ fn a_process_a_finished_job_left_behind_survives_the_daemons_sigkill() {
     );
 }
 
-/// `on_failure` runs on the same node after a run ended `failed` or
-/// `timeout`, never after `ok`, with the run's variables plus
+/// `on_failure` runs on the same node after a run ended `failed`,
+/// `timeout` or `not_started`, never after `ok`, with the run's variables plus
 /// `CRONLEASE_OUTCOME` and `CRONLEASE_EXIT_CODE`, bounded by the job's
 /// `timeout`; it is not claimed and not in history.
 #[test]
@@ -505,6 +505,12 @@ name = "fine"
 schedule = "* * * * * *"
 command = "true"
 on_failure = "echo fine $CRONLEASE_OUTCOME >> '{out}.hook'"
+
+[[job]]
+name = "nostart"
+schedule = "* * * * * *"
+command = ["/nonexistent/cronlease-program"]
+on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME x$CRONLEASE_EXIT_CODE >> '{out}.hook'"
 "#;
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
     c.start("n1");
@@ -554,6 +560,18 @@ on_failure = "echo fine $CRONLEASE_OUTCOME >> '{out}.hook'"
         );
     }
     assert!(hooked.len() <= fails.len(), "{lines}");
+    // A command that could not start is a failure too (no exit code).
+    let nostart = history(&c, "nostart");
+    let first = nostart
+        .iter()
+        .filter(|r| r["outcome"] == "not_started")
+        .map(|r| r["fence"].as_u64().unwrap())
+        .min()
+        .unwrap();
+    assert!(
+        lines.contains(&format!("nostart {first} not_started x\n")),
+        "on_failure after not_started\n{lines}"
+    );
 }
 
 /// Process groups of processes whose command line names `marker`.
