@@ -145,9 +145,10 @@ impl Runs {
             std::fs::create_dir(&path).map_err(io("creating", &path))?;
         }
         let cgroup = RunCgroup { path };
-        if let Err(e) = cgroup.limit(limits, &self.enabled) {
-            let _ = std::fs::remove_dir(&cgroup.path);
-            return Err(e);
+        for e in cgroup.limit(limits, &self.enabled) {
+            // The run still goes, as with a limit the host has no
+            // controller for.
+            tracing::warn!(job, fence, "a limit is not enforced for this run: {e}");
         }
         Ok(cgroup)
     }
@@ -171,7 +172,9 @@ impl RunCgroup {
         &self.path
     }
 
-    fn limit(&self, l: &Limits, enabled: &[&str]) -> Result<(), CgroupError> {
+    /// Writes `l` for the controllers in `enabled`; what could not be
+    /// written (a kernel without `io.weight`, say).
+    fn limit(&self, l: &Limits, enabled: &[&str]) -> Vec<CgroupError> {
         let on = |c: &str| enabled.contains(&c);
         let mut settings: Vec<(&str, String)> = Vec::new();
         if let (Some(m), true) = (l.memory_max, on("memory")) {
@@ -193,15 +196,21 @@ impl RunCgroup {
         if let (Some(w), true) = (l.io_weight, on("io")) {
             settings.push(("io.weight", format!("default {w}")));
         }
-        for (file, value) in settings {
-            write(&self.path.join(file), &value)?;
-        }
-        Ok(())
+        settings
+            .into_iter()
+            .filter_map(|(file, value)| write(&self.path.join(file), &value).err())
+            .collect()
     }
 
     /// SIGKILLs every process in it.
     pub fn kill(&self) {
         kill(&self.path);
+    }
+
+    /// SIGTERMs every process in it (those that left the run's process
+    /// group too), as systemd stops a unit.
+    pub fn terminate(&self) {
+        signal_each(&self.path, nix::sys::signal::Signal::SIGTERM);
     }
 
     /// The run's command exited: kills what it left behind, waits (at most
@@ -210,12 +219,11 @@ impl RunCgroup {
     /// sweep).
     pub async fn finish(self, within: Duration) -> Accounted {
         let deadline = tokio::time::Instant::now() + within;
-        let mut killed = false;
+        // Each round: without `cgroup.kill` (kernels before 5.14) a
+        // process forked during a pass over `cgroup.procs` is caught by
+        // the next.
         while populated(&self.path) {
-            if !killed {
-                kill(&self.path);
-                killed = true;
-            }
+            kill(&self.path);
             if tokio::time::Instant::now() >= deadline {
                 break;
             }
@@ -262,14 +270,16 @@ fn kill(path: &Path) {
     if write(&path.join("cgroup.kill"), "1").is_ok() {
         return;
     }
+    signal_each(path, nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Sends `sig` to each process `cgroup.procs` lists.
+fn signal_each(path: &Path, sig: nix::sys::signal::Signal) {
     let Ok(procs) = std::fs::read_to_string(path.join("cgroup.procs")) else {
         return;
     };
     for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
     }
 }
 
@@ -320,14 +330,13 @@ pub fn kill_runs(within: Duration) -> bool {
         return true;
     };
     let runs = run_cgroups(&base);
-    for run in &runs {
-        kill(run);
-    }
     let since = std::time::Instant::now();
     loop {
-        if !runs.iter().any(|r| populated(r)) {
+        let busy: Vec<&PathBuf> = runs.iter().filter(|r| populated(r)).collect();
+        if busy.is_empty() {
             return true;
         }
+        busy.into_iter().for_each(|r| kill(r));
         if since.elapsed() >= within {
             return false;
         }
@@ -362,12 +371,15 @@ pub fn unit_processes() -> Option<(PathBuf, impl FnMut() -> std::io::Result<Vec<
     };
     let me = std::process::id();
     let root = unit.clone();
-    Some((unit, move || {
-        let mut pids = Vec::new();
-        collect_procs(&root, &mut pids)?;
-        pids.retain(|p| *p != me);
-        Ok(pids)
-    }))
+    Some((unit, move || procs_below(&root, me)))
+}
+
+/// The processes of `dir`'s cgroup and below, but `me`.
+fn procs_below(dir: &Path, me: u32) -> std::io::Result<Vec<u32>> {
+    let mut pids = Vec::new();
+    collect_procs(dir, &mut pids)?;
+    pids.retain(|p| *p != me);
+    Ok(pids)
 }
 
 /// The processes of `dir`'s cgroup and every cgroup below it.
@@ -463,10 +475,8 @@ fn unescape_mountinfo(s: &str) -> String {
 }
 
 /// The daemon's delegated cgroup: this process's unified cgroup (its
-/// parent, from the daemon's leaf), marked delegated by systemd (the
-/// `trusted.delegate` or `user.delegate` attribute, systemd 251 and later)
-/// or, for an unprivileged daemon, one it may write to (only a delegation
-/// gives a service's user its cgroup).
+/// parent, from the daemon's leaf), marked delegated by systemd
+/// ([`is_delegated`]).
 fn delegated_base() -> Result<PathBuf, &'static str> {
     let content =
         std::fs::read_to_string("/proc/self/cgroup").map_err(|_| "no /proc/self/cgroup")?;
@@ -495,21 +505,18 @@ fn delegated_base() -> Result<PathBuf, &'static str> {
     Ok(base)
 }
 
-/// systemd's mark of a delegated cgroup, or (unprivileged) its
-/// `cgroup.procs` and `cgroup.subtree_control` writable by us.
+/// systemd's mark of a delegated cgroup: the `trusted.delegate` (root) or
+/// `user.delegate` (systemd 252 and later, readable unprivileged)
+/// attribute. Not "writable by us": every cgroup of a user's session is,
+/// and daemons sharing one would kill each other's runs.
 fn is_delegated(dir: &Path) -> bool {
-    for name in ["trusted.delegate", "user.delegate"] {
-        let mut buf = [0u8; 8];
-        if let Ok(n) = rustix::fs::getxattr(dir, name, &mut buf)
-            && buf.get(..n) == Some(b"1".as_slice())
-        {
-            return true;
-        }
-    }
-    let writable = |f: &str| rustix::fs::access(dir.join(f), rustix::fs::Access::WRITE_OK).is_ok();
-    !rustix::process::geteuid().is_root()
-        && writable("cgroup.procs")
-        && writable("cgroup.subtree_control")
+    ["trusted.delegate", "user.delegate"]
+        .into_iter()
+        .any(|name| {
+            let mut buf = [0u8; 8];
+            rustix::fs::getxattr(dir, name, &mut buf)
+                .is_ok_and(|n| buf.get(..n) == Some(b"1".as_slice()))
+        })
 }
 
 fn read(path: &Path) -> Result<String, CgroupError> {
@@ -623,7 +630,7 @@ mod tests {
             nice: None,
             open_files: None,
         };
-        cgroup.limit(&limits, &["memory", "pids", "cpu"]).unwrap();
+        assert!(cgroup.limit(&limits, &["memory", "pids", "cpu"]).is_empty());
         let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
         assert_eq!(read("memory.max"), (64u64 << 20).to_string());
         assert_eq!(read("memory.swap.max"), "0");
@@ -650,12 +657,9 @@ mod tests {
         std::fs::write(dir.path().join("run-a-1/cgroup.procs"), "20\n").unwrap();
         std::fs::create_dir_all(dir.path().join(".control")).unwrap();
         std::fs::write(dir.path().join(".control/cgroup.procs"), format!("{me}\n")).unwrap();
-        let mut pids = Vec::new();
-        collect_procs(dir.path(), &mut pids).unwrap();
+        let mut pids = procs_below(dir.path(), std::process::id()).unwrap();
         pids.sort();
-        let mut want = vec![10, 11, 20, std::process::id()];
-        want.sort();
-        assert_eq!(pids, want);
+        assert_eq!(pids, vec![10, 11, 20], "every cgroup below, but us");
         assert_eq!(
             run_cgroups(dir.path()),
             vec![dir.path().join("run-a-1")],

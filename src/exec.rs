@@ -442,18 +442,17 @@ pub async fn run(
     let job = spec.job;
     let fence = spec.fence;
     let note = run_note(&spec, started_at);
-    let cgroup = cgroups
-        .map(|c| c.create(job.name.as_str(), fence, spec.is_run, &job.isolation.limits))
-        .transpose()
-        .map_err(|e| format!("cannot make the run's cgroup: {e}"));
-    let started = match &cgroup {
-        Ok(cgroup) => {
-            let launch = Launch::new(&spec, cgroup.as_ref().map(RunCgroup::path));
-            start(&launch, note.as_ref(), guard).await
-        }
-        Err(e) => Err(e.clone()),
-    };
-    let cgroup = cgroup.ok().flatten();
+    // A cgroup that cannot be made leaves the run as it would be without
+    // delegation (its group and what the guard finds), said once per run.
+    let cgroup = cgroups.and_then(|c| {
+        c.create(job.name.as_str(), fence, spec.is_run, &job.isolation.limits)
+            .map_err(|e| {
+                tracing::warn!(job = %job.name, fence, "cannot make the run's cgroup ({e}): it runs without one");
+            })
+            .ok()
+    });
+    let launch = Launch::new(&spec, cgroup.as_ref().map(RunCgroup::path));
+    let started = start(&launch, note.as_ref(), guard).await;
     let mut process = match started {
         Ok(process) => process,
         Err(e) => {
@@ -470,7 +469,8 @@ pub async fn run(
                     &job.name,
                     fence,
                     &e,
-                    format!("cronlease: the command did not start: {e}\n"),
+                    spec.secrets
+                        .scrub(&format!("cronlease: the command did not start: {e}\n")),
                 ),
                 usage: Usage::default(),
             };
@@ -652,8 +652,9 @@ fn signal_group(pgid: u32, sig: Signal) {
     }
 }
 
-/// SIGTERM to the group, SIGKILL after `grace` (at once when zero) to the
-/// group and to all of the run's cgroup, and wait for the end.
+/// SIGTERM to the group (and each process of the run's cgroup), SIGKILL
+/// after `grace` (at once when zero) to the group and the whole cgroup,
+/// and wait for the end.
 async fn terminate(
     exit: &mut Exit,
     pgid: u32,
@@ -662,6 +663,9 @@ async fn terminate(
 ) -> Option<ExitStatus> {
     if !grace.is_zero() {
         signal_group(pgid, Signal::SIGTERM);
+        if let Some(c) = cgroup {
+            c.terminate();
+        }
         if let Ok(status) = tokio::time::timeout(grace, &mut *exit).await {
             return status;
         }

@@ -121,7 +121,7 @@ pub fn wait_for_guard(within: Duration) -> std::process::ExitCode {
             }
             if remaining > 0 {
                 eprintln!(
-                    "cronlease __wait-guard: {remaining} process(es) still in the unit after {SWEEP_WITHIN:?} of killing; systemd kills what is left"
+                    "cronlease __wait-guard: {remaining} process(es) still in the unit after {SWEEP_WITHIN:?} of killing (not this user's to kill?): left running"
                 );
             }
         }
@@ -181,7 +181,7 @@ fn wait_then_sweep(
     let remaining = loop {
         let left = read()?;
         if left.is_empty() || std::time::Instant::now() >= deadline {
-            break left.len();
+            break left;
         }
         // The cgroups below the unit's first (whoever's their processes
         // are), then each process.
@@ -208,8 +208,8 @@ fn wait_then_sweep(
     };
     Ok(Settled {
         guard_gone,
-        killed: killed.len() - remaining.min(killed.len()),
-        remaining,
+        killed: killed.iter().filter(|p| !remaining.contains(p)).count(),
+        remaining: remaining.len(),
     })
 }
 

@@ -106,7 +106,10 @@ impl SystemdRunner {
             Arc::default();
         let routes = watchers.clone();
         tokio::spawn(async move {
-            while let Some(Ok(msg)) = stream.next().await {
+            // An item that is an error (a message it could not read) is
+            // skipped; only the stream's end is the bus gone.
+            while let Some(item) = stream.next().await {
+                let Ok(msg) = item else { continue };
                 let header = msg.header();
                 let Some(path) = header.path() else { continue };
                 if let Ok(w) = routes.lock()
