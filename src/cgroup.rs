@@ -120,23 +120,12 @@ impl Runs {
             .collect()
     }
 
-    /// Makes the cgroup of a run (`is_run`: false for `on_failure`'s
-    /// command) with `limits` on it, for those it has the controller of.
-    /// One left by an earlier attempt with the same name is killed and
-    /// made again.
-    pub fn create(
-        &self,
-        job: &str,
-        fence: u64,
-        is_run: bool,
-        limits: &Limits,
-    ) -> Result<RunCgroup, CgroupError> {
-        let name = if is_run {
-            format!("{RUN_PREFIX}{job}-{fence}")
-        } else {
-            format!("{RUN_PREFIX}{job}-{fence}-on-failure")
-        };
-        let path = self.base.join(name);
+    /// Makes the cgroup of the run `label` (`JOB-FENCE`, `-on-failure`
+    /// for that command: [`crate::exec::run_label`]) with `limits` on it,
+    /// for those it has the controller of. One left by an earlier attempt
+    /// with the same name is killed and made again.
+    pub fn create(&self, label: &str, limits: &Limits) -> Result<RunCgroup, CgroupError> {
+        let path = self.base.join(format!("{RUN_PREFIX}{label}"));
         if let Err(e) = std::fs::create_dir(&path) {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
                 return Err(io("creating", &path)(e));
@@ -148,7 +137,7 @@ impl Runs {
         for e in cgroup.limit(limits, &self.enabled) {
             // The run still goes, as with a limit the host has no
             // controller for.
-            tracing::warn!(job, fence, "a limit is not enforced for this run: {e}");
+            tracing::warn!(run = label, "a limit is not enforced for this run: {e}");
         }
         Ok(cgroup)
     }
@@ -286,15 +275,26 @@ fn signal_each(path: &Path, sig: nix::sys::signal::Signal) {
 /// Kills a cgroup's processes, waits (at most `within`) until it is
 /// empty, and removes it.
 fn remove(path: &Path, within: Duration) -> std::io::Result<()> {
+    kill_until_empty(&[path.to_path_buf()], within);
+    std::fs::remove_dir(path)
+}
+
+/// SIGKILLs what is in each of `cgroups`, again every round (a process
+/// forked during a pass without `cgroup.kill` is caught by the next),
+/// until all are empty, at most `within`; true if they emptied.
+fn kill_until_empty(cgroups: &[PathBuf], within: Duration) -> bool {
     let since = std::time::Instant::now();
-    while populated(path) {
-        kill(path);
+    loop {
+        let busy: Vec<&PathBuf> = cgroups.iter().filter(|c| populated(c)).collect();
+        if busy.is_empty() {
+            return true;
+        }
+        busy.into_iter().for_each(|c| kill(c));
         if since.elapsed() >= within {
-            break;
+            return false;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    std::fs::remove_dir(path)
 }
 
 /// The run cgroups below `base`.
@@ -329,19 +329,7 @@ pub fn kill_runs(within: Duration) -> bool {
     let Ok(base) = delegated_base() else {
         return true;
     };
-    let runs = run_cgroups(&base);
-    let since = std::time::Instant::now();
-    loop {
-        let busy: Vec<&PathBuf> = runs.iter().filter(|r| populated(r)).collect();
-        if busy.is_empty() {
-            return true;
-        }
-        busy.into_iter().for_each(|r| kill(r));
-        if since.elapsed() >= within {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    kill_until_empty(&run_cgroups(&base), within)
 }
 
 /// For `__wait-guard`, once the guard is gone: SIGKILLs every process of

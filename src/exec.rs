@@ -313,6 +313,17 @@ impl Launch {
     }
 }
 
+/// A run's name where the host shows it (its systemd unit, its cgroup):
+/// `JOB-FENCE`, `JOB-FENCE-on-failure` for the job's `on_failure` command
+/// (`is_run` false).
+pub fn run_label(job: &str, fence: u64, is_run: bool) -> String {
+    if is_run {
+        format!("{job}-{fence}")
+    } else {
+        format!("{job}-{fence}-on-failure")
+    }
+}
+
 /// The run's argv: the job's command (`on_failure`'s for that run).
 fn command_argv(spec: &RunSpec<'_>) -> Vec<String> {
     match &spec.job.command {
@@ -445,7 +456,10 @@ pub async fn run(
     // A cgroup that cannot be made leaves the run as it would be without
     // delegation (its group and what the guard finds), said once per run.
     let cgroup = cgroups.and_then(|c| {
-        c.create(job.name.as_str(), fence, spec.is_run, &job.isolation.limits)
+        c.create(
+            &run_label(job.name.as_str(), fence, spec.is_run),
+            &job.isolation.limits,
+        )
             .map_err(|e| {
                 tracing::warn!(job = %job.name, fence, "cannot make the run's cgroup ({e}): it runs without one");
             })

@@ -41,11 +41,10 @@ pub enum UnitsError {
 /// `...-on-failure.service` for its `on_failure` command. Job names are
 /// `[A-Za-z0-9_.-]`, all valid in a unit name.
 pub fn unit_name(job: &str, fence: u64, is_run: bool) -> String {
-    if is_run {
-        format!("cronlease-{job}-{fence}.service")
-    } else {
-        format!("cronlease-{job}-{fence}-on-failure.service")
-    }
+    format!(
+        "cronlease-{}.service",
+        crate::exec::run_label(job, fence, is_run)
+    )
 }
 
 /// A unit's object path: systemd's escaping of its name (every byte but
