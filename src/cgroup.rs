@@ -11,7 +11,7 @@
 //! - `BASE/daemon`: the daemon, and so its guard (a cgroup with processes
 //!   may not give controllers to its children: the daemon moves itself out
 //!   of `BASE` first, as systemd's `DelegateSubgroup=` would);
-//! - `BASE/run-JOB-FENCE` (`-on-failure` for that command): one run. Its
+//! - `BASE/run-JOB-FENCE` (`-on-failure` etc. for a hook): one run. Its
 //!   first process moves itself in before it executes the command
 //!   (`cronlease __run-as --cgroup`), so nothing it starts is ever outside.
 //!

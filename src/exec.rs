@@ -236,9 +236,9 @@ pub struct RunSpec<'a> {
     /// The store's URL, whose password (from it or `password_file`) never
     /// reaches the output tail or the log.
     pub secrets: &'a StoreUrl,
-    /// A run of the job, which the guard records `killed` if the daemon
-    /// dies during it; false for its `on_failure` command.
-    pub is_run: bool,
+    /// `None` for a run of the job, which the guard records `killed` if the
+    /// daemon dies during it; the hook for one of its hooks (`on_failure`, ...).
+    pub hook: Option<crate::config::Hook>,
     /// A manual run (`cronlease trigger`): its request's id, given to the
     /// process as `CRONLEASE_TRIGGER`.
     pub trigger: Option<crate::store::TriggerId>,
@@ -314,13 +314,12 @@ impl Launch {
 }
 
 /// A run's name where the host shows it (its systemd unit, its cgroup):
-/// `JOB-FENCE`, `JOB-FENCE-on-failure` for the job's `on_failure` command
-/// (`is_run` false).
-pub fn run_label(job: &str, fence: u64, is_run: bool) -> String {
-    if is_run {
-        format!("{job}-{fence}")
-    } else {
-        format!("{job}-{fence}-on-failure")
+/// `JOB-FENCE`, `JOB-FENCE-on-failure` (`-on-success`, `-on-recovery`) for
+/// the job's hook after that run.
+pub fn run_label(job: &str, fence: u64, hook: Option<crate::config::Hook>) -> String {
+    match hook {
+        None => format!("{job}-{fence}"),
+        Some(hook) => format!("{job}-{fence}-{}", hook.label()),
     }
 }
 
@@ -354,9 +353,9 @@ fn run_env(spec: &RunSpec<'_>) -> Vec<(String, String)> {
 }
 
 /// What the guard records for the run if the daemon dies during it
-/// (none for an `on_failure` command).
+/// (none for a hook).
 pub(crate) fn run_note(spec: &RunSpec<'_>, started_at: DateTime<Utc>) -> Option<RunNote> {
-    spec.is_run.then(|| RunNote {
+    spec.hook.is_none().then(|| RunNote {
         job: spec.job.name.to_string(),
         fence: spec.fence,
         occurrence: spec.occurrence,
@@ -457,7 +456,7 @@ pub async fn run(
     // delegation (its group and what the guard finds), said once per run.
     let cgroup = cgroups.and_then(|c| {
         c.create(
-            &run_label(job.name.as_str(), fence, spec.is_run),
+            &run_label(job.name.as_str(), fence, spec.hook),
             &job.isolation.limits,
         )
             .map_err(|e| {

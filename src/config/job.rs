@@ -48,10 +48,15 @@ pub(super) fn validate_job(
         }
     };
     let command = command_of(src, &rj.command, "command", errors);
-    let on_failure = rj
-        .on_failure
-        .as_ref()
-        .and_then(|v| command_of(src, v, "on_failure", errors));
+    let [on_failure, on_success, on_recovery] = [
+        (&rj.on_failure, Hook::Failure),
+        (&rj.on_success, Hook::Success),
+        (&rj.on_recovery, Hook::Recovery),
+    ]
+    .map(|(v, hook)| {
+        v.as_ref()
+            .and_then(|v| command_of(src, v, hook.key(), errors))
+    });
     let timeout = rj
         .timeout
         .as_ref()
@@ -119,12 +124,14 @@ pub(super) fn validate_job(
         identity,
         output_tail: output_tail?,
         on_failure,
+        on_success,
+        on_recovery,
         isolation,
         defined_at: here,
     })
 }
 
-/// A command (`command`, `on_failure`): a string runs as `/bin/sh -c`, an
+/// A command (`command`, a hook): a string runs as `/bin/sh -c`, an
 /// array is an argv.
 /// The longest single argument or `NAME=value` string the kernel's exec
 /// takes (Linux's MAX_ARG_STRLEN: 32 pages).

@@ -332,8 +332,13 @@ pub struct Job {
     /// stderr history keeps (0: none).
     pub output_tail: usize,
     /// `on_failure`: run on the same node after a run ended `failed`,
-    /// `timeout` or `lease_lost`.
+    /// `timeout`, `lease_lost` or `not_started`.
     pub on_failure: Option<Command>,
+    /// `on_success`: run on the same node after a run ended `ok`.
+    pub on_success: Option<Command>,
+    /// `on_recovery`: run on the same node after the first `ok` run that
+    /// follows a failed one.
+    pub on_recovery: Option<Command>,
     /// `[job.limits]`, `[job.sandbox]`, `credentials`.
     pub isolation: Isolation,
     /// `file:line` of the definition, for log messages.
@@ -355,7 +360,49 @@ impl Job {
             && self.identity == other.identity
             && self.output_tail == other.output_tail
             && self.on_failure == other.on_failure
+            && self.on_success == other.on_success
+            && self.on_recovery == other.on_recovery
             && self.isolation == other.isolation
+    }
+}
+
+/// A command a job runs on the node that ran it, after the run, for what
+/// the run's outcome says: `on_failure`, `on_success`, `on_recovery`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Failure,
+    Success,
+    Recovery,
+}
+
+impl Hook {
+    /// The job key, also `CRONLEASE_HOOK` in the hook's environment.
+    pub fn key(self) -> &'static str {
+        match self {
+            Hook::Failure => "on_failure",
+            Hook::Success => "on_success",
+            Hook::Recovery => "on_recovery",
+        }
+    }
+
+    /// Its part of a run's name on the host (`JOB-FENCE-on-failure`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Hook::Failure => "on-failure",
+            Hook::Success => "on-success",
+            Hook::Recovery => "on-recovery",
+        }
+    }
+}
+
+impl Job {
+    /// The job's command for `hook`, if it has one.
+    pub fn hook(&self, hook: Hook) -> Option<&Command> {
+        match hook {
+            Hook::Failure => self.on_failure.as_ref(),
+            Hook::Success => self.on_success.as_ref(),
+            Hook::Recovery => self.on_recovery.as_ref(),
+        }
     }
 }
 
@@ -377,6 +424,8 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         identity: None,
         output_tail: 0,
         on_failure: None,
+        on_success: None,
+        on_recovery: None,
         isolation: Isolation::default(),
         defined_at: "test.toml:1".into(),
     }

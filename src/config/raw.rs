@@ -113,6 +113,10 @@ pub struct RawJob {
     pub output_tail: Option<Spanned<String>>,
     /// Like `command`; checked in validation.
     pub on_failure: Option<Spanned<toml::Value>>,
+    /// Like `command`; checked in validation.
+    pub on_success: Option<Spanned<toml::Value>>,
+    /// Like `command`; checked in validation.
+    pub on_recovery: Option<Spanned<toml::Value>>,
     pub limits: Option<RawLimits>,
     /// Property name → value; both checked in validation.
     pub sandbox: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,

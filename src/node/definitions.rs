@@ -4,7 +4,7 @@
 //!
 //! - Each job's definition (what changes when it runs: schedule, zone,
 //!   command, timeout, kill grace, misfire, overlap, env, working directory,
-//!   user, output tail, on_failure) has a 64-bit digest, SHA-256 over a
+//!   user, output tail, hooks) has a 64-bit digest, SHA-256 over a
 //!   tagged encoding of those fields: the same on every host and version
 //!   that writes the same encoding ([`ENCODING`]).
 //! - Every beat carries the digest of the whole set (so agreeing nodes
@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{Command, Job, JobName};
+use crate::config::{Command, Hook, Job, JobName};
 use crate::store::{DefinitionsBeat, NodeRecord};
 
 /// The version of the digest's encoding: a node writing another one says
@@ -78,7 +78,9 @@ pub fn job_digest(job: &Job) -> JobDigest {
         put("gid", &id.gid.to_le_bytes());
     }
     put("output_tail", &(job.output_tail as u64).to_le_bytes());
-    put_command(&mut put, "on_failure", job.on_failure.as_ref());
+    for hook in [Hook::Failure, Hook::Success, Hook::Recovery] {
+        put_command(&mut put, hook.key(), job.hook(hook));
+    }
     let sum = h.finalize();
     let mut first = [0u8; 8];
     first.copy_from_slice(&sum[..8]);

@@ -22,9 +22,37 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{JobState, LeaseClock, Node};
+use crate::config::Hook;
 use crate::exec::{Finished, RunSpec, StopReason};
 use crate::metrics::Metrics;
 use crate::store::{Outcome, Renewal, RunRecord, StoreError, TriggerId};
+
+/// How many of a job's newest history records `on_recovery` looks through
+/// for the run before the one that ended `ok`.
+const RECOVERY_LOOKBACK: u32 = 20;
+
+/// How a run ended, for the hooks that follow it.
+struct Ended {
+    outcome: Outcome,
+    exit_code: Option<i32>,
+    duration_ms: i64,
+    /// The output tail, as history keeps it.
+    output: String,
+}
+
+/// `text` as an environment value: control characters other than newline
+/// and tab (NUL among them) become U+FFFD.
+fn env_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                char::REPLACEMENT_CHARACTER
+            } else {
+                c
+            }
+        })
+        .collect()
+}
 
 /// A won occurrence, to run.
 #[derive(Debug, Clone, Copy)]
@@ -75,46 +103,95 @@ impl Node {
                 state.lease_ended();
                 node.release(&[state.job().name.clone()]).await;
             }
-            if let Some((outcome, exit_code)) = ended {
-                node.on_failure(&state, ticket, &outcome, exit_code).await;
-            }
+            node.hooks(&state, ticket, &ended).await;
         }))
     }
 
-    /// The job's `on_failure` command after a run of it ended `outcome`:
-    /// the run's environment plus `CRONLEASE_OUTCOME` and
-    /// `CRONLEASE_EXIT_CODE` (empty without one), its user and directory,
-    /// bounded by the job's `timeout`; not claimed and not in history (its
-    /// output goes to the log like the job's). Stopped at shutdown.
-    async fn on_failure(
-        &self,
-        state: &JobState,
-        ticket: RunTicket,
-        outcome: &Outcome,
-        exit_code: Option<i32>,
-    ) {
+    /// The job's hooks after a run of it ended: `on_failure` after a
+    /// failure ([`Outcome::is_failure`]); after `ok`, `on_success`, and
+    /// `on_recovery` when the job's previous run in history (any node's)
+    /// failed. Both of those go at once.
+    async fn hooks(&self, state: &JobState, ticket: RunTicket, ended: &Ended) {
         let job = state.job();
-        let Some(command) = &job.on_failure else {
+        if ended.outcome.is_failure() {
+            self.hook(state, ticket, Hook::Failure, ended).await;
+            return;
+        }
+        if ended.outcome != Outcome::Ok {
+            return;
+        }
+        let recovered = async {
+            if job.on_recovery.is_some() && self.follows_failure(&job.name, ticket.fence).await {
+                self.hook(state, ticket, Hook::Recovery, ended).await;
+            }
+        };
+        tokio::join!(self.hook(state, ticket, Hook::Success, ended), recovered);
+    }
+
+    /// Whether the job's run before `fence` (the newest in history below
+    /// it that ran or failed to: skipped and expired occurrences are passed
+    /// over) failed. A history the store cannot read now is a WARN and no.
+    async fn follows_failure(&self, job: &crate::config::JobName, fence: u64) -> bool {
+        let read = tokio::time::timeout(
+            self.settings.op_timeout,
+            self.store.history(Some(job), RECOVERY_LOOKBACK),
+        )
+        .await;
+        let runs = match read {
+            Ok(Ok(runs)) => runs,
+            Ok(Err(e)) => {
+                tracing::warn!(job = %job, fence, "on_recovery not started: the job's history could not be read: {e}");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(job = %job, fence, "on_recovery not started: the job's history could not be read in {:?}", self.settings.op_timeout);
+                return false;
+            }
+        };
+        runs.iter()
+            .filter(|r| r.fence < fence && (r.outcome == Outcome::Ok || r.outcome.is_failure()))
+            .max_by_key(|r| r.fence)
+            .is_some_and(|r| r.outcome.is_failure())
+    }
+
+    /// Runs the job's `hook` command, if it has one, after the run that
+    /// `ended`: the run's environment plus `CRONLEASE_HOOK`,
+    /// `CRONLEASE_OUTCOME`, `CRONLEASE_EXIT_CODE` (empty without one),
+    /// `CRONLEASE_DURATION_MS` and `CRONLEASE_OUTPUT_TAIL` (the run's
+    /// tail as history keeps it, control characters but newline and tab
+    /// as U+FFFD), its user and directory, bounded by the job's `timeout`;
+    /// not claimed and not in history (its output goes to the log like
+    /// the job's). Stopped at shutdown, and none starts then.
+    async fn hook(&self, state: &JobState, ticket: RunTicket, which: Hook, ended: &Ended) {
+        let job = state.job();
+        let Some(command) = job.hook(which) else {
             return;
         };
+        let key = which.key();
         let mut hook = (*job).clone();
         hook.command = command.clone();
         hook.output_tail = 0;
-        hook.env
-            .insert("CRONLEASE_OUTCOME".into(), outcome.as_str().to_string());
-        hook.env.insert(
-            "CRONLEASE_EXIT_CODE".into(),
-            exit_code.map(|c| c.to_string()).unwrap_or_default(),
-        );
+        for (name, value) in [
+            ("CRONLEASE_HOOK", key.to_string()),
+            ("CRONLEASE_OUTCOME", ended.outcome.as_str().to_string()),
+            (
+                "CRONLEASE_EXIT_CODE",
+                ended.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            ),
+            ("CRONLEASE_DURATION_MS", ended.duration_ms.to_string()),
+            ("CRONLEASE_OUTPUT_TAIL", env_safe(&ended.output)),
+        ] {
+            hook.env.insert(name.into(), value);
+        }
         if self.life.kill_runs.is_cancelled() {
-            tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure not started: the daemon is shutting down");
+            tracing::info!(job = %job.name, fence = ticket.fence, outcome = %ended.outcome, "{key} not started: the daemon is shutting down");
             return;
         }
         let spec = RunSpec {
-            is_run: false,
+            hook: Some(which),
             ..self.spec(&hook, ticket)
         };
-        tracing::info!(job = %job.name, fence = ticket.fence, outcome = %outcome, "on_failure starting");
+        tracing::info!(job = %job.name, fence = ticket.fence, outcome = %ended.outcome, "{key} starting");
         let stop = async {
             self.life.kill_runs.cancelled().await;
             StopReason::Shutdown
@@ -125,15 +202,15 @@ impl Node {
             .await;
         match &finished.outcome {
             Outcome::Ok => {
-                tracing::info!(job = %job.name, fence = ticket.fence, "on_failure finished: ok")
+                tracing::info!(job = %job.name, fence = ticket.fence, "{key} finished: ok")
             }
-            ended => {
-                tracing::warn!(job = %job.name, fence = ticket.fence, exit_code = ?finished.exit_code, "on_failure finished: {ended}")
+            done => {
+                tracing::warn!(job = %job.name, fence = ticket.fence, exit_code = ?finished.exit_code, "{key} finished: {done}")
             }
         }
     }
 
-    /// What the runner needs to run `job` (the job, or its `on_failure`) on
+    /// What the runner needs to run `job` (the job, or one of its hooks) on
     /// `ticket`.
     fn spec<'a>(&'a self, job: &'a crate::config::Job, ticket: RunTicket) -> RunSpec<'a> {
         RunSpec {
@@ -145,18 +222,13 @@ impl Node {
             decision_ms: ticket.decision_ms,
             clock: self.wall.as_ref(),
             secrets: &self.store_url,
-            is_run: true,
+            hook: None,
             trigger: ticket.trigger,
         }
     }
 
-    /// Supervises the run; answers how it ended when the job's
-    /// `on_failure` should follow.
-    async fn supervise(
-        &self,
-        state: &JobState,
-        ticket: RunTicket,
-    ) -> Option<(Outcome, Option<i32>)> {
+    /// Supervises the run; answers how it ended, for its hooks.
+    async fn supervise(&self, state: &JobState, ticket: RunTicket) -> Ended {
         let job = state.job();
         let provable = state
             .lease_clock()
@@ -171,10 +243,12 @@ impl Node {
                 Finished::without_process(Outcome::LeaseLost, self.wall.now()),
             )
             .await;
-            return job
-                .on_failure
-                .is_some()
-                .then_some((Outcome::LeaseLost, None));
+            return Ended {
+                outcome: Outcome::LeaseLost,
+                exit_code: None,
+                duration_ms: 0,
+                output: String::new(),
+            };
         }
         let stop = async {
             tokio::select! {
@@ -205,16 +279,14 @@ impl Node {
                 tracing::warn!(job = %job.name, fence = ticket.fence, duration_ms = took, exit_code = ?finished.exit_code, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: {outcome}")
             }
         }
-        let ended = (finished.outcome.clone(), finished.exit_code);
+        let ended = Ended {
+            outcome: finished.outcome.clone(),
+            exit_code: finished.exit_code,
+            duration_ms: took.max(0),
+            output: finished.output.clone(),
+        };
         self.record(state, ticket, finished).await;
-        // Also a command that could not start (a missing program or
-        // directory, a user systemd could not switch to): the job did not
-        // do its work.
-        let failed = matches!(
-            ended.0,
-            Outcome::Failed | Outcome::Timeout | Outcome::LeaseLost | Outcome::NotStarted
-        );
-        (failed && job.on_failure.is_some()).then_some(ended)
+        ended
     }
 
     /// Keeps the job's lease while its run goes; returns when the lease is

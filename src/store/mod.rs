@@ -391,6 +391,20 @@ impl Outcome {
         }
     }
 
+    /// The job did not do its work: `failed`, `timeout`, `lease_lost`,
+    /// `killed`, `not_started` (what `on_failure` follows, and what
+    /// `on_recovery` recovers from).
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Failed
+                | Outcome::Timeout
+                | Outcome::LeaseLost
+                | Outcome::Killed
+                | Outcome::NotStarted
+        )
+    }
+
     /// The stored form read back; anything else is [`Outcome::Unknown`].
     pub fn parse(s: &str) -> Self {
         match s {

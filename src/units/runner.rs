@@ -38,12 +38,12 @@ pub enum UnitsError {
 }
 
 /// The unit name of a run: `cronlease-<job>-<fence>.service`, and
-/// `...-on-failure.service` for its `on_failure` command. Job names are
+/// `...-on-failure.service` (`-on-success`, `-on-recovery`) for its hooks. Job names are
 /// `[A-Za-z0-9_.-]`, all valid in a unit name.
-pub fn unit_name(job: &str, fence: u64, is_run: bool) -> String {
+pub fn unit_name(job: &str, fence: u64, hook: Option<crate::config::Hook>) -> String {
     format!(
         "cronlease-{}.service",
-        crate::exec::run_label(job, fence, is_run)
+        crate::exec::run_label(job, fence, hook)
     )
 }
 
@@ -469,7 +469,7 @@ impl Runner for SystemdRunner {
         guard: Option<&'a Guard>,
         stop: Pin<Box<dyn Future<Output = StopReason> + Send + 'a>>,
     ) -> Finished {
-        let unit = unit_name(spec.job.name.as_str(), spec.fence, spec.is_run);
+        let unit = unit_name(spec.job.name.as_str(), spec.fence, spec.hook);
         let path = unit_path(&unit);
         let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
         if let Ok(mut w) = self.watchers.lock() {
@@ -952,12 +952,16 @@ mod tests {
     #[test]
     fn unit_names_and_their_object_paths() {
         assert_eq!(
-            unit_name("backup.db", 42, true),
+            unit_name("backup.db", 42, None),
             "cronlease-backup.db-42.service"
         );
         assert_eq!(
-            unit_name("a_b", 7, false),
+            unit_name("a_b", 7, Some(crate::config::Hook::Failure)),
             "cronlease-a_b-7-on-failure.service"
+        );
+        assert_eq!(
+            unit_name("a_b", 7, Some(crate::config::Hook::Recovery)),
+            "cronlease-a_b-7-on-recovery.service"
         );
         // systemd's escaping: every byte but [A-Za-z0-9] as _xx.
         assert_eq!(

@@ -574,6 +574,82 @@ on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME x$CRONLEAS
     );
 }
 
+/// `on_success` follows every `ok` run and `on_recovery` the first `ok` run
+/// after a failed one (judged from history), both on the node that ran it;
+/// `on_failure` follows the failures; each hook gets `CRONLEASE_HOOK`, the
+/// outcome, exit code and duration, and the run's output tail.
+#[test]
+fn hooks_follow_success_recovery_and_failure() {
+    let hook = r#"'''printf '%s %s %s x%s [%s]\n' "$CRONLEASE_HOOK" "$CRONLEASE_FENCE" "$CRONLEASE_OUTCOME" "$CRONLEASE_EXIT_CODE" "$(echo $CRONLEASE_OUTPUT_TAIL)" >> '{out}.hook'; [ "$CRONLEASE_DURATION_MS" -ge 0 ] || echo bad-duration >> '{out}.hook' '''"#;
+    // Runs 0, 3, 6, ... fail; the others succeed: fail, ok (recovered),
+    // ok, fail, ok (recovered), ok, ...
+    let jobs = format!(
+        r#"
+[[job]]
+name = "flaky"
+schedule = "* * * * * *"
+command = "n=$(cat '{{out}}.n' 2>/dev/null || echo 0); echo $((n + 1)) > '{{out}}.n'; echo run$n; [ $((n % 3)) -ne 0 ]"
+on_failure = {hook}
+on_success = {hook}
+on_recovery = {hook}
+"#
+    );
+    let mut c = Cluster::new(Backend::Sqlite, Some(&jobs), "");
+    c.start("n1");
+    let hook_file = format!("{}.hook", c.out.display());
+    let read = || std::fs::read_to_string(&hook_file).unwrap_or_default();
+    wait_until(
+        "two recoveries",
+        Duration::from_secs(30),
+        || format!("{}\n{}", read(), c.report()),
+        || (read().matches("on_recovery ").count() >= 2).then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    c.stop_all();
+    let lines = read();
+    let mut runs = history(&c, "flaky");
+    runs.sort_by_key(|r| r["fence"].as_u64());
+    assert!(!lines.contains("bad-duration"), "{lines}");
+    let mut previous_failed = None;
+    let mut seen = (0, 0, 0);
+    for r in &runs {
+        let fence = r["fence"].as_u64().unwrap();
+        let tail = r["output"].as_str().unwrap_or_default().trim().to_string();
+        let has = |what: &str| lines.lines().any(|l| l == what);
+        match r["outcome"].as_str().unwrap() {
+            "ok" => {
+                let success = format!("on_success {fence} ok x0 [{tail}]");
+                let recovery = format!("on_recovery {fence} ok x0 [{tail}]");
+                assert!(has(&success), "no {success}\n{lines}");
+                seen.0 += 1;
+                if previous_failed == Some(true) {
+                    assert!(has(&recovery), "no {recovery}\n{lines}");
+                    seen.1 += 1;
+                } else {
+                    assert!(!lines.contains(&format!("on_recovery {fence} ")), "{lines}");
+                }
+                assert!(!lines.contains(&format!("on_failure {fence} ")), "{lines}");
+                previous_failed = Some(false);
+            }
+            "failed" => {
+                let failure = format!("on_failure {fence} failed x1 [{tail}]");
+                assert!(tail.starts_with("run"), "{r}");
+                assert!(has(&failure), "no {failure}\n{lines}");
+                assert!(!lines.contains(&format!("on_success {fence} ")), "{lines}");
+                seen.2 += 1;
+                previous_failed = Some(true);
+            }
+            other => panic!("unexpected outcome {other}: {runs:?}"),
+        }
+    }
+    assert!(
+        seen.0 >= 3 && seen.1 >= 2 && seen.2 >= 2,
+        "{seen:?} {runs:?}"
+    );
+    // Nothing fired for a run that is not in history.
+    assert_eq!(lines.lines().count(), seen.0 + seen.1 + seen.2, "{lines}");
+}
+
 /// Process groups of processes whose command line names `marker`.
 fn job_groups(marker: &str) -> Vec<i32> {
     let mut groups = Vec::new();
