@@ -55,3 +55,4 @@ pub mod systemd;
 pub mod telemetry;
 pub mod units;
 pub mod wallclock;
+pub mod webhook;

@@ -34,6 +34,15 @@ pub struct OpLabel {
     pub op: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabel {
+    /// The `[[notify]]` table's name.
+    pub webhook: String,
+    /// `sent`, `failed` (refused, or given up after retries) or `dropped`
+    /// (the queue was full, or the webhook is no longer configured).
+    pub result: String,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn lateness_buckets() -> Histogram {
@@ -90,6 +99,10 @@ pub struct Metrics {
     pub store_up: Gauge,
     /// store − local clock, seconds, from the last claim reply.
     pub clock_offset: Gauge<f64, AtomicU64>,
+    /// Webhook deliveries that ended, by webhook and result.
+    pub webhook_deliveries: Family<WebhookLabel, Counter>,
+    /// Webhook deliveries waiting (spooled): to send, or to retry.
+    pub webhook_pending: Gauge,
     registry: Registry,
 }
 
@@ -120,6 +133,8 @@ impl Metrics {
             triggers_expired: Counter::default(),
             store_up: Gauge::default(),
             clock_offset: Gauge::default(),
+            webhook_deliveries: Family::default(),
+            webhook_pending: Gauge::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::default();
@@ -217,6 +232,16 @@ impl Metrics {
             "cronlease_clock_offset_seconds",
             "The store's clock minus this node's, from the last claim reply",
             m.clock_offset.clone(),
+        );
+        registry.register(
+            "cronlease_webhook_deliveries",
+            "Webhook deliveries that ended, by webhook and result (sent, failed, dropped)",
+            m.webhook_deliveries.clone(),
+        );
+        registry.register(
+            "cronlease_webhook_pending",
+            "Webhook deliveries waiting to be sent or retried (kept in the spool)",
+            m.webhook_pending.clone(),
         );
         Metrics { registry, ..m }
     }

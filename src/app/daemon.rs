@@ -45,11 +45,21 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
         }
     );
     crate::exec::warn_unenforced(&config.jobs, runner.as_ref());
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let webhooks = match crate::webhook::Webhooks::start(&config, metrics.clone()).await {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("cronlease: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let node = Node::with_parts(
         &config,
         store.clone(),
         crate::node::NodeParts {
             runner,
+            metrics,
+            webhooks: webhooks.clone(),
             ..crate::node::NodeParts::daemon()
         },
     );
@@ -98,11 +108,40 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
         config.clone(),
         config_tx,
     ));
+    let sending = CancellationToken::new();
+    let sender = webhooks
+        .clone()
+        .map(|w| tokio::spawn(w.run(sending.clone())));
     node.run(config.jobs.clone(), shutdown).await;
+    if let (Some(w), Some(sender)) = (webhooks, sender) {
+        flush_webhooks(&w).await;
+        sending.cancel();
+        let _ = sender.await;
+    }
     signal_task.abort();
     drop(pid_file);
     ExitCode::SUCCESS
 }
+
+/// At shutdown, gives the webhook deliveries due now (the last runs'
+/// events among them) [`WEBHOOK_FLUSH`] to go out; the rest stay spooled for
+/// the next start.
+async fn flush_webhooks(w: &crate::webhook::Webhooks) {
+    let until = tokio::time::Instant::now() + WEBHOOK_FLUSH;
+    while w.busy() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let left = w.busy();
+    if left > 0 {
+        tracing::info!(
+            pending = left,
+            "webhook deliveries not sent before the stop: kept in the spool for the next start"
+        );
+    }
+}
+
+/// How long a stopping daemon waits for webhook deliveries due now.
+const WEBHOOK_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(super) async fn handle_signals(
     mut signals: Signals,

@@ -64,9 +64,19 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         &mut errors,
     );
     let http_listen = http_listen(&src, &raw, &mut errors);
+    let public_url = public_url(&src, &raw, &mut errors);
     let log = log_config(&src, &raw, &mut errors);
 
     let (mut jobs, job_files) = load_jobs(&src, &raw, path, &base, &mut errors);
+    let job_names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+    let webhooks = notify::webhooks(
+        &src,
+        &raw.notify,
+        &base,
+        &job_names,
+        &mut errors,
+        &mut warnings,
+    );
 
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
@@ -88,6 +98,9 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
                 |p| base.join(p.get_ref()),
             ),
             http_listen,
+            public_url,
+            state_dir: raw.state_dir.as_ref().map(|d| base.join(d.get_ref())),
+            webhooks,
             log,
             runner: raw.jobs.runner.unwrap_or_default(),
             jobs,
@@ -137,6 +150,7 @@ fn node_name(src: &Source, raw: &RawConfig, errors: &mut Vec<ConfigError>) -> Op
 fn refuse_nuls(src: &Source, raw: &RawConfig, errors: &mut Vec<ConfigError>) {
     for (v, what) in [
         (&raw.pid_file, "pid_file"),
+        (&raw.state_dir, "state_dir"),
         (&raw.jobs.dir, "jobs.dir"),
         (&raw.store.url, "store.url"),
         (&raw.store.password_file, "store.password_file"),
@@ -151,6 +165,29 @@ fn refuse_nuls(src: &Source, raw: &RawConfig, errors: &mut Vec<ConfigError>) {
     }
     for u in raw.store.urls.iter().flat_map(|l| l.get_ref()) {
         refuse_nul(src, u, "store.urls", errors);
+    }
+    for n in &raw.notify {
+        if let Some(f) = &n.secret_file {
+            refuse_nul(src, f, "notify secret_file", errors);
+        }
+    }
+}
+
+/// `[http] public_url`: an http(s) URL, for links to the dashboard.
+fn public_url(src: &Source, raw: &RawConfig, errors: &mut Vec<ConfigError>) -> Option<url::Url> {
+    let v = raw.http.as_ref().and_then(|h| h.public_url.as_ref())?;
+    match url::Url::parse(v.get_ref()) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => Some(u),
+        _ => {
+            errors.push(src.at(
+                v,
+                format!(
+                    "invalid http.public_url {:?}: expected an http:// or https:// URL such as \"https://cron.example.com/\"",
+                    v.get_ref()
+                ),
+            ));
+            None
+        }
     }
 }
 

@@ -11,6 +11,7 @@ mod error;
 mod isolation;
 mod job;
 mod load;
+mod notify;
 pub mod raw;
 mod source;
 mod store_url;
@@ -19,6 +20,7 @@ pub use error::*;
 pub use isolation::*;
 pub use job::*;
 pub use load::*;
+pub use notify::*;
 pub use source::*;
 pub use store_url::*;
 
@@ -461,6 +463,15 @@ pub struct Config {
     /// Where `run` writes its pid, for `cronlease step-down`.
     pub pid_file: PathBuf,
     pub http_listen: Option<SocketAddr>,
+    /// `http.public_url`: where people reach the dashboard, for links in
+    /// webhooks.
+    pub public_url: Option<url::Url>,
+    /// `state_dir`: where the daemon keeps what must survive a restart
+    /// (undelivered webhooks). `None`: `$STATE_DIRECTORY`, else the pid
+    /// file's directory ([`Config::state_dir`]).
+    pub state_dir: Option<PathBuf>,
+    /// `[[notify]]`, in file order.
+    pub webhooks: Vec<Webhook>,
     pub log: LogConfig,
     /// `jobs.runner`.
     pub runner: RunnerChoice,
@@ -506,6 +517,9 @@ impl Config {
             shutdown_grace,
             pid_file,
             http_listen,
+            public_url,
+            state_dir,
+            webhooks,
             log,
             runner,
             // Jobs are applied by the node; where they came from is not a setting.
@@ -582,9 +596,33 @@ impl Config {
         );
         note(*pid_file != self.pid_file, "pid_file", false);
         note(*http_listen != self.http_listen, "http.listen", false);
+        note(*public_url != self.public_url, "http.public_url", false);
+        note(*state_dir != self.state_dir, "state_dir", false);
+        note(*webhooks != self.webhooks, "notify", false);
         note(*format != self.log.format, "log.format", false);
         note(*level != self.log.level, "log.level", true);
         c
+    }
+}
+
+impl Config {
+    /// Where the daemon keeps what must survive a restart: `state_dir`,
+    /// else systemd's `$STATE_DIRECTORY` (its first entry), else the pid
+    /// file's directory.
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        if let Some(dirs) = std::env::var_os("STATE_DIRECTORY")
+            && let Some(first) = dirs.to_string_lossy().split(':').find(|d| !d.is_empty())
+        {
+            return PathBuf::from(first);
+        }
+        self.pid_file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf()
     }
 }
 

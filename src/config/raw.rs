@@ -16,6 +16,7 @@ pub struct RawConfig {
     pub node: Option<Spanned<String>>,
     pub shutdown_grace: Option<Spanned<String>>,
     pub pid_file: Option<Spanned<String>>,
+    pub state_dir: Option<Spanned<String>>,
     #[serde(default)]
     pub store: RawStore,
     #[serde(default)]
@@ -30,7 +31,23 @@ pub struct RawConfig {
     #[serde(default)]
     pub log: RawLog,
     #[serde(default)]
+    pub notify: Vec<RawNotify>,
+    #[serde(default)]
     pub job: Vec<RawJob>,
+}
+
+/// One `[[notify]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNotify {
+    pub name: Option<Spanned<String>>,
+    pub url: Spanned<String>,
+    pub events: Option<Spanned<Vec<Spanned<String>>>>,
+    pub jobs: Option<Spanned<Vec<Spanned<String>>>>,
+    pub secret_file: Option<Spanned<String>>,
+    pub format: Option<super::WebhookFormat>,
+    pub timeout: Option<Spanned<String>>,
+    pub output_tail: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -76,6 +93,7 @@ pub struct RawJobs {
 #[serde(deny_unknown_fields)]
 pub struct RawHttp {
     pub listen: Spanned<String>,
+    pub public_url: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -325,6 +325,8 @@ pub struct Node {
     jobs_changed: tokio::sync::Notify,
     step_down_until: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
+    /// Where the runs' events are posted (`[[notify]]`), if anywhere.
+    webhooks: Option<Arc<crate::webhook::Webhooks>>,
     notifier: Notifier,
     /// What time it is (occurrences are wall-clock instants).
     wall: Arc<dyn WallClock>,
@@ -433,6 +435,9 @@ pub struct NodeParts {
     pub notifier: Notifier,
     pub wall: Arc<dyn WallClock>,
     pub runner: Arc<dyn Runner>,
+    pub metrics: Arc<Metrics>,
+    /// Where the runs' events are posted (`[[notify]]`), if anywhere.
+    pub webhooks: Option<Arc<crate::webhook::Webhooks>>,
 }
 
 impl NodeParts {
@@ -453,6 +458,8 @@ impl NodeParts {
             notifier: Notifier::from_env(),
             wall: Arc::new(SystemClock),
             runner: Arc::new(ProcessRunner::default()),
+            metrics: Arc::new(Metrics::new()),
+            webhooks: None,
         }
     }
 
@@ -464,6 +471,8 @@ impl NodeParts {
             notifier: Notifier::disabled(),
             wall,
             runner,
+            metrics: Arc::new(Metrics::new()),
+            webhooks: None,
         }
     }
 }
@@ -495,6 +504,8 @@ impl Node {
             notifier,
             wall,
             runner,
+            metrics,
+            webhooks,
         } = parts;
         let root = CancellationToken::new();
         let started_at = wall.now();
@@ -535,7 +546,8 @@ impl Node {
             jobs: Mutex::new(BTreeMap::new()),
             jobs_changed: tokio::sync::Notify::new(),
             step_down_until: Mutex::new(None),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
+            webhooks,
             notifier,
             wall,
             runner,

@@ -35,9 +35,30 @@ const RECOVERY_LOOKBACK: u32 = 20;
 struct Ended {
     outcome: Outcome,
     exit_code: Option<i32>,
+    started_at: DateTime<Utc>,
+    finished_at: DateTime<Utc>,
     duration_ms: i64,
     /// The output tail, as history keeps it.
     output: String,
+    /// An `ok` run whose previous run failed (looked up only when a hook
+    /// or a webhook wants to know).
+    recovered: bool,
+}
+
+impl Ended {
+    fn of(finished: &Finished) -> Ended {
+        Ended {
+            outcome: finished.outcome.clone(),
+            exit_code: finished.exit_code,
+            started_at: finished.started_at,
+            finished_at: finished.finished_at,
+            duration_ms: (finished.finished_at - finished.started_at)
+                .num_milliseconds()
+                .max(0),
+            output: finished.output.clone(),
+            recovered: false,
+        }
+    }
 }
 
 /// `text` as an environment value: control characters other than newline
@@ -103,16 +124,51 @@ impl Node {
                 state.lease_ended();
                 node.release(&[state.job().name.clone()]).await;
             }
-            node.hooks(&state, ticket, &ended).await;
+            node.after_run(&state, ticket, &ended).await;
         }))
+    }
+
+    /// The run's record and its events, at once: the events go to the
+    /// spool of the webhooks that want them ([`crate::webhook`]) while the
+    /// record waits for its batch, so a daemon that dies in that wait has
+    /// its events spooled already. Answers how the run ended, with
+    /// `recovered` looked up (history below the run's fence) when a hook or
+    /// a webhook wants it.
+    async fn finish(&self, state: &JobState, ticket: RunTicket, finished: Finished) -> Ended {
+        let job = state.job();
+        let name = job.name.as_str();
+        let mut ended = Ended::of(&finished);
+        let webhooks = self.webhooks.as_deref();
+        let notify = async {
+            let recovered = ended.outcome == Outcome::Ok
+                && (job.on_recovery.is_some()
+                    || webhooks.is_some_and(|w| w.wants(name, "recovered")))
+                && self.follows_failure(&job.name, ticket.fence).await;
+            let event = match &ended.outcome {
+                Outcome::Ok => Some("succeeded"),
+                o if o.is_failure() => Some(o.as_str()),
+                _ => None,
+            };
+            if let Some(w) = webhooks {
+                for event in event.into_iter().chain(recovered.then_some("recovered")) {
+                    if w.wants(name, event) {
+                        w.event(self.webhook_event(w, name, ticket, &ended, event))
+                            .await;
+                    }
+                }
+            }
+            recovered
+        };
+        let ((), recovered) = tokio::join!(self.record(state, ticket, finished), notify);
+        ended.recovered = recovered;
+        ended
     }
 
     /// The job's hooks after a run of it ended: `on_failure` after a
     /// failure ([`Outcome::is_failure`]); after `ok`, `on_success`, and
     /// `on_recovery` when the job's previous run in history (any node's)
     /// failed. Both of those go at once.
-    async fn hooks(&self, state: &JobState, ticket: RunTicket, ended: &Ended) {
-        let job = state.job();
+    async fn after_run(&self, state: &JobState, ticket: RunTicket, ended: &Ended) {
         if ended.outcome.is_failure() {
             self.hook(state, ticket, Hook::Failure, ended).await;
             return;
@@ -120,12 +176,42 @@ impl Node {
         if ended.outcome != Outcome::Ok {
             return;
         }
-        let recovered = async {
-            if job.on_recovery.is_some() && self.follows_failure(&job.name, ticket.fence).await {
+        let recovery = async {
+            if ended.recovered {
                 self.hook(state, ticket, Hook::Recovery, ended).await;
             }
         };
-        tokio::join!(self.hook(state, ticket, Hook::Success, ended), recovered);
+        tokio::join!(self.hook(state, ticket, Hook::Success, ended), recovery);
+    }
+
+    /// `event` of the run that `ended`, as the webhooks are sent it.
+    fn webhook_event(
+        &self,
+        w: &crate::webhook::Webhooks,
+        job: &str,
+        ticket: RunTicket,
+        ended: &Ended,
+        event: &str,
+    ) -> crate::webhook::Event {
+        let rfc = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        crate::webhook::Event {
+            delivery: format!("{job}-{}-{event}", ticket.fence),
+            event: event.to_string(),
+            job: job.to_string(),
+            occurrence: ticket
+                .occurrence
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            outcome: ended.outcome.as_str().to_string(),
+            exit_code: ended.exit_code,
+            node: w.node().to_string(),
+            fence: ticket.fence,
+            started_at: rfc(ended.started_at),
+            finished_at: rfc(ended.finished_at),
+            duration_ms: ended.duration_ms,
+            trigger: ticket.trigger.map(|t| t.to_string()),
+            output_tail: ended.output.clone(),
+            dashboard: w.dashboard().map(str::to_string),
+        }
     }
 
     /// Whether the job's run before `fence` (the newest in history below
@@ -237,18 +323,13 @@ impl Node {
             // Paused between claim and start: the lease may be gone already.
             tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "lease deadline passed before the run could start: not starting it");
             state.run_is_over();
-            self.record(
-                state,
-                ticket,
-                Finished::without_process(Outcome::LeaseLost, self.wall.now()),
-            )
-            .await;
-            return Ended {
-                outcome: Outcome::LeaseLost,
-                exit_code: None,
-                duration_ms: 0,
-                output: String::new(),
-            };
+            return self
+                .finish(
+                    state,
+                    ticket,
+                    Finished::without_process(Outcome::LeaseLost, self.wall.now()),
+                )
+                .await;
         }
         let stop = async {
             tokio::select! {
@@ -279,14 +360,7 @@ impl Node {
                 tracing::warn!(job = %job.name, fence = ticket.fence, duration_ms = took, exit_code = ?finished.exit_code, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: {outcome}")
             }
         }
-        let ended = Ended {
-            outcome: finished.outcome.clone(),
-            exit_code: finished.exit_code,
-            duration_ms: took.max(0),
-            output: finished.output.clone(),
-        };
-        self.record(state, ticket, finished).await;
-        ended
+        self.finish(state, ticket, finished).await
     }
 
     /// Keeps the job's lease while its run goes; returns when the lease is

@@ -421,6 +421,46 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         5,
         "invalid credential name \"a/b\"",
     ),
+    (
+        "webhook with an unknown event",
+        "node = \"n1\"\n[store]\nurl = \"sqlite://x.db\"\n[[notify]]\nurl = \"https://h.example/x\"\nevents = [\"failed\",\n  \"exploded\"]\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        7,
+        "unknown notify event \"exploded\": expected one of succeeded, failed",
+    ),
+    (
+        "webhook URL that is not http(s), its token not repeated",
+        "node = \"n1\"\n[store]\nurl = \"sqlite://x.db\"\n[[notify]]\nurl = \"ftp://h.example/T0KEN\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        5,
+        "notify url must be an http:// or https:// URL with a host",
+    ),
+    (
+        "webhook secret file missing",
+        "node = \"n1\"\n[store]\nurl = \"sqlite://x.db\"\n[[notify]]\nurl = \"https://h.example/\"\nsecret_file = \"/nonexistent/cronlease-secret\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        6,
+        "cannot read secret_file /nonexistent/cronlease-secret",
+    ),
+    (
+        "two webhooks of one name",
+        "node = \"n1\"\n[store]\nurl = \"sqlite://x.db\"\n[[notify]]\nname = \"ops\"\nurl = \"https://a.example/\"\n[[notify]]\nname = \"ops\"\nurl = \"https://b.example/\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        8,
+        "a second notify table named \"ops\"",
+    ),
+    (
+        "a job key misspelt as on_sucess",
+        GOOD_MAIN,
+        "[[job]]\nname = \"ok\"\nschedule = \"* * * * *\"\ncommand = \"true\"\non_sucess = \"true\"\n",
+        "a.toml",
+        5,
+        "unknown field `on_sucess`",
+    ),
 ];
 
 #[test]

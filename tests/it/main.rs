@@ -42,4 +42,5 @@ mod service;
 mod stall;
 mod support;
 mod trigger;
+mod webhook;
 mod zookeeper;

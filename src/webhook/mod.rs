@@ -1,0 +1,472 @@
+//! Webhooks (`[[notify]]`, docs/configuration.md "Webhooks"): the events
+//! of the runs this node recorded, posted to each webhook that asks for
+//! them, signed, retried, and kept on disk until delivered.
+//!
+//! - Only the node that ran an occurrence knows how it ended, and it
+//!   records it once; it alone sends the occurrence's events, so each
+//!   event is sent by one node of the cluster ([`Webhooks::event`]).
+//! - Each delivery is written to the spool ([`spool`]) before it is first
+//!   sent and removed when it is delivered or given up: a daemon that stops
+//!   or is killed with deliveries pending sends them when it starts again
+//!   on that host. A host that is lost loses its spool.
+//! - One worker ([`Webhooks::run`]) sends them, at most [`IN_FLIGHT`] at
+//!   once, each bounded by its webhook's `timeout`; a 2xx answer delivers,
+//!   a network error, 408, 425, 429 or 5xx is retried after 1 s, 2 s,
+//!   4 s ... (at most [`MAX_BACKOFF`], ±20 %) for up to [`MAX_AGE`];
+//!   any other answer (a redirect too: the body is signed for this URL)
+//!   fails it at once. At most [`MAX_PENDING`] wait; past that the oldest
+//!   is dropped, said in an ERROR.
+//! - A retry after an answer that was lost can deliver an event twice: the
+//!   `X-Cronlease-Delivery` header (`JOB-FENCE-EVENT`) is the same on every
+//!   try, for the receiver to drop the second.
+//! - No URL is logged (a chat webhook's path is its token): the
+//!   webhook's name and host are.
+
+pub mod body;
+pub mod spool;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Webhook};
+use crate::metrics::{Metrics, WebhookLabel};
+pub use body::Event;
+use spool::{Pending, Spool};
+
+/// Deliveries waiting at most; past that the oldest is dropped.
+pub const MAX_PENDING: usize = 1000;
+/// A delivery not made within this since its event is given up.
+pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// The longest wait between two tries of one delivery.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// The wait after a first failed try.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// Deliveries sent at once.
+pub const IN_FLIGHT: usize = 4;
+
+/// Why the webhooks cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("cannot make the HTTP client for webhooks: {0}")]
+    Client(String),
+}
+
+/// The node's webhooks and their queue.
+pub struct Webhooks {
+    hooks: Vec<Webhook>,
+    node: String,
+    dashboard: Option<String>,
+    /// `None` when the spool directory could not be opened (said at
+    /// start): deliveries then live in memory only.
+    spool: Option<Spool>,
+    queue: Mutex<Queue>,
+    wake: tokio::sync::Notify,
+    client: reqwest::Client,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Oldest first.
+    pending: Vec<Pending>,
+    /// File names of the deliveries being sent now.
+    sending: HashSet<String>,
+}
+
+/// How one try went.
+enum Verdict {
+    Delivered,
+    Retry(String),
+    Refused(String),
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Webhooks {
+    /// The node's webhooks, `None` without a `[[notify]]` table. Deliveries a
+    /// previous daemon of this node left in the spool are queued again;
+    /// those for a webhook no longer configured are dropped (a WARN each).
+    pub async fn start(
+        config: &Config,
+        metrics: Arc<Metrics>,
+    ) -> Result<Option<Arc<Webhooks>>, WebhookError> {
+        if config.webhooks.is_empty() {
+            return Ok(None);
+        }
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("cronlease/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| WebhookError::Client(e.without_url().to_string()))?;
+        let dir = config
+            .state_dir()
+            .join(format!("notify-{}", config.node.as_str()));
+        let opened = {
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || {
+                let spool = Spool::open(&dir)?;
+                let (found, problems) = spool.load();
+                Ok::<_, std::io::Error>((spool, found, problems))
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+        };
+        let (spool, found) = match opened {
+            Ok((spool, found, problems)) => {
+                for p in problems {
+                    tracing::warn!("webhook spool: {p}");
+                }
+                (Some(spool), found)
+            }
+            Err(e) => {
+                tracing::error!(dir = %dir.display(), "webhooks: cannot open the spool directory ({e}); deliveries will not survive a restart (set state_dir)");
+                (None, Vec::new())
+            }
+        };
+        let hooks = Webhooks {
+            hooks: config.webhooks.clone(),
+            node: config.node.as_str().to_string(),
+            dashboard: config.public_url.as_ref().map(|u| u.to_string()),
+            spool,
+            queue: Mutex::new(Queue::default()),
+            wake: tokio::sync::Notify::new(),
+            client,
+            metrics,
+        };
+        let mut kept = Vec::new();
+        for p in found {
+            if hooks.hooks.iter().any(|h| h.name == p.target) {
+                kept.push(p);
+            } else {
+                tracing::warn!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery dropped: no [[notify]] table has this name any more");
+                hooks.count(&p.target, "dropped");
+                hooks.unspool(p).await;
+            }
+        }
+        if !kept.is_empty() {
+            tracing::info!(
+                pending = kept.len(),
+                "webhook deliveries left by the previous daemon: sending them"
+            );
+        }
+        hooks.wake.notify_one();
+        hooks.with_queue(|q| q.pending = kept);
+        hooks.set_pending_gauge();
+        for h in &hooks.hooks {
+            tracing::info!(webhook = %h.name, host = %h.host(), events = %h.events.join(","), signed = h.secret.is_some(), "webhook configured");
+        }
+        Ok(Some(Arc::new(hooks)))
+    }
+
+    /// Whether some webhook wants `job`'s `event`.
+    pub fn wants(&self, job: &str, event: &str) -> bool {
+        self.hooks.iter().any(|h| h.wants(job, event))
+    }
+
+    /// This node's name, the dashboard's URL: what every event says.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub fn dashboard(&self) -> Option<&str> {
+        self.dashboard.as_deref()
+    }
+
+    /// Queues `event` for every webhook that wants it, spooled first.
+    pub async fn event(&self, event: Event) {
+        let now = now_ms();
+        let new: Vec<Pending> = self
+            .hooks
+            .iter()
+            .filter(|h| h.wants(&event.job, &event.event))
+            .map(|h| Pending {
+                target: h.name.clone(),
+                event: event.clone(),
+                attempts: 0,
+                created_ms: now,
+                next_ms: now,
+            })
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        for p in &new {
+            self.spool_write(p).await;
+        }
+        let dropped = self.with_queue(|q| {
+            q.pending.extend(new);
+            let mut dropped = Vec::new();
+            while q.pending.len() > MAX_PENDING {
+                let Some(i) = q
+                    .pending
+                    .iter()
+                    .position(|p| !q.sending.contains(&p.file_name()))
+                else {
+                    break;
+                };
+                dropped.push(q.pending.remove(i));
+            }
+            dropped
+        });
+        for p in dropped {
+            tracing::error!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery dropped: {MAX_PENDING} deliveries are waiting (is the receiver down?)");
+            self.count(&p.target, "dropped");
+            self.unspool(p).await;
+        }
+        self.set_pending_gauge();
+        self.wake.notify_one();
+    }
+
+    /// Deliveries due now and not being sent, plus those being sent.
+    pub fn busy(&self) -> usize {
+        let now = now_ms();
+        self.with_queue(|q| {
+            q.pending
+                .iter()
+                .filter(|p| p.next_ms <= now || q.sending.contains(&p.file_name()))
+                .count()
+        })
+    }
+
+    /// Sends what is due until `stop`; what is left stays spooled.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut sends = tokio::task::JoinSet::new();
+        loop {
+            let now = now_ms();
+            let room = IN_FLIGHT.saturating_sub(sends.len());
+            let (due, next) = self.with_queue(|q| {
+                let mut due = Vec::new();
+                let mut next: Option<i64> = None;
+                for p in &q.pending {
+                    let name = p.file_name();
+                    if q.sending.contains(&name) {
+                        continue;
+                    }
+                    if p.next_ms <= now && due.len() < room {
+                        due.push(p.clone());
+                    } else if p.next_ms > now {
+                        next = Some(next.map_or(p.next_ms, |n| n.min(p.next_ms)));
+                    }
+                }
+                for p in &due {
+                    q.sending.insert(p.file_name());
+                }
+                (due, next)
+            });
+            for p in due {
+                let me = self.clone();
+                sends.spawn(async move { me.send(p).await });
+            }
+            let wait = next.map_or(Duration::from_secs(3600), |n| {
+                Duration::from_millis(u64::try_from(n - now).unwrap_or(0))
+            });
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+                Some(_) = sends.join_next(), if !sends.is_empty() => {}
+            }
+        }
+        // A send cut short is sent again after the restart (its file stays).
+        sends.abort_all();
+    }
+
+    /// One try of `p`, and what follows from it.
+    async fn send(&self, mut p: Pending) {
+        let name = p.file_name();
+        let Some(hook) = self.hooks.iter().find(|h| h.name == p.target) else {
+            return;
+        };
+        p.attempts += 1;
+        let verdict = self.post(hook, &p.event).await;
+        let now = now_ms();
+        let age = Duration::from_millis(u64::try_from(now - p.created_ms).unwrap_or(0));
+        let what = format!(
+            "{} of {} (fence {})",
+            p.event.event, p.event.job, p.event.fence
+        );
+        let ended = match verdict {
+            Verdict::Delivered => {
+                tracing::info!(webhook = %hook.name, delivery = %p.event.delivery, attempts = p.attempts, "webhook delivered: {what}");
+                Some("sent")
+            }
+            Verdict::Refused(why) => {
+                tracing::error!(webhook = %hook.name, host = %hook.host(), delivery = %p.event.delivery, attempts = p.attempts, "webhook delivery failed, not retried: {what}: {why}");
+                Some("failed")
+            }
+            Verdict::Retry(why) if age >= MAX_AGE => {
+                tracing::error!(webhook = %hook.name, host = %hook.host(), delivery = %p.event.delivery, attempts = p.attempts, "webhook delivery given up after {}: {what}: {why}", humantime::format_duration(MAX_AGE));
+                Some("failed")
+            }
+            Verdict::Retry(why) => {
+                let wait = backoff(p.attempts);
+                p.next_ms = now.saturating_add(wait.as_millis() as i64);
+                if p.attempts == 1 || p.attempts.is_multiple_of(10) {
+                    tracing::warn!(webhook = %hook.name, host = %hook.host(), delivery = %p.event.delivery, attempts = p.attempts, "webhook delivery failed, retrying in {}: {what}: {why}", humantime::format_duration(Duration::from_secs(wait.as_secs().max(1))));
+                } else {
+                    tracing::debug!(webhook = %hook.name, delivery = %p.event.delivery, attempts = p.attempts, "webhook delivery failed, retrying: {why}");
+                }
+                self.spool_write(&p).await;
+                None
+            }
+        };
+        if let Some(result) = ended {
+            self.count(&hook.name, result);
+            self.unspool(p.clone()).await;
+        }
+        self.with_queue(|q| {
+            q.sending.remove(&name);
+            if let Some(i) = q.pending.iter().position(|x| x.file_name() == name) {
+                if ended.is_some() {
+                    q.pending.remove(i);
+                } else {
+                    q.pending[i] = p;
+                }
+            }
+        });
+        self.set_pending_gauge();
+        self.wake.notify_one();
+    }
+
+    /// POSTs `event` to `hook` once.
+    async fn post(&self, hook: &Webhook, event: &Event) -> Verdict {
+        let body = body::render(event, hook);
+        let mut request = self
+            .client
+            .post(hook.url.clone())
+            .timeout(hook.timeout)
+            .header("content-type", "application/json")
+            .header("x-cronlease-event", event.event.as_str())
+            .header("x-cronlease-delivery", event.delivery.as_str());
+        if let Some(secret) = &hook.secret {
+            let unix = chrono::Utc::now().timestamp();
+            request = request.header(
+                "x-cronlease-signature",
+                body::signature(secret.bytes(), unix, &body),
+            );
+        }
+        match request.body(body).send().await {
+            Ok(answer) => {
+                let status = answer.status();
+                if status.is_success() {
+                    Verdict::Delivered
+                } else if status.is_server_error() || matches!(status.as_u16(), 408 | 425 | 429) {
+                    Verdict::Retry(format!("answered {status}"))
+                } else {
+                    Verdict::Refused(format!("answered {status}"))
+                }
+            }
+            Err(e) => Verdict::Retry(describe(e)),
+        }
+    }
+
+    fn with_queue<T>(&self, f: impl FnOnce(&mut Queue) -> T) -> T {
+        let mut q = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut q)
+    }
+
+    fn count(&self, webhook: &str, result: &str) {
+        self.metrics
+            .webhook_deliveries
+            .get_or_create(&WebhookLabel {
+                webhook: webhook.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    fn set_pending_gauge(&self) {
+        let n = self.with_queue(|q| q.pending.len());
+        self.metrics.webhook_pending.set(n as i64);
+    }
+
+    async fn spool_write(&self, p: &Pending) {
+        let Some(spool) = &self.spool else {
+            return;
+        };
+        let (s, p) = (spool.clone(), p.clone());
+        let written = tokio::task::spawn_blocking(move || s.write(&p))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        if let Err(e) = written {
+            tracing::error!(dir = %spool.dir().display(), "webhook spool: cannot write a delivery ({e}); it will not survive a restart");
+        }
+    }
+
+    async fn unspool(&self, p: Pending) {
+        let Some(spool) = &self.spool else {
+            return;
+        };
+        let s = spool.clone();
+        let removed = tokio::task::spawn_blocking(move || s.remove(&p))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        if let Err(e) = removed {
+            tracing::warn!(dir = %spool.dir().display(), "webhook spool: cannot remove a finished delivery ({e}); it may be sent again after a restart");
+        }
+    }
+}
+
+/// The wait after `attempts` failed tries: 1 s doubling, at most
+/// [`MAX_BACKOFF`], ±20 % so that many nodes' retries spread out.
+fn backoff(attempts: u32) -> Duration {
+    let base = FIRST_BACKOFF
+        .saturating_mul(1u32 << attempts.saturating_sub(1).min(20))
+        .min(MAX_BACKOFF);
+    let mut r = [0u8; 2];
+    let unit = if getrandom::fill(&mut r).is_ok() {
+        f64::from(u16::from_le_bytes(r)) / f64::from(u16::MAX)
+    } else {
+        0.5
+    };
+    base.mul_f64(0.8 + 0.4 * unit)
+}
+
+/// A send's error in a few words, without its URL.
+fn describe(e: reqwest::Error) -> String {
+    let timeout = e.is_timeout();
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    if timeout {
+        text.push_str(" (timed out)");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_a_second_to_five_minutes_with_jitter() {
+        for (attempts, base) in [
+            (1, 1.0),
+            (2, 2.0),
+            (3, 4.0),
+            (9, 256.0),
+            (10, 300.0),
+            (60, 300.0),
+        ] {
+            let d = backoff(attempts).as_secs_f64();
+            assert!(
+                d >= base * 0.8 - 1e-9 && d <= base * 1.2 + 1e-9,
+                "attempt {attempts}: {d}"
+            );
+        }
+    }
+}

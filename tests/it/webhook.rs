@@ -1,0 +1,359 @@
+//! Webhooks (`[[notify]]`) received by a small HTTP server in the test:
+//! signed, once per event across the cluster, retried while the receiver
+//! answers 503, and sent after a restart by the daemon that spooled them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hmac::{KeyInit, Mac};
+use nix::sys::signal::Signal;
+
+use crate::cluster::Cluster;
+use crate::support::{Backend, wait_until};
+
+/// One request the receiver answered.
+#[derive(Debug, Clone)]
+struct Received {
+    path: String,
+    headers: BTreeMap<String, String>,
+    body: Vec<u8>,
+    /// The status it was answered with.
+    status: u16,
+}
+
+/// An HTTP/1.1 receiver on loopback: answers 503 while `down`, else 200,
+/// and keeps every request.
+struct Receiver {
+    port: u16,
+    down: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let down = Arc::new(AtomicBool::new(true));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (d, s) = (down.clone(), seen.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (d, s) = (d.clone(), s.clone());
+                std::thread::spawn(move || serve(conn, &d, &s));
+            }
+        });
+        Receiver { port, down, seen }
+    }
+
+    fn seen(&self) -> Vec<Received> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Serves the requests of one connection (keep-alive) until it closes.
+fn serve(conn: std::net::TcpStream, down: &AtomicBool, seen: &Mutex<Vec<Received>>) {
+    let mut out = conn.try_clone().unwrap();
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+        let mut headers = BTreeMap::new();
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+        }
+        let len: usize = headers
+            .get("content-length")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let status = if down.load(Ordering::SeqCst) {
+            503
+        } else {
+            200
+        };
+        seen.lock().unwrap().push(Received {
+            path,
+            headers,
+            body,
+            status,
+        });
+        let reason = if status == 200 {
+            "OK"
+        } else {
+            "Service Unavailable"
+        };
+        if out
+            .write_all(
+                format!("HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\n\r\n").as_bytes(),
+            )
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Whether `r` carries a valid `x-cronlease-signature` under `secret`.
+fn signed(r: &Received, secret: &[u8]) -> bool {
+    let Some(sig) = r.headers.get("x-cronlease-signature") else {
+        return false;
+    };
+    let Some((t, v1)) = sig
+        .strip_prefix("t=")
+        .and_then(|rest| rest.split_once(",v1="))
+    else {
+        return false;
+    };
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret).unwrap();
+    mac.update(t.as_bytes());
+    mac.update(b".");
+    mac.update(&r.body);
+    let hex: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    hex == v1
+}
+
+/// The job's runs, oldest first: `(fence, outcome, node)`.
+fn runs(c: &Cluster, job: &str) -> Vec<(u64, String, String)> {
+    let out = std::process::Command::new(crate::support::binary())
+        .args(["history", job, "--json", "--limit", "1000", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let mut runs: Vec<(u64, String, String)> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    (
+                        r["fence"].as_u64().unwrap(),
+                        r["outcome"].as_str().unwrap().to_string(),
+                        r["node"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    runs.sort();
+    runs
+}
+
+/// What should have been delivered for `runs`: `(webhook, delivery id)` of
+/// every `failed` run (both webhooks) and of every `ok` run whose previous
+/// run failed (`recovered`, "ops" only).
+fn expected(runs: &[(u64, String, String)]) -> BTreeSet<(String, String)> {
+    let failure = |o: &str| {
+        matches!(
+            o,
+            "failed" | "timeout" | "lease_lost" | "killed" | "not_started"
+        )
+    };
+    let mut want = BTreeSet::new();
+    let mut previous_failed = false;
+    for (fence, outcome, _) in runs {
+        match outcome.as_str() {
+            "failed" => {
+                want.insert(("ops".to_string(), format!("flaky-{fence}-failed")));
+                want.insert(("chat".to_string(), format!("flaky-{fence}-failed")));
+            }
+            "ok" if previous_failed => {
+                want.insert(("ops".to_string(), format!("flaky-{fence}-recovered")));
+            }
+            _ => {}
+        }
+        if outcome == "ok" || failure(outcome) {
+            previous_failed = failure(outcome);
+        }
+    }
+    want
+}
+
+#[test]
+fn webhooks_are_signed_sent_once_across_nodes_retried_and_kept_over_a_restart() {
+    let rx = Receiver::start();
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret_file = secret_dir.path().join("secret");
+    std::fs::write(&secret_file, "s3cr3t-hmac-key\n").unwrap();
+    let secret = b"s3cr3t-hmac-key";
+    let url = format!("http://127.0.0.1:{}", rx.port);
+    // Runs alternate: fail, ok (recovered), fail, ok, ...
+    let jobs = "[[job]]\nname = \"flaky\"\nschedule = \"* * * * * *\"\ncommand = \"n=$(cat '{out}.n' 2>/dev/null || echo 0); echo $((n + 1)) > '{out}.n'; echo run$n; [ $((n % 2)) -ne 0 ]\"\n";
+    let extra = format!(
+        "[[notify]]\nname = \"ops\"\nurl = \"{url}/ops/token-in-path\"\nevents = [\"failed\", \"recovered\"]\nsecret_file = \"{}\"\ntimeout = \"2s\"\n\n[[notify]]\nname = \"chat\"\nurl = \"{url}/chat\"\nevents = [\"failed\"]\njobs = [\"flaky\"]\nformat = \"slack\"\n\n[http]\nlisten = \"127.0.0.1:0\"\npublic_url = \"https://cron.example.com/\"\n",
+        secret_file.display()
+    );
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), &extra);
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    // The receiver is down: each failed run's event is tried and refused.
+    wait_until(
+        "refused deliveries while the receiver is down",
+        Duration::from_secs(30),
+        || c.report(),
+        || (rx.seen().iter().filter(|r| r.status == 503).count() >= 3).then_some(()),
+    );
+    // Kill the holder while its deliveries wait for the receiver: they are
+    // in its spool, and go out when it starts again.
+    let holder = runs(&c, "flaky").last().unwrap().2.clone();
+    // Mid-second, between runs: a daemon killed in the 250 ms after a run
+    // ended, while its record waits for its batch, loses the record (not
+    // the webhook's event), and the test judges from history.
+    let ms = chrono::Utc::now().timestamp_subsec_millis();
+    std::thread::sleep(Duration::from_millis(u64::from((1600 - ms) % 1000)));
+    c.signal(&holder, Signal::SIGKILL);
+    c.wait_exit(&holder, Duration::from_secs(10)).unwrap();
+    rx.down.store(false, Ordering::SeqCst);
+    // Peers go on; the receiver is up.
+    let runs_before = runs(&c, "flaky").len();
+    wait_until(
+        "runs by the peers",
+        Duration::from_secs(30),
+        || c.report(),
+        || (runs(&c, "flaky").len() >= runs_before + 4).then_some(()),
+    );
+    c.start(&holder);
+    let delivered = || -> BTreeSet<(String, String)> {
+        rx.seen()
+            .iter()
+            .filter(|r| r.status == 200)
+            .map(|r| {
+                let hook = if r.path.starts_with("/ops") {
+                    "ops"
+                } else {
+                    "chat"
+                };
+                (hook.to_string(), r.headers["x-cronlease-delivery"].clone())
+            })
+            .collect()
+    };
+    wait_until(
+        "every event delivered",
+        Duration::from_secs(40),
+        || {
+            let want = expected(&runs(&c, "flaky"));
+            format!(
+                "missing {:?}\n{}",
+                want.difference(&delivered()).collect::<Vec<_>>(),
+                c.report()
+            )
+        },
+        || {
+            expected(&runs(&c, "flaky"))
+                .is_subset(&delivered())
+                .then_some(())
+        },
+    );
+    c.stop_all();
+    let all = runs(&c, "flaky");
+    let want = expected(&all);
+    let seen = rx.seen();
+    let ok: Vec<&Received> = seen.iter().filter(|r| r.status == 200).collect();
+    // Exactly the expected events, each delivered once.
+    let mut count: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in &ok {
+        let hook = if r.path.starts_with("/ops") {
+            "ops"
+        } else {
+            "chat"
+        };
+        *count
+            .entry((hook.to_string(), r.headers["x-cronlease-delivery"].clone()))
+            .or_default() += 1;
+    }
+    assert!(
+        count.values().all(|&n| n == 1),
+        "delivered twice: {count:?}"
+    );
+    let got: BTreeSet<_> = count.keys().cloned().collect();
+    assert_eq!(got, want, "runs: {all:?}");
+    assert!(want.len() >= 6, "{want:?}");
+    // The deliveries came from more than one node, and some were refused
+    // first (retried), among them some of the killed daemon's, sent by it
+    // after its restart.
+    let nodes: BTreeSet<String> = ok
+        .iter()
+        .filter(|r| r.path.starts_with("/ops"))
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            v["node"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert!(nodes.len() >= 2, "{nodes:?}");
+    let refused: BTreeSet<&String> = seen
+        .iter()
+        .filter(|r| r.status == 503)
+        .map(|r| &r.headers["x-cronlease-delivery"])
+        .collect();
+    assert!(
+        ok.iter()
+            .any(|r| refused.contains(&r.headers["x-cronlease-delivery"])),
+        "no delivery was retried after a 503"
+    );
+    let by_holder = ok.iter().any(|r| {
+        r.path.starts_with("/ops")
+            && refused.contains(&r.headers["x-cronlease-delivery"])
+            && serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["node"]
+                == holder.as_str()
+    });
+    assert!(
+        by_holder,
+        "the killed daemon's spooled deliveries were not sent after its restart"
+    );
+    // "ops" is signed and JSON; "chat" is unsigned Slack text.
+    for r in &seen {
+        if r.path.starts_with("/ops") {
+            assert!(signed(r, secret), "bad signature: {r:?}");
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(v["job"], "flaky");
+            assert_eq!(v["delivery"], r.headers["x-cronlease-delivery"].as_str());
+            assert_eq!(v["event"], r.headers["x-cronlease-event"].as_str());
+            assert_eq!(v["dashboard"], "https://cron.example.com/");
+            assert!(v["output_tail"].as_str().unwrap().starts_with("run"), "{v}");
+            if v["event"] == "failed" {
+                assert_eq!(v["exit_code"], 1, "{v}");
+            }
+        } else {
+            assert!(!r.headers.contains_key("x-cronlease-signature"));
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            let text = v["text"].as_str().unwrap();
+            assert!(text.contains("job `flaky` ended failed"), "{text}");
+            assert!(
+                text.contains("<https://cron.example.com/|dashboard>"),
+                "{text}"
+            );
+        }
+    }
+    // No log line names the URL's path (a chat webhook's token).
+    for n in ["n1", "n2", "n3"] {
+        let log = std::fs::read_to_string(c.dir.path().join(format!("{n}.log"))).unwrap();
+        assert!(log.contains("webhook configured"), "{log}");
+        assert!(!log.contains("token-in-path"), "{log}");
+    }
+}
