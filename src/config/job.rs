@@ -61,6 +61,10 @@ pub(super) fn validate_job(
         .timeout
         .as_ref()
         .and_then(|t| duration(src, t, "timeout", errors));
+    let starting_deadline = rj
+        .starting_deadline
+        .as_ref()
+        .and_then(|t| duration(src, t, "starting_deadline", errors));
     let kill_grace = duration_or(
         src,
         &rj.kill_grace,
@@ -118,6 +122,7 @@ pub(super) fn validate_job(
         timeout,
         kill_grace,
         misfire: rj.misfire.unwrap_or_default(),
+        starting_deadline,
         overlap: rj.overlap.unwrap_or_default(),
         env,
         working_dir,

@@ -325,6 +325,10 @@ pub struct Job {
     pub timeout: Option<Duration>,
     pub kill_grace: Duration,
     pub misfire: Misfire,
+    /// `starting_deadline`: an occurrence not started within this after
+    /// its instant is not run late (at most the gap to the next one, the
+    /// default).
+    pub starting_deadline: Option<Duration>,
     pub overlap: Overlap,
     pub env: BTreeMap<String, String>,
     pub working_dir: Option<PathBuf>,
@@ -356,6 +360,7 @@ impl Job {
             && self.timeout == other.timeout
             && self.kill_grace == other.kill_grace
             && self.misfire == other.misfire
+            && self.starting_deadline == other.starting_deadline
             && self.overlap == other.overlap
             && self.env == other.env
             && self.working_dir == other.working_dir
@@ -420,6 +425,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         timeout: None,
         kill_grace: Duration::from_secs(10),
         misfire: Misfire::default(),
+        starting_deadline: None,
         overlap: Overlap::default(),
         env: BTreeMap::new(),
         working_dir: None,

@@ -13,6 +13,7 @@ pub const WEBHOOK_EVENTS: &[&str] = &[
     "not_started",
     "lease_lost",
     "killed",
+    "missed",
     "recovered",
 ];
 
@@ -24,6 +25,7 @@ pub const DEFAULT_WEBHOOK_EVENTS: &[&str] = &[
     "not_started",
     "lease_lost",
     "killed",
+    "missed",
     "recovered",
 ];
 

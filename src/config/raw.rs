@@ -123,6 +123,7 @@ pub struct RawJob {
     pub timeout: Option<Spanned<String>>,
     pub kill_grace: Option<Spanned<String>>,
     pub misfire: Option<super::Misfire>,
+    pub starting_deadline: Option<Spanned<String>>,
     pub overlap: Option<super::Overlap>,
     pub env: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
     pub working_dir: Option<Spanned<String>>,

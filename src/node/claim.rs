@@ -73,6 +73,21 @@ fn gap(occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
         .unwrap_or(Duration::from_secs(60))
 }
 
+/// How long after its instant an occurrence may still start: the job's
+/// `starting_deadline`, at most the gap to the next one (the default); and
+/// whether the deadline is what ends it (shorter than the gap).
+pub(super) fn start_window(
+    job: &crate::config::Job,
+    occurrence: DateTime<Utc>,
+    next: Option<DateTime<Utc>>,
+) -> (Duration, bool) {
+    let gap = gap(occurrence, next);
+    match job.starting_deadline {
+        Some(d) if d < gap => (d, true),
+        _ => (gap, false),
+    }
+}
+
 /// An occurrence due now, taken from the schedule.
 pub(super) struct Due {
     state: Arc<JobState>,
@@ -101,8 +116,11 @@ enum Flow {
 struct Attempts {
     /// The gap to the next occurrence.
     gap: Duration,
-    /// The occurrence's window ends here: the next one is due.
+    /// The occurrence's window ends here: the next one is due, or its
+    /// `starting_deadline` is over.
     give_up_at: Instant,
+    /// `starting_deadline` ends the window, before the next occurrence.
+    deadline: bool,
     /// With a claim unanswered, retrying ends a little before the next
     /// occurrence: the recheck must reach the store before that
     /// occurrence's claim does (which would record over it).
@@ -114,14 +132,16 @@ struct Attempts {
 }
 
 impl Attempts {
-    /// For an occurrence at `instant` with `gap` to the next one.
-    fn new(instant: Instant, gap: Duration) -> Self {
-        let give_up_at = instant + gap;
+    /// For an occurrence at `instant` with `gap` to the next one, that may
+    /// start within `window` ([`start_window`]).
+    fn new(instant: Instant, gap: Duration, (window, deadline): (Duration, bool)) -> Self {
+        let give_up_at = instant + window;
         Attempts {
             gap,
             give_up_at,
+            deadline,
             recheck_at: give_up_at
-                .checked_sub(RECHECK_LEAD.min(gap / 4))
+                .checked_sub(RECHECK_LEAD.min(window / 4))
                 .unwrap_or(give_up_at),
             backoff: Duration::from_millis(100),
             unanswered: None,
@@ -227,6 +247,69 @@ impl Node {
         due
     }
 
+    /// Catch-up on return (`misfire = "run_once"`): when this node can claim
+    /// again (at start, once the store answers), the latest occurrence of
+    /// each job that no node claimed and that is still within its start
+    /// window ([`start_window`]) is claimed at once, through the same claim
+    /// rule as at its instant (one node wins it), instead of at the next
+    /// occurrence. A job never claimed (no last occurrence in the store) or
+    /// paused has nothing to catch up. The claim names no previous
+    /// occurrence, so the store hands out no older one: older missed
+    /// occurrences are not run.
+    pub(super) async fn catch_up_on_return(self: &Arc<Self>) {
+        let read = tokio::time::timeout(self.settings.op_timeout, self.store.status()).await;
+        let rows = match read {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                tracing::debug!("no catch-up on return: the locks could not be read: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("no catch-up on return: the locks could not be read in time");
+                return;
+            }
+        };
+        let last: std::collections::HashMap<&str, (Option<DateTime<Utc>>, bool)> = rows
+            .iter()
+            .map(|r| (r.job.as_str(), (r.last_occurrence, r.paused)))
+            .collect();
+        let now = self.wall.now();
+        let due: Vec<Due> = {
+            let Ok(jobs) = self.jobs.lock() else {
+                return;
+            };
+            jobs.iter()
+                .filter_map(|(name, entry)| {
+                    let job = entry.state.job();
+                    if job.misfire != crate::config::Misfire::RunOnce {
+                        return None;
+                    }
+                    let next = entry.next?;
+                    let occurrence = job.schedule.previous_before(next).filter(|p| *p <= now)?;
+                    let (window, _) = start_window(&job, occurrence, Some(next));
+                    let open = (now - occurrence).to_std().is_ok_and(|late| late < window);
+                    let (claimed, paused) = last.get(name.as_str()).copied()?;
+                    let missed = claimed.is_some_and(|c| c < occurrence);
+                    (open && missed && !paused).then(|| Due {
+                        state: entry.state.clone(),
+                        stop: entry.handlers_stop.clone(),
+                        occurrence,
+                        previous: None,
+                        next: Some(next),
+                    })
+                })
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        tracing::info!(
+            jobs = due.len(),
+            "catching up occurrences no node claimed while this node was away"
+        );
+        self.claim_instant(due);
+    }
+
     /// Sends the claims of one instant as one batch and starts a handler
     /// per occurrence with its answer to come. Jobs that cannot be claimed
     /// right now (claiming paused, clock out of bounds, store not prepared,
@@ -325,11 +408,13 @@ impl Node {
             head_start: Some(self.settings.head_start),
             after_unanswered,
             recheck_only: false,
-            // The next occurrence (a minute on when there is none), plus the
-            // clock bound: a node whose clock lags the store's within the
-            // bound still claims the whole of its window.
-            window_end: next
-                .or_else(|| occurrence.checked_add_signed(chrono::TimeDelta::seconds(60)))
+            // The next occurrence (a minute on when there is none) or the
+            // end of the starting deadline, plus the clock bound: a node
+            // whose clock lags the store's within the bound still claims
+            // the whole of its window.
+            window_end: chrono::TimeDelta::from_std(start_window(&job, occurrence, next).0)
+                .ok()
+                .and_then(|window| occurrence.checked_add_signed(window))
                 .and_then(|end| {
                     chrono::TimeDelta::from_std(self.clock.bound())
                         .ok()
@@ -412,6 +497,7 @@ impl Node {
         let mut at = Attempts::new(
             self.instant_of(due.occurrence),
             gap(due.occurrence, due.next),
+            start_window(&due.state.job(), due.occurrence, due.next),
         );
         loop {
             // A claim already queued is always awaited: a claim the store
@@ -605,7 +691,19 @@ impl Node {
             // silently (docs/protocol.md, "Claims answered late").
             drop(gate);
             state.note_standing(Standing::Holder, won.fence);
-            tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, late_ms = (self.wall.now() - due.occurrence).num_milliseconds(), "a claim answered only after its occurrence's window: not run, recorded as lease_lost");
+            let late_ms = (self.wall.now() - due.occurrence).num_milliseconds();
+            if at.deadline {
+                self.record_missed(
+                    state,
+                    self.ticket(&won, decision_ms),
+                    format!(
+                        "the claim was answered {late_ms} ms after the instant, past starting_deadline ({})",
+                        humantime::format_duration(job.starting_deadline.unwrap_or_default())
+                    ),
+                );
+                return Flow::Done(false);
+            }
+            tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, late_ms, "a claim answered only after its occurrence's window: not run, recorded as lease_lost");
             self.record(
                 state,
                 self.ticket(&won, decision_ms),
@@ -622,6 +720,25 @@ impl Node {
         );
         state.note_standing(Standing::Holder, won.fence);
         let ticket = self.ticket(&won, decision_ms);
+        let late = (self.wall.now() - won.occurrence)
+            .to_std()
+            .unwrap_or_default();
+        if let Some(deadline) = job.starting_deadline.filter(|d| won.catch_up && late > *d) {
+            // A missed occurrence the store handed out, too late to start:
+            // recorded, and the occurrence itself is claimed now.
+            drop(gate);
+            self.record_missed(
+                state,
+                ticket,
+                format!(
+                    "no node started it; caught up {} ms after its instant, past starting_deadline ({})",
+                    late.as_millis(),
+                    humantime::format_duration(deadline)
+                ),
+            );
+            at.unanswered = None;
+            return Flow::Again;
+        }
         if won.catch_up {
             tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
             self.after_manual_run(state, won.fence, at.give_up_at, stop)

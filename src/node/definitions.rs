@@ -62,6 +62,7 @@ pub fn job_digest(job: &Job) -> JobDigest {
     put_duration(&mut put, "kill_grace", Some(job.kill_grace));
     put("misfire", format!("{:?}", job.misfire).as_bytes());
     put("overlap", format!("{:?}", job.overlap).as_bytes());
+    put_duration(&mut put, "starting_deadline", job.starting_deadline);
     for (name, value) in &job.env {
         put("env", name.as_bytes());
         put("=", value.as_bytes());

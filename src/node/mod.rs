@@ -808,7 +808,10 @@ impl Node {
                 r = self.ensure_prepared() => r,
             };
             match prepared {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.catch_up_on_return().await;
+                    return;
+                }
                 Err(e) => {
                     if let Ok(mut waiting) = self.prepare.waiting.lock() {
                         *waiting = Some(e.to_string());

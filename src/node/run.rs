@@ -128,6 +128,27 @@ impl Node {
         }))
     }
 
+    /// Records `ticket`'s occurrence `missed`, `why` as its output, and
+    /// what follows a failure (its events, `on_failure`), in a task of its
+    /// own: the claim that found it goes on at once.
+    pub(super) fn record_missed(
+        self: &Arc<Self>,
+        state: &Arc<JobState>,
+        ticket: RunTicket,
+        why: String,
+    ) {
+        tracing::warn!(job = %state.job().name, fence = ticket.fence, occurrence = %ticket.occurrence, "occurrence missed, not run: {why}");
+        let (node, state) = (self.clone(), state.clone());
+        self.life.runs.spawn(async move {
+            let finished = Finished {
+                output: format!("cronlease: missed: {why}"),
+                ..Finished::without_process(Outcome::Missed, node.wall.now())
+            };
+            let ended = node.finish(&state, ticket, finished).await;
+            node.after_run(&state, ticket, &ended).await;
+        });
+    }
+
     /// The run's record and its events, at once: the events go to the
     /// spool of the webhooks that want them ([`crate::webhook`]) while the
     /// record waits for its batch, so a daemon that dies in that wait has

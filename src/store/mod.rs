@@ -367,6 +367,9 @@ pub enum Outcome {
     NotStarted,
     /// Claimed, but the previous run was still going (`overlap = "skip"`).
     Skipped,
+    /// Not started within its `starting_deadline` (the record's output
+    /// says why); never run late.
+    Missed,
     /// A manual run's request no node took within `cluster.trigger_expiry`:
     /// claimed by the node that found it expired, recorded, never run.
     Expired,
@@ -387,13 +390,14 @@ impl Outcome {
             Outcome::NotStarted => "not_started",
             Outcome::Skipped => "skipped",
             Outcome::Expired => "expired",
+            Outcome::Missed => "missed",
             Outcome::Unknown(raw) => raw,
         }
     }
 
     /// The job did not do its work: `failed`, `timeout`, `lease_lost`,
-    /// `killed`, `not_started` (what `on_failure` follows, and what
-    /// `on_recovery` recovers from).
+    /// `killed`, `not_started`, `missed` (what `on_failure` follows, and
+    /// what `on_recovery` recovers from).
     pub fn is_failure(&self) -> bool {
         matches!(
             self,
@@ -402,6 +406,7 @@ impl Outcome {
                 | Outcome::LeaseLost
                 | Outcome::Killed
                 | Outcome::NotStarted
+                | Outcome::Missed
         )
     }
 
@@ -413,6 +418,7 @@ impl Outcome {
             "timeout" => Outcome::Timeout,
             "lease_lost" => Outcome::LeaseLost,
             "killed" => Outcome::Killed,
+            "missed" => Outcome::Missed,
             "not_started" => Outcome::NotStarted,
             "skipped" => Outcome::Skipped,
             "expired" => Outcome::Expired,

@@ -650,6 +650,116 @@ on_recovery = {hook}
     assert_eq!(lines.lines().count(), seen.0 + seen.1 + seen.2, "{lines}");
 }
 
+/// The only node is away through an occurrence T+4 and back at T+5.5. A
+/// job without `starting_deadline` (its window: the 4 s gap) runs T+4 as
+/// soon as the node can claim, not at T+8; a job with a 1 s deadline does
+/// not run it late: the claim of T+8 records it `missed` (saying why),
+/// `on_failure` follows with `CRONLEASE_OUTCOME=missed`, and T+8 runs on
+/// time.
+#[test]
+fn a_node_back_late_catches_up_at_once_within_the_window_and_records_missed_past_the_deadline() {
+    let jobs = r#"
+[[job]]
+name = "back"
+schedule = "*/4 * * * * *"
+command = "echo back $CRONLEASE_OCCURRENCE $(date +%s.%N) >> '{out}'"
+
+[[job]]
+name = "strict"
+schedule = "*/4 * * * * *"
+starting_deadline = "1s"
+command = "echo strict $CRONLEASE_OCCURRENCE $(date +%s.%N) >> '{out}'"
+on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.hook'"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let read = |c: &Cluster| std::fs::read_to_string(&c.out).unwrap_or_default();
+    let first = wait_until(
+        "both jobs' first run",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let text = read(&c);
+            let occ = |job: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(&format!("{job} ")))
+                    .and_then(|l| l.split(' ').nth(1))
+                    .map(str::to_string)
+            };
+            match (occ("back"), occ("strict")) {
+                (Some(a), Some(b)) if a == b => Some(a),
+                _ => None,
+            }
+        },
+    );
+    c.signal("n1", Signal::SIGTERM);
+    c.wait_exit("n1", Duration::from_secs(10))
+        .expect("n1 stops");
+    let t = chrono::DateTime::parse_from_rfc3339(&first)
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let at = |secs: f64| t + chrono::TimeDelta::milliseconds((secs * 1000.0) as i64);
+    let sleep_until = |when: chrono::DateTime<chrono::Utc>| {
+        if let Ok(d) = (when - chrono::Utc::now()).to_std() {
+            std::thread::sleep(d);
+        }
+    };
+    assert!(
+        chrono::Utc::now() < at(3.0),
+        "n1 took too long to stop: {}",
+        c.report()
+    );
+    sleep_until(at(5.5));
+    let back_at = chrono::Utc::now();
+    c.start("n1");
+    sleep_until(at(9.5));
+    c.stop_all();
+    let text = read(&c);
+    let started = |job: &str, occ: chrono::DateTime<chrono::Utc>| -> Option<f64> {
+        let occ = occ.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        text.lines()
+            .find(|l| l.starts_with(&format!("{job} {occ} ")))
+            .and_then(|l| l.split(' ').nth(2))
+            .and_then(|s| s.parse().ok())
+    };
+    let unix = |d: chrono::DateTime<chrono::Utc>| d.timestamp_millis() as f64 / 1000.0;
+    // "back" ran T+4 after the node came back and before T+8, then T+8.
+    let caught = started("back", at(4.0)).unwrap_or_else(|| panic!("T+4 not run\n{text}"));
+    assert!(
+        caught >= unix(back_at) && caught < unix(at(8.0)),
+        "T+4 ran at {caught}, back at {back_at}\n{text}"
+    );
+    assert!(started("back", at(8.0)).is_some(), "{text}");
+    // "strict" did not run T+4; it is recorded missed, with on_failure.
+    assert!(started("strict", at(4.0)).is_none(), "{text}");
+    assert!(started("strict", at(8.0)).is_some(), "{text}");
+    let runs = history(&c, "strict");
+    let occ4 = at(4.0).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let missed = runs
+        .iter()
+        .find(|r| r["outcome"] == "missed")
+        .unwrap_or_else(|| panic!("no missed record: {runs:?}"));
+    assert!(
+        missed["occurrence"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&occ4[..19]),
+        "{missed}"
+    );
+    assert!(
+        missed["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("past starting_deadline (1s)"),
+        "{missed}"
+    );
+    let hooks = std::fs::read_to_string(format!("{}.hook", c.out.display())).unwrap_or_default();
+    assert!(
+        hooks.contains(&format!("strict {} missed", missed["fence"])),
+        "{hooks}"
+    );
+}
+
 /// Process groups of processes whose command line names `marker`.
 fn job_groups(marker: &str) -> Vec<i32> {
     let mut groups = Vec::new();
