@@ -61,10 +61,23 @@ pub(super) fn validate_job(
         .timeout
         .as_ref()
         .and_then(|t| duration(src, t, "timeout", errors));
-    let starting_deadline = rj
-        .starting_deadline
-        .as_ref()
-        .and_then(|t| duration(src, t, "starting_deadline", errors));
+    let starting_deadline = rj.starting_deadline.as_ref().and_then(|t| {
+        let d = duration(src, t, "starting_deadline", errors)?;
+        if d < MIN_STARTING_DEADLINE {
+            // Shorter, a claim's answer would often come after it, and
+            // every occurrence would be recorded missed.
+            errors.push(src.at(
+                t,
+                format!(
+                    "starting_deadline {:?} is too short: at least {}",
+                    t.get_ref(),
+                    humantime::format_duration(MIN_STARTING_DEADLINE)
+                ),
+            ));
+            return None;
+        }
+        Some(d)
+    });
     let kill_grace = duration_or(
         src,
         &rj.kill_grace,
@@ -135,6 +148,9 @@ pub(super) fn validate_job(
         defined_at: here,
     })
 }
+
+/// The shortest `starting_deadline`.
+pub const MIN_STARTING_DEADLINE: Duration = Duration::from_secs(1);
 
 /// A command (`command`, a hook): a string runs as `/bin/sh -c`, an
 /// array is an argv.

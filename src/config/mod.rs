@@ -338,7 +338,8 @@ pub struct Job {
     /// stderr history keeps (0: none).
     pub output_tail: usize,
     /// `on_failure`: run on the same node after a run ended `failed`,
-    /// `timeout`, `lease_lost` or `not_started`.
+    /// `timeout`, `lease_lost` or `not_started`, or an occurrence was
+    /// recorded `missed`.
     pub on_failure: Option<Command>,
     /// `on_success`: run on the same node after a run ended `ok`.
     pub on_success: Option<Command>,

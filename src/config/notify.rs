@@ -65,8 +65,9 @@ impl fmt::Debug for WebhookSecret {
     }
 }
 
-/// One validated `[[notify]]` table.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One validated `[[notify]]` table. Its `Debug` shows the URL's scheme
+/// and host only (a chat webhook's path is its token).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Webhook {
     /// `name`, or `notify-N` for the N-th table: what the log, the
     /// metrics and the spool call it (the URL may hold a token).
@@ -81,6 +82,21 @@ pub struct Webhook {
     pub timeout: Duration,
     /// At most this many bytes of the run's output tail go in the body.
     pub output_tail: usize,
+}
+
+impl fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Webhook")
+            .field("name", &self.name)
+            .field("url", &self.host())
+            .field("events", &self.events)
+            .field("jobs", &self.jobs)
+            .field("secret", &self.secret)
+            .field("format", &self.format)
+            .field("timeout", &self.timeout)
+            .field("output_tail", &self.output_tail)
+            .finish()
+    }
 }
 
 impl Webhook {

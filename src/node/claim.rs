@@ -166,12 +166,20 @@ impl Attempts {
 }
 
 impl Node {
-    /// The monotonic instant at which the wall clock will show `t`.
+    /// The monotonic instant at which the wall clock will show (or
+    /// showed) `t`.
     fn instant_of(&self, t: DateTime<Utc>) -> Instant {
         let now = Instant::now();
-        match (t - self.wall.now()).to_std() {
+        let wall = self.wall.now();
+        match (t - wall).to_std() {
             Ok(ahead) => now + ahead,
-            Err(_) => now,
+            // In the past: so long ago (a catch-up's occurrence), as far as
+            // this clock reaches back.
+            Err(_) => (wall - t)
+                .to_std()
+                .ok()
+                .and_then(|behind| now.checked_sub(behind))
+                .unwrap_or(now),
         }
     }
 
@@ -248,9 +256,10 @@ impl Node {
     }
 
     /// Catch-up on return (`misfire = "run_once"`): when this node can claim
-    /// again (at start, once the store answers), the latest occurrence of
-    /// each job that no node claimed and that is still within its start
-    /// window ([`start_window`]) is claimed at once, through the same claim
+    /// (at start, once the store answers), the latest occurrence before its
+    /// start of each job that no node claimed, still within its start
+    /// window ([`start_window`]) and the first half of its gap, is claimed
+    /// at once, through the same claim
     /// rule as at its instant (one node wins it), instead of at the next
     /// occurrence. A job never claimed (no last occurrence in the store) or
     /// paused has nothing to catch up. The claim names no previous
@@ -261,11 +270,11 @@ impl Node {
         let rows = match read {
             Ok(Ok(rows)) => rows,
             Ok(Err(e)) => {
-                tracing::debug!("no catch-up on return: the locks could not be read: {e}");
+                tracing::warn!("no catch-up on return: the locks could not be read: {e}");
                 return;
             }
             Err(_) => {
-                tracing::debug!("no catch-up on return: the locks could not be read in time");
+                tracing::warn!("no catch-up on return: the locks could not be read in time");
                 return;
             }
         };
@@ -274,6 +283,8 @@ impl Node {
             .map(|r| (r.job.as_str(), (r.last_occurrence, r.paused)))
             .collect();
         let now = self.wall.now();
+        // Occurrences from this node's start on are the scheduler's.
+        let started = self.members.started_at;
         let due: Vec<Due> = {
             let Ok(jobs) = self.jobs.lock() else {
                 return;
@@ -285,9 +296,19 @@ impl Node {
                         return None;
                     }
                     let next = entry.next?;
-                    let occurrence = job.schedule.previous_before(next).filter(|p| *p <= now)?;
+                    let occurrence = job
+                        .schedule
+                        .previous_before(next)
+                        .filter(|p| *p < started)?;
                     let (window, _) = start_window(&job, occurrence, Some(next));
-                    let open = (now - occurrence).to_std().is_ok_and(|late| late < window);
+                    // In the window's first half only: a catch-up later than
+                    // that could still run when the next occurrence is due
+                    // and push it out (overlap = skip); the next one's claim
+                    // catches it up first and then runs in order.
+                    let half = gap(occurrence, Some(next)) / 2;
+                    let open = (now - occurrence)
+                        .to_std()
+                        .is_ok_and(|late| late < window && late < half);
                     let (claimed, paused) = last.get(name.as_str()).copied()?;
                     let missed = claimed.is_some_and(|c| c < occurrence);
                     (open && missed && !paused).then(|| Due {
@@ -692,24 +713,23 @@ impl Node {
             drop(gate);
             state.note_standing(Standing::Holder, won.fence);
             let late_ms = (self.wall.now() - due.occurrence).num_milliseconds();
-            if at.deadline {
-                self.record_missed(
-                    state,
-                    self.ticket(&won, decision_ms),
+            let (outcome, why) = if at.deadline {
+                (
+                    Outcome::Missed,
                     format!(
                         "the claim was answered {late_ms} ms after the instant, past starting_deadline ({})",
                         humantime::format_duration(job.starting_deadline.unwrap_or_default())
                     ),
-                );
-                return Flow::Done(false);
-            }
-            tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, late_ms, "a claim answered only after its occurrence's window: not run, recorded as lease_lost");
-            self.record(
-                state,
-                self.ticket(&won, decision_ms),
-                Finished::without_process(Outcome::LeaseLost, self.wall.now()),
-            )
-            .await;
+                )
+            } else {
+                (
+                    Outcome::LeaseLost,
+                    format!(
+                        "the claim was answered {late_ms} ms after the instant, after the occurrence's window"
+                    ),
+                )
+            };
+            self.record_not_run(state, self.ticket(&won, decision_ms), outcome, why);
             return Flow::Done(false);
         }
         // A retried claim that won earlier: its lease counts from the first
@@ -723,17 +743,21 @@ impl Node {
         let late = (self.wall.now() - won.occurrence)
             .to_std()
             .unwrap_or_default();
-        if let Some(deadline) = job.starting_deadline.filter(|d| won.catch_up && late > *d) {
+        // The missed occurrence's own window: its deadline, at most the gap
+        // to the occurrence claimed now.
+        let missed_window = start_window(&job, won.occurrence, Some(due.occurrence)).0;
+        if job.starting_deadline.is_some() && won.catch_up && late > missed_window {
             // A missed occurrence the store handed out, too late to start:
             // recorded, and the occurrence itself is claimed now.
             drop(gate);
-            self.record_missed(
+            self.record_not_run(
                 state,
                 ticket,
+                Outcome::Missed,
                 format!(
-                    "no node started it; caught up {} ms after its instant, past starting_deadline ({})",
+                    "no node started it; caught up {} ms after its instant, past starting_deadline ({}, at most the gap)",
                     late.as_millis(),
-                    humantime::format_duration(deadline)
+                    humantime::format_duration(missed_window)
                 ),
             );
             at.unanswered = None;

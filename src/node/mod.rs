@@ -691,6 +691,10 @@ impl Node {
     /// returns once runs are over and this node's leases are released.
     pub async fn run(self: &Arc<Self>, jobs: Vec<Job>, shutdown: CancellationToken) {
         tracing::info!(node = %self.name, owner = %self.owner, store = %self.store.describe(), jobs = jobs.len(), "cronlease node starting");
+        // The jobs first: the catch-up on return, once the store is
+        // prepared, looks at them.
+        self.start_batchers();
+        self.apply_jobs(jobs);
         let node = self.clone();
         self.life
             .handlers
@@ -703,8 +707,6 @@ impl Node {
         self.life
             .handlers
             .spawn(async move { node.keep_registered().await });
-        self.start_batchers();
-        self.apply_jobs(jobs);
         let node = self.clone();
         self.life
             .handlers

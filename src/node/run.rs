@@ -10,9 +10,12 @@
 //! ZooKeeper holder's session) bounds runs further ([`crate::store::Locks::run_bound`]):
 //! the earlier of the two applies.
 //!
-//! A run that ended `failed`, `timeout` or `lease_lost` is followed by the
-//! job's `on_failure` command, if it has one ([`Node::on_failure`]), on the
-//! same node, after the run is recorded and its lease handed back.
+//! A run is recorded while its webhook events are spooled ([`Node::finish`]);
+//! then the job's hooks follow on the same node, after its lease is handed
+//! back if it was being handed back ([`Node::after_run`]): `on_failure` after
+//! a failure (`failed`, `timeout`, `lease_lost`, `not_started`, `missed`),
+//! `on_success` after `ok`, `on_recovery` after the first `ok` that follows a
+//! failure.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,10 +64,15 @@ impl Ended {
     }
 }
 
-/// `text` as an environment value: control characters other than newline
-/// and tab (NUL among them) become U+FFFD.
-fn env_safe(text: &str) -> String {
-    text.chars()
+/// The most of a run's output tail a hook gets in `CRONLEASE_OUTPUT_TAIL`.
+const HOOK_TAIL: usize = 4096;
+
+/// The end of `text`, at most `max` bytes, as an environment value:
+/// control characters other than newline and tab (NUL among them) become
+/// U+FFFD.
+fn env_safe(text: &str, max: usize) -> String {
+    let safe: String = text
+        .chars()
         .map(|c| {
             if c.is_control() && c != '\n' && c != '\t' {
                 char::REPLACEMENT_CHARACTER
@@ -72,7 +80,12 @@ fn env_safe(text: &str) -> String {
                 c
             }
         })
-        .collect()
+        .collect();
+    let mut start = safe.len().saturating_sub(max);
+    while !safe.is_char_boundary(start) {
+        start += 1;
+    }
+    safe[start..].to_string()
 }
 
 /// A won occurrence, to run.
@@ -128,21 +141,23 @@ impl Node {
         }))
     }
 
-    /// Records `ticket`'s occurrence `missed`, `why` as its output, and
-    /// what follows a failure (its events, `on_failure`), in a task of its
-    /// own: the claim that found it goes on at once.
-    pub(super) fn record_missed(
+    /// Records `ticket`'s occurrence, won but not run, as `outcome`
+    /// (`missed`, `lease_lost`) with `why` as its output, and what follows
+    /// a failure (its events, `on_failure`), in a task of its own: the
+    /// claim that found it goes on at once.
+    pub(super) fn record_not_run(
         self: &Arc<Self>,
         state: &Arc<JobState>,
         ticket: RunTicket,
+        outcome: Outcome,
         why: String,
     ) {
-        tracing::warn!(job = %state.job().name, fence = ticket.fence, occurrence = %ticket.occurrence, "occurrence missed, not run: {why}");
+        tracing::warn!(job = %state.job().name, fence = ticket.fence, occurrence = %ticket.occurrence, "occurrence not run, recorded {outcome}: {why}");
         let (node, state) = (self.clone(), state.clone());
         self.life.runs.spawn(async move {
             let finished = Finished {
-                output: format!("cronlease: missed: {why}"),
-                ..Finished::without_process(Outcome::Missed, node.wall.now())
+                output: format!("cronlease: {outcome}: {why}"),
+                ..Finished::without_process(outcome.clone(), node.wall.now())
             };
             let ended = node.finish(&state, ticket, finished).await;
             node.after_run(&state, ticket, &ended).await;
@@ -161,22 +176,26 @@ impl Node {
         let mut ended = Ended::of(&finished);
         let webhooks = self.webhooks.as_deref();
         let notify = async {
-            let recovered = ended.outcome == Outcome::Ok
-                && (job.on_recovery.is_some()
-                    || webhooks.is_some_and(|w| w.wants(name, "recovered")))
-                && self.follows_failure(&job.name, ticket.fence).await;
+            // The outcome's event first: spooled at once. `recovered` needs
+            // a history read.
             let event = match &ended.outcome {
                 Outcome::Ok => Some("succeeded"),
                 o if o.is_failure() => Some(o.as_str()),
                 _ => None,
             };
-            if let Some(w) = webhooks {
-                for event in event.into_iter().chain(recovered.then_some("recovered")) {
-                    if w.wants(name, event) {
-                        w.event(self.webhook_event(w, name, ticket, &ended, event))
-                            .await;
-                    }
-                }
+            if let (Some(w), Some(event)) = (webhooks, event)
+                && w.wants(name, event)
+            {
+                w.event(self.webhook_event(w, name, ticket, &ended, event))
+                    .await;
+            }
+            let recovered = ended.outcome == Outcome::Ok
+                && (job.on_recovery.is_some()
+                    || webhooks.is_some_and(|w| w.wants(name, "recovered")))
+                && self.follows_failure(&job.name, ticket.fence).await;
+            if let Some(w) = webhooks.filter(|w| recovered && w.wants(name, "recovered")) {
+                w.event(self.webhook_event(w, name, ticket, &ended, "recovered"))
+                    .await;
             }
             recovered
         };
@@ -286,7 +305,7 @@ impl Node {
                 ended.exit_code.map(|c| c.to_string()).unwrap_or_default(),
             ),
             ("CRONLEASE_DURATION_MS", ended.duration_ms.to_string()),
-            ("CRONLEASE_OUTPUT_TAIL", env_safe(&ended.output)),
+            ("CRONLEASE_OUTPUT_TAIL", env_safe(&ended.output, HOOK_TAIL)),
         ] {
             hook.env.insert(name.into(), value);
         }

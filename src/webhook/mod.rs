@@ -98,12 +98,17 @@ impl Webhooks {
         if config.webhooks.is_empty() {
             return Ok(None);
         }
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("cronlease/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| WebhookError::Client(e.without_url().to_string()))?;
+        // Building it reads the system's trust roots from disk.
+        let client = tokio::task::spawn_blocking(|| {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("cronlease/", env!("CARGO_PKG_VERSION")))
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+                .map_err(|e| WebhookError::Client(e.without_url().to_string()))
+        })
+        .await
+        .map_err(|e| WebhookError::Client(e.to_string()))??;
         let dir = config
             .state_dir()
             .join(format!("notify-{}", config.node.as_str()));
@@ -281,12 +286,18 @@ impl Webhooks {
     async fn send(&self, mut p: Pending) {
         let name = p.file_name();
         let Some(hook) = self.hooks.iter().find(|h| h.name == p.target) else {
+            // Not queued (see `start`); never left marked as being sent.
+            self.with_queue(|q| {
+                q.sending.remove(&name);
+                q.pending.retain(|x| x.file_name() != name);
+            });
             return;
         };
         p.attempts += 1;
         let verdict = self.post(hook, &p.event).await;
         let now = now_ms();
-        let age = Duration::from_millis(u64::try_from(now - p.created_ms).unwrap_or(0));
+        let age =
+            Duration::from_millis(u64::try_from(now.saturating_sub(p.created_ms)).unwrap_or(0));
         let what = format!(
             "{} of {} (fence {})",
             p.event.event, p.event.job, p.event.fence

@@ -5,7 +5,7 @@
 //! it starts again. Blocking file I/O: called off the runtime.
 
 use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +52,8 @@ impl Spool {
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
+        // One made before (by hand, by another umask) is closed too.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         Ok(Spool {
             dir: dir.to_path_buf(),
         })
@@ -89,12 +91,15 @@ impl Spool {
                 .and_then(|b| serde_json::from_slice::<Pending>(&b).map_err(|e| e.to_string()))
             {
                 Ok(p) if p.file_name() == name => found.push(p),
-                Ok(_) => problems.push(format!("{} does not match its content", path.display())),
-                Err(e) => {
+                read => {
+                    let why = match read {
+                        Err(e) => format!("is unreadable ({e})"),
+                        Ok(_) => "does not match its name".to_string(),
+                    };
                     let bad = path.with_extension("json.bad");
                     let _ = std::fs::rename(&path, &bad);
                     problems.push(format!(
-                        "{} is unreadable ({e}); kept as {}",
+                        "{} {why}; kept as {}",
                         path.display(),
                         bad.display()
                     ));

@@ -454,6 +454,14 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         "a second notify table named \"ops\"",
     ),
     (
+        "a starting_deadline under a second",
+        GOOD_MAIN,
+        "[[job]]\nname = \"ok\"\nschedule = \"* * * * *\"\ncommand = \"true\"\nstarting_deadline = \"10ms\"\n",
+        "a.toml",
+        5,
+        "starting_deadline \"10ms\" is too short: at least 1s",
+    ),
+    (
         "a job key misspelt as on_sucess",
         GOOD_MAIN,
         "[[job]]\nname = \"ok\"\nschedule = \"* * * * *\"\ncommand = \"true\"\non_sucess = \"true\"\n",

@@ -193,11 +193,6 @@ async fn ghost_claimed_11_59_30(w: &World) {
 
 /// A node long gone claimed `job`'s occurrence `at`; its lease is over.
 async fn ghost_claimed(w: &World, job: &str, at: DateTime<Utc>) {
-    ghost_holding(w, job, at, Duration::from_millis(100)).await;
-}
-
-/// A node now gone claimed `job`'s occurrence `at` just now, for `lease`.
-async fn ghost_holding(w: &World, job: &str, at: DateTime<Utc>, lease: Duration) {
     use cronlease::store::{ClaimOutcome, ClaimRequest, Locks};
     let claimed = w
         .store
@@ -208,7 +203,7 @@ async fn ghost_holding(w: &World, job: &str, at: DateTime<Utc>, lease: Duration)
             previous: None,
             misfire: cronlease::config::Misfire::RunOnce,
             owner: Owner::from_raw("ghost#1"),
-            lease,
+            lease: Duration::from_millis(100),
             fence_floor: 0,
             max_offset: Duration::from_secs(3600),
             head_start: None,
@@ -424,12 +419,11 @@ async fn a_cut_off_idle_holder_is_taken_over_after_the_head_start() {
     a.stop().await;
 }
 
-/// A node that comes back (here: starts) while the latest occurrence nobody
-/// claimed is still within its window (the gap, by default) runs it at
-/// once (misfire run_once), not at the next occurrence; the older missed
-/// one (11:59:40) is not run late.
+/// An occurrence nobody ran, found when more than half its gap is gone, is
+/// caught up once by the next claim (misfire run_once), before the
+/// occurrence itself, both at the instant.
 #[tokio::test(start_paused = true)]
-async fn a_returning_node_runs_the_latest_missed_occurrence_at_once() {
+async fn a_missed_occurrence_is_caught_up_first() {
     let w = World::new(VirtualRunner::default());
     // A node long gone claimed 11:59:30 and nobody ran 11:59:40 or :50.
     ghost_claimed_11_59_30(&w).await;
@@ -441,12 +435,34 @@ async fn a_returning_node_runs_the_latest_missed_occurrence_at_once() {
         .iter()
         .map(|r| (r.fence, ms(r.occurrence - t(0.0)), ms(r.started - t(0.0))))
         .collect();
+    assert_eq!(runs, vec![(2, -10_000, 0), (3, 0, 0)]);
+    a.stop().await;
+}
+
+/// A node that comes back (here: starts) in the first half of the gap after
+/// an occurrence nobody claimed runs it at once (misfire run_once), not at
+/// the next occurrence; the older missed one (11:58:59) is not run.
+#[tokio::test(start_paused = true)]
+async fn a_returning_node_runs_the_latest_missed_occurrence_at_once() {
+    let w = World::new(VirtualRunner::default());
+    let every_minute =
+        "[[job]]\nname = \"j0000\"\nschedule = \"59 * * * * *\"\ncommand = [\"/bin/true\"]\n";
+    // A node long gone claimed 11:57:59; nobody ran 11:58:59 or 11:59:59.
+    ghost_claimed(&w, "j0000", t(-121.0)).await;
+    let a = w.start("a", every_minute);
+    w.until(t(60.0)).await;
+    let runs: Vec<(u64, i64, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| (r.fence, ms(r.occurrence - t(0.0)), ms(r.started - t(0.0))))
+        .collect();
     // Run when the node could first claim (its store prepared), before
-    // 12:00:00.
+    // 12:00:00; then 12:00:59 on time.
     assert_eq!(runs.len(), 2, "{runs:?}");
-    assert_eq!((runs[0].0, runs[0].1), (2, -10_000), "{runs:?}");
+    assert_eq!((runs[0].0, runs[0].1), (2, -1_000), "{runs:?}");
     assert!((-500..-300).contains(&runs[0].2), "{runs:?}");
-    assert_eq!(runs[1], (3, 0, 0), "{runs:?}");
+    assert_eq!(runs[1], (3, 59_000, 59_000), "{runs:?}");
     a.stop().await;
 }
 
@@ -454,18 +470,18 @@ async fn a_returning_node_runs_the_latest_missed_occurrence_at_once() {
 /// node back 9.5 s after a missed occurrence with a 3 s deadline does not
 /// run it; the next occurrence's claim, which the store answers with that
 /// missed occurrence first, records it `missed` (saying why) and runs the
-/// occurrence itself on time. A job every second with a 1 s deadline, missed
-/// 0.5 s before the node came back, is run at once; one never claimed before
-/// is not.
+/// occurrence itself on time. A job every minute with a 1 s deadline,
+/// missed 0.6 s before the node could claim, is run at once; one never
+/// claimed before is not.
 #[tokio::test(start_paused = true)]
 async fn an_occurrence_past_its_starting_deadline_is_recorded_missed_not_run() {
     use cronlease::store::History;
     let w = World::new(VirtualRunner::default());
     ghost_claimed(&w, "late", t(-30.0)).await;
     let jobs = "[[job]]\nname = \"late\"\nschedule = \"*/10 * * * * *\"\nstarting_deadline = \"3s\"\ncommand = [\"/bin/true\"]\n\
-        [[job]]\nname = \"fresh\"\nschedule = \"* * * * * *\"\nstarting_deadline = \"1s\"\ncommand = [\"/bin/true\"]\n\
-        [[job]]\nname = \"second\"\nschedule = \"* * * * * *\"\nstarting_deadline = \"1s\"\ncommand = [\"/bin/true\"]\n";
-    ghost_claimed(&w, "second", t(-30.0)).await;
+        [[job]]\nname = \"fresh\"\nschedule = \"59 * * * * *\"\nstarting_deadline = \"1s\"\ncommand = [\"/bin/true\"]\n\
+        [[job]]\nname = \"minute\"\nschedule = \"59 * * * * *\"\nstarting_deadline = \"1s\"\ncommand = [\"/bin/true\"]\n";
+    ghost_claimed(&w, "minute", t(-61.0)).await;
     let a = w.start("a", jobs);
     w.until(t(1.5)).await;
     let runs: Vec<(String, i64, i64)> = w
@@ -488,16 +504,15 @@ async fn an_occurrence_past_its_starting_deadline_is_recorded_missed_not_run() {
     };
     // 11:59:50 is not run (9.5 s late at the start, past 3 s).
     assert_eq!(of("late"), vec![(0, 0)], "{runs:?}");
-    // 11:59:59 is run at once (0.5 s late, within 1 s), then every second.
-    let second = of("second");
-    assert_eq!(second.len(), 3, "{runs:?}");
+    // 11:59:59 is run at once (0.6 s late, within 1 s).
+    let minute = of("minute");
+    assert_eq!(minute.len(), 1, "{runs:?}");
     assert!(
-        second[0].0 == -1_000 && (-500..-300).contains(&second[0].1),
+        minute[0].0 == -1_000 && (-500..-300).contains(&minute[0].1),
         "{runs:?}"
     );
-    assert_eq!(second[1..], [(0, 0), (1_000, 1_000)], "{runs:?}");
     // A job no node ever claimed has nothing to catch up.
-    assert_eq!(of("fresh"), vec![(0, 0), (1_000, 1_000)], "{runs:?}");
+    assert_eq!(of("fresh"), vec![], "{runs:?}");
     let history = w
         .store
         .connection()
@@ -519,7 +534,7 @@ async fn an_occurrence_past_its_starting_deadline_is_recorded_missed_not_run() {
     );
     let missed = history.iter().find(|r| r.fence == 2).unwrap();
     assert!(
-        missed.output.contains("past starting_deadline (3s)"),
+        missed.output.contains("past starting_deadline (3s"),
         "{}",
         missed.output
     );
@@ -633,11 +648,7 @@ async fn a_takeover_at_the_end_of_its_window_is_caught_up_in_order() {
 }
 
 /// A step-down that comes while a run is going releases the lease when
-/// *that* run ends. A ghost claimed 11:59:40 and holds the lease until
-/// 12:00:00, so the node, started at 11:59:59.5, cannot catch 11:59:50 up on
-/// its return (the lease outlasts that occurrence's window); the claim of
-/// 12:00:00 does, 5 ms late (`FOLLOWER_LEAD`: the node saw the ghost hold
-/// the job). The catch-up ends at 12:00:00.305 and the
+/// *that* run ends. Here the catch-up of 11:59:50 ends at 12:00:00.3 and the
 /// run of 12:00:00 starts at once; the step-down comes 2 ms later, while the
 /// catch-up's task is still writing its history. The catch-up's task must
 /// leave the release to the run still going (it used to take it and end the
@@ -646,9 +657,9 @@ async fn a_takeover_at_the_end_of_its_window_is_caught_up_in_order() {
 #[tokio::test(start_paused = true)]
 async fn a_step_down_during_a_run_waits_for_that_run() {
     let w = World::new(VirtualRunner::lasting("j0000", Duration::from_millis(300)));
-    ghost_holding(&w, "j0000", t(-20.0), Duration::from_millis(500)).await;
+    ghost_claimed_11_59_30(&w).await;
     let a = w.start("a", &jobs(1));
-    w.until(t(0.307)).await;
+    w.until(t(0.302)).await;
     a.node.step_down().await;
     w.until(t(2.0)).await;
     // (occurrence, started, (outcome, ended)), in ms from 12:00:00.
@@ -668,8 +679,8 @@ async fn a_step_down_during_a_run_waits_for_that_run() {
     assert_eq!(
         runs,
         vec![
-            (-10_000, 5, Some((Outcome::Ok, 305))),
-            (0, 305, Some((Outcome::Ok, 605)))
+            (-10_000, 0, Some((Outcome::Ok, 300))),
+            (0, 300, Some((Outcome::Ok, 600)))
         ]
     );
     // The lease was released once, when the run of 12:00:00 was over (plus
@@ -682,7 +693,7 @@ async fn a_step_down_during_a_run_waits_for_that_run() {
         .map(|c| ms(c.at - t(0.0)))
         .collect();
     assert_eq!(releases.len(), 1, "{releases:?}");
-    assert!(releases[0] >= 605, "released under the run: {releases:?}");
+    assert!(releases[0] >= 600, "released under the run: {releases:?}");
     a.stop().await;
 }
 

@@ -650,23 +650,23 @@ on_recovery = {hook}
     assert_eq!(lines.lines().count(), seen.0 + seen.1 + seen.2, "{lines}");
 }
 
-/// The only node is away through an occurrence T+4 and back at T+5.5. A
-/// job without `starting_deadline` (its window: the 4 s gap) runs T+4 as
-/// soon as the node can claim, not at T+8; a job with a 1 s deadline does
-/// not run it late: the claim of T+8 records it `missed` (saying why),
-/// `on_failure` follows with `CRONLEASE_OUTCOME=missed`, and T+8 runs on
-/// time.
+/// The only node is away through an occurrence T+6 and back at T+7.3. A
+/// job without `starting_deadline` (its window: the 6 s gap; caught up in
+/// its first half) runs T+6 as soon as the node can claim, not at T+12; a
+/// job with a 1 s deadline does not run it late: the claim of T+12 records
+/// it `missed` (saying why), `on_failure` follows with
+/// `CRONLEASE_OUTCOME=missed`, and T+12 runs on time.
 #[test]
 fn a_node_back_late_catches_up_at_once_within_the_window_and_records_missed_past_the_deadline() {
     let jobs = r#"
 [[job]]
 name = "back"
-schedule = "*/4 * * * * *"
+schedule = "*/6 * * * * *"
 command = "echo back $CRONLEASE_OCCURRENCE $(date +%s.%N) >> '{out}'"
 
 [[job]]
 name = "strict"
-schedule = "*/4 * * * * *"
+schedule = "*/6 * * * * *"
 starting_deadline = "1s"
 command = "echo strict $CRONLEASE_OCCURRENCE $(date +%s.%N) >> '{out}'"
 on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.hook'"
@@ -709,10 +709,10 @@ on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.
         "n1 took too long to stop: {}",
         c.report()
     );
-    sleep_until(at(5.5));
+    sleep_until(at(7.3));
     let back_at = chrono::Utc::now();
     c.start("n1");
-    sleep_until(at(9.5));
+    sleep_until(at(13.5));
     c.stop_all();
     let text = read(&c);
     let started = |job: &str, occ: chrono::DateTime<chrono::Utc>| -> Option<f64> {
@@ -723,18 +723,18 @@ on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.
             .and_then(|s| s.parse().ok())
     };
     let unix = |d: chrono::DateTime<chrono::Utc>| d.timestamp_millis() as f64 / 1000.0;
-    // "back" ran T+4 after the node came back and before T+8, then T+8.
-    let caught = started("back", at(4.0)).unwrap_or_else(|| panic!("T+4 not run\n{text}"));
+    // "back" ran T+6 after the node came back and before T+12, then T+12.
+    let caught = started("back", at(6.0)).unwrap_or_else(|| panic!("T+6 not run\n{text}"));
     assert!(
-        caught >= unix(back_at) && caught < unix(at(8.0)),
-        "T+4 ran at {caught}, back at {back_at}\n{text}"
+        caught >= unix(back_at) && caught < unix(at(12.0)),
+        "T+6 ran at {caught}, back at {back_at}\n{text}"
     );
-    assert!(started("back", at(8.0)).is_some(), "{text}");
-    // "strict" did not run T+4; it is recorded missed, with on_failure.
-    assert!(started("strict", at(4.0)).is_none(), "{text}");
-    assert!(started("strict", at(8.0)).is_some(), "{text}");
+    assert!(started("back", at(12.0)).is_some(), "{text}");
+    // "strict" did not run T+6; it is recorded missed, with on_failure.
+    assert!(started("strict", at(6.0)).is_none(), "{text}");
+    assert!(started("strict", at(12.0)).is_some(), "{text}");
     let runs = history(&c, "strict");
-    let occ4 = at(4.0).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let occ6 = at(6.0).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let missed = runs
         .iter()
         .find(|r| r["outcome"] == "missed")
@@ -743,14 +743,14 @@ on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.
         missed["occurrence"]
             .as_str()
             .unwrap_or_default()
-            .starts_with(&occ4[..19]),
+            .starts_with(&occ6[..19]),
         "{missed}"
     );
     assert!(
         missed["output"]
             .as_str()
             .unwrap_or_default()
-            .contains("past starting_deadline (1s)"),
+            .contains("past starting_deadline (1s"),
         "{missed}"
     );
     let hooks = std::fs::read_to_string(format!("{}.hook", c.out.display())).unwrap_or_default();
