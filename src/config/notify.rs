@@ -17,17 +17,15 @@ pub const WEBHOOK_EVENTS: &[&str] = &[
     "recovered",
 ];
 
-/// What a webhook gets unless `events` says otherwise: every failure and
-/// the recovery from it.
-pub const DEFAULT_WEBHOOK_EVENTS: &[&str] = &[
-    "failed",
-    "timeout",
-    "not_started",
-    "lease_lost",
-    "killed",
-    "missed",
-    "recovered",
-];
+/// What a webhook gets unless `events` says otherwise: every event but
+/// `succeeded` (each failure and the recovery from it).
+pub fn default_webhook_events() -> Vec<String> {
+    WEBHOOK_EVENTS
+        .iter()
+        .filter(|e| **e != "succeeded")
+        .map(|e| e.to_string())
+        .collect()
+}
 
 /// A webhook's time-out for one delivery unless `timeout` says otherwise.
 pub const DEFAULT_WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -168,10 +166,7 @@ pub(super) fn webhooks(
             }
         };
         let mut events: Vec<String> = match &n.events {
-            None => DEFAULT_WEBHOOK_EVENTS
-                .iter()
-                .map(|e| e.to_string())
-                .collect(),
+            None => default_webhook_events(),
             Some(list) => {
                 if list.get_ref().is_empty() {
                     errors.push(src.at(list, "notify events is empty: name at least one event"));

@@ -556,3 +556,25 @@ pub fn assert_no_overlap(runs: &[Run], report: &str) {
         );
     }
 }
+
+/// The job's history (newest first, at most 1,000 runs) as `history
+/// --json` prints it, read through n1's configuration; nothing while the
+/// daemon has not set the store up yet.
+pub fn history(c: &Cluster, job: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(binary())
+        .args(["history", job, "--json", "--limit", "1000", "-c"])
+        .arg(c.config("n1"))
+        .env_remove("CRONLEASE_STORE_URL")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("no cronlease tables yet"), "{stderr}");
+        return Vec::new();
+    }
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}

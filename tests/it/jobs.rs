@@ -7,28 +7,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, history};
 use crate::support::{Backend, binary, wait_until};
-
-/// The job's history, or nothing while the daemon has not set the store up yet.
-fn history(c: &Cluster, job: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(binary())
-        .args(["history", job, "--json", "--limit", "100", "-c"])
-        .arg(c.config("n1"))
-        .env_remove("CRONLEASE_STORE_URL")
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("no cronlease tables yet"), "{stderr}");
-        return Vec::new();
-    }
-    serde_json::from_slice::<serde_json::Value>(&out.stdout)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
-}
 
 fn wait_history(
     c: &Cluster,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use hmac::{KeyInit, Mac};
 use nix::sys::signal::Signal;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, history};
 use crate::support::{Backend, wait_until};
 
 /// One request the receiver answered.
@@ -140,26 +140,16 @@ fn signed(r: &Received, secret: &[u8]) -> bool {
 
 /// The job's runs, oldest first: `(fence, outcome, node)`.
 fn runs(c: &Cluster, job: &str) -> Vec<(u64, String, String)> {
-    let out = std::process::Command::new(crate::support::binary())
-        .args(["history", job, "--json", "--limit", "1000", "-c"])
-        .arg(c.config("n1"))
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let mut runs: Vec<(u64, String, String)> = v
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|r| {
-                    (
-                        r["fence"].as_u64().unwrap(),
-                        r["outcome"].as_str().unwrap().to_string(),
-                        r["node"].as_str().unwrap().to_string(),
-                    )
-                })
-                .collect()
+    let mut runs: Vec<(u64, String, String)> = history(c, job)
+        .iter()
+        .map(|r| {
+            (
+                r["fence"].as_u64().unwrap(),
+                r["outcome"].as_str().unwrap().to_string(),
+                r["node"].as_str().unwrap().to_string(),
+            )
         })
-        .unwrap_or_default();
+        .collect();
     runs.sort();
     runs
 }
