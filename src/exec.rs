@@ -2,7 +2,9 @@
 //! the daemon's log, and the ways it can end.
 //!
 //! The child gets the job's `env`, plus `CRONLEASE_JOB`, `CRONLEASE_FENCE`,
-//! `CRONLEASE_OCCURRENCE` (RFC 3339, UTC) and `CRONLEASE_NODE`; the daemon's
+//! `CRONLEASE_OCCURRENCE` (RFC 3339, UTC), `CRONLEASE_NODE`,
+//! `CRONLEASE_ATTEMPT` (1, or a retry's attempt) and, for a manual run,
+//! `CRONLEASE_TRIGGER`; the daemon's
 //! own secrets (`CRONLEASE_STORE_URL`) and systemd plumbing (`NOTIFY_SOCKET`)
 //! are not passed on. It runs in a new process group so that a timeout,
 //! a lost lease or shutdown can signal the whole tree: SIGTERM, then SIGKILL
@@ -346,9 +348,14 @@ fn run_env(spec: &RunSpec<'_>) -> Vec<(String, String)> {
         spec.occurrence.to_rfc3339_opts(SecondsFormat::Secs, true),
     ));
     env.push(("CRONLEASE_NODE".into(), spec.node.as_str().to_string()));
-    if let Some(id) = spec.trigger {
+    // A retry's request is no operator's: only a manual run names one.
+    if let Some(id) = spec.trigger.filter(|t| t.retry_of().is_none()) {
         env.push(("CRONLEASE_TRIGGER".into(), id.to_string()));
     }
+    env.push((
+        "CRONLEASE_ATTEMPT".into(),
+        crate::store::TriggerId::attempt(spec.trigger).to_string(),
+    ));
     env
 }
 

@@ -329,11 +329,13 @@ async fn history(
         api.store.history(job.as_ref(), limit),
     )
     .await
-    .map(|mut runs| {
-        for run in &mut runs {
-            run.output.clear();
-        }
-        runs
+    .map(|runs| {
+        runs.into_iter()
+            .map(|mut run| {
+                run.output.clear();
+                crate::store::ShownRecord::from(run)
+            })
+            .collect::<Vec<_>>()
     });
     json(runs)
 }

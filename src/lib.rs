@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod backoff;
 pub mod cgroup;
 pub mod cli;
 pub mod config;

@@ -84,6 +84,8 @@ pub struct Metrics {
     /// costs, apart from spawning.
     pub claim_decision: Histogram,
     pub leases_lost: Family<JobLabel, Counter>,
+    /// Failed runs whose next attempt was put in the store (`retry`).
+    pub retries: Family<JobLabel, Counter>,
     pub store_errors: Counter,
     pub store_call: Histograms<OpLabel>,
     pub leases_held: Gauge,
@@ -123,6 +125,7 @@ impl Metrics {
             run_memory_peak: Family::new_with_constructor(memory_buckets),
             claim_decision: lateness_buckets(),
             leases_lost: Family::default(),
+            retries: Family::default(),
             store_errors: Counter::default(),
             store_call: Family::new_with_constructor(store_call_buckets),
             leases_held: Gauge::default(),
@@ -177,6 +180,11 @@ impl Metrics {
             "cronlease_leases_lost",
             "Runs killed because their lease could not be proven",
             m.leases_lost.clone(),
+        );
+        registry.register(
+            "cronlease_retries",
+            "Failed runs tried again: their next attempt scheduled (retry)",
+            m.retries.clone(),
         );
         registry.register(
             "cronlease_store_errors",

@@ -41,14 +41,19 @@ pub struct JobStatus {
     pub defined_otherwise_on: Vec<String>,
 }
 
-/// A pending manual run's request (`cronlease trigger`), with its age.
+/// A pending manual run's request (`cronlease trigger`), with its age, or
+/// a retry's (`retry`), with its attempt and when it is due.
 #[derive(Debug, Clone, Serialize)]
 pub struct PendingTrigger {
     pub id: TriggerId,
     /// When it was made (the store's clock, as `trigger` read it); `None` for an id of
-    /// an earlier build, which carries no time.
+    /// an earlier build, which carries no time, and for a retry's.
     pub requested_at: Option<DateTime<Utc>>,
     pub age_ms: Option<u64>,
+    /// A retry's: which attempt of its occurrence it is.
+    pub attempt: Option<u32>,
+    /// A retry's: when it is due.
+    pub due_at: Option<DateTime<Utc>>,
 }
 
 /// Every configured job, and every job the store has a lock for, in name
@@ -91,9 +96,11 @@ pub async fn gather(
         .await?
         .into_iter()
         .map(|(job, id)| {
-            let requested_at = id.requested_at();
+            let retry = id.retry_of();
+            let requested_at = id.requested_at().filter(|_| retry.is_none());
             let age_ms = id
                 .age(now)
+                .filter(|_| retry.is_none())
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             (
                 job,
@@ -101,6 +108,8 @@ pub async fn gather(
                     id,
                     requested_at,
                     age_ms,
+                    attempt: retry.map(|(k, _)| k),
+                    due_at: retry.map(|(_, due)| due),
                 },
             )
         })

@@ -48,6 +48,10 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let webhooks = match crate::webhook::Webhooks::start(&config, metrics.clone()).await {
         Ok(w) => w,
+        Err(e @ crate::webhook::WebhookError::NotBuiltIn) => {
+            eprintln!("cronlease: {e}");
+            return ExitCode::from(crate::app::EXIT_CONFIG);
+        }
         Err(e) => {
             eprintln!("cronlease: {e}");
             return ExitCode::FAILURE;

@@ -274,6 +274,14 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
             );
             return ExitCode::FAILURE;
         }
+        Ok(store::TriggerAnswer::Pending(pending)) if pending.retry_of().is_some() => {
+            let (attempt, due) = pending.retry_of().unwrap_or((0, Utc::now()));
+            eprintln!(
+                "cronlease: refused: attempt {attempt} of a failed run of {job} is pending (trigger {pending}, due at {}); one node runs it then, and `cronlease trigger --cancel {job}` withdraws it (ending the attempts)",
+                rfc3339(due)
+            );
+            return ExitCode::FAILURE;
+        }
         Ok(store::TriggerAnswer::Pending(pending)) => {
             eprintln!(
                 "cronlease: refused: a manual run of {job} was requested already (trigger {pending}{}) and has not started yet; it runs once a node takes it, expires after cluster.trigger_expiry, and `cronlease trigger --cancel {job}` withdraws it",
@@ -298,6 +306,10 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
 /// How long ago request `id` was made, for people (`None` for an id that
 /// carries no time).
 pub(super) fn request_age(id: store::TriggerId) -> Option<String> {
+    if id.retry_of().is_some() {
+        // Its time is when it is due, not when it was made.
+        return None;
+    }
     let age = id.age(Utc::now())?;
     Some(humantime::format_duration(Duration::from_secs(age.as_secs())).to_string())
 }
@@ -319,10 +331,15 @@ pub(super) async fn cancel_trigger(path: PathBuf, job: JobName) -> ExitCode {
     };
     match within(&config, store.withdraw_trigger(&job, id)).await {
         Ok(true) => {
-            println!(
-                "trigger {id}: withdrawn{}; {job} was not run for it",
-                request_age(id).map_or(String::new(), |age| format!(" (requested {age} ago)"))
-            );
+            match id.retry_of() {
+                Some((attempt, _)) => println!(
+                    "trigger {id}: withdrawn; attempt {attempt} of {job}'s failed run will not run, and its attempts end (nothing more is recorded or announced for that occurrence)"
+                ),
+                None => println!(
+                    "trigger {id}: withdrawn{}; {job} was not run for it",
+                    request_age(id).map_or(String::new(), |age| format!(" (requested {age} ago)"))
+                ),
+            }
             ExitCode::SUCCESS
         }
         Ok(false) => {

@@ -74,7 +74,17 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
         &table,
     );
     for r in &rows {
-        if let Some(p) = &r.pending_trigger {
+        if let Some(p) = r.pending_trigger.as_ref().filter(|p| p.attempt.is_some()) {
+            let _ = writeln!(
+                out,
+                "PENDING RETRY: {} attempt {} due at {} (trigger {}): one node runs it then; `cronlease trigger --cancel {}` withdraws it",
+                r.job,
+                p.attempt.unwrap_or_default(),
+                p.due_at.map(rfc3339).unwrap_or_default(),
+                p.id,
+                r.job
+            );
+        } else if let Some(p) = &r.pending_trigger {
             let age = p.age_ms.map_or(String::new(), |ms| {
                 format!(
                     ", requested {} ago",
@@ -240,7 +250,8 @@ pub(super) async fn history(
     }
     let mut out = std::io::stdout().lock();
     if json {
-        print_json(&mut out, &runs);
+        let shown: Vec<store::ShownRecord> = runs.into_iter().map(Into::into).collect();
+        print_json(&mut out, &shown);
         return ExitCode::SUCCESS;
     }
     let table: Vec<Vec<String>> = runs
@@ -268,7 +279,17 @@ pub(super) async fn history(
                 } else {
                     "no".into()
                 },
-                r.trigger.map_or_else(|| "-".into(), |id| id.to_string()),
+                match r.trigger.map(|id| (id, id.retry_of())) {
+                    None => "-".into(),
+                    Some((id, None)) => id.to_string(),
+                    // `attempt 2/3`: of the attempts the job has now.
+                    Some((_, Some((k, _)))) => {
+                        match config.job(&r.job).and_then(|j| j.retry.as_ref()) {
+                            Some(retry) => format!("attempt {k}/{}", retry.attempts),
+                            None => format!("attempt {k}"),
+                        }
+                    }
+                },
                 crate::output::excerpt(&r.output),
             ]
         })

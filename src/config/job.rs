@@ -3,6 +3,7 @@
 //! and the store's TLS files.
 
 use super::*;
+use raw::RawRetry;
 
 pub(super) fn validate_job(
     src: &Source,
@@ -61,22 +62,17 @@ pub(super) fn validate_job(
         .timeout
         .as_ref()
         .and_then(|t| duration(src, t, "timeout", errors));
+    // Shorter, a claim's answer would often come after it, and every
+    // occurrence would be recorded missed.
     let starting_deadline = rj.starting_deadline.as_ref().and_then(|t| {
-        let d = duration(src, t, "starting_deadline", errors)?;
-        if d < MIN_STARTING_DEADLINE {
-            // Shorter, a claim's answer would often come after it, and
-            // every occurrence would be recorded missed.
-            errors.push(src.at(
-                t,
-                format!(
-                    "starting_deadline {:?} is too short: at least {}",
-                    t.get_ref(),
-                    humantime::format_duration(MIN_STARTING_DEADLINE)
-                ),
-            ));
-            return None;
-        }
-        Some(d)
+        duration_within(
+            src,
+            t,
+            "starting_deadline",
+            MIN_STARTING_DEADLINE,
+            MAX_DURATION,
+            errors,
+        )
     });
     let kill_grace = duration_or(
         src,
@@ -122,6 +118,8 @@ pub(super) fn validate_job(
         Some(v) => byte_size(src, v, "output_tail", MAX_OUTPUT_TAIL, errors),
         None => Some(DEFAULT_OUTPUT_TAIL),
     };
+    // Checked whatever else is wrong: `check` reports every mistake.
+    let retry = rj.retry.as_ref().and_then(|r| retry(src, r, errors));
     let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
     let identity = identity(src, rj, runner, errors);
     let isolation = isolation(src, rj, base, errors);
@@ -144,8 +142,114 @@ pub(super) fn validate_job(
         on_failure,
         on_success,
         on_recovery,
+        retry,
         isolation,
         defined_at: here,
+    })
+}
+
+/// The shortest `retry.backoff`.
+pub const MIN_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest `retry.backoff` and `max_backoff`.
+pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(24 * 3600);
+/// `retry.backoff` unless set.
+pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(30);
+/// `retry.max_backoff` unless set (or `backoff`, if that is longer).
+pub const DEFAULT_RETRY_MAX_BACKOFF: Duration = Duration::from_secs(600);
+
+/// A job's `retry` table checked: every mistake in it reported.
+fn retry(src: &Source, r: &Spanned<RawRetry>, errors: &mut Vec<ConfigError>) -> Option<Retry> {
+    let before = errors.len();
+    let raw = r.get_ref();
+    let max = crate::store::MAX_RETRY_ATTEMPTS;
+    let attempts = match u32::try_from(*raw.attempts.get_ref()) {
+        Ok(n) if (2..=max).contains(&n) => Some(n),
+        _ => {
+            errors.push(src.at(
+                &raw.attempts,
+                format!(
+                    "retry.attempts {} is out of range: 2 to {max} (it counts the first run: 2 is one retry)",
+                    raw.attempts.get_ref()
+                ),
+            ));
+            None
+        }
+    };
+    let backoff = match &raw.backoff {
+        Some(v) => duration_within(
+            src,
+            v,
+            "retry.backoff",
+            MIN_RETRY_BACKOFF,
+            MAX_RETRY_BACKOFF,
+            errors,
+        ),
+        None => Some(DEFAULT_RETRY_BACKOFF),
+    };
+    let max_backoff = match &raw.max_backoff {
+        Some(v) => bounded_duration(src, v, "retry.max_backoff", MAX_RETRY_BACKOFF, errors)
+            .and_then(|d| match backoff {
+                Some(b) if d < b => {
+                    errors.push(src.at(
+                        v,
+                        format!(
+                            "retry.max_backoff {:?} is shorter than retry.backoff ({})",
+                            v.get_ref(),
+                            humantime::format_duration(b)
+                        ),
+                    ));
+                    None
+                }
+                _ => Some(d),
+            }),
+        None => backoff.map(|b| b.max(DEFAULT_RETRY_MAX_BACKOFF)),
+    };
+    let mut on: Vec<crate::store::Outcome> = Vec::new();
+    match &raw.on {
+        None => on.extend(
+            RETRY_OUTCOMES
+                .iter()
+                .map(|o| crate::store::Outcome::parse(o)),
+        ),
+        Some(list) if list.is_empty() => {
+            errors.push(src.at(
+                r,
+                format!(
+                    "retry.on is empty: name the outcomes to try again ({}), or drop `retry`",
+                    RETRY_OUTCOMES.join(", ")
+                ),
+            ));
+        }
+        Some(list) => {
+            for o in list {
+                if !RETRY_OUTCOMES.contains(&o.get_ref().as_str()) {
+                    errors.push(src.at(
+                        o,
+                        format!(
+                            "retry.on: unknown outcome {:?}: expected one of {}",
+                            o.get_ref(),
+                            RETRY_OUTCOMES.join(", ")
+                        ),
+                    ));
+                } else {
+                    let outcome = crate::store::Outcome::parse(o.get_ref());
+                    if !on.contains(&outcome) {
+                        on.push(outcome);
+                    }
+                }
+            }
+        }
+    }
+    if errors.len() > before {
+        return None;
+    }
+    // One order, whatever the file's: the definition's digest compares it.
+    on.sort_by_key(|o| RETRY_OUTCOMES.iter().position(|x| *x == o.as_str()));
+    Some(Retry {
+        attempts: attempts?,
+        backoff: backoff?,
+        max_backoff: max_backoff?,
+        on,
     })
 }
 

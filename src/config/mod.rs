@@ -346,6 +346,8 @@ pub struct Job {
     /// `on_recovery`: run on the same node after the first `ok` run that
     /// follows a failed one.
     pub on_recovery: Option<Command>,
+    /// `retry`: a failed run tried again, on any node.
+    pub retry: Option<Retry>,
     /// `[job.limits]`, `[job.sandbox]`, `credentials`.
     pub isolation: Isolation,
     /// `file:line` of the definition, for log messages.
@@ -370,7 +372,40 @@ impl Job {
             && self.on_failure == other.on_failure
             && self.on_success == other.on_success
             && self.on_recovery == other.on_recovery
+            && self.retry == other.retry
             && self.isolation == other.isolation
+    }
+}
+
+/// A job's `retry` (docs/configuration.md, docs/protocol.md "Retries"): a
+/// run of an occurrence that ends in one of `on` is tried again after a
+/// backoff, up to `attempts` tries in all, each claimed in the store like
+/// an occurrence, never past the next occurrence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// Tries in all, the first run included: 2 to
+    /// [`crate::store::MAX_RETRY_ATTEMPTS`].
+    pub attempts: u32,
+    /// The wait before the second try, doubled before each next one.
+    pub backoff: Duration,
+    /// The longest wait.
+    pub max_backoff: Duration,
+    /// The outcomes tried again: of [`RETRY_OUTCOMES`].
+    pub on: Vec<crate::store::Outcome>,
+}
+
+/// The outcomes `retry.on` may name.
+pub const RETRY_OUTCOMES: [&str; 4] = ["failed", "timeout", "not_started", "lease_lost"];
+
+impl Retry {
+    /// Whether a run that ended `outcome` is tried again (attempts left).
+    pub fn retries(&self, outcome: &crate::store::Outcome) -> bool {
+        self.on.contains(outcome)
+    }
+
+    /// The wait after the `failures`th failed try (1 for the first run).
+    pub fn wait(&self, failures: u32) -> Duration {
+        crate::backoff::exponential(self.backoff, self.max_backoff, failures)
     }
 }
 
@@ -435,6 +470,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         on_failure: None,
         on_success: None,
         on_recovery: None,
+        retry: None,
         isolation: Isolation::default(),
         defined_at: "test.toml:1".into(),
     }

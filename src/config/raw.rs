@@ -137,9 +137,20 @@ pub struct RawJob {
     /// Like `command`; checked in validation.
     pub on_recovery: Option<Spanned<toml::Value>>,
     pub limits: Option<RawLimits>,
+    pub retry: Option<Spanned<RawRetry>>,
     /// Property name → value; both checked in validation.
     pub sandbox: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
     pub credentials: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
+}
+
+/// A job's `retry = { attempts = 3, backoff = "30s", ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    pub attempts: Spanned<i64>,
+    pub backoff: Option<Spanned<String>>,
+    pub max_backoff: Option<Spanned<String>>,
+    pub on: Option<Vec<Spanned<String>>>,
 }
 
 /// `[job.limits]`.

@@ -189,6 +189,30 @@ pub(super) fn bounded_duration(
     }
 }
 
+/// A duration from `min` to `max`: below `min` is "too short", naming it.
+pub(super) fn duration_within(
+    src: &Source,
+    v: &Spanned<String>,
+    what: &str,
+    min: Duration,
+    max: Duration,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Duration> {
+    let d = bounded_duration(src, v, what, max, errors)?;
+    if d < min {
+        errors.push(src.at(
+            v,
+            format!(
+                "{what} {:?} is too short: at least {}",
+                v.get_ref(),
+                humantime::format_duration(min)
+            ),
+        ));
+        return None;
+    }
+    Some(d)
+}
+
 /// `cluster.trigger_expiry` unless set.
 pub const DEFAULT_TRIGGER_EXPIRY: Duration = Duration::from_secs(3600);
 

@@ -31,7 +31,8 @@ function flags(r) {
   if (p) {
     if (out.length) out.push(" ");
     const age = p.age_ms == null ? "" : ` (${Math.round(p.age_ms / 1000)} s)`;
-    out.push(el("span", { class: "paused", title: `trigger ${p.id}: cronlease trigger --cancel ${r.job} withdraws it` }, "trigger pending" + age));
+    const what = p.attempt ? `attempt ${p.attempt} due ${time(p.due_at)}` : "trigger pending" + age;
+    out.push(el("span", { class: "paused", title: `trigger ${p.id}: cronlease trigger --cancel ${r.job} withdraws it` }, what));
   }
   const on = r.defined_otherwise_on || [];
   if (on.length) {
@@ -95,8 +96,8 @@ function renderTimeline(runs) {
     for (const r of byNode.get(node)) {
       const s = Date.parse(r.started_at), e = Date.parse(r.finished_at);
       const bar = el("div", {
-        class: "run " + outcomeClass(r.outcome) + (r.trigger ? " manual" : ""),
-        title: `${r.job} fence ${r.fence} ${r.outcome} (${r.trigger ? "manual run, trigger " + r.trigger : "occurrence " + time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}${r.cpu_ms != null ? ", CPU " + r.cpu_ms + " ms" : ""}${r.memory_peak != null ? ", peak memory " + (r.memory_peak / 1048576).toFixed(1) + " MiB" : ""}`,
+        class: "run " + outcomeClass(r.outcome) + (r.trigger && !(r.attempt > 1) ? " manual" : ""),
+        title: `${r.job} fence ${r.fence} ${r.outcome} (${r.attempt > 1 ? "attempt " + r.attempt + " of occurrence " + time(r.occurrence) : r.trigger ? "manual run, trigger " + r.trigger : "occurrence " + time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}${r.cpu_ms != null ? ", CPU " + r.cpu_ms + " ms" : ""}${r.memory_peak != null ? ", peak memory " + (r.memory_peak / 1048576).toFixed(1) + " MiB" : ""}`,
         "data-job": r.job, "data-fence": r.fence,
       });
       bar.style.left = ((s - from) / span * 100).toFixed(3) + "%";

@@ -82,6 +82,14 @@ pub fn job_digest(job: &Job) -> JobDigest {
     for hook in [Hook::Failure, Hook::Success, Hook::Recovery] {
         put_command(&mut put, hook.key(), job.hook(hook));
     }
+    if let Some(r) = &job.retry {
+        put("retry.attempts", &r.attempts.to_le_bytes());
+        put_duration(&mut put, "retry.backoff", Some(r.backoff));
+        put_duration(&mut put, "retry.max_backoff", Some(r.max_backoff));
+        for o in &r.on {
+            put("retry.on", o.as_str().as_bytes());
+        }
+    }
     let sum = h.finalize();
     let mut first = [0u8; 8];
     first.copy_from_slice(&sum[..8]);

@@ -46,6 +46,10 @@ struct Ended {
     /// An `ok` run whose previous run failed (looked up only when a hook
     /// or a webhook wants to know).
     recovered: bool,
+    /// A failure tried again (`retry`): the next attempt's request, in the
+    /// store. Not the occurrence's final outcome: no `on_failure`, no
+    /// failure event.
+    retry: Option<TriggerId>,
 }
 
 impl Ended {
@@ -60,6 +64,7 @@ impl Ended {
                 .max(0),
             output: finished.output.clone(),
             recovered: false,
+            retry: None,
         }
     }
 }
@@ -96,8 +101,22 @@ pub(super) struct RunTicket {
     pub takeover: bool,
     /// From the claimed instant to the claim's answer, in milliseconds.
     pub decision_ms: u64,
-    /// A manual run: its request's id.
+    /// A manual run or a retry: its request's id.
     pub trigger: Option<TriggerId>,
+}
+
+impl RunTicket {
+    /// Which try of its occurrence this run is: a retry's attempt, else 1.
+    pub fn attempt(&self) -> u32 {
+        TriggerId::attempt(self.trigger)
+    }
+
+    /// When this run was due: a retry's due time, else the occurrence.
+    pub fn due(&self) -> DateTime<Utc> {
+        self.trigger
+            .and_then(TriggerId::retry_of)
+            .map_or(self.occurrence, |(_, due)| due)
+    }
 }
 
 impl Node {
@@ -175,12 +194,13 @@ impl Node {
         let name = job.name.as_str();
         let mut ended = Ended::of(&finished);
         let webhooks = self.webhooks.as_deref();
+        let retry = self.plan_retry(&job, ticket, &ended);
         let notify = async {
             // The outcome's event first: spooled at once. `recovered` needs
-            // a history read.
+            // a history read. A failure to be tried again has none (yet).
             let event = match &ended.outcome {
                 Outcome::Ok => Some("succeeded"),
-                o if o.is_failure() => Some(o.as_str()),
+                o if o.is_failure() && retry.is_none() => Some(o.as_str()),
                 _ => None,
             };
             if let (Some(w), Some(event)) = (webhooks, event)
@@ -192,7 +212,9 @@ impl Node {
             let recovered = ended.outcome == Outcome::Ok
                 && (job.on_recovery.is_some()
                     || webhooks.is_some_and(|w| w.wants(name, "recovered")))
-                && self.follows_failure(&job.name, ticket.fence).await;
+                && self
+                    .follows_failure(&job.name, ticket.fence, ticket.occurrence)
+                    .await;
             if let Some(w) = webhooks.filter(|w| recovered && w.wants(name, "recovered")) {
                 w.event(self.webhook_event(w, name, ticket, &ended, "recovered"))
                     .await;
@@ -201,7 +223,119 @@ impl Node {
         };
         let ((), recovered) = tokio::join!(self.record(state, ticket, finished), notify);
         ended.recovered = recovered;
+        if let Some(id) = retry {
+            // After the record: the store takes no request while the run's
+            // record is missing (its running mark).
+            if self.request_retry(&job, ticket, id).await {
+                ended.retry = Some(id);
+            } else if let Some(w) = webhooks.filter(|w| w.wants(name, ended.outcome.as_str())) {
+                let event = ended.outcome.as_str();
+                w.event(self.webhook_event(w, name, ticket, &ended, event))
+                    .await;
+            }
+        }
         ended
+    }
+
+    /// The next attempt's request if the run that `ended` is tried again
+    /// (`retry`): the job has it, the outcome is one of its `on`, attempts
+    /// are left, it is no manual run, and the backoff ends before the next
+    /// occurrence (which would end the attempts anyway).
+    fn plan_retry(
+        &self,
+        job: &crate::config::Job,
+        ticket: RunTicket,
+        ended: &Ended,
+    ) -> Option<TriggerId> {
+        let retry = job.retry.as_ref()?;
+        let attempt = ticket.attempt();
+        let manual = ticket.trigger.is_some() && attempt == 1;
+        if manual || !retry.retries(&ended.outcome) {
+            return None;
+        }
+        if attempt >= retry.attempts {
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{} ended {}: no attempt left", retry.attempts, ended.outcome);
+            return None;
+        }
+        let wait = chrono::Duration::from_std(retry.wait(attempt)).ok()?;
+        let due = ended.finished_at.checked_add_signed(wait)?;
+        if let Some(next) = job.schedule.next_after(ticket.occurrence)
+            && due >= next
+        {
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{} ended {}: not tried again, the next occurrence ({next}) comes before the backoff ends", retry.attempts, ended.outcome);
+            return None;
+        }
+        Some(TriggerId::retry(due, attempt + 1))
+    }
+
+    /// Puts retry `id` in the store for any node to claim when it is due;
+    /// false when the store refused it (a manual run's request pending, a
+    /// run of the job going, the store down): the failure is then final.
+    /// A request that got no answer is made again with the same id (it is
+    /// ours if the store has it pending), so a write that landed is never
+    /// taken for a refusal. An earlier occurrence's attempt still pending
+    /// (overtaken: no node ran it before this occurrence) is withdrawn
+    /// first, said in a WARN.
+    async fn request_retry(
+        &self,
+        job: &crate::config::Job,
+        ticket: RunTicket,
+        id: TriggerId,
+    ) -> bool {
+        use crate::store::TriggerAnswer;
+        let Some((attempt, due)) = id.retry_of() else {
+            return false;
+        };
+        let total = job.retry.as_ref().map_or(attempt, |r| r.attempts);
+        let mut answer = Err(StoreError::Timeout(self.settings.op_timeout));
+        for _ in 0..3 {
+            answer = self
+                .call(
+                    "request_trigger",
+                    self.settings.op_timeout,
+                    self.store.request_trigger(&job.name, id),
+                )
+                .await;
+            match &answer {
+                Ok(TriggerAnswer::Pending(p))
+                    if p.retry_of().is_some_and(|(_, d)| d < ticket.occurrence) =>
+                {
+                    let withdrawn = self
+                        .call(
+                            "withdraw_trigger",
+                            self.settings.op_timeout,
+                            self.store.withdraw_trigger(&job.name, *p),
+                        )
+                        .await;
+                    if let Ok(true) = withdrawn {
+                        tracing::warn!(job = %job.name, trigger = %p, "an earlier occurrence's pending attempt withdrawn, not run: this occurrence came before any node could run it");
+                    }
+                }
+                Ok(_) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        // Pending with our id: our own write, whose first answer was lost.
+        let scheduled = matches!(&answer, Ok(TriggerAnswer::Accepted))
+            || matches!(&answer, Ok(TriggerAnswer::Pending(p)) if *p == id);
+        match answer {
+            _ if scheduled => {
+                self.metrics
+                    .retries
+                    .get_or_create(&Metrics::job(job.name.as_str()))
+                    .inc();
+                tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, trigger = %id, "attempt {attempt}/{total} due at {due}: any node may run it");
+                true
+            }
+            Ok(other) => {
+                tracing::error!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{total} not scheduled: the store refused its request ({other:?}); the failure is final");
+                false
+            }
+            Err(e) => {
+                tracing::error!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{total} not scheduled: {e}; the failure is final");
+                false
+            }
+        }
     }
 
     /// The job's hooks after a run of it ended: `on_failure` after a
@@ -210,7 +344,9 @@ impl Node {
     /// failed. Both of those go at once.
     async fn after_run(&self, state: &JobState, ticket: RunTicket, ended: &Ended) {
         if ended.outcome.is_failure() {
-            self.hook(state, ticket, Hook::Failure, ended).await;
+            if ended.retry.is_none() {
+                self.hook(state, ticket, Hook::Failure, ended).await;
+            }
             return;
         }
         if ended.outcome != Outcome::Ok {
@@ -248,7 +384,11 @@ impl Node {
             started_at: rfc(ended.started_at),
             finished_at: rfc(ended.finished_at),
             duration_ms: ended.duration_ms,
-            trigger: ticket.trigger.map(|t| t.to_string()),
+            trigger: ticket
+                .trigger
+                .filter(|t| t.retry_of().is_none())
+                .map(|t| t.to_string()),
+            attempt: ticket.attempt(),
             output_tail: ended.output.clone(),
             dashboard: w.dashboard().map(str::to_string),
         }
@@ -257,7 +397,12 @@ impl Node {
     /// Whether the job's run before `fence` (the newest in history below
     /// it that ran or failed to: skipped and expired occurrences are passed
     /// over) failed. A history the store cannot read now is a WARN and no.
-    async fn follows_failure(&self, job: &crate::config::JobName, fence: u64) -> bool {
+    async fn follows_failure(
+        &self,
+        job: &crate::config::JobName,
+        fence: u64,
+        occurrence: DateTime<Utc>,
+    ) -> bool {
         let read = tokio::time::timeout(
             self.settings.op_timeout,
             self.store.history(Some(job), RECOVERY_LOOKBACK),
@@ -274,8 +419,11 @@ impl Node {
                 return false;
             }
         };
+        // Earlier attempts of the same occurrence are passed over: their
+        // failures were not final (no `on_failure` said them).
         runs.iter()
-            .filter(|r| r.fence < fence && (r.outcome == Outcome::Ok || r.outcome.is_failure()))
+            .filter(|r| r.fence < fence && r.occurrence != occurrence)
+            .filter(|r| r.outcome == Outcome::Ok || r.outcome.is_failure())
             .max_by_key(|r| r.fence)
             .is_some_and(|r| r.outcome.is_failure())
     }
@@ -377,7 +525,7 @@ impl Node {
                 () = self.life.kill_runs.cancelled() => StopReason::Shutdown,
             }
         };
-        let lateness = (self.wall.now() - ticket.occurrence).num_milliseconds();
+        let lateness = (self.wall.now() - ticket.due()).num_milliseconds();
         tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, lateness_ms = lateness, takeover = ticket.takeover, "run starting");
         let spec = self.spec(&job, ticket);
         self.metrics
@@ -480,7 +628,7 @@ impl Node {
             outcome: finished.outcome,
             exit_code: finished.exit_code,
             takeover: ticket.takeover,
-            delay_ms: (finished.started_at - ticket.occurrence)
+            delay_ms: (finished.started_at - ticket.due())
                 .num_milliseconds()
                 .max(0) as u64,
             decision_ms: ticket.decision_ms,

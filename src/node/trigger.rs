@@ -9,6 +9,13 @@
 //! pending (a run was in progress) is found again at the next look. A claim
 //! without an answer is asked again, saying so, so a win whose reply was
 //! lost is answered again instead of being lost.
+//!
+//! A job's retries (`retry`, docs/protocol.md "Retries") are requests too,
+//! made by the node whose run failed ([`crate::store::TriggerId::retry`]):
+//! each is claimed by one node once it is due, and runs as its
+//! occurrence's next attempt; one whose occurrence's next is due (or that
+//! nobody took within `cluster.trigger_expiry`) is claimed and recorded
+//! `missed` instead ([`Node::end_retry`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -69,7 +76,42 @@ impl Node {
             else {
                 continue;
             };
+            let now = self.wall.now();
             for (job, id) in pending {
+                if let Some((_, due)) = id.retry_of() {
+                    // A retry waits for its time; one whose occurrence's
+                    // next is due, or that nobody took within
+                    // `cluster.trigger_expiry`, ends unrun.
+                    if due > now {
+                        continue;
+                    }
+                    // A job this node does not run: only its expiry, below.
+                    if let Some(state) = self.state_of(&job) {
+                        let ending = match retry_occurrence(&state.job(), due) {
+                            Some((_, Some(next))) if next <= now => Some(format!(
+                                "the next occurrence ({next}) is due: the attempts of this one end"
+                            )),
+                            None => Some("its occurrence is no longer in the schedule".into()),
+                            _ if self.expired(id) => Some(format!(
+                                "no node ran it within cluster.trigger_expiry ({})",
+                                humantime::format_duration(self.settings.trigger_expiry)
+                            )),
+                            _ => None,
+                        };
+                        if state.is_running() || !self.triggers.start(id) {
+                            continue;
+                        }
+                        let node = self.clone();
+                        self.life.handlers.spawn(async move {
+                            match ending {
+                                Some(why) => node.end_retry(&state, id, why).await,
+                                None => node.claim_trigger(&state, id).await,
+                            }
+                            node.triggers.end(id);
+                        });
+                        continue;
+                    }
+                }
                 if self.expired(id) {
                     if self.triggers.start(id) {
                         let node = self.clone();
@@ -210,6 +252,59 @@ impl Node {
         }
     }
 
+    /// A retry's request that will not run (see [`Node::watch_triggers`]):
+    /// claimed like any, so it gets a fence, and recorded `missed` with
+    /// `why`, as the occurrence's final outcome (`on_failure` and the
+    /// `missed` event follow). Where the store refuses the claim (a run of
+    /// the job going: the next occurrence's) it is looked at again next
+    /// time, unless `cluster.trigger_expiry` has passed since it was due:
+    /// then it is withdrawn, said in a WARN.
+    async fn end_retry(self: &Arc<Self>, state: &Arc<JobState>, id: TriggerId, why: String) {
+        let Ok(_gate) = state.claim_gate.clone().try_lock_owned() else {
+            return;
+        };
+        let job = state.job();
+        let Some((attempt, due)) = id.retry_of() else {
+            return;
+        };
+        let total = job.retry.as_ref().map_or(attempt, |r| r.attempts);
+        let request = self.manual_request(job.name.clone(), id, job.misfire, state.fence_floor());
+        let answer =
+            tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
+        match answer {
+            Ok(Ok((ClaimOutcome::Won(won), _))) => {
+                state.saw_fence(won.fence);
+                let ticket = RunTicket {
+                    fence: won.fence,
+                    occurrence: retry_occurrence(&job, due).map_or(won.occurrence, |(t, _)| t),
+                    decision_ms: 0,
+                    takeover: false,
+                    trigger: Some(id),
+                };
+                self.record_not_run(
+                    state,
+                    ticket,
+                    Outcome::Missed,
+                    format!("attempt {attempt}/{total} (due {due}) not run: {why}"),
+                );
+            }
+            Ok(Ok((ClaimOutcome::Lost(lost), _))) if !lost.trigger_gone && self.expired(id) => {
+                let withdrawn = self
+                    .call(
+                        "withdraw_trigger",
+                        self.settings.op_timeout,
+                        self.store.withdraw_trigger(&job.name, id),
+                    )
+                    .await;
+                if let Ok(true) = withdrawn {
+                    tracing::warn!(job = %job.name, trigger = %id, "attempt {attempt}/{total} (due {due}) withdrawn, not run: {why}; a run of the job went on all the while, so it is not recorded");
+                }
+            }
+            // Taken meanwhile, or no answer: looked at again next time.
+            _ => {}
+        }
+    }
+
     /// The claim of manual request `id` of `job`, as this node sends it now:
     /// a lease of two margins (see [`Node::claim_trigger`]), taken from an
     /// idle holder at once (Redlock's first phase), no window.
@@ -277,9 +372,14 @@ impl Node {
                     state.saw_fence(won.fence);
                     state.lease_granted(first_sent.unwrap_or(sent).min(sent), lease);
                     state.note_standing(Standing::Holder, won.fence);
+                    // A retry runs as its occurrence's (history, the
+                    // run's environment); a manual run as of its claim.
+                    let retry = id
+                        .retry_of()
+                        .and_then(|(k, due)| Some((k, retry_occurrence(&job, due)?.0)));
                     let ticket = RunTicket {
                         fence: won.fence,
-                        occurrence: won.occurrence,
+                        occurrence: retry.map_or(won.occurrence, |(_, t)| t),
                         decision_ms: 0,
                         takeover: won
                             .previous_owner
@@ -287,7 +387,15 @@ impl Node {
                             .is_some_and(|p| p != self.owner.as_str()),
                         trigger: Some(id),
                     };
-                    tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed");
+                    match retry {
+                        Some((k, occurrence)) => {
+                            let of = job.retry.as_ref().map_or(k, |r| r.attempts);
+                            tracing::info!(job = %job.name, fence = won.fence, %occurrence, "attempt {k}/{of} claimed");
+                        }
+                        None => {
+                            tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed")
+                        }
+                    }
                     if self.start_run(state, ticket).is_none() {
                         drop(gate);
                         // Not expected while the store refuses a manual
@@ -332,4 +440,18 @@ impl Node {
             }
         }
     }
+}
+
+/// The occurrence a retry due at `due` tries again, and the one after it:
+/// the job's last instant before `due` (a retry is due before the next).
+/// `None` when the schedule has none (it changed since).
+fn retry_occurrence(
+    job: &crate::config::Job,
+    due: chrono::DateTime<chrono::Utc>,
+) -> Option<(
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+)> {
+    let occurrence = job.schedule.previous_before(due)?;
+    Some((occurrence, job.schedule.next_after(occurrence)))
 }

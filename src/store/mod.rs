@@ -116,10 +116,53 @@ impl TriggerId {
             bytes = (now ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
         }
         let random = (u64::from_le_bytes(bytes) & ((1 << TRIGGER_RANDOM_BITS) - 1)) as i64;
+        Self::manual(at, random)
+    }
+
+    /// A manual run's id of time `at` and low bits `random`; bits that
+    /// would read as a retry's mark ([`TriggerId::retry`]) are changed.
+    fn manual(at: DateTime<Utc>, mut random: i64) -> Self {
+        random &= (1 << TRIGGER_RANDOM_BITS) - 1;
+        if random >> RETRY_ATTEMPT_BITS == RETRY_MARK {
+            random ^= 1 << (TRIGGER_RANDOM_BITS - 1);
+        }
         let ms = at
             .timestamp_millis()
             .clamp(0, i64::MAX >> TRIGGER_RANDOM_BITS);
         TriggerId(((ms << TRIGGER_RANDOM_BITS) | random).max(1))
+    }
+
+    /// The request of a job's retry (`retry`, docs/protocol.md "Retries"):
+    /// attempt `attempt` (2 to [`MAX_RETRY_ATTEMPTS`]) of an occurrence,
+    /// due at `due`. Its time is when it is due, not when it was made; its
+    /// low bits are [`RETRY_MARK`] and the attempt instead of random ones
+    /// (a job has one pending request at a time, so the time names it).
+    pub fn retry(due: DateTime<Utc>, attempt: u32) -> Self {
+        let ms = due
+            .timestamp_millis()
+            .clamp(0, i64::MAX >> TRIGGER_RANDOM_BITS);
+        let attempt = i64::from(attempt.clamp(2, MAX_RETRY_ATTEMPTS));
+        TriggerId((ms << TRIGGER_RANDOM_BITS) | (RETRY_MARK << RETRY_ATTEMPT_BITS) | attempt)
+    }
+
+    /// For a retry's request ([`TriggerId::retry`]): its attempt and when
+    /// it is due. `None` for a manual run's (and for an id whose time is
+    /// not plausible: an earlier build's wholly random ids).
+    pub fn retry_of(self) -> Option<(u32, DateTime<Utc>)> {
+        let low = self.0 & ((1 << TRIGGER_RANDOM_BITS) - 1);
+        if low >> RETRY_ATTEMPT_BITS != RETRY_MARK {
+            return None;
+        }
+        let attempt = u32::try_from(low & ((1 << RETRY_ATTEMPT_BITS) - 1)).ok()?;
+        let ms = self.0 >> TRIGGER_RANDOM_BITS;
+        let plausible = TRIGGER_TIMES_FROM..=Utc::now().timestamp_millis() + 2 * 86_400_000;
+        (plausible.contains(&ms) && (2..=MAX_RETRY_ATTEMPTS).contains(&attempt))
+            .then(|| (attempt, from_ms(ms)))
+    }
+
+    /// The attempt a run of this request is: its retry's, else 1.
+    pub fn attempt(id: Option<Self>) -> u32 {
+        id.and_then(Self::retry_of).map_or(1, |(k, _)| k)
     }
 
     /// When the request was made, by the store's clock `trigger` read; `None`
@@ -165,6 +208,13 @@ impl TriggerId {
 
 /// The random low bits of a [`TriggerId`].
 pub const TRIGGER_RANDOM_BITS: u32 = 20;
+/// A retry's request ([`TriggerId::retry`]): these 16 bits above the
+/// attempt's 4 in place of the random ones. A manual run's id never has
+/// them; an id made by a build before retries, one in 65,536.
+const RETRY_MARK: i64 = 0xa7e5;
+const RETRY_ATTEMPT_BITS: u32 = 4;
+/// The most attempts a `retry` makes, the first run included.
+pub const MAX_RETRY_ATTEMPTS: u32 = 10;
 /// Ids with a time before this (2025-01-01) carry none.
 const TRIGGER_TIMES_FROM: i64 = 1_735_689_600_000;
 
@@ -464,7 +514,8 @@ pub struct RunRecord {
     /// The run's output tail (`output_tail`, [`crate::output`]); empty when
     /// none was kept, and in records of older versions.
     pub output: String,
-    /// A manual run (`cronlease trigger`): its request's id.
+    /// A manual run (`cronlease trigger`) or a retry (`retry`): its
+    /// request's id.
     pub trigger: Option<TriggerId>,
     /// CPU time the run used, user and system, in milliseconds (systemd
     /// runner; `None` where the runner cannot tell, and in records of
@@ -473,6 +524,25 @@ pub struct RunRecord {
     /// The most memory the run's processes held at once, in bytes (systemd
     /// 254 or newer).
     pub memory_peak: Option<u64>,
+}
+
+/// A history record as `history --json` and `/api/history` show it: the
+/// record's fields and which try of its occurrence the run was.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShownRecord {
+    #[serde(flatten)]
+    pub record: RunRecord,
+    /// 1, or a retry's attempt (`retry`, [`TriggerId::retry`]).
+    pub attempt: u32,
+}
+
+impl From<RunRecord> for ShownRecord {
+    fn from(record: RunRecord) -> Self {
+        ShownRecord {
+            attempt: TriggerId::attempt(record.trigger),
+            record,
+        }
+    }
 }
 
 /// How long a run on a lease may go when the store can end leases before
@@ -1151,5 +1221,36 @@ mod tests {
         let o = Owner::new(&NodeName::parse("web-1").unwrap());
         assert_eq!(Owner::node_of(o.as_str()), "web-1");
         assert_ne!(o, Owner::new(&NodeName::parse("web-1").unwrap()));
+    }
+
+    #[test]
+    fn a_retry_request_carries_its_attempt_and_due_time_and_a_manual_one_never_reads_as_one() {
+        let due = Utc::now() + chrono::Duration::seconds(90);
+        let due = from_ms(due.timestamp_millis());
+        for attempt in 2..=MAX_RETRY_ATTEMPTS {
+            let id = TriggerId::retry(due, attempt);
+            assert_eq!(id.retry_of(), Some((attempt, due)));
+            assert_eq!(TriggerId::attempt(Some(id)), attempt);
+            // Stored and shown forms keep it.
+            assert_eq!(TriggerId::from_stored(id.get()), Some(id));
+            assert_eq!(TriggerId::parse(&id.to_string()), Some(id));
+            // Its age counts from when it is due.
+            assert_eq!(id.age(Utc::now()), None);
+            assert!(id.age(due + chrono::Duration::seconds(5)).is_some());
+        }
+        // A manual id whose random bits happen to be a retry's mark and
+        // attempt is changed, so it never reads as one.
+        for attempt in 2..=MAX_RETRY_ATTEMPTS {
+            let random = (RETRY_MARK << RETRY_ATTEMPT_BITS) | i64::from(attempt);
+            let id = TriggerId::manual(due, random);
+            assert_eq!(id.retry_of(), None, "{id}");
+            assert_eq!(TriggerId::attempt(Some(id)), 1);
+            assert_eq!(id.requested_at(), Some(due));
+        }
+        assert_eq!(TriggerId::new().retry_of(), None);
+        assert_eq!(TriggerId::attempt(None), 1);
+        // An id far in the future (an earlier build's random one) is not.
+        let far = TriggerId::retry(Utc::now() + chrono::Duration::days(30), 2);
+        assert_eq!(far.retry_of(), None);
     }
 }

@@ -27,10 +27,19 @@ pub struct Event {
     pub duration_ms: i64,
     /// A manual run's request id (as `CRONLEASE_TRIGGER` says it).
     pub trigger: Option<String>,
+    /// Which try of the occurrence the run was (`retry`; as
+    /// `CRONLEASE_ATTEMPT` says it): 1 for the first. Events spooled by an
+    /// earlier version have none: 1.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
     /// The run's output tail, as history keeps it (passwords removed).
     pub output_tail: String,
     /// `http.public_url`, when set.
     pub dashboard: Option<String>,
+}
+
+fn first_attempt() -> u32 {
+    1
 }
 
 /// The last `max` bytes of `text`, cut at a character boundary.
@@ -70,6 +79,9 @@ pub fn render(event: &Event, hook: &Webhook) -> Vec<u8> {
             );
             if let Some(code) = event.exit_code {
                 text.push_str(&format!(", exit code {code}"));
+            }
+            if event.attempt > 1 {
+                text.push_str(&format!(", attempt {}", event.attempt));
             }
             text.push(')');
             if let Some(url) = &event.dashboard {

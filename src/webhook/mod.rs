@@ -23,6 +23,7 @@
 //!   webhook's name and host are.
 
 pub mod body;
+mod http;
 pub mod spool;
 
 use std::collections::HashSet;
@@ -52,6 +53,9 @@ pub const IN_FLIGHT: usize = 4;
 pub enum WebhookError {
     #[error("cannot make the HTTP client for webhooks: {0}")]
     Client(String),
+    /// `[[notify]]` in a binary built without the `webhooks` feature.
+    #[error("[[notify]]: webhooks are not built into this binary (build with feature `webhooks`)")]
+    NotBuiltIn,
 }
 
 /// The node's webhooks and their queue.
@@ -64,7 +68,7 @@ pub struct Webhooks {
     spool: Option<Spool>,
     queue: Mutex<Queue>,
     wake: tokio::sync::Notify,
-    client: reqwest::Client,
+    client: http::Client,
     metrics: Arc<Metrics>,
 }
 
@@ -99,16 +103,9 @@ impl Webhooks {
             return Ok(None);
         }
         // Building it reads the system's trust roots from disk.
-        let client = tokio::task::spawn_blocking(|| {
-            reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .user_agent(concat!("cronlease/", env!("CARGO_PKG_VERSION")))
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-                .map_err(|e| WebhookError::Client(e.without_url().to_string()))
-        })
-        .await
-        .map_err(|e| WebhookError::Client(e.to_string()))??;
+        let client = tokio::task::spawn_blocking(http::Client::new)
+            .await
+            .map_err(|e| WebhookError::Client(e.to_string()))??;
         let dir = config
             .state_dir()
             .join(format!("notify-{}", config.node.as_str()));
@@ -348,32 +345,17 @@ impl Webhooks {
     /// POSTs `event` to `hook` once.
     async fn post(&self, hook: &Webhook, event: &Event) -> Verdict {
         let body = body::render(event, hook);
-        let mut request = self
-            .client
-            .post(hook.url.clone())
-            .timeout(hook.timeout)
-            .header("content-type", "application/json")
-            .header("x-cronlease-event", event.event.as_str())
-            .header("x-cronlease-delivery", event.delivery.as_str());
-        if let Some(secret) = &hook.secret {
+        let signature = hook.secret.as_ref().map(|secret| {
             let unix = chrono::Utc::now().timestamp();
-            request = request.header(
-                "x-cronlease-signature",
-                body::signature(secret.bytes(), unix, &body),
-            );
-        }
-        match request.body(body).send().await {
-            Ok(answer) => {
-                let status = answer.status();
-                if status.is_success() {
-                    Verdict::Delivered
-                } else if status.is_server_error() || matches!(status.as_u16(), 408 | 425 | 429) {
-                    Verdict::Retry(format!("answered {status}"))
-                } else {
-                    Verdict::Refused(format!("answered {status}"))
-                }
+            body::signature(secret.bytes(), unix, &body)
+        });
+        match self.client.post(hook, event, signature, body).await {
+            Ok(status) if (200..300).contains(&status) => Verdict::Delivered,
+            Ok(status) if status >= 500 || matches!(status, 408 | 425 | 429) => {
+                Verdict::Retry(format!("answered {}", http::status_text(status)))
             }
-            Err(e) => Verdict::Retry(describe(e)),
+            Ok(status) => Verdict::Refused(format!("answered {}", http::status_text(status))),
+            Err(why) => Verdict::Retry(why),
         }
     }
 
@@ -430,54 +412,5 @@ impl Webhooks {
 /// The wait after `attempts` failed tries: 1 s doubling, at most
 /// [`MAX_BACKOFF`], ±20 % so that many nodes' retries spread out.
 fn backoff(attempts: u32) -> Duration {
-    let base = FIRST_BACKOFF
-        .saturating_mul(1u32 << attempts.saturating_sub(1).min(20))
-        .min(MAX_BACKOFF);
-    let mut r = [0u8; 2];
-    let unit = if getrandom::fill(&mut r).is_ok() {
-        f64::from(u16::from_le_bytes(r)) / f64::from(u16::MAX)
-    } else {
-        0.5
-    };
-    base.mul_f64(0.8 + 0.4 * unit)
-}
-
-/// A send's error in a few words, without its URL.
-fn describe(e: reqwest::Error) -> String {
-    let timeout = e.is_timeout();
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    if timeout {
-        text.push_str(" (timed out)");
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_a_second_to_five_minutes_with_jitter() {
-        for (attempts, base) in [
-            (1, 1.0),
-            (2, 2.0),
-            (3, 4.0),
-            (9, 256.0),
-            (10, 300.0),
-            (60, 300.0),
-        ] {
-            let d = backoff(attempts).as_secs_f64();
-            assert!(
-                d >= base * 0.8 - 1e-9 && d <= base * 1.2 + 1e-9,
-                "attempt {attempts}: {d}"
-            );
-        }
-    }
+    crate::backoff::exponential(FIRST_BACKOFF, MAX_BACKOFF, attempts)
 }

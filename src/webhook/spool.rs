@@ -158,6 +158,7 @@ mod tests {
                 finished_at: "2026-11-29T02:00:01Z".into(),
                 duration_ms: 990,
                 trigger: None,
+                attempt: 1,
                 output_tail: "line\n".into(),
                 dashboard: None,
             },

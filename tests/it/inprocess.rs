@@ -37,12 +37,18 @@ struct Run {
     started: DateTime<Utc>,
     /// How it ended and when (None while running).
     ended: Option<(Outcome, DateTime<Utc>)>,
+    /// Which try of its occurrence (`CRONLEASE_ATTEMPT`).
+    attempt: u32,
+    /// One of the job's hooks, not the job.
+    hook: Option<config::Hook>,
 }
 
 /// Jobs that take virtual time: `durations` per job (default: none).
 #[derive(Default)]
 struct VirtualRunner {
     durations: BTreeMap<String, Duration>,
+    /// Runs of a job end `failed (1)` while their attempt is below this.
+    fail_below: BTreeMap<String, u32>,
     runs: Mutex<Vec<Run>>,
 }
 
@@ -75,12 +81,19 @@ impl Runner for VirtualRunner {
                 occurrence: spec.occurrence,
                 started: started_at,
                 ended: None,
+                attempt: cronlease::store::TriggerId::attempt(spec.trigger),
+                hook: spec.hook,
             });
             runs.len() - 1
         };
         let took = self.durations.get(&name).copied().unwrap_or_default();
+        let fails = spec.hook.is_none()
+            && self
+                .fail_below
+                .get(&name)
+                .is_some_and(|&k| cronlease::store::TriggerId::attempt(spec.trigger) < k);
         let outcome = tokio::select! {
-            () = tokio::time::sleep(took) => Outcome::Ok,
+            () = tokio::time::sleep(took) => if fails { Outcome::Failed } else { Outcome::Ok },
             reason = stop => match reason {
                 StopReason::LeaseLost { .. } => Outcome::LeaseLost,
                 StopReason::Shutdown => Outcome::Killed,
@@ -89,7 +102,11 @@ impl Runner for VirtualRunner {
         let finished_at = spec.clock.now();
         self.runs.lock().unwrap()[i].ended = Some((outcome.clone(), finished_at));
         Finished {
-            exit_code: (outcome == Outcome::Ok).then_some(0),
+            exit_code: match outcome {
+                Outcome::Ok => Some(0),
+                Outcome::Failed => Some(1),
+                _ => None,
+            },
             outcome,
             started_at,
             finished_at,
@@ -102,6 +119,14 @@ impl Runner for VirtualRunner {
 impl VirtualRunner {
     fn runs(&self) -> Vec<Run> {
         self.runs.lock().unwrap().clone()
+    }
+
+    /// Runs of `job` fail while their attempt is below `k`.
+    fn failing(job: &str, k: u32) -> VirtualRunner {
+        VirtualRunner {
+            fail_below: [(job.to_string(), k)].into(),
+            ..Default::default()
+        }
     }
 }
 
@@ -1157,4 +1182,176 @@ async fn a_reload_lets_a_removed_jobs_run_finish_and_starts_an_added_one() {
     assert_eq!(occurrences("j0001"), [0, 10_000, 20_000, 30_000]);
     assert_eq!(occurrences("j0005"), [10_000, 20_000, 30_000]);
     a.stop().await;
+}
+
+/// `retry`: attempts 1 and 2 of 12:00:00 fail, 3 succeeds. The node that
+/// ran attempt 1 is killed (cut off, its task gone) a second later, with
+/// attempt 2 in the store: the other node runs attempts 2 and 3, each
+/// once, when due (2 s, then 4 s, ±20 %), as 12:00:00's, with fences above
+/// the first; `on_failure` never runs (no failure was final), history
+/// names each attempt, and 12:01:00 runs (and fails) as attempt 1.
+#[tokio::test(start_paused = true)]
+async fn a_failed_run_is_tried_again_once_per_attempt_by_a_peer_after_its_holder_dies() {
+    use cronlease::store::{History, TriggerId};
+    let w = World::new(VirtualRunner::failing("flaky", 3));
+    let jobs = "[[job]]\nname = \"flaky\"\nschedule = \"0 * * * * *\"\ncommand = [\"/bin/false\"]\n\
+        on_failure = [\"/bin/true\"]\nretry = { attempts = 4, backoff = \"2s\" }\n";
+    let mut nodes: BTreeMap<String, Running> = ["a", "b"]
+        .into_iter()
+        .map(|n| (n.to_string(), w.start(n, jobs)))
+        .collect();
+    w.until(t(1.0)).await;
+    let first = w.runner.runs();
+    assert_eq!(first.len(), 1, "{first:?}");
+    let holder = first[0].node.clone();
+    let dead = nodes.remove(&holder).unwrap();
+    dead.store.set_reachable(false);
+    dead.task.abort();
+    w.until(t(60.5)).await;
+    let runs = w.runner.runs();
+    for (_, node) in nodes {
+        node.stop().await;
+    }
+    let of_noon: Vec<&Run> = runs.iter().filter(|r| r.occurrence == t(0.0)).collect();
+    let seen: Vec<(u32, &str, Option<Outcome>)> = of_noon
+        .iter()
+        .map(|r| {
+            (
+                r.attempt,
+                r.node.as_str(),
+                r.ended.as_ref().map(|e| e.0.clone()),
+            )
+        })
+        .collect();
+    let peer = if holder == "a" { "b" } else { "a" };
+    assert_eq!(
+        seen,
+        vec![
+            (1, holder.as_str(), Some(Outcome::Failed)),
+            (2, peer, Some(Outcome::Failed)),
+            (3, peer, Some(Outcome::Ok)),
+        ],
+        "{runs:?}"
+    );
+    assert!(of_noon.iter().all(|r| r.hook.is_none()), "{runs:?}");
+    // Fences rise; each attempt starts at its due time (within the 250 ms
+    // look), 2 s ± 20 % after the failure, then 4 s ± 20 %.
+    assert!(of_noon[0].fence < of_noon[1].fence && of_noon[1].fence < of_noon[2].fence);
+    let gap = |a: &Run, b: &Run| ms(b.started - a.ended.as_ref().unwrap().1);
+    assert!(
+        (1_600..2_700).contains(&gap(of_noon[0], of_noon[1])),
+        "{runs:?}"
+    );
+    assert!(
+        (3_200..5_100).contains(&gap(of_noon[1], of_noon[2])),
+        "{runs:?}"
+    );
+    // The next occurrence is a first attempt again, on time.
+    let next: Vec<(u32, i64)> = runs
+        .iter()
+        .filter(|r| r.occurrence == t(60.0))
+        .map(|r| (r.attempt, ms(r.started - r.occurrence)))
+        .collect();
+    assert_eq!(next, vec![(1, 0)], "{runs:?}");
+    let history = w
+        .store
+        .connection()
+        .history(Some(&config::JobName::parse("flaky").unwrap()), 10)
+        .await
+        .unwrap();
+    let mut records: Vec<(u64, String, i64, u32)> = history
+        .iter()
+        .map(|r| {
+            (
+                r.fence,
+                r.outcome.to_string(),
+                ms(r.occurrence - t(0.0)),
+                TriggerId::attempt(r.trigger),
+            )
+        })
+        .collect();
+    records.sort();
+    let shape: Vec<(&str, i64, u32)> = records
+        .iter()
+        .map(|(_, o, at, k)| (o.as_str(), *at, *k))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            ("failed", 0, 1),
+            ("failed", 0, 2),
+            ("ok", 0, 3),
+            ("failed", 60_000, 1)
+        ],
+        "{records:?}"
+    );
+}
+
+/// The last attempt's failure is final: `on_failure` runs once, after it,
+/// and no attempt follows. An attempt still pending when its occurrence's
+/// next is due (the only node cut off from the store until then) is not
+/// run: the node records it `missed`, saying why, and `on_failure` follows.
+#[tokio::test(start_paused = true)]
+async fn on_failure_follows_only_the_final_attempt_and_an_attempt_overtaken_by_the_next_occurrence_is_missed()
+ {
+    use cronlease::store::History;
+    let w = World::new(VirtualRunner {
+        fail_below: [("always".to_string(), 99), ("cut".to_string(), 99)].into(),
+        ..Default::default()
+    });
+    let jobs = "[[job]]\nname = \"always\"\nschedule = \"25 * * * * *\"\ncommand = [\"/bin/false\"]\n\
+        on_failure = [\"/bin/true\"]\nretry = { attempts = 2, backoff = \"1s\" }\n\
+        [[job]]\nname = \"cut\"\nschedule = \"*/20 * * * * *\"\ncommand = [\"/bin/false\"]\n\
+        on_failure = [\"/bin/true\"]\nretry = { attempts = 3, backoff = \"5s\", max_backoff = \"5s\" }\n";
+    let a = w.start("a", jobs);
+    // `cut` fails at 12:00:00; its attempt 2 is due at 12:00:04–05, but
+    // the node cannot reach the store from 12:00:01 to 12:00:21.
+    w.until(t(1.0)).await;
+    a.store.set_reachable(false);
+    w.until(t(21.0)).await;
+    a.store.set_reachable(true);
+    w.until(t(30.0)).await;
+    let runs = w.runner.runs();
+    a.stop().await;
+    let of = |job: &str, at: f64| -> Vec<(u32, Option<config::Hook>)> {
+        runs.iter()
+            .filter(|r| r.job == job && r.occurrence == t(at))
+            .map(|r| (r.attempt, r.hook))
+            .collect()
+    };
+    // 12:00:25: two attempts, then `on_failure` once.
+    assert_eq!(
+        of("always", 25.0),
+        vec![(1, None), (2, None), (2, Some(config::Hook::Failure))],
+        "{runs:?}"
+    );
+    // `cut`: attempt 1, never attempt 2; `on_failure` once, for the
+    // missed attempt 2 (`CRONLEASE_ATTEMPT=2`).
+    assert_eq!(
+        of("cut", 0.0),
+        vec![(1, None), (2, Some(config::Hook::Failure))],
+        "{runs:?}"
+    );
+    // 12:00:20 (run late, at 12:00:21, once the store answered) fails and
+    // gets its own attempt 2, whatever was left of 12:00:00's.
+    assert_eq!(of("cut", 20.0)[..2], [(1, None), (2, None)], "{runs:?}");
+    let history = w
+        .store
+        .connection()
+        .history(Some(&config::JobName::parse("cut").unwrap()), 10)
+        .await
+        .unwrap();
+    let noon: Vec<(String, String)> = history
+        .iter()
+        .filter(|r| r.occurrence == t(0.0))
+        .map(|r| (r.outcome.to_string(), r.output.clone()))
+        .collect();
+    assert_eq!(noon.len(), 2, "{noon:?}");
+    assert!(noon.iter().any(|(o, _)| o == "failed"), "{noon:?}");
+    assert!(
+        noon.iter().any(|(o, out)| o == "missed"
+            && out.contains("attempt 2/3")
+            && out.contains("the next occurrence")),
+        "{noon:?}"
+    );
 }

@@ -1080,3 +1080,129 @@ tasks_max = 32
         warns[0]
     );
 }
+
+/// `retry` across nodes: attempts 1 and 2 of an occurrence fail, 3
+/// succeeds. Once attempt 2 is in the store, the node that ran attempt 1
+/// is killed with its guard (kill -9, a dead host): the two others run
+/// attempts 2 and 3 of that occurrence, each exactly once, in order, with
+/// rising fences, `CRONLEASE_OCCURRENCE` the occurrence's and
+/// `CRONLEASE_ATTEMPT` the attempt; `on_failure` never runs; history says
+/// `attempt 2/3` and `3/3`.
+fn retried_once_per_attempt_after_the_holder_dies(backend: Backend) {
+    let jobs = r#"
+[[job]]
+name = "flaky"
+schedule = "*/20 * * * * *"
+command = "echo $CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N) $CRONLEASE_ATTEMPT >> '{out}'; [ $CRONLEASE_ATTEMPT -ge 3 ]"
+on_failure = "echo $CRONLEASE_FENCE >> '{out}.hook'"
+retry = { attempts = 3, backoff = "5s", max_backoff = "5s" }
+"#;
+    let mut c = Cluster::new(backend, Some(jobs), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    let first = c.wait_for("attempt 1", Duration::from_secs(30), |l| !l.is_empty());
+    let (occurrence, holder) = (first[0].occurrence, first[0].node.clone());
+    // Attempt 2 in the store (due 4 to 5 s after attempt 1 ended: time
+    // to kill the holder before it could claim it).
+    let peer = if holder == "n1" { "n2" } else { "n1" };
+    wait_until(
+        "attempt 2 pending",
+        Duration::from_secs(2),
+        || c.report(),
+        || {
+            let status = c.cli_json(peer, &["status"]).ok()?;
+            status
+                .as_array()?
+                .iter()
+                .any(|r| r["pending_trigger"]["attempt"] == 2)
+                .then_some(())
+        },
+    );
+    c.kill_with_guard(&holder);
+    let text = || std::fs::read_to_string(&c.out).unwrap_or_default();
+    wait_until(
+        "attempt 3",
+        Duration::from_secs(20),
+        || c.report(),
+        || text().lines().any(|l| l.ends_with(" 3")).then_some(()),
+    );
+    let attempts: Vec<(String, u64, String, u32)> = text()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.to_string(),
+                f.get(1)?.parse().ok()?,
+                f.get(2)?.to_string(),
+                f.get(4)?.parse().ok()?,
+            ))
+        })
+        .filter(|a| a.0 == occurrence.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .collect();
+    let report = c.report();
+    let mut up: Vec<&str> = ["n1", "n2", "n3"]
+        .into_iter()
+        .filter(|n| *n != holder)
+        .collect();
+    up.sort();
+    for n in &up {
+        c.signal(n, Signal::SIGTERM);
+        c.wait_exit(n, Duration::from_secs(10));
+    }
+    assert_eq!(
+        attempts.iter().map(|a| a.3).collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "{attempts:?}\n{report}"
+    );
+    assert!(
+        attempts[0].1 < attempts[1].1 && attempts[1].1 < attempts[2].1,
+        "{attempts:?}"
+    );
+    assert!(
+        attempts[1..].iter().all(|a| a.2 != holder),
+        "{attempts:?}\n{report}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(format!("{}.hook", c.out.display())).unwrap_or_default(),
+        "",
+        "on_failure ran for an attempt that was not the last"
+    );
+    let runs = history(&c, "flaky");
+    let mut seen: Vec<(u64, String, u64)> = runs
+        .iter()
+        .filter(|r| {
+            r["occurrence"] == occurrence.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        })
+        .map(|r| {
+            (
+                r["fence"].as_u64().unwrap(),
+                r["outcome"].as_str().unwrap().to_string(),
+                r["attempt"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let shape: Vec<(&str, u64)> = seen.iter().map(|s| (s.1.as_str(), s.2)).collect();
+    assert_eq!(
+        shape,
+        vec![("failed", 1), ("failed", 2), ("ok", 3)],
+        "{runs:?}"
+    );
+    let table = c.cli(up[0], &["history", "flaky"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("attempt 2/3") && table.contains("attempt 3/3"),
+        "{table}"
+    );
+}
+
+#[test]
+fn retried_once_per_attempt_after_the_holder_dies_redis() {
+    retried_once_per_attempt_after_the_holder_dies(Backend::Redis);
+}
+
+#[test]
+fn retried_once_per_attempt_after_the_holder_dies_postgres() {
+    retried_once_per_attempt_after_the_holder_dies(Backend::Postgres);
+}
