@@ -1197,12 +1197,9 @@ retry = { attempts = 3, backoff = "5s", max_backoff = "5s" }
     );
 }
 
-#[test]
-fn retried_once_per_attempt_after_the_holder_dies_redis() {
-    retried_once_per_attempt_after_the_holder_dies(Backend::Redis);
-}
-
-#[test]
-fn retried_once_per_attempt_after_the_holder_dies_postgres() {
-    retried_once_per_attempt_after_the_holder_dies(Backend::Postgres);
-}
+// Every store in the long tier: an attempt is a manual run's request,
+// whose path the conformance suite checks on each.
+crate::per_store!(
+    [redis, postgres] long [sqlite, mysql, sentinel, redlock, zookeeper, etcd];
+    retried_once_per_attempt_after_the_holder_dies
+);
