@@ -348,9 +348,13 @@ fn run_env(spec: &RunSpec<'_>) -> Vec<(String, String)> {
         spec.occurrence.to_rfc3339_opts(SecondsFormat::Secs, true),
     ));
     env.push(("CRONLEASE_NODE".into(), spec.node.as_str().to_string()));
-    // A retry's request is no operator's: only a manual run names one.
-    if let Some(id) = spec.trigger.filter(|t| t.retry_of().is_none()) {
+    // A retry's or a redelivery's request is no operator's: only a manual
+    // run names one.
+    if let Some(id) = spec.trigger.filter(|t| t.is_operators()) {
         env.push(("CRONLEASE_TRIGGER".into(), id.to_string()));
+    }
+    if spec.trigger.is_some_and(|t| t.redelivery_of().is_some()) {
+        env.push(("CRONLEASE_REDELIVERY".into(), "1".into()));
     }
     env.push((
         "CRONLEASE_ATTEMPT".into(),

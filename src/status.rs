@@ -52,8 +52,11 @@ pub struct PendingTrigger {
     pub age_ms: Option<u64>,
     /// A retry's: which attempt of its occurrence it is.
     pub attempt: Option<u32>,
-    /// A retry's: when it is due.
+    /// A retry's: when it is due; a redelivery's: when the attempt it
+    /// hands back was due.
     pub due_at: Option<DateTime<Utc>>,
+    /// A redelivery's: a claim a dead daemon's guard handed back.
+    pub redelivered: bool,
 }
 
 /// Every configured job, and every job the store has a lock for, in name
@@ -96,7 +99,7 @@ pub async fn gather(
         .await?
         .into_iter()
         .map(|(job, id)| {
-            let retry = id.retry_of();
+            let retry = id.daemons_attempt();
             let requested_at = id.requested_at().filter(|_| retry.is_none());
             let age_ms = id
                 .age(now)
@@ -110,6 +113,7 @@ pub async fn gather(
                     age_ms,
                     attempt: retry.map(|(k, _)| k),
                     due_at: retry.map(|(_, due)| due),
+                    redelivered: id.redelivery_of().is_some(),
                 },
             )
         })

@@ -274,6 +274,12 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
             );
             return ExitCode::FAILURE;
         }
+        Ok(store::TriggerAnswer::Pending(pending)) if pending.redelivery_of().is_some() => {
+            eprintln!(
+                "cronlease: refused: a run of {job} that a dead daemon had claimed and not started is pending (trigger {pending}); one node runs it now, and `cronlease trigger --cancel {job}` withdraws it"
+            );
+            return ExitCode::FAILURE;
+        }
         Ok(store::TriggerAnswer::Pending(pending)) if pending.retry_of().is_some() => {
             let (attempt, due) = pending.retry_of().unwrap_or((0, Utc::now()));
             eprintln!(
@@ -306,7 +312,7 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
 /// How long ago request `id` was made, for people (`None` for an id that
 /// carries no time).
 pub(super) fn request_age(id: store::TriggerId) -> Option<String> {
-    if id.retry_of().is_some() {
+    if !id.is_operators() {
         // Its time is when it is due, not when it was made.
         return None;
     }
@@ -331,7 +337,10 @@ pub(super) async fn cancel_trigger(path: PathBuf, job: JobName) -> ExitCode {
     };
     match within(&config, store.withdraw_trigger(&job, id)).await {
         Ok(true) => {
-            match id.retry_of() {
+            match id.daemons_attempt() {
+                Some(_) if id.redelivery_of().is_some() => println!(
+                    "trigger {id}: withdrawn; the run of {job} a dead daemon had claimed and not started will not run (its claim is recorded not_started)"
+                ),
                 Some((attempt, _)) => println!(
                     "trigger {id}: withdrawn; attempt {attempt} of {job}'s failed run will not run, and its attempts end (nothing more is recorded or announced for that occurrence)"
                 ),

@@ -74,7 +74,16 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
         &table,
     );
     for r in &rows {
-        if let Some(p) = r.pending_trigger.as_ref().filter(|p| p.attempt.is_some()) {
+        if let Some(p) = r.pending_trigger.as_ref().filter(|p| p.redelivered) {
+            let _ = writeln!(
+                out,
+                "PENDING REDELIVERY: {} attempt {} (trigger {}): a dead daemon had claimed it and not started it; one node runs it now, within its deadline; `cronlease trigger --cancel {}` withdraws it",
+                r.job,
+                p.attempt.unwrap_or(1),
+                p.id,
+                r.job
+            );
+        } else if let Some(p) = r.pending_trigger.as_ref().filter(|p| p.attempt.is_some()) {
             let _ = writeln!(
                 out,
                 "PENDING RETRY: {} attempt {} due at {} (trigger {}): one node runs it then; `cronlease trigger --cancel {}` withdraws it",
@@ -279,14 +288,20 @@ pub(super) async fn history(
                 } else {
                     "no".into()
                 },
-                match r.trigger.map(|id| (id, id.retry_of())) {
+                match r.trigger.map(|id| (id, id.daemons_attempt())) {
                     None => "-".into(),
                     Some((id, None)) => id.to_string(),
-                    // `attempt 2/3`: of the attempts the job has now.
-                    Some((_, Some((k, _)))) => {
+                    // `attempt 2/3`: of the attempts the job has now;
+                    // `redelivered 1/3` for a claim handed back.
+                    Some((id, Some((k, _)))) => {
+                        let what = match id.redelivery_of() {
+                            Some(_) => "redelivered",
+                            None => "attempt",
+                        };
                         match config.job(&r.job).and_then(|j| j.retry.as_ref()) {
-                            Some(retry) => format!("attempt {k}/{}", retry.attempts),
-                            None => format!("attempt {k}"),
+                            Some(retry) => format!("{what} {k}/{}", retry.attempts),
+                            None if what == "attempt" => format!("attempt {k}"),
+                            None => what.to_string(),
                         }
                     }
                 },

@@ -196,6 +196,28 @@ impl Guard {
         true
     }
 
+    /// Tells the guard of claims won (before any of them starts): those the
+    /// daemon dies without starting or settling are handed back.
+    pub async fn claimed(&self, claims: Vec<RunNote>) {
+        for chunk in claims.chunks(HANDOVER_CHUNK) {
+            self.note(Request::Claimed {
+                claims: chunk.to_vec(),
+            })
+            .await;
+        }
+    }
+
+    /// Tells the guard of claims settled without a run (their records
+    /// written): nothing to hand back for them.
+    pub async fn settled(&self, claims: Vec<(String, u64)>) {
+        for chunk in claims.chunks(HANDOVER_CHUNK) {
+            self.note(Request::Settled {
+                claims: chunk.to_vec(),
+            })
+            .await;
+        }
+    }
+
     /// Says the daemon is stopping cleanly: nothing to hand over.
     pub async fn bye(&self) {
         self.note(Request::Bye).await;

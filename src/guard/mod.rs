@@ -50,7 +50,7 @@ use tokio::sync::oneshot;
 
 use crate::config::JobName;
 use crate::launch::Launch;
-use crate::store::{Outcome, Owner, RunRecord, StoreError, bounded};
+use crate::store::{MAX_REDELIVERIES, Outcome, Owner, RunRecord, StoreError, TriggerId, bounded};
 
 mod client;
 mod procs;
@@ -63,8 +63,9 @@ pub use server::*;
 /// environment, or an answer.
 const MAX_MESSAGE: usize = 256 * 1024;
 
-/// Job names per [`Request::Handover`] message: 500 names of at most 128
-/// bytes stay far below [`MAX_MESSAGE`].
+/// Job names per [`Request::Handover`] message, and claims per
+/// [`Request::Claimed`] or [`Request::Settled`]: 500 names of at most 128
+/// bytes, with a claim's few fields each, stay far below [`MAX_MESSAGE`].
 const HANDOVER_CHUNK: usize = 500;
 
 /// How long the guard waits for a dead daemon's jobs to be gone before it
@@ -98,6 +99,13 @@ enum Request {
     /// the owner, job names to release); sent when the node starts and
     /// whenever its jobs or settings change. Names add up.
     Handover(Box<Handover>),
+    /// Claims the daemon won, sent as their answers arrive, before any of
+    /// them starts: one the daemon dies without starting (or settling) is
+    /// handed back ([`hand_over`]).
+    Claimed { claims: Vec<RunNote> },
+    /// Claims the daemon settled without starting a run (skipped, missed,
+    /// not started, expired: their records are written): (job, fence).
+    Settled { claims: Vec<(String, u64)> },
     /// The daemon is stopping cleanly: it recorded its runs and released
     /// its leases itself, nothing is to be handed over.
     Bye,
@@ -117,7 +125,9 @@ pub struct Handover {
     pub jobs: Vec<String>,
 }
 
-/// A run, as history records it if the daemon dies while it goes.
+/// A run, as history records it if the daemon dies while it goes; or a won
+/// claim, as the guard hands it back if the daemon dies before starting it
+/// (`started_at`: when its answer came).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunNote {
     pub job: String,

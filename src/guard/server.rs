@@ -13,6 +13,10 @@ pub(super) enum Event {
     WatchUnit(String, Option<Box<RunNote>>),
     ForgetUnit(String),
     Handover(Box<Handover>),
+    /// Claims won, to hand back if no run of theirs starts.
+    Claimed(Vec<RunNote>),
+    /// Claims started or settled without a run: (job, fence).
+    Settled(Vec<(String, u64)>),
     Bye,
     /// The daemon is gone.
     End,
@@ -28,7 +32,48 @@ pub(super) struct Succession {
     pub(super) runs: BTreeMap<i32, RunNote>,
     /// The runs going as systemd units, by unit.
     pub(super) unit_runs: BTreeMap<String, RunNote>,
+    /// Per job, its newest claim won ([`Request::Claimed`]).
+    pub(super) claims: HashMap<String, RunNote>,
+    /// Per job, the highest fence whose run started or whose claim was
+    /// settled without one: a claim at or below it is not handed back.
+    pub(super) settled: HashMap<String, u64>,
     pub(super) bye: bool,
+}
+
+impl Succession {
+    /// The claim `fence` of `job` started a run or was settled.
+    fn settle(&mut self, job: &str, fence: u64) {
+        match self.settled.get_mut(job) {
+            Some(highest) => *highest = (*highest).max(fence),
+            None => {
+                self.settled.insert(job.to_string(), fence);
+            }
+        }
+    }
+
+    /// A claim won.
+    fn claimed(&mut self, claim: RunNote) {
+        if self
+            .claims
+            .get(&claim.job)
+            .is_none_or(|known| known.fence < claim.fence)
+        {
+            self.claims.insert(claim.job.clone(), claim);
+        }
+    }
+
+    /// The claims won whose run never started and that were not settled
+    /// otherwise: what to hand back. Whichever order the reading threads
+    /// passed the claim and its start on in, the fences tell.
+    pub(super) fn unstarted(&mut self) -> Vec<RunNote> {
+        let settled = &self.settled;
+        let mut unstarted: Vec<RunNote> = std::mem::take(&mut self.claims)
+            .into_values()
+            .filter(|c| settled.get(&c.job).is_none_or(|&f| f < c.fence))
+            .collect();
+        unstarted.sort_by(|a, b| a.job.cmp(&b.job));
+        unstarted
+    }
 }
 
 /// The guard process itself: starts the jobs the daemon asks for, reaps
@@ -156,6 +201,7 @@ impl Watched {
             Event::Watch(pgid, run) if pgid > 1 => {
                 self.groups.insert(pgid);
                 if let Some(run) = run {
+                    self.succession.settle(&run.job, run.fence);
                     self.succession.runs.insert(pgid, *run);
                 }
             }
@@ -172,6 +218,7 @@ impl Watched {
             }
             Event::WatchUnit(unit, run) => {
                 if let Some(run) = run {
+                    self.succession.settle(&run.job, run.fence);
                     self.succession.unit_runs.insert(unit.clone(), *run);
                 }
                 self.units.insert(unit);
@@ -186,6 +233,16 @@ impl Watched {
                     .jobs
                     .extend(std::mem::take(&mut handover.jobs));
                 self.succession.handover = Some(handover);
+            }
+            Event::Claimed(claims) => {
+                for claim in claims {
+                    self.succession.claimed(claim);
+                }
+            }
+            Event::Settled(claims) => {
+                for (job, fence) in claims {
+                    self.succession.settle(&job, fence);
+                }
             }
             Event::Bye => self.succession.bye = true,
             Event::Watch(..) | Event::End => {}
@@ -242,23 +299,95 @@ impl Watched {
                 .into_values()
                 .collect();
             runs.extend(std::mem::take(&mut self.succession.unit_runs).into_values());
-            hand_over(handover, &self.succession.jobs, runs, &doomed, died);
+            let unstarted = self.succession.unstarted();
+            hand_over(
+                handover,
+                &self.succession.jobs,
+                Left { runs, unstarted },
+                &doomed,
+                died,
+            );
         }
     }
 }
 
+/// What a dead daemon left: the runs that were going (killed now), and the
+/// claims it won and never started.
+pub(super) struct Left {
+    pub(super) runs: Vec<RunNote>,
+    pub(super) unstarted: Vec<RunNote>,
+}
+
+/// The request that hands `claim` back (docs/protocol.md, "Redelivery"):
+/// a scheduled occurrence's first attempt, a retry's attempt, or a
+/// redelivery once more (a new generation, at most [`MAX_REDELIVERIES`]);
+/// `None` for an operator's manual run, which is not asked for again.
+pub(super) fn redelivery_for(claim: &RunNote) -> Option<TriggerId> {
+    match claim.trigger.and_then(TriggerId::from_stored) {
+        None => TriggerId::redelivery(claim.occurrence, 1, 1),
+        Some(id) => match (id.retry_of(), id.redelivery_of()) {
+            (Some((attempt, due)), _) => TriggerId::redelivery(due, attempt, 1),
+            (_, Some(r)) => TriggerId::redelivery(r.due, r.attempt, r.generation + 1),
+            _ => None,
+        },
+    }
+}
+
+/// The record of a claim handed back, and its request (if any).
+fn unstarted_record(
+    claim: RunNote,
+    owner: &str,
+    node: &str,
+    at: chrono::DateTime<chrono::Utc>,
+) -> (RunRecord, Option<TriggerId>) {
+    let again = redelivery_for(&claim);
+    let what = match (again, claim.trigger.and_then(TriggerId::from_stored)) {
+        (Some(id), _) => format!("handed back: one node runs it again (trigger {id})"),
+        (None, Some(id)) if id.is_operators() => format!(
+            "a manual run (trigger {id}) is not asked for again: `cronlease trigger {}` asks for another",
+            claim.job
+        ),
+        (None, _) => format!("handed back {MAX_REDELIVERIES} times already: not again"),
+    };
+    let record = RunRecord {
+        delay_ms: 0,
+        job: claim.job,
+        fence: claim.fence,
+        owner: owner.to_string(),
+        node: node.to_string(),
+        occurrence: claim.occurrence,
+        started_at: at,
+        finished_at: at,
+        outcome: Outcome::NotStarted,
+        exit_code: None,
+        takeover: claim.takeover,
+        decision_ms: claim.decision_ms,
+        output: format!(
+            "cronlease: not_started: the daemon died after winning this claim and before starting its run; {what}"
+        ),
+        trigger: claim.trigger.and_then(TriggerId::from_stored),
+        cpu_ms: None,
+        memory_peak: None,
+    };
+    (record, again)
+}
+
 /// The daemon died without releasing: once its jobs' processes are gone,
-/// records the runs they were `killed`, releases the owner's leases
+/// records the runs they were `killed` and the claims it never started
+/// `not_started`, asks for each of those to run again (a redelivery's
+/// request, [`redelivery_for`]), releases the owner's leases
 /// (owner-checked) and takes the owner out of the node registry, so peers
-/// claim the next occurrences at once. A store that cannot be reached is
-/// said once; the leases then expire as they would without a guard.
+/// claim the next occurrences, and the handed-back ones, at once. A store
+/// that cannot be reached is said once; the leases then expire as they
+/// would without a guard, and the claims never started stay lost.
 pub(super) fn hand_over(
     handover: Handover,
     jobs: &BTreeSet<String>,
-    runs: Vec<RunNote>,
+    left: Left,
     doomed: &BTreeMap<i32, u64>,
     died: std::time::Instant,
 ) {
+    let Left { runs, unstarted } = left;
     if !wait_gone(doomed, GONE_WITHIN) {
         eprintln!(
             "cronlease __guard: the daemon died and processes of its jobs are still there after {GONE_WITHIN:?}: its leases are left to expire"
@@ -273,7 +402,7 @@ pub(super) fn hand_over(
         keep,
         ..
     } = handover;
-    let records: Vec<RunRecord> = runs
+    let mut records: Vec<RunRecord> = runs
         .into_iter()
         .map(|r| RunRecord {
             delay_ms: (r.started_at - r.occurrence).num_milliseconds().max(0) as u64,
@@ -294,6 +423,16 @@ pub(super) fn hand_over(
             memory_peak: None,
         })
         .collect();
+    let killed = records.len();
+    let mut again: Vec<(JobName, TriggerId)> = Vec::new();
+    for claim in unstarted {
+        let (record, id) = unstarted_record(claim, &owner, &node, finished_at);
+        if let (Some(id), Ok(job)) = (id, JobName::parse(&record.job)) {
+            again.push((job, id));
+        }
+        records.push(record);
+    }
+    let unstarted = records.len() - killed;
     let jobs: Vec<JobName> = jobs.iter().filter_map(|j| JobName::parse(j).ok()).collect();
     let owner = Owner::from_raw(owner);
     let config = store.into_config();
@@ -322,19 +461,39 @@ pub(super) fn hand_over(
                 .await
                 .map_err(call("recording its runs")),
         };
+        // After the records (which end the claims' running marks, so the
+        // store takes a request) and before the release (so no peer claims
+        // the next occurrence in between and then sees the request).
+        let asked = futures_util::future::join_all(
+            again
+                .iter()
+                .map(|(job, id)| bounded(within, store.request_trigger(job, *id))),
+        )
+        .await;
+        let mut handed_back = 0;
+        for ((job, id), answer) in again.iter().zip(asked) {
+            match answer {
+                Ok(crate::store::TriggerAnswer::Accepted) => handed_back += 1,
+                Ok(refused) => eprintln!(
+                    "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): the store refused the request ({refused:?})"
+                ),
+                Err(e) => eprintln!(
+                    "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): {e}"
+                ),
+            }
+        }
         // Released whether or not the history write went through: the
         // jobs are gone, nothing runs on these leases any more.
         let released = bounded(within, store.release(&jobs, &owner))
             .await
             .map_err(call("releasing its leases"))?;
         let _ = bounded(within, store.leave(&owner)).await;
-        recorded.map(|()| released)
+        recorded.map(|()| (released, handed_back))
     });
     let took = died.elapsed().as_millis();
     match handed {
-        Ok(released) => eprintln!(
-            "cronlease __guard: the daemon died: {} interrupted runs recorded killed, {released} leases released, {took} ms after its death",
-            records.len()
+        Ok((released, handed_back)) => eprintln!(
+            "cronlease __guard: the daemon died: {killed} interrupted runs recorded killed, {unstarted} claims it never started recorded not_started ({handed_back} handed back to run again), {released} leases released, {took} ms after its death"
         ),
         Err(e) => eprintln!(
             "cronlease __guard: the daemon died; handing over failed after {took} ms ({e}): its leases expire as they would without a guard"
@@ -451,6 +610,11 @@ pub(super) fn serve_requests(
         }
         match serde_json::from_slice::<Request>(&buf[..n.min(buf.len())]) {
             Ok(Request::Start { id, launch, run }) => {
+                // A start that fails is the daemon's to record
+                // (`not_started`): its claim is settled either way.
+                if let Some(r) = &run {
+                    let _ = events.send(Event::Settled(vec![(r.job.clone(), r.fence)]));
+                }
                 let (Some(stderr), Some(stdout)) = (fds.pop(), fds.pop()) else {
                     answer(
                         sock,
@@ -517,6 +681,12 @@ pub(super) fn serve_requests(
             }
             Ok(Request::Bye) => {
                 let _ = events.send(Event::Bye);
+            }
+            Ok(Request::Claimed { claims }) => {
+                let _ = events.send(Event::Claimed(claims));
+            }
+            Ok(Request::Settled { claims }) => {
+                let _ = events.send(Event::Settled(claims));
             }
             Ok(Request::Forget { pgid }) => {
                 let _ = events.send(Event::Forget(pgid));

@@ -51,7 +51,9 @@ use crate::config::{Config, Job, JobName, NodeName};
 use crate::exec::{ProcessRunner, Runner};
 use crate::guard::Guard;
 use crate::metrics::{Metrics, OpLabel};
-use crate::store::{ClaimOutcome, ClaimRequest, Owner, Renewal, RunRecord, Store, StoreError};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Outcome, Owner, Renewal, RunRecord, Store, StoreError,
+};
 use crate::systemd::Notifier;
 use crate::wallclock::{SystemClock, WallClock};
 use batch::Batcher;
@@ -756,6 +758,8 @@ impl Node {
                     "claim batch answered"
                 );
                 n.observe_clock(claimed.store_now, sent, answered);
+                n.tell_guard_claimed(&requests, &claimed.outcomes, answered)
+                    .await;
                 Ok(claimed
                     .outcomes
                     .into_iter()
@@ -771,12 +775,15 @@ impl Node {
                 .await
             });
             let records = n.batch.records.serve(move |runs| async move {
-                n.call(
-                    "record",
-                    n.settings.op_timeout,
-                    n.store.record_runs(&runs, n.history_limit()),
-                )
-                .await?;
+                let written = n
+                    .call(
+                        "record",
+                        n.settings.op_timeout,
+                        n.store.record_runs(&runs, n.history_limit()),
+                    )
+                    .await;
+                n.tell_guard_settled(&runs).await;
+                written?;
                 Ok(vec![(); runs.len()])
             });
             // One task serves all three queues, each call still on its own.
@@ -785,6 +792,68 @@ impl Node {
                 _ = async { tokio::join!(claims, renewals, records) } => {}
             }
         });
+    }
+
+    /// Tells the guard of the claims a batch won, before any of them starts
+    /// (their answers go to the claimers after this): a claim the daemon
+    /// dies without starting is handed back by the guard.
+    async fn tell_guard_claimed(
+        &self,
+        requests: &[ClaimRequest],
+        outcomes: &[ClaimOutcome],
+        answered: DateTime<Utc>,
+    ) {
+        let Some(guard) = &self.guard.process else {
+            return;
+        };
+        let claims: Vec<crate::guard::RunNote> = requests
+            .iter()
+            .zip(outcomes)
+            .filter_map(|(req, outcome)| match outcome {
+                ClaimOutcome::Won(won) => Some(crate::guard::RunNote {
+                    job: req.job.to_string(),
+                    fence: won.fence,
+                    occurrence: won.occurrence,
+                    takeover: won
+                        .previous_owner
+                        .as_deref()
+                        .is_some_and(|p| p != self.owner.as_str()),
+                    decision_ms: u64::try_from((answered - won.occurrence).num_milliseconds())
+                        .unwrap_or(0),
+                    started_at: answered,
+                    trigger: req.manual.map(crate::store::TriggerId::get),
+                }),
+                _ => None,
+            })
+            .collect();
+        if !claims.is_empty() {
+            guard.claimed(claims).await;
+        }
+    }
+
+    /// Tells the guard of claims settled without a run: their records (of
+    /// an outcome no started run has) went to the store, written or not.
+    async fn tell_guard_settled(&self, runs: &[RunRecord]) {
+        let Some(guard) = &self.guard.process else {
+            return;
+        };
+        let settled: Vec<(String, u64)> = runs
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.outcome,
+                    Outcome::Skipped
+                        | Outcome::Missed
+                        | Outcome::LeaseLost
+                        | Outcome::NotStarted
+                        | Outcome::Expired
+                )
+            })
+            .map(|r| (r.job.clone(), r.fence))
+            .collect();
+        if !settled.is_empty() {
+            guard.settled(settled).await;
+        }
     }
 
     /// The daemon's first [`crate::store::Locks::prepare`], before the node

@@ -111,10 +111,11 @@ impl RunTicket {
         TriggerId::attempt(self.trigger)
     }
 
-    /// When this run was due: a retry's due time, else the occurrence.
+    /// When this run was due: a retry's due time (a redelivery's: that of
+    /// the attempt it hands back), else the occurrence.
     pub fn due(&self) -> DateTime<Utc> {
         self.trigger
-            .and_then(TriggerId::retry_of)
+            .and_then(TriggerId::daemons_attempt)
             .map_or(self.occurrence, |(_, due)| due)
     }
 }
@@ -140,6 +141,15 @@ impl Node {
         ticket: RunTicket,
     ) -> Option<JoinHandle<()>> {
         let job = state.job();
+        // Test-only: the daemon dies here, having won the claim (its guard
+        // told) and started nothing.
+        #[cfg(feature = "failpoints")]
+        if std::env::var("CRONLEASE_FAILPOINT_DIE_BEFORE_START")
+            .is_ok_and(|j| j == job.name.as_str())
+        {
+            tracing::warn!(job = %job.name, fence = ticket.fence, "failpoint: the daemon dies before starting the run");
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
         if !state.start_running(ticket.trigger.is_some()) {
             tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
             return None;
@@ -298,7 +308,8 @@ impl Node {
                 .await;
             match &answer {
                 Ok(TriggerAnswer::Pending(p))
-                    if p.retry_of().is_some_and(|(_, d)| d < ticket.occurrence) =>
+                    if p.daemons_attempt()
+                        .is_some_and(|(_, d)| d < ticket.occurrence) =>
                 {
                     let withdrawn = self
                         .call(
@@ -386,7 +397,7 @@ impl Node {
             duration_ms: ended.duration_ms,
             trigger: ticket
                 .trigger
-                .filter(|t| t.retry_of().is_none())
+                .filter(|t| t.is_operators())
                 .map(|t| t.to_string()),
             attempt: ticket.attempt(),
             output_tail: ended.output.clone(),

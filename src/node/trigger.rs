@@ -78,26 +78,17 @@ impl Node {
             };
             let now = self.wall.now();
             for (job, id) in pending {
-                if let Some((_, due)) = id.retry_of() {
+                if let Some((_, due)) = id.daemons_attempt() {
                     // A retry waits for its time; one whose occurrence's
-                    // next is due, or that nobody took within
+                    // next is due, a redelivered first run past its
+                    // starting window, or one nobody took within
                     // `cluster.trigger_expiry`, ends unrun.
                     if due > now {
                         continue;
                     }
                     // A job this node does not run: only its expiry, below.
                     if let Some(state) = self.state_of(&job) {
-                        let ending = match retry_occurrence(&state.job(), due) {
-                            Some((_, Some(next))) if next <= now => Some(format!(
-                                "the next occurrence ({next}) is due: the attempts of this one end"
-                            )),
-                            None => Some("its occurrence is no longer in the schedule".into()),
-                            _ if self.expired(id) => Some(format!(
-                                "no node ran it within cluster.trigger_expiry ({})",
-                                humantime::format_duration(self.settings.trigger_expiry)
-                            )),
-                            _ => None,
-                        };
+                        let ending = self.attempt_ending(&state.job(), id, now);
                         if state.is_running() || !self.triggers.start(id) {
                             continue;
                         }
@@ -136,6 +127,45 @@ impl Node {
                 });
             }
         }
+    }
+
+    /// Why a daemon's own request `id` (a retry's, a redelivery's) of `job`
+    /// will not run at `now`, if it will not: its occurrence's next is due,
+    /// its occurrence left the schedule, a redelivered first run is past
+    /// its starting window (`starting_deadline`, at most the gap), or
+    /// nobody took it within `cluster.trigger_expiry`.
+    fn attempt_ending(
+        &self,
+        job: &crate::config::Job,
+        id: TriggerId,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<String> {
+        let Some((occurrence, next)) = attempt_occurrence(job, id) else {
+            return Some("its occurrence is no longer in the schedule".into());
+        };
+        if let Some(next) = next.filter(|next| *next <= now) {
+            return Some(format!(
+                "the next occurrence ({next}) is due: the attempts of this one end"
+            ));
+        }
+        let (window, deadline) = super::claim::start_window(job, occurrence, next);
+        let late = (now - occurrence).to_std().unwrap_or_default();
+        if id.redelivery_of().is_some_and(|r| r.attempt == 1) && late > window {
+            return Some(format!(
+                "{} ms after its instant, past {}",
+                late.as_millis(),
+                match deadline {
+                    true => format!("starting_deadline ({})", humantime::format_duration(window)),
+                    false => "its window".to_string(),
+                }
+            ));
+        }
+        self.expired(id).then(|| {
+            format!(
+                "no node ran it within cluster.trigger_expiry ({})",
+                humantime::format_duration(self.settings.trigger_expiry)
+            )
+        })
     }
 
     /// Whether request `id` is older than `cluster.trigger_expiry`: no node
@@ -264,10 +294,14 @@ impl Node {
             return;
         };
         let job = state.job();
-        let Some((attempt, due)) = id.retry_of() else {
+        let Some((attempt, due)) = id.daemons_attempt() else {
             return;
         };
         let total = job.retry.as_ref().map_or(attempt, |r| r.attempts);
+        let what = match id.redelivery_of() {
+            Some(_) => "redelivered attempt",
+            None => "attempt",
+        };
         let request = self.manual_request(job.name.clone(), id, job.misfire, state.fence_floor());
         let answer =
             tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
@@ -276,7 +310,7 @@ impl Node {
                 state.saw_fence(won.fence);
                 let ticket = RunTicket {
                     fence: won.fence,
-                    occurrence: retry_occurrence(&job, due).map_or(won.occurrence, |(t, _)| t),
+                    occurrence: attempt_occurrence(&job, id).map_or(won.occurrence, |(t, _)| t),
                     decision_ms: 0,
                     takeover: false,
                     trigger: Some(id),
@@ -285,7 +319,7 @@ impl Node {
                     state,
                     ticket,
                     Outcome::Missed,
-                    format!("attempt {attempt}/{total} (due {due}) not run: {why}"),
+                    format!("{what} {attempt}/{total} (due {due}) not run: {why}"),
                 );
             }
             Ok(Ok((ClaimOutcome::Lost(lost), _))) if !lost.trigger_gone && self.expired(id) => {
@@ -297,7 +331,7 @@ impl Node {
                     )
                     .await;
                 if let Ok(true) = withdrawn {
-                    tracing::warn!(job = %job.name, trigger = %id, "attempt {attempt}/{total} (due {due}) withdrawn, not run: {why}; a run of the job went on all the while, so it is not recorded");
+                    tracing::warn!(job = %job.name, trigger = %id, "{what} {attempt}/{total} (due {due}) withdrawn, not run: {why}; a run of the job went on all the while, so it is not recorded");
                 }
             }
             // Taken meanwhile, or no answer: looked at again next time.
@@ -367,16 +401,16 @@ impl Node {
                 Err(_) => Err(StoreError::Timeout(self.settings.op_timeout)),
             };
             match answer {
-                Ok((ClaimOutcome::Won(won), _)) => {
+                Ok((ClaimOutcome::Won(won), answered)) => {
                     self.count_claim(&job.name, "won");
                     state.saw_fence(won.fence);
                     state.lease_granted(first_sent.unwrap_or(sent).min(sent), lease);
                     state.note_standing(Standing::Holder, won.fence);
-                    // A retry runs as its occurrence's (history, the
-                    // run's environment); a manual run as of its claim.
-                    let retry = id
-                        .retry_of()
-                        .and_then(|(k, due)| Some((k, retry_occurrence(&job, due)?.0)));
+                    // A retry or a redelivery runs as its occurrence's
+                    // (history, the run's environment); a manual run as of
+                    // its claim.
+                    let of = attempt_occurrence(&job, id);
+                    let retry = id.daemons_attempt().and_then(|(k, _)| Some((k, of?.0)));
                     let ticket = RunTicket {
                         fence: won.fence,
                         occurrence: retry.map_or(won.occurrence, |(_, t)| t),
@@ -387,10 +421,30 @@ impl Node {
                             .is_some_and(|p| p != self.owner.as_str()),
                         trigger: Some(id),
                     };
+                    // Answered once the next occurrence was due (by this
+                    // node's clock): that occurrence's claim may have run
+                    // already, so this one is not run late behind it.
+                    if let Some(next) = of
+                        .and_then(|(_, next)| next)
+                        .filter(|next| retry.is_some() && answered >= *next)
+                    {
+                        drop(gate);
+                        self.record_not_run(
+                            state,
+                            ticket,
+                            Outcome::Missed,
+                            format!("claimed after the next occurrence ({next}) was due"),
+                        );
+                        return;
+                    }
                     match retry {
                         Some((k, occurrence)) => {
                             let of = job.retry.as_ref().map_or(k, |r| r.attempts);
-                            tracing::info!(job = %job.name, fence = won.fence, %occurrence, "attempt {k}/{of} claimed");
+                            let what = match id.redelivery_of() {
+                                Some(_) => "redelivered attempt",
+                                None => "attempt",
+                            };
+                            tracing::info!(job = %job.name, fence = won.fence, %occurrence, "{what} {k}/{of} claimed");
                         }
                         None => {
                             tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed")
@@ -442,16 +496,30 @@ impl Node {
     }
 }
 
-/// The occurrence a retry due at `due` tries again, and the one after it:
-/// the job's last instant before `due` (a retry is due before the next).
-/// `None` when the schedule has none (it changed since).
-fn retry_occurrence(
+/// The occurrence a daemon's own request `id` runs again, and the one
+/// after it: for a retry due at `due`, the job's last instant before `due`
+/// (a retry is due after its occurrence, before the next); for a
+/// redelivery, the last instant at or before its due time (a first
+/// attempt's due time is its occurrence). `None` for an operator's request,
+/// or when the schedule has none (it changed since).
+fn attempt_occurrence(
     job: &crate::config::Job,
-    due: chrono::DateTime<chrono::Utc>,
+    id: TriggerId,
 ) -> Option<(
     chrono::DateTime<chrono::Utc>,
     Option<chrono::DateTime<chrono::Utc>>,
 )> {
-    let occurrence = job.schedule.previous_before(due)?;
+    let (_, due) = id.daemons_attempt()?;
+    let redelivery = id.redelivery_of();
+    let before = match redelivery {
+        Some(_) => due + chrono::Duration::milliseconds(1),
+        None => due,
+    };
+    let occurrence = job.schedule.previous_before(before)?;
+    // A first attempt handed back names its instant: one the schedule no
+    // longer has is gone.
+    if redelivery.is_some_and(|r| r.attempt == 1) && occurrence != due {
+        return None;
+    }
     Some((occurrence, job.schedule.next_after(occurrence)))
 }

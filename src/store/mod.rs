@@ -123,13 +123,16 @@ impl TriggerId {
     /// would read as a retry's mark ([`TriggerId::retry`]) are changed.
     fn manual(at: DateTime<Utc>, mut random: i64) -> Self {
         random &= (1 << TRIGGER_RANDOM_BITS) - 1;
-        if random >> RETRY_ATTEMPT_BITS == RETRY_MARK {
+        if Self::marked(random >> RETRY_ATTEMPT_BITS) {
             random ^= 1 << (TRIGGER_RANDOM_BITS - 1);
         }
-        let ms = at
-            .timestamp_millis()
-            .clamp(0, i64::MAX >> TRIGGER_RANDOM_BITS);
-        TriggerId(((ms << TRIGGER_RANDOM_BITS) | random).max(1))
+        TriggerId(((time_bits(at) << TRIGGER_RANDOM_BITS) | random).max(1))
+    }
+
+    /// Whether `mark` (the 16 bits above an id's low 4) is one a retry's
+    /// or a redelivery's id carries.
+    fn marked(mark: i64) -> bool {
+        mark == RETRY_MARK || REDELIVERY_MARKS.contains(&mark)
     }
 
     /// The request of a job's retry (`retry`, docs/protocol.md "Retries"):
@@ -138,31 +141,90 @@ impl TriggerId {
     /// low bits are [`RETRY_MARK`] and the attempt instead of random ones
     /// (a job has one pending request at a time, so the time names it).
     pub fn retry(due: DateTime<Utc>, attempt: u32) -> Self {
-        let ms = due
-            .timestamp_millis()
-            .clamp(0, i64::MAX >> TRIGGER_RANDOM_BITS);
         let attempt = i64::from(attempt.clamp(2, MAX_RETRY_ATTEMPTS));
-        TriggerId((ms << TRIGGER_RANDOM_BITS) | (RETRY_MARK << RETRY_ATTEMPT_BITS) | attempt)
+        TriggerId(
+            (time_bits(due) << TRIGGER_RANDOM_BITS) | (RETRY_MARK << RETRY_ATTEMPT_BITS) | attempt,
+        )
     }
 
-    /// For a retry's request ([`TriggerId::retry`]): its attempt and when
-    /// it is due. `None` for a manual run's (and for an id whose time is
-    /// not plausible: an earlier build's wholly random ids).
-    pub fn retry_of(self) -> Option<(u32, DateTime<Utc>)> {
+    /// The request that hands a claim back for another run
+    /// (docs/protocol.md, "Redelivery"): attempt `attempt` (1 to
+    /// [`MAX_RETRY_ATTEMPTS`]) of an occurrence, due at `due` (the
+    /// occurrence itself for attempt 1, the retry's due time for a later
+    /// one), redelivered for the `generation`th time (1 to
+    /// [`MAX_REDELIVERIES`]: each generation has a mark of its own, so a
+    /// redelivery of a redelivery has an id of its own). `None` past the
+    /// last generation.
+    pub fn redelivery(due: DateTime<Utc>, attempt: u32, generation: u32) -> Option<Self> {
+        let mark = REDELIVERY_MARKS.start + i64::from(generation) - 1;
+        if generation == 0 || !REDELIVERY_MARKS.contains(&mark) {
+            return None;
+        }
+        let attempt = i64::from(attempt.clamp(1, MAX_RETRY_ATTEMPTS));
+        Some(TriggerId(
+            (time_bits(due) << TRIGGER_RANDOM_BITS) | (mark << RETRY_ATTEMPT_BITS) | attempt,
+        ))
+    }
+
+    /// The mark, attempt and due time of a retry's or a redelivery's id,
+    /// if its time is plausible (an earlier build's wholly random ids are
+    /// not).
+    fn unpacked(self) -> Option<(i64, u32, DateTime<Utc>)> {
         let low = self.0 & ((1 << TRIGGER_RANDOM_BITS) - 1);
-        if low >> RETRY_ATTEMPT_BITS != RETRY_MARK {
+        let mark = low >> RETRY_ATTEMPT_BITS;
+        if !Self::marked(mark) {
             return None;
         }
         let attempt = u32::try_from(low & ((1 << RETRY_ATTEMPT_BITS) - 1)).ok()?;
         let ms = self.0 >> TRIGGER_RANDOM_BITS;
         let plausible = TRIGGER_TIMES_FROM..=Utc::now().timestamp_millis() + 2 * 86_400_000;
-        (plausible.contains(&ms) && (2..=MAX_RETRY_ATTEMPTS).contains(&attempt))
-            .then(|| (attempt, from_ms(ms)))
+        (plausible.contains(&ms) && (1..=MAX_RETRY_ATTEMPTS).contains(&attempt))
+            .then(|| (mark, attempt, from_ms(ms)))
     }
 
-    /// The attempt a run of this request is: its retry's, else 1.
+    /// For a retry's request ([`TriggerId::retry`]): its attempt and when
+    /// it is due. `None` for a manual run's and a redelivery's.
+    pub fn retry_of(self) -> Option<(u32, DateTime<Utc>)> {
+        self.unpacked()
+            .filter(|&(mark, attempt, _)| mark == RETRY_MARK && attempt >= 2)
+            .map(|(_, attempt, due)| (attempt, due))
+    }
+
+    /// For a redelivery's request ([`TriggerId::redelivery`]): its attempt,
+    /// due time and generation. `None` for any other.
+    pub fn redelivery_of(self) -> Option<Redelivery> {
+        self.unpacked()
+            .filter(|(mark, ..)| REDELIVERY_MARKS.contains(mark))
+            .map(|(mark, attempt, due)| Redelivery {
+                attempt,
+                due,
+                generation: (mark - REDELIVERY_MARKS.start + 1) as u32,
+            })
+    }
+
+    /// An operator's request (`cronlease trigger`), not one the daemons
+    /// make for themselves (a retry, a redelivery).
+    pub fn is_operators(self) -> bool {
+        self.daemons_attempt().is_none()
+    }
+
+    /// A request the daemons made for themselves: the attempt it runs and
+    /// when that was due (a retry's or a redelivery's). Its time is not
+    /// when it was made.
+    pub fn daemons_attempt(self) -> Option<(u32, DateTime<Utc>)> {
+        self.retry_of()
+            .or_else(|| self.redelivery_of().map(|r| (r.attempt, r.due)))
+    }
+
+    /// The attempt a run of this request is: its retry's or redelivery's,
+    /// else 1.
     pub fn attempt(id: Option<Self>) -> u32 {
-        id.and_then(Self::retry_of).map_or(1, |(k, _)| k)
+        let Some(id) = id else { return 1 };
+        match (id.retry_of(), id.redelivery_of()) {
+            (Some((k, _)), _) => k,
+            (_, Some(r)) => r.attempt,
+            _ => 1,
+        }
     }
 
     /// When the request was made, by the store's clock `trigger` read; `None`
@@ -215,8 +277,33 @@ const RETRY_MARK: i64 = 0xa7e5;
 const RETRY_ATTEMPT_BITS: u32 = 4;
 /// The most attempts a `retry` makes, the first run included.
 pub const MAX_RETRY_ATTEMPTS: u32 = 10;
+/// A redelivery's request ([`TriggerId::redelivery`]): one of these marks
+/// (its generation: the first for a claim handed back once, the next for
+/// the redelivery of a redelivery) in place of [`RETRY_MARK`].
+const REDELIVERY_MARKS: std::ops::Range<i64> = 0xa7e6..0xa7e6 + MAX_REDELIVERIES as i64;
+/// How often one attempt of an occurrence is handed back at most: a
+/// claim whose daemon dies before each start, again and again, ends
+/// recorded `not_started`.
+pub const MAX_REDELIVERIES: u32 = 3;
 /// Ids with a time before this (2025-01-01) carry none.
 const TRIGGER_TIMES_FROM: i64 = 1_735_689_600_000;
+
+/// An id's time bits: milliseconds since the epoch, within what fits.
+fn time_bits(at: DateTime<Utc>) -> i64 {
+    at.timestamp_millis()
+        .clamp(0, i64::MAX >> TRIGGER_RANDOM_BITS)
+}
+
+/// What a redelivery's request ([`TriggerId::redelivery`]) carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redelivery {
+    /// The attempt handed back (1: the occurrence's first run).
+    pub attempt: u32,
+    /// When the attempt handed back was due: the occurrence for attempt 1.
+    pub due: DateTime<Utc>,
+    /// How often this attempt has been handed back, this time included.
+    pub generation: u32,
+}
 
 impl Default for TriggerId {
     fn default() -> Self {
@@ -534,12 +621,16 @@ pub struct ShownRecord {
     pub record: RunRecord,
     /// 1, or a retry's attempt (`retry`, [`TriggerId::retry`]).
     pub attempt: u32,
+    /// A run of a claim handed back by a dead daemon's guard
+    /// ([`TriggerId::redelivery`]).
+    pub redelivered: bool,
 }
 
 impl From<RunRecord> for ShownRecord {
     fn from(record: RunRecord) -> Self {
         ShownRecord {
             attempt: TriggerId::attempt(record.trigger),
+            redelivered: record.trigger.is_some_and(|t| t.redelivery_of().is_some()),
             record,
         }
     }
@@ -1252,5 +1343,49 @@ mod tests {
         // An id far in the future (an earlier build's random one) is not.
         let far = TriggerId::retry(Utc::now() + chrono::Duration::days(30), 2);
         assert_eq!(far.retry_of(), None);
+    }
+
+    #[test]
+    fn a_redelivery_request_carries_its_attempt_due_time_and_generation_and_reads_as_no_other_kind()
+    {
+        let due = from_ms(Utc::now().timestamp_millis() - 1_500);
+        let mut seen = std::collections::BTreeSet::new();
+        for attempt in 1..=MAX_RETRY_ATTEMPTS {
+            for generation in 1..=MAX_REDELIVERIES {
+                let id = TriggerId::redelivery(due, attempt, generation).unwrap();
+                assert_eq!(
+                    id.redelivery_of(),
+                    Some(Redelivery {
+                        attempt,
+                        due,
+                        generation
+                    })
+                );
+                assert_eq!(id.retry_of(), None, "{id}");
+                assert!(!id.is_operators());
+                assert_eq!(TriggerId::attempt(Some(id)), attempt);
+                assert_eq!(TriggerId::parse(&id.to_string()), Some(id));
+                assert!(seen.insert(id), "{id} repeats");
+            }
+            assert_eq!(TriggerId::redelivery(due, attempt, 0), None);
+            assert_eq!(
+                TriggerId::redelivery(due, attempt, MAX_REDELIVERIES + 1),
+                None
+            );
+            // A retry's id is no redelivery, and neither is an operator's.
+            if attempt >= 2 {
+                let retry = TriggerId::retry(due, attempt);
+                assert_eq!(retry.redelivery_of(), None);
+                assert!(!retry.is_operators());
+            }
+        }
+        // A manual id whose random bits would read as a redelivery's is
+        // changed.
+        for generation in 1..=MAX_REDELIVERIES {
+            let mark = REDELIVERY_MARKS.start + i64::from(generation) - 1;
+            let id = TriggerId::manual(due, (mark << RETRY_ATTEMPT_BITS) | 1);
+            assert_eq!(id.redelivery_of(), None, "{id}");
+            assert!(id.is_operators());
+        }
     }
 }

@@ -1197,9 +1197,119 @@ retry = { attempts = 3, backoff = "5s", max_backoff = "5s" }
     );
 }
 
-// Every store in the long tier: an attempt is a manual run's request,
-// whose path the conformance suite checks on each.
+
+/// A daemon that dies after winning a claim and before starting its run
+/// (a test-only failpoint SIGKILLs it right there, its guard alive) loses
+/// no occurrence: its guard records the claim `not_started` and hands it
+/// back, and a peer, started only once the daemon is dead, runs that
+/// occurrence once, within its window, with a fence above the lost claim,
+/// `CRONLEASE_REDELIVERY=1` and attempt 1; history shows both records and
+/// `redelivered`; the next occurrence runs once, as any.
+fn a_claim_its_daemon_died_holding_unstarted_is_run_once_by_a_peer(backend: Backend) {
+    use std::os::unix::process::ExitStatusExt;
+    let jobs = r#"
+[[job]]
+name = "handed"
+schedule = "*/10 * * * * *"
+command = "echo $CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CRONLEASE_REDELIVERY:-0} $CRONLEASE_ATTEMPT $(date +%s.%N) >> '{out}'"
+"#;
+    let mut c = Cluster::new(backend, Some(jobs), "");
+    c.start_with_env("n1", &[("CRONLEASE_FAILPOINT_DIE_BEFORE_START", "handed")]);
+    let died = c.wait_exit("n1", Duration::from_secs(25));
+    assert_eq!(
+        died.and_then(|s| s.signal()),
+        Some(Signal::SIGKILL as i32),
+        "{}",
+        c.report()
+    );
+    // The guard's record of the claim it hands back.
+    let lost = wait_until(
+        "the guard's not_started record",
+        Duration::from_secs(10),
+        || c.report(),
+        || {
+            history(&c, "handed")
+                .into_iter()
+                .find(|r| r["outcome"] == "not_started")
+        },
+    );
+    c.start("n2");
+    let out = c.out.clone();
+    let text = || std::fs::read_to_string(&out).unwrap_or_default();
+    // The handed-back occurrence, then the next one.
+    wait_until(
+        "two runs",
+        Duration::from_secs(25),
+        || c.report(),
+        || (text().lines().count() >= 2).then_some(()),
+    );
+    let report = c.report();
+    c.stop_all();
+    let runs: Vec<Vec<String>> = text()
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    let occurrence = lost["occurrence"].as_str().unwrap().to_string();
+    let lost_fence = lost["fence"].as_u64().unwrap();
+    assert!(
+        lost["output"].as_str().unwrap().contains(
+            "the daemon died after winning this claim and before starting its run; handed back"
+        ),
+        "{lost}"
+    );
+    assert_eq!(lost["node"], "n1", "{lost}");
+    let of_lost: Vec<&Vec<String>> = runs.iter().filter(|r| r[0] == occurrence).collect();
+    assert_eq!(of_lost.len(), 1, "{runs:?}\n{report}");
+    let run = of_lost[0];
+    assert_eq!(run[2], "n2", "{runs:?}");
+    assert_eq!(run[3], "1", "CRONLEASE_REDELIVERY: {runs:?}");
+    assert_eq!(run[4], "1", "CRONLEASE_ATTEMPT: {runs:?}");
+    assert!(run[1].parse::<u64>().unwrap() > lost_fence, "{runs:?}");
+    // Within the occurrence's window (its gap, 10 s).
+    let at = chrono::DateTime::parse_from_rfc3339(&occurrence)
+        .unwrap()
+        .timestamp() as f64;
+    let started: f64 = run[5].parse().unwrap();
+    assert!(started > at && started < at + 10.0, "{runs:?}");
+    // The next occurrence: once, as usual, no redelivery.
+    let later: Vec<&Vec<String>> = runs.iter().filter(|r| r[0] != occurrence).collect();
+    assert!(
+        !later.is_empty() && later.iter().all(|r| r[3] == "0"),
+        "{runs:?}"
+    );
+    let mut occurrences: Vec<&String> = runs.iter().map(|r| &r[0]).collect();
+    occurrences.sort();
+    occurrences.dedup();
+    assert_eq!(
+        occurrences.len(),
+        runs.len(),
+        "an occurrence ran twice: {runs:?}"
+    );
+    let shown = history(&c, "handed");
+    let redelivered: Vec<&serde_json::Value> = shown
+        .iter()
+        .filter(|r| r["occurrence"] == occurrence.as_str())
+        .collect();
+    assert_eq!(redelivered.len(), 2, "{shown:?}");
+    assert!(
+        redelivered
+            .iter()
+            .any(|r| r["outcome"] == "ok" && r["redelivered"] == true && r["node"] == "n2"),
+        "{shown:?}"
+    );
+    assert!(
+        c.log("n1").contains(
+            "1 claims it never started recorded not_started (1 handed back to run again)"
+        ),
+        "{}",
+        c.log("n1")
+    );
+}
+
+// Every store in the long tier: an attempt and a redelivery are manual
+// runs' requests, whose path the conformance suite checks on each.
 crate::per_store!(
     [redis, postgres] long [sqlite, mysql, sentinel, redlock, zookeeper, etcd];
-    retried_once_per_attempt_after_the_holder_dies
+    retried_once_per_attempt_after_the_holder_dies,
+    a_claim_its_daemon_died_holding_unstarted_is_run_once_by_a_peer
 );
