@@ -646,6 +646,12 @@ async fn start(
             }
         }
     }
+    // Started here, unseen by the guard until `watch` below: its claim is
+    // settled first, so a daemon dying in between is not handed back (and
+    // run by a peer beside this process).
+    if let (Some(g), Some(note)) = (guard, note) {
+        g.starts_itself(note).await;
+    }
     let mut command = tokio::process::Command::from(launch.command()?);
     command
         .stdout(Stdio::piped())

@@ -197,25 +197,39 @@ impl Guard {
     }
 
     /// Tells the guard of claims won (before any of them starts): those the
-    /// daemon dies without starting or settling are handed back.
+    /// daemon dies without starting or settling are handed back. Each
+    /// message waits at most [`NOTE_WITHIN`] for room on the socket: a
+    /// stuck guard must not hold the claims up (an untold claim is only
+    /// lost if the daemon dies, as without a guard).
     pub async fn claimed(&self, claims: Vec<RunNote>) {
         for chunk in claims.chunks(HANDOVER_CHUNK) {
-            self.note(Request::Claimed {
+            let request = Request::Claimed {
                 claims: chunk.to_vec(),
-            })
-            .await;
+            };
+            let _ = tokio::time::timeout(NOTE_WITHIN, self.note(request)).await;
         }
     }
 
     /// Tells the guard of claims settled without a run (their records
-    /// written): nothing to hand back for them.
+    /// about to be written, or a process the daemon starts itself): nothing
+    /// to hand back for them. Bounded as [`Guard::claimed`].
     pub async fn settled(&self, claims: Vec<(String, u64)>) {
         for chunk in claims.chunks(HANDOVER_CHUNK) {
-            self.note(Request::Settled {
+            let request = Request::Settled {
                 claims: chunk.to_vec(),
-            })
-            .await;
+            };
+            let _ = tokio::time::timeout(NOTE_WITHIN, self.note(request)).await;
         }
+    }
+
+    /// Says the daemon starts `run` itself (the guard could not take the
+    /// request): its claim is settled, never handed back. Not bounded: a
+    /// claim handed back while its process runs would run twice.
+    pub async fn starts_itself(&self, run: &RunNote) {
+        self.note(Request::Settled {
+            claims: vec![(run.job.clone(), run.fence)],
+        })
+        .await;
     }
 
     /// Says the daemon is stopping cleanly: nothing to hand over.

@@ -68,6 +68,11 @@ const MAX_MESSAGE: usize = 256 * 1024;
 /// bytes, with a claim's few fields each, stay far below [`MAX_MESSAGE`].
 const HANDOVER_CHUNK: usize = 500;
 
+/// How long the daemon waits for room on the socket for a note about its
+/// claims ([`Guard::claimed`], [`Guard::settled`]) before it goes on
+/// without it.
+const NOTE_WITHIN: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How long the guard waits for a dead daemon's jobs to be gone before it
 /// gives up handing over (a process stuck in the kernel): their leases then
 /// expire as they would without a guard.

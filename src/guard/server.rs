@@ -62,6 +62,16 @@ impl Succession {
         }
     }
 
+    /// Per job, the highest fence the daemon told of.
+    pub(super) fn known(&self) -> HashMap<String, u64> {
+        let mut known = self.settled.clone();
+        for (job, claim) in &self.claims {
+            let fence = known.entry(job.clone()).or_default();
+            *fence = (*fence).max(claim.fence);
+        }
+        known
+    }
+
     /// The claims won whose run never started and that were not settled
     /// otherwise: what to hand back. Whichever order the reading threads
     /// passed the claim and its start on in, the fences tell.
@@ -299,11 +309,22 @@ impl Watched {
                 .into_values()
                 .collect();
             runs.extend(std::mem::take(&mut self.succession.unit_runs).into_values());
-            let unstarted = self.succession.unstarted();
+            let mut known = Some(self.succession.known());
+            let mut unstarted = self.succession.unstarted();
+            // Test-only: hand nothing back, as before redelivery (the
+            // kill-anywhere drill's "before" column).
+            #[cfg(feature = "failpoints")]
+            if std::env::var_os("CRONLEASE_FAILPOINT_NO_HANDBACK").is_some() {
+                (known, unstarted) = (None, Vec::new());
+            }
             hand_over(
                 handover,
                 &self.succession.jobs,
-                Left { runs, unstarted },
+                Left {
+                    runs,
+                    unstarted,
+                    known,
+                },
                 &doomed,
                 died,
             );
@@ -316,6 +337,10 @@ impl Watched {
 pub(super) struct Left {
     pub(super) runs: Vec<RunNote>,
     pub(super) unstarted: Vec<RunNote>,
+    /// Per job, the highest fence the daemon told of (claimed, started or
+    /// settled): a claim above it the daemon never heard of. `None`: not
+    /// looked for.
+    pub(super) known: Option<HashMap<String, u64>>,
 }
 
 /// The request that hands `claim` back (docs/protocol.md, "Redelivery"):
@@ -372,6 +397,88 @@ fn unstarted_record(
     (record, again)
 }
 
+/// The records of claims the daemon never started, and the requests that
+/// hand them back ([`unstarted_record`]).
+fn back(
+    claims: Vec<RunNote>,
+    owner: &str,
+    node: &str,
+    at: chrono::DateTime<chrono::Utc>,
+) -> (Vec<RunRecord>, Vec<(JobName, TriggerId)>) {
+    let mut records = Vec::with_capacity(claims.len());
+    let mut again = Vec::new();
+    for claim in claims {
+        let (record, id) = unstarted_record(claim, owner, node, at);
+        if let (Some(id), Ok(job)) = (id, JobName::parse(&record.job)) {
+            again.push((job, id));
+        }
+        records.push(record);
+    }
+    (records, again)
+}
+
+/// Writes the requests that hand claims back, all at once; answers how
+/// many the store took, and says why of each it did not.
+async fn ask_again(
+    store: &dyn crate::store::Store,
+    again: &[(JobName, TriggerId)],
+    within: std::time::Duration,
+) -> usize {
+    let asked = futures_util::future::join_all(
+        again
+            .iter()
+            .map(|(job, id)| bounded(within, store.request_trigger(job, *id))),
+    )
+    .await;
+    let mut taken = 0;
+    for ((job, id), answer) in again.iter().zip(asked) {
+        match answer {
+            Ok(crate::store::TriggerAnswer::Accepted) => taken += 1,
+            Ok(refused) => eprintln!(
+                "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): the store refused the request ({refused:?})"
+            ),
+            Err(e) => eprintln!(
+                "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): {e}"
+            ),
+        }
+    }
+    taken
+}
+
+/// The claims of `jobs` the store says `owner` won last, at a fence above
+/// any the daemon told its guard of (`known`): won with the answer on its
+/// way when the daemon died, so never started. Their occurrence is the
+/// lock's last one (a manual claim's, which leaves it, is then an older
+/// occurrence: its redelivery is ended `missed`, never run).
+pub(super) fn unheard_claims(
+    locks: Vec<crate::store::LockStatus>,
+    known: &HashMap<String, u64>,
+    owner: &Owner,
+    jobs: &[JobName],
+) -> Vec<RunNote> {
+    let ours: BTreeSet<&str> = jobs.iter().map(JobName::as_str).collect();
+    let now = chrono::Utc::now();
+    locks
+        .into_iter()
+        .filter(|l| {
+            ours.contains(l.job.as_str())
+                && l.last_owner.as_deref() == Some(owner.as_str())
+                && l.fence > known.get(&l.job).copied().unwrap_or(0)
+        })
+        .filter_map(|l| {
+            Some(RunNote {
+                occurrence: l.last_occurrence?,
+                job: l.job,
+                fence: l.fence,
+                takeover: false,
+                decision_ms: 0,
+                started_at: now,
+                trigger: None,
+            })
+        })
+        .collect()
+}
+
 /// The daemon died without releasing: once its jobs' processes are gone,
 /// records the runs they were `killed` and the claims it never started
 /// `not_started`, asks for each of those to run again (a redelivery's
@@ -387,7 +494,11 @@ pub(super) fn hand_over(
     doomed: &BTreeMap<i32, u64>,
     died: std::time::Instant,
 ) {
-    let Left { runs, unstarted } = left;
+    let Left {
+        runs,
+        unstarted,
+        known,
+    } = left;
     if !wait_gone(doomed, GONE_WITHIN) {
         eprintln!(
             "cronlease __guard: the daemon died and processes of its jobs are still there after {GONE_WITHIN:?}: its leases are left to expire"
@@ -424,15 +535,9 @@ pub(super) fn hand_over(
         })
         .collect();
     let killed = records.len();
-    let mut again: Vec<(JobName, TriggerId)> = Vec::new();
-    for claim in unstarted {
-        let (record, id) = unstarted_record(claim, &owner, &node, finished_at);
-        if let (Some(id), Ok(job)) = (id, JobName::parse(&record.job)) {
-            again.push((job, id));
-        }
-        records.push(record);
-    }
-    let unstarted = records.len() - killed;
+    let (unstarted_records, again) = back(unstarted, &owner, &node, finished_at);
+    let unstarted = unstarted_records.len();
+    records.extend(unstarted_records);
     let jobs: Vec<JobName> = jobs.iter().filter_map(|j| JobName::parse(j).ok()).collect();
     let owner = Owner::from_raw(owner);
     let config = store.into_config();
@@ -464,36 +569,56 @@ pub(super) fn hand_over(
         // After the records (which end the claims' running marks, so the
         // store takes a request) and before the release (so no peer claims
         // the next occurrence in between and then sees the request).
-        let asked = futures_util::future::join_all(
-            again
-                .iter()
-                .map(|(job, id)| bounded(within, store.request_trigger(job, *id))),
-        )
-        .await;
-        let mut handed_back = 0;
-        for ((job, id), answer) in again.iter().zip(asked) {
-            match answer {
-                Ok(crate::store::TriggerAnswer::Accepted) => handed_back += 1,
-                Ok(refused) => eprintln!(
-                    "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): the store refused the request ({refused:?})"
-                ),
-                Err(e) => eprintln!(
-                    "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): {e}"
-                ),
-            }
-        }
+        let mut handed_back = ask_again(store.as_ref(), &again, within).await;
         // Released whether or not the history write went through: the
         // jobs are gone, nothing runs on these leases any more.
         let released = bounded(within, store.release(&jobs, &owner))
             .await
             .map_err(call("releasing its leases"))?;
+        // Claims the daemon won and never heard of (killed with the answer
+        // on its way): the store names this owner the job's last one, at a
+        // fence the daemon never told. After the release, so the peers'
+        // takeover does not wait for this read.
+        let unheard = match known.as_ref() {
+            None => Ok(Vec::new()),
+            Some(known) => bounded(within, store.status())
+                .await
+                .map(|locks| unheard_claims(locks, known, &owner, &jobs)),
+        };
+        let unheard = match unheard {
+            Ok(unheard) => unheard,
+            Err(e) => {
+                eprintln!(
+                    "cronlease __guard: claims the daemon may have won and never heard of are not looked for: {e}"
+                );
+                Vec::new()
+            }
+        };
+        let heard_of_none = unheard.len();
+        if !unheard.is_empty() {
+            let names: Vec<JobName> = unheard
+                .iter()
+                .filter_map(|c| JobName::parse(&c.job).ok())
+                .collect();
+            let (records, again) = back(unheard, owner.as_str(), &node, chrono::Utc::now());
+            if let Err(e) = bounded(within, store.record_runs(&records, keep)).await {
+                eprintln!(
+                    "cronlease __guard: the claims the daemon won and never heard of are not recorded: {e}"
+                );
+            }
+            handed_back += ask_again(store.as_ref(), &again, within).await;
+            // A claim the store decided after the release above holds a
+            // live lease still.
+            let _ = bounded(within, store.release(&names, &owner)).await;
+        }
         let _ = bounded(within, store.leave(&owner)).await;
-        recorded.map(|()| (released, handed_back))
+        recorded.map(|()| (released, handed_back, heard_of_none))
     });
     let took = died.elapsed().as_millis();
     match handed {
-        Ok((released, handed_back)) => eprintln!(
-            "cronlease __guard: the daemon died: {killed} interrupted runs recorded killed, {unstarted} claims it never started recorded not_started ({handed_back} handed back to run again), {released} leases released, {took} ms after its death"
+        Ok((released, handed_back, unheard)) => eprintln!(
+            "cronlease __guard: the daemon died: {killed} interrupted runs recorded killed, {} claims it never started recorded not_started ({unheard} of them it never heard of; {handed_back} handed back to run again), {released} leases released, {took} ms after its death",
+            unstarted + unheard
         ),
         Err(e) => eprintln!(
             "cronlease __guard: the daemon died; handing over failed after {took} ms ({e}): its leases expire as they would without a guard"
@@ -750,5 +875,123 @@ pub(super) fn reap(
         } else {
             held.early.insert(pid, status);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn claim(job: &str, fence: u64, trigger: Option<TriggerId>) -> RunNote {
+        let at = chrono::DateTime::from_timestamp(1_790_000_000, 0).unwrap();
+        RunNote {
+            job: job.into(),
+            fence,
+            occurrence: at,
+            takeover: false,
+            decision_ms: 3,
+            started_at: at,
+            trigger: trigger.map(TriggerId::get),
+        }
+    }
+
+    #[test]
+    fn only_claims_neither_started_nor_settled_are_handed_back_whatever_the_order() {
+        let mut s = Succession::default();
+        // a: claimed, then started (its start came first: another thread).
+        s.settle("a", 4);
+        s.claimed(claim("a", 4, None));
+        // b: claimed twice; the newer is not started, the older was.
+        s.claimed(claim("b", 7, None));
+        s.settle("b", 7);
+        s.claimed(claim("b", 8, None));
+        // c: settled without a run (skipped); d: claimed only.
+        s.claimed(claim("c", 2, None));
+        s.settle("c", 2);
+        s.claimed(claim("d", 1, None));
+        // An older claim told late does not hide the newer.
+        s.claimed(claim("d", 0, None));
+        let back: Vec<(String, u64)> = s
+            .unstarted()
+            .into_iter()
+            .map(|c| (c.job, c.fence))
+            .collect();
+        assert_eq!(back, vec![("b".to_string(), 8), ("d".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_claim_the_store_gave_the_dead_owner_above_every_fence_it_told_is_one_it_never_heard_of() {
+        let at = chrono::DateTime::from_timestamp(1_790_000_000, 0).unwrap();
+        let owner = Owner::from_raw("n1#dead");
+        let lock = |job: &str, fence: u64, last_owner: &str| crate::store::LockStatus {
+            job: job.into(),
+            holder: None,
+            lease_remaining_ms: 0,
+            fence,
+            last_occurrence: Some(at),
+            last_owner: Some(last_owner.into()),
+            paused: false,
+        };
+        let locks = vec![
+            lock("told", 5, "n1#dead"),
+            lock("unheard", 9, "n1#dead"),
+            lock("never-told", 1, "n1#dead"),
+            lock("peers", 12, "n2#live"),
+            lock("not-ours", 3, "n1#dead"),
+        ];
+        let known = HashMap::from([("told".to_string(), 5), ("unheard".to_string(), 8)]);
+        let jobs: Vec<JobName> = ["told", "unheard", "never-told", "peers"]
+            .iter()
+            .map(|j| JobName::parse(j).unwrap())
+            .collect();
+        let found: Vec<(String, u64)> = unheard_claims(locks, &known, &owner, &jobs)
+            .into_iter()
+            .map(|c| (c.job, c.fence))
+            .collect();
+        assert_eq!(
+            found,
+            vec![("unheard".to_string(), 9), ("never-told".to_string(), 1)]
+        );
+    }
+
+    #[test]
+    fn a_claim_is_handed_back_as_its_attempt_up_to_the_last_generation_and_a_manual_run_is_not() {
+        let at = chrono::DateTime::from_timestamp(1_790_000_000, 0).unwrap();
+        let first = redelivery_for(&claim("j", 1, None)).unwrap();
+        assert_eq!(
+            first.redelivery_of(),
+            Some(crate::store::Redelivery {
+                attempt: 1,
+                due: at,
+                generation: 1
+            })
+        );
+        let retry = TriggerId::retry(at + chrono::Duration::seconds(30), 3);
+        let of_retry = redelivery_for(&claim("j", 2, Some(retry))).unwrap();
+        assert_eq!(
+            of_retry.redelivery_of().map(|r| (r.attempt, r.generation)),
+            Some((3, 1))
+        );
+        let mut id = first;
+        for generation in 2..=MAX_REDELIVERIES {
+            id = redelivery_for(&claim("j", 3, Some(id))).unwrap();
+            assert_eq!(id.redelivery_of().map(|r| r.generation), Some(generation));
+        }
+        assert_eq!(redelivery_for(&claim("j", 4, Some(id))), None);
+        assert_eq!(
+            redelivery_for(&claim("j", 5, Some(TriggerId::made_at(at)))),
+            None
+        );
+        let (record, again) =
+            unstarted_record(claim("j", 5, Some(TriggerId::made_at(at))), "o", "n", at);
+        assert_eq!((record.outcome, again), (Outcome::NotStarted, None));
+        assert!(
+            record
+                .output
+                .contains("`cronlease trigger j` asks for another"),
+            "{}",
+            record.output
+        );
     }
 }

@@ -758,6 +758,17 @@ impl Node {
                     "claim batch answered"
                 );
                 n.observe_clock(claimed.store_now, sent, answered);
+                // Test-only: the daemon dies as the store's answer comes,
+                // before it or its guard heard of the win.
+                #[cfg(feature = "failpoints")]
+                if let Some(job) = std::env::var_os("CRONLEASE_FAILPOINT_DIE_BEFORE_ANSWER")
+                    && requests
+                        .iter()
+                        .zip(&claimed.outcomes)
+                        .any(|(r, o)| matches!(o, ClaimOutcome::Won(_)) && r.job.as_str() == job)
+                {
+                    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+                }
                 n.tell_guard_claimed(&requests, &claimed.outcomes, answered)
                     .await;
                 Ok(claimed
@@ -775,15 +786,15 @@ impl Node {
                 .await
             });
             let records = n.batch.records.serve(move |runs| async move {
-                let written = n
-                    .call(
-                        "record",
-                        n.settings.op_timeout,
-                        n.store.record_runs(&runs, n.history_limit()),
-                    )
-                    .await;
+                // Before the write: a daemon that dies after it must not
+                // have its guard hand back a claim history says it skipped.
                 n.tell_guard_settled(&runs).await;
-                written?;
+                n.call(
+                    "record",
+                    n.settings.op_timeout,
+                    n.store.record_runs(&runs, n.history_limit()),
+                )
+                .await?;
                 Ok(vec![(); runs.len()])
             });
             // One task serves all three queues, each call still on its own.
@@ -832,7 +843,7 @@ impl Node {
     }
 
     /// Tells the guard of claims settled without a run: their records (of
-    /// an outcome no started run has) went to the store, written or not.
+    /// an outcome no started run has) are about to be written.
     async fn tell_guard_settled(&self, runs: &[RunRecord]) {
         let Some(guard) = &self.guard.process else {
             return;

@@ -259,7 +259,8 @@ impl Node {
     ) -> Option<TriggerId> {
         let retry = job.retry.as_ref()?;
         let attempt = ticket.attempt();
-        let manual = ticket.trigger.is_some() && attempt == 1;
+        // An operator's run is not retried; a redelivered first run is.
+        let manual = ticket.trigger.is_some_and(TriggerId::is_operators);
         if manual || !retry.retries(&ended.outcome) {
             return None;
         }

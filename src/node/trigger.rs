@@ -36,19 +36,23 @@ pub(super) const POLL: Duration = Duration::from_millis(250);
 /// with the lease, and `trigger --wait` says the run was not recorded).
 const ATTEMPTS: usize = 3;
 
-/// The requests this node is claiming now (not looked for again meanwhile).
+/// The requests this node is claiming now (not looked for again meanwhile),
+/// by job and id: the daemons' own requests (retries, redeliveries) of jobs
+/// on one schedule have the same ids.
 #[derive(Default)]
-pub(super) struct InFlight(std::sync::Mutex<HashSet<TriggerId>>);
+pub(super) struct InFlight(std::sync::Mutex<HashSet<(String, TriggerId)>>);
 
 impl InFlight {
-    /// Marks `id` as being claimed; false when it is already.
-    fn start(&self, id: TriggerId) -> bool {
-        lock(&self.0).insert(id)
+    /// Marks `job`'s request `id` as being claimed; false when it is
+    /// already.
+    fn start(&self, job: &str, id: TriggerId) -> bool {
+        lock(&self.0).insert((job.to_string(), id))
     }
 
-    /// The claim of `id` is over (won, refused or given up).
-    fn end(&self, id: TriggerId) {
-        lock(&self.0).remove(&id);
+    /// The claim of `job`'s request `id` is over (won, refused or given
+    /// up).
+    fn end(&self, job: &str, id: TriggerId) {
+        lock(&self.0).remove(&(job.to_string(), id));
     }
 }
 
@@ -89,7 +93,7 @@ impl Node {
                     // A job this node does not run: only its expiry, below.
                     if let Some(state) = self.state_of(&job) {
                         let ending = self.attempt_ending(&state.job(), id, now);
-                        if state.is_running() || !self.triggers.start(id) {
+                        if state.is_running() || !self.triggers.start(&job, id) {
                             continue;
                         }
                         let node = self.clone();
@@ -98,17 +102,17 @@ impl Node {
                                 Some(why) => node.end_retry(&state, id, why).await,
                                 None => node.claim_trigger(&state, id).await,
                             }
-                            node.triggers.end(id);
+                            node.triggers.end(&job, id);
                         });
                         continue;
                     }
                 }
                 if self.expired(id) {
-                    if self.triggers.start(id) {
+                    if self.triggers.start(&job, id) {
                         let node = self.clone();
                         self.life.handlers.spawn(async move {
                             node.expire(&job, id).await;
-                            node.triggers.end(id);
+                            node.triggers.end(&job, id);
                         });
                     }
                     continue;
@@ -117,13 +121,13 @@ impl Node {
                     continue;
                 };
                 // A run of the job going here: the store would refuse.
-                if state.is_running() || !self.triggers.start(id) {
+                if state.is_running() || !self.triggers.start(&job, id) {
                     continue;
                 }
                 let node = self.clone();
                 self.life.handlers.spawn(async move {
                     node.claim_trigger(&state, id).await;
-                    node.triggers.end(id);
+                    node.triggers.end(&job, id);
                 });
             }
         }

@@ -120,7 +120,8 @@ impl TriggerId {
     }
 
     /// A manual run's id of time `at` and low bits `random`; bits that
-    /// would read as a retry's mark ([`TriggerId::retry`]) are changed.
+    /// would read as a retry's or a redelivery's mark
+    /// ([`TriggerId::retry`], [`TriggerId::redelivery`]) are changed.
     fn manual(at: DateTime<Utc>, mut random: i64) -> Self {
         random &= (1 << TRIGGER_RANDOM_BITS) - 1;
         if Self::marked(random >> RETRY_ATTEMPT_BITS) {
@@ -272,7 +273,8 @@ impl TriggerId {
 pub const TRIGGER_RANDOM_BITS: u32 = 20;
 /// A retry's request ([`TriggerId::retry`]): these 16 bits above the
 /// attempt's 4 in place of the random ones. A manual run's id never has
-/// them; an id made by a build before retries, one in 65,536.
+/// them (nor a redelivery's marks); an id made by a build before retries,
+/// one in 65,536.
 const RETRY_MARK: i64 = 0xa7e5;
 const RETRY_ATTEMPT_BITS: u32 = 4;
 /// The most attempts a `retry` makes, the first run included.
