@@ -309,14 +309,10 @@ impl Watched {
                 .into_values()
                 .collect();
             runs.extend(std::mem::take(&mut self.succession.unit_runs).into_values());
-            let mut known = Some(self.succession.known());
-            let mut unstarted = self.succession.unstarted();
-            // Test-only: hand nothing back, as before redelivery (the
-            // kill-anywhere drill's "before" column).
-            #[cfg(feature = "failpoints")]
-            if std::env::var_os("CRONLEASE_FAILPOINT_NO_HANDBACK").is_some() {
-                (known, unstarted) = (None, Vec::new());
-            }
+            let (known, unstarted) = match hands_back() {
+                true => (Some(self.succession.known()), self.succession.unstarted()),
+                false => (None, Vec::new()),
+            };
             hand_over(
                 handover,
                 &self.succession.jobs,
@@ -330,6 +326,18 @@ impl Watched {
             );
         }
     }
+}
+
+/// Whether the guard hands back the claims a dead daemon never started:
+/// always, but in a test build (`failpoints`) with
+/// `CRONLEASE_FAILPOINT_NO_HANDBACK` set, as before redelivery (the
+/// kill-anywhere drill's figures without it).
+fn hands_back() -> bool {
+    #[cfg(feature = "failpoints")]
+    if std::env::var_os("CRONLEASE_FAILPOINT_NO_HANDBACK").is_some() {
+        return false;
+    }
+    true
 }
 
 /// What a dead daemon left: the runs that were going (killed now), and the

@@ -401,6 +401,29 @@ fn recorded_as<const N: usize>(
 
 fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, counts: &mut Counts) {
     let [lease_lost, skipped] = recorded_as(c, ["lease_lost", "skipped"]);
+    // What history says of an occurrence that never ran (a claim handed
+    // back and then ended, or not found), printed with it.
+    let history = c.all_history("n1", Some("drill"));
+    let records_of = |t: i64| -> Vec<String> {
+        history
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| {
+                r["job"] == "drill"
+                    && r["occurrence"]
+                        .as_str()
+                        .and_then(|o| DateTime::parse_from_rfc3339(o).ok())
+                        .is_some_and(|o| o.timestamp() == t)
+            })
+            .map(|r| {
+                format!(
+                    "{} fence {} {}: {}",
+                    r["node"], r["fence"], r["outcome"], r["output"]
+                )
+            })
+            .collect()
+    };
     let mut runs = c.runs();
 
     // Each occurrence once; fences increasing in occurrence order.
@@ -555,6 +578,10 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                 counts.skipped_overlap += 1;
             } else if in_window {
                 counts.lost_between_claim_and_start += 1;
+                eprintln!(
+                    "lost between claim and start: unix {t}; its records: {:?}",
+                    records_of(t)
+                );
             } else if file_locked {
                 counts.sqlite_locked_by_frozen_writer += 1;
             } else {
