@@ -203,10 +203,10 @@ impl Guard {
     /// lost if the daemon dies, as without a guard).
     pub async fn claimed(&self, claims: Vec<RunNote>) {
         for chunk in claims.chunks(HANDOVER_CHUNK) {
-            let request = Request::Claimed {
+            self.note_within(Request::Claimed {
                 claims: chunk.to_vec(),
-            };
-            let _ = tokio::time::timeout(NOTE_WITHIN, self.note(request)).await;
+            })
+            .await;
         }
     }
 
@@ -215,11 +215,17 @@ impl Guard {
     /// to hand back for them. Bounded as [`Guard::claimed`].
     pub async fn settled(&self, claims: Vec<(String, u64)>) {
         for chunk in claims.chunks(HANDOVER_CHUNK) {
-            let request = Request::Settled {
+            self.note_within(Request::Settled {
                 claims: chunk.to_vec(),
-            };
-            let _ = tokio::time::timeout(NOTE_WITHIN, self.note(request)).await;
+            })
+            .await;
         }
+    }
+
+    /// [`Guard::note`], waiting at most [`NOTE_WITHIN`] for room on the
+    /// socket.
+    async fn note_within(&self, request: Request) {
+        let _ = tokio::time::timeout(NOTE_WITHIN, self.note(request)).await;
     }
 
     /// Says the daemon starts `run` itself (the guard could not take the

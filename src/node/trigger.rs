@@ -302,10 +302,7 @@ impl Node {
             return;
         };
         let total = job.retry.as_ref().map_or(attempt, |r| r.attempts);
-        let what = match id.redelivery_of() {
-            Some(_) => "redelivered attempt",
-            None => "attempt",
-        };
+        let what = attempt_word(id);
         let request = self.manual_request(job.name.clone(), id, job.misfire, state.fence_floor());
         let answer =
             tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
@@ -444,10 +441,7 @@ impl Node {
                     match retry {
                         Some((k, occurrence)) => {
                             let of = job.retry.as_ref().map_or(k, |r| r.attempts);
-                            let what = match id.redelivery_of() {
-                                Some(_) => "redelivered attempt",
-                                None => "attempt",
-                            };
+                            let what = attempt_word(id);
                             tracing::info!(job = %job.name, fence = won.fence, %occurrence, "{what} {k}/{of} claimed");
                         }
                         None => {
@@ -497,6 +491,15 @@ impl Node {
                 }
             }
         }
+    }
+}
+
+/// What a daemon's own request `id` is, for its log lines and records:
+/// an `attempt`, or a `redelivered attempt`.
+fn attempt_word(id: TriggerId) -> &'static str {
+    match id.redelivery_of() {
+        Some(_) => "redelivered attempt",
+        None => "attempt",
     }
 }
 
