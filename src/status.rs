@@ -57,6 +57,9 @@ pub struct PendingTrigger {
     pub due_at: Option<DateTime<Utc>>,
     /// A redelivery's: a claim a dead daemon's guard handed back.
     pub redelivered: bool,
+    /// A resume's: the catch-up of an occurrence missed while paused
+    /// (docs/protocol.md, "Catch-up on resume").
+    pub resumed: bool,
 }
 
 /// Every configured job, and every job the store has a lock for, in name
@@ -114,6 +117,7 @@ pub async fn gather(
                     attempt: retry.map(|(k, _)| k),
                     due_at: retry.map(|(_, due)| due),
                     redelivered: id.redelivery_of().is_some(),
+                    resumed: id.resumed_at().is_some(),
                 },
             )
         })

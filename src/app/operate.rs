@@ -280,6 +280,12 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
             );
             return ExitCode::FAILURE;
         }
+        Ok(store::TriggerAnswer::Pending(pending)) if pending.resumed_at().is_some() => {
+            eprintln!(
+                "cronlease: refused: {job} was just resumed, and the catch-up of the occurrence it missed while paused is pending (trigger {pending}); a node takes it within a second: trigger it again then"
+            );
+            return ExitCode::FAILURE;
+        }
         Ok(store::TriggerAnswer::Pending(pending)) if pending.retry_of().is_some() => {
             let (attempt, due) = pending.retry_of().unwrap_or((0, Utc::now()));
             eprintln!(
@@ -312,7 +318,7 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
 /// How long ago request `id` was made, for people (`None` for an id that
 /// carries no time).
 pub(super) fn request_age(id: store::TriggerId) -> Option<String> {
-    if !id.is_operators() {
+    if id.daemons_attempt().is_some() {
         // Its time is when it is due, not when it was made.
         return None;
     }
@@ -340,6 +346,9 @@ pub(super) async fn cancel_trigger(path: PathBuf, job: JobName) -> ExitCode {
             match id.daemons_attempt() {
                 Some(_) if id.redelivery_of().is_some() => println!(
                     "trigger {id}: withdrawn; the run of {job} a dead daemon had claimed and not started will not run (its claim is recorded not_started)"
+                ),
+                None if id.resumed_at().is_some() => println!(
+                    "trigger {id}: withdrawn; the occurrence {job} missed while it was paused is not caught up now (the next one runs as usual)"
                 ),
                 Some((attempt, _)) => println!(
                     "trigger {id}: withdrawn; attempt {attempt} of {job}'s failed run will not run, and its attempts end (nothing more is recorded or announced for that occurrence)"
@@ -489,8 +498,82 @@ pub(super) async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> Exi
             "paused {}: no node claims them until `cronlease resume`; a run in progress finishes",
             names.join(", ")
         );
-    } else {
-        println!("resumed {}", names.join(", "));
+        return ExitCode::SUCCESS;
     }
-    ExitCode::SUCCESS
+    println!("resumed {}", names.join(", "));
+    catch_up_after_resume(&config, store.as_ref(), &jobs).await
+}
+
+/// Catch-up on resume (docs/protocol.md, "Catch-up on resume"): for each
+/// resumed job with `misfire = "run_once"` whose latest occurrence was not
+/// claimed (missed while paused) and may still start (its start window,
+/// the first half of its gap), a resume's request
+/// ([`store::TriggerId::resumed`]) tells the nodes to claim it at once, by
+/// its own claim rule: once across the cluster. Older missed occurrences
+/// are not run. Exit 1 when a request could not be left (the jobs stay
+/// resumed; the next occurrence runs as usual).
+async fn catch_up_after_resume(
+    config: &Config,
+    store: &dyn store::Store,
+    jobs: &[JobName],
+) -> ExitCode {
+    let rows = match within(config, store.status()).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!(
+                "cronlease: the jobs are resumed, but whether an occurrence was missed while they were paused could not be read; the next occurrence runs as usual"
+            );
+            return store_failure(&e);
+        }
+    };
+    let now = Utc::now();
+    let mut code = ExitCode::SUCCESS;
+    for name in jobs {
+        let Some(job) = config.job(name.as_str()) else {
+            continue;
+        };
+        if job.misfire != config::Misfire::RunOnce {
+            continue;
+        }
+        let Some(next) = job.schedule.next_after(now) else {
+            continue;
+        };
+        let Some(latest) = job.schedule.previous_before(next) else {
+            continue;
+        };
+        let claimed = rows
+            .iter()
+            .find(|r| r.job == name.as_str())
+            .and_then(|r| r.last_occurrence);
+        if claimed.is_some_and(|c| c >= latest) {
+            continue;
+        }
+        let when = rfc3339(latest);
+        if !crate::node::catch_up_open(job, latest, Some(next), now) {
+            println!(
+                "{name}: its {when} occurrence was missed while it was paused and is past its start window (or the first half of its gap): not run; the next runs at {}",
+                rfc3339(next)
+            );
+            continue;
+        }
+        let id = store::TriggerId::resumed(now);
+        match within(config, store.request_trigger(name, id)).await {
+            Ok(store::TriggerAnswer::Accepted) => println!(
+                "{name}: its {when} occurrence, missed while it was paused, runs now on one node"
+            ),
+            Ok(store::TriggerAnswer::Pending(_)) => println!(
+                "{name}: its {when} occurrence was missed while it was paused; another request of {name} is pending (`cronlease status`), so it is not caught up now"
+            ),
+            Ok(store::TriggerAnswer::Running { .. }) => println!(
+                "{name}: its {when} occurrence was missed while it was paused; a run of {name} is in progress, so it is not caught up"
+            ),
+            Err(e) => {
+                eprintln!(
+                    "cronlease: {name} is resumed, but the catch-up of its {when} occurrence could not be requested; the next occurrence runs as usual"
+                );
+                code = store_failure(&e);
+            }
+        }
+    }
+    code
 }

@@ -93,6 +93,12 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
                 p.id,
                 r.job
             );
+        } else if let Some(p) = r.pending_trigger.as_ref().filter(|p| p.resumed) {
+            let _ = writeln!(
+                out,
+                "PENDING CATCH-UP: {} (trigger {}): resumed, and the occurrence it missed while paused is about to be claimed by one node",
+                r.job, p.id
+            );
         } else if let Some(p) = &r.pending_trigger {
             let age = p.age_ms.map_or(String::new(), |ms| {
                 format!(

@@ -31,7 +31,7 @@ function flags(r) {
   if (p) {
     if (out.length) out.push(" ");
     const age = p.age_ms == null ? "" : ` (${Math.round(p.age_ms / 1000)} s)`;
-    const what = p.redelivered ? `redelivery of attempt ${p.attempt} pending` : p.attempt ? `attempt ${p.attempt} due ${time(p.due_at)}` : "trigger pending" + age;
+    const what = p.redelivered ? `redelivery of attempt ${p.attempt} pending` : p.resumed ? "catch-up after resume pending" : p.attempt ? `attempt ${p.attempt} due ${time(p.due_at)}` : "trigger pending" + age;
     out.push(el("span", { class: "paused", title: `trigger ${p.id}: cronlease trigger --cancel ${r.job} withdraws it` }, what));
   }
   const on = r.defined_otherwise_on || [];

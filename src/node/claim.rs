@@ -35,11 +35,11 @@ use tokio_util::sync::CancellationToken;
 use super::batch::{self, Pending};
 use super::membership::Deferral;
 use super::run::RunTicket;
-use super::{JobState, Node, Standing};
+use super::{JobEntry, JobState, Node, Standing};
 use crate::config::JobName;
 use crate::exec::Finished;
 use crate::metrics::ClaimLabel;
-use crate::store::{ClaimOutcome, ClaimRequest, Lost, Outcome, StoreError, Won};
+use crate::store::{ClaimOutcome, ClaimRequest, Lost, Outcome, StoreError, TriggerId, Won};
 
 /// Longest single sleep towards an occurrence: a wall-clock step is noticed
 /// within this time.
@@ -86,6 +86,46 @@ pub(super) fn start_window(
         Some(d) if d < gap => (d, true),
         _ => (gap, false),
     }
+}
+
+/// The occurrence a catch-up (on return, on resume) claims for the job of
+/// `entry` at `now` (`misfire = "run_once"` only): its latest one before
+/// `before` (occurrences from then on are the scheduler's), if it is still
+/// within its start window ([`start_window`]) and the first half of its gap:
+/// a catch-up later than that could still run when the next occurrence is
+/// due and push it out (overlap = skip); the next one's claim catches it
+/// up first and then runs in order. It names no previous occurrence, so
+/// the store hands out no older one.
+fn catch_up_due(entry: &JobEntry, before: DateTime<Utc>, now: DateTime<Utc>) -> Option<Due> {
+    let job = entry.state.job();
+    if job.misfire != crate::config::Misfire::RunOnce {
+        return None;
+    }
+    let next = entry.next?;
+    let occurrence = job.schedule.previous_before(next).filter(|p| *p < before)?;
+    catch_up_open(&job, occurrence, Some(next), now).then(|| Due {
+        state: entry.state.clone(),
+        stop: entry.handlers_stop.clone(),
+        occurrence,
+        previous: None,
+        next: Some(next),
+    })
+}
+
+/// Whether a catch-up of `job`'s `occurrence` (whose next is `next`) may
+/// still start at `now`: within its start window and the first half of
+/// its gap (see [`catch_up_due`]).
+pub(crate) fn catch_up_open(
+    job: &crate::config::Job,
+    occurrence: DateTime<Utc>,
+    next: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
+    let (window, _) = start_window(job, occurrence, next);
+    let half = gap(occurrence, next) / 2;
+    (now - occurrence)
+        .to_std()
+        .is_ok_and(|late| late < window && late < half)
 }
 
 /// An occurrence due now, taken from the schedule.
@@ -291,33 +331,10 @@ impl Node {
             };
             jobs.iter()
                 .filter_map(|(name, entry)| {
-                    let job = entry.state.job();
-                    if job.misfire != crate::config::Misfire::RunOnce {
-                        return None;
-                    }
-                    let next = entry.next?;
-                    let occurrence = job
-                        .schedule
-                        .previous_before(next)
-                        .filter(|p| *p < started)?;
-                    let (window, _) = start_window(&job, occurrence, Some(next));
-                    // In the window's first half only: a catch-up later than
-                    // that could still run when the next occurrence is due
-                    // and push it out (overlap = skip); the next one's claim
-                    // catches it up first and then runs in order.
-                    let half = gap(occurrence, Some(next)) / 2;
-                    let open = (now - occurrence)
-                        .to_std()
-                        .is_ok_and(|late| late < window && late < half);
+                    let due = catch_up_due(entry, started, now)?;
                     let (claimed, paused) = last.get(name.as_str()).copied()?;
-                    let missed = claimed.is_some_and(|c| c < occurrence);
-                    (open && missed && !paused).then(|| Due {
-                        state: entry.state.clone(),
-                        stop: entry.handlers_stop.clone(),
-                        occurrence,
-                        previous: None,
-                        next: Some(next),
-                    })
+                    let missed = claimed.is_some_and(|c| c < due.occurrence);
+                    (missed && !paused).then_some(due)
                 })
                 .collect()
         };
@@ -329,6 +346,50 @@ impl Node {
             "catching up occurrences no node claimed while this node was away"
         );
         self.claim_instant(due);
+    }
+
+    /// Catch-up on resume (`misfire = "run_once"`, docs/protocol.md
+    /// "Catch-up on resume"): `cronlease resume` left request `id` for
+    /// `job`; the latest occurrence before the resume that is still within
+    /// its start window and the first half of its gap is claimed at once,
+    /// by the occurrence's own claim rule (the store refuses it where
+    /// another node won it, or where it was claimed before the pause), and
+    /// the request is withdrawn. Nothing is claimed for a job running here
+    /// (its run holds the lease: the store would refuse every node).
+    pub(super) async fn catch_up_on_resume(self: &Arc<Self>, job: &str, id: TriggerId) {
+        let Some(resumed) = id.resumed_at() else {
+            return;
+        };
+        let Ok(name) = JobName::parse(job) else {
+            return;
+        };
+        let now = self.wall.now();
+        let due = {
+            let Ok(jobs) = self.jobs.lock() else {
+                return;
+            };
+            jobs.get(&name)
+                .filter(|entry| !entry.state.is_running())
+                .and_then(|entry| catch_up_due(entry, resumed, now))
+        };
+        if let Some(due) = due {
+            tracing::info!(
+                job,
+                occurrence = %due.occurrence,
+                "catching up the occurrence missed while the job was paused"
+            );
+            self.claim_instant(vec![due]);
+        }
+        // Withdrawn after the claim is queued: a node that dies in between
+        // leaves the request to a peer. Another node's withdrawal first is
+        // not an error (false).
+        let _ = self
+            .call(
+                "withdraw_trigger",
+                self.settings.op_timeout,
+                self.store.withdraw_trigger(&name, id),
+            )
+            .await;
     }
 
     /// Sends the claims of one instant as one batch and starts a handler

@@ -38,6 +38,8 @@ mod membership;
 mod run;
 mod trigger;
 
+pub(crate) use claim::catch_up_open;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -16,6 +16,10 @@
 //! occurrence's next attempt; one whose occurrence's next is due (or that
 //! nobody took within `cluster.trigger_expiry`) is claimed and recorded
 //! `missed` instead ([`Node::end_retry`]).
+//!
+//! A resume's request ([`crate::store::TriggerId::resumed`]) is no run of
+//! its own: it tells the nodes to catch up at once the occurrence missed
+//! while the job was paused ([`Node::catch_up_on_resume`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -82,6 +86,20 @@ impl Node {
             };
             let now = self.wall.now();
             for (job, id) in pending {
+                // A resume's request: the occurrence missed while paused is
+                // claimed by its own rule, never as a manual run; one of a
+                // job no node runs is withdrawn once it expires.
+                if id.resumed_at().is_some() {
+                    let mine = self.state_of(&job).is_some();
+                    if (mine || self.expired(id)) && self.triggers.start(&job, id) {
+                        let node = self.clone();
+                        self.life.handlers.spawn(async move {
+                            node.catch_up_on_resume(&job, id).await;
+                            node.triggers.end(&job, id);
+                        });
+                    }
+                    continue;
+                }
                 if let Some((_, due)) = id.daemons_attempt() {
                     // A retry waits for its time; one whose occurrence's
                     // next is due, a redelivered first run past its

@@ -120,8 +120,9 @@ impl TriggerId {
     }
 
     /// A manual run's id of time `at` and low bits `random`; bits that
-    /// would read as a retry's or a redelivery's mark
-    /// ([`TriggerId::retry`], [`TriggerId::redelivery`]) are changed.
+    /// would read as a retry's, a redelivery's or a resume's mark
+    /// ([`TriggerId::retry`], [`TriggerId::redelivery`],
+    /// [`TriggerId::resumed`]) are changed.
     fn manual(at: DateTime<Utc>, mut random: i64) -> Self {
         random &= (1 << TRIGGER_RANDOM_BITS) - 1;
         if Self::marked(random >> RETRY_ATTEMPT_BITS) {
@@ -130,10 +131,28 @@ impl TriggerId {
         TriggerId(((time_bits(at) << TRIGGER_RANDOM_BITS) | random).max(1))
     }
 
-    /// Whether `mark` (the 16 bits above an id's low 4) is one a retry's
-    /// or a redelivery's id carries.
+    /// Whether `mark` (the 16 bits above an id's low 4) is one a retry's,
+    /// a redelivery's or a resume's id carries.
     fn marked(mark: i64) -> bool {
-        mark == RETRY_MARK || REDELIVERY_MARKS.contains(&mark)
+        mark == RETRY_MARK || mark == RESUME_MARK || REDELIVERY_MARKS.contains(&mark)
+    }
+
+    /// The request `cronlease resume` leaves for a job it resumed at `at`
+    /// whose latest occurrence was missed while it was paused
+    /// (docs/protocol.md, "Catch-up on resume"): no node runs it as a
+    /// manual run; a node that has the job claims that occurrence at once,
+    /// by the occurrence's own claim rule, and withdraws the request. Its
+    /// time is when the job was resumed.
+    pub fn resumed(at: DateTime<Utc>) -> Self {
+        TriggerId((time_bits(at) << TRIGGER_RANDOM_BITS) | (RESUME_MARK << RETRY_ATTEMPT_BITS) | 1)
+    }
+
+    /// For a resume's request ([`TriggerId::resumed`]): when the job was
+    /// resumed. `None` for any other.
+    pub fn resumed_at(self) -> Option<DateTime<Utc>> {
+        self.unpacked()
+            .filter(|&(mark, ..)| mark == RESUME_MARK)
+            .map(|(.., at)| at)
     }
 
     /// The request of a job's retry (`retry`, docs/protocol.md "Retries"):
@@ -204,9 +223,9 @@ impl TriggerId {
     }
 
     /// An operator's request (`cronlease trigger`), not one the daemons
-    /// make for themselves (a retry, a redelivery).
+    /// make for themselves (a retry, a redelivery) nor a resume's.
     pub fn is_operators(self) -> bool {
-        self.daemons_attempt().is_none()
+        self.daemons_attempt().is_none() && self.resumed_at().is_none()
     }
 
     /// A request the daemons made for themselves: the attempt it runs and
@@ -283,6 +302,9 @@ pub const MAX_RETRY_ATTEMPTS: u32 = 10;
 /// (its generation: the first for a claim handed back once, the next for
 /// the redelivery of a redelivery) in place of [`RETRY_MARK`].
 const REDELIVERY_MARKS: std::ops::Range<i64> = 0xa7e6..0xa7e6 + MAX_REDELIVERIES as i64;
+/// A resume's request ([`TriggerId::resumed`]): this mark, and attempt 1,
+/// in place of random bits.
+const RESUME_MARK: i64 = 0xa7e4;
 /// How often one attempt of an occurrence is handed back at most: a
 /// claim whose daemon dies before each start, again and again, ends
 /// recorded `not_started`.
@@ -1389,5 +1411,28 @@ mod tests {
             assert_eq!(id.redelivery_of(), None, "{id}");
             assert!(id.is_operators());
         }
+    }
+
+    #[test]
+    fn a_resume_request_carries_when_it_was_made_and_reads_as_no_other_kind() {
+        let at = from_ms(Utc::now().timestamp_millis() - 300);
+        let id = TriggerId::resumed(at);
+        assert_eq!(id.resumed_at(), Some(at));
+        assert_eq!(id.requested_at(), Some(at));
+        assert_eq!((id.retry_of(), id.redelivery_of()), (None, None));
+        assert_eq!(id.daemons_attempt(), None);
+        assert!(!id.is_operators());
+        assert_eq!(TriggerId::parse(&id.to_string()), Some(id));
+        assert_eq!(TriggerId::from_stored(id.get()), Some(id));
+        // A manual id whose random bits would read as a resume's is changed;
+        // no retry or redelivery reads as one.
+        let id = TriggerId::manual(at, (RESUME_MARK << RETRY_ATTEMPT_BITS) | 1);
+        assert_eq!(id.resumed_at(), None, "{id}");
+        assert!(id.is_operators());
+        assert_eq!(TriggerId::retry(at, 2).resumed_at(), None);
+        assert_eq!(
+            TriggerId::redelivery(at, 1, 1).and_then(|r| r.resumed_at()),
+            None
+        );
     }
 }

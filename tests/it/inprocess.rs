@@ -491,6 +491,78 @@ async fn a_returning_node_runs_the_latest_missed_occurrence_at_once() {
     a.stop().await;
 }
 
+/// Catch-up on resume: jobs paused over their 12:00:20 occurrence and
+/// resumed at 12:00:21.5 (the store unpaused, the resume's request left as
+/// `cronlease resume` does): "p" runs 12:00:20 at once, as its occurrence
+/// (not at 12:00:30, where the store would hand it out, nor as a manual
+/// run); "q", with a 1 s starting deadline, does not run it, and the claim
+/// of 12:00:30 records it `missed`. Both requests are gone.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_job_runs_the_occurrence_it_missed_while_paused_at_once() {
+    use cronlease::store::{History, Locks, TriggerId};
+    let w = World::new(VirtualRunner::default());
+    let jobs = "[[job]]\nname = \"p\"\nschedule = \"*/10 * * * * *\"\ncommand = [\"/bin/true\"]\n\
+        [[job]]\nname = \"q\"\nschedule = \"*/10 * * * * *\"\nstarting_deadline = \"1s\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start("a", jobs);
+    w.until(t(15.0)).await;
+    let names = [
+        cronlease::config::JobName::parse("p").unwrap(),
+        cronlease::config::JobName::parse("q").unwrap(),
+    ];
+    let store = w.store.connection();
+    store.set_paused(&names, true).await.unwrap();
+    w.until(t(21.5)).await;
+    store.set_paused(&names, false).await.unwrap();
+    for name in &names {
+        let answer = store
+            .request_trigger(name, TriggerId::resumed(t(21.5)))
+            .await
+            .unwrap();
+        assert_eq!(answer, cronlease::store::TriggerAnswer::Accepted);
+    }
+    w.until(t(31.0)).await;
+    let runs: Vec<(String, i64, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .filter(|r| r.occurrence >= t(10.0))
+        .map(|r| {
+            (
+                r.job.clone(),
+                ms(r.occurrence - t(0.0)),
+                ms(r.started - t(0.0)),
+            )
+        })
+        .collect();
+    let of = |job: &str| -> Vec<(i64, i64)> {
+        runs.iter()
+            .filter(|r| r.0 == job)
+            .map(|r| (r.1, r.2))
+            .collect()
+    };
+    let p = of("p");
+    assert_eq!(p.len(), 3, "{runs:?}");
+    assert_eq!(p[0], (10_000, 10_000), "{runs:?}");
+    // 12:00:20, within a second of the resume (the 250 ms look and a claim).
+    assert_eq!(p[1].0, 20_000, "{runs:?}");
+    assert!((21_500..22_500).contains(&p[1].1), "{runs:?}");
+    assert_eq!(p[2], (30_000, 30_000), "{runs:?}");
+    assert_eq!(
+        of("q"),
+        vec![(10_000, 10_000), (30_000, 30_000)],
+        "{runs:?}"
+    );
+    let history = store.history(Some(&names[1]), 10).await.unwrap();
+    let missed: Vec<i64> = history
+        .iter()
+        .filter(|r| r.outcome == cronlease::store::Outcome::Missed)
+        .map(|r| ms(r.occurrence - t(0.0)))
+        .collect();
+    assert_eq!(missed, vec![20_000], "{history:?}");
+    assert_eq!(store.pending_triggers().await.unwrap(), vec![]);
+    a.stop().await;
+}
+
 /// With `starting_deadline`, an occurrence is claimed only within it: a
 /// node back 9.5 s after a missed occurrence with a 3 s deadline does not
 /// run it; the next occurrence's claim, which the store answers with that

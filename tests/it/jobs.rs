@@ -1332,3 +1332,135 @@ mod unheard {
         a_claim_its_daemon_never_heard_it_won_is_run_once_by_a_peer
     );
 }
+
+/// Catch-up on resume (docs/protocol.md): two nodes; both jobs paused over
+/// their T+6 occurrence and resumed with `cronlease resume` at T+7.3. "back"
+/// runs T+6 once across the cluster, at once (before T+12, where the store
+/// would hand it out), as its occurrence; "strict", with a 1 s deadline, is
+/// told it is past its start window, does not run T+6, and the claim of
+/// T+12 records it `missed`. Both run T+12.
+fn a_resumed_job_runs_the_occurrence_it_missed_while_paused_at_once(backend: Backend) {
+    let jobs = r#"
+[[job]]
+name = "back"
+schedule = "*/6 * * * * *"
+command = "echo back $CRONLEASE_OCCURRENCE $CRONLEASE_NODE $(date +%s.%N) >> '{out}'"
+
+[[job]]
+name = "strict"
+schedule = "*/6 * * * * *"
+starting_deadline = "1s"
+command = "echo strict $CRONLEASE_OCCURRENCE $CRONLEASE_NODE $(date +%s.%N) >> '{out}'"
+"#;
+    let mut c = Cluster::new(backend, Some(jobs), "");
+    c.start("n1");
+    c.start("n2");
+    let read = |c: &Cluster| std::fs::read_to_string(&c.out).unwrap_or_default();
+    let first = wait_until(
+        "both jobs' first run",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let text = read(&c);
+            let occ = |job: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(&format!("{job} ")))
+                    .and_then(|l| l.split(' ').nth(1))
+                    .map(str::to_string)
+            };
+            match (occ("back"), occ("strict")) {
+                (Some(a), Some(b)) if a == b => Some(a),
+                _ => None,
+            }
+        },
+    );
+    let out = c.cli("n1", &["pause", "back", "strict"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let t = chrono::DateTime::parse_from_rfc3339(&first)
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let at = |secs: f64| t + chrono::TimeDelta::milliseconds((secs * 1000.0) as i64);
+    let sleep_until = |when: chrono::DateTime<chrono::Utc>| {
+        if let Ok(d) = (when - chrono::Utc::now()).to_std() {
+            std::thread::sleep(d);
+        }
+    };
+    assert!(
+        chrono::Utc::now() < at(5.0),
+        "pausing took too long: {}",
+        c.report()
+    );
+    sleep_until(at(7.3));
+    let resumed_at = chrono::Utc::now();
+    let out = c.cli("n2", &["resume", "back", "strict"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let occ6 = at(6.0).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert!(
+        said.contains(&format!(
+            "back: its {occ6} occurrence, missed while it was paused, runs now on one node"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("strict: its {occ6} occurrence was missed while it was paused and is past its start window")),
+        "{said}"
+    );
+    sleep_until(at(13.5));
+    c.stop_all();
+    let text = read(&c);
+    let runs = |job: &str, occ: chrono::DateTime<chrono::Utc>| -> Vec<f64> {
+        let occ = occ.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{job} {occ} ")))
+            .filter_map(|l| l.split(' ').nth(3)?.parse().ok())
+            .collect()
+    };
+    let unix = |d: chrono::DateTime<chrono::Utc>| d.timestamp_millis() as f64 / 1000.0;
+    let report = c.report();
+    // "back": T+6 once, after the resume and before T+12; then T+12.
+    let caught = runs("back", at(6.0));
+    assert_eq!(caught.len(), 1, "T+6 of back: {caught:?}\n{text}\n{report}");
+    assert!(
+        caught[0] >= unix(resumed_at) && caught[0] < unix(at(12.0)),
+        "T+6 ran at {}, resumed at {resumed_at}\n{text}",
+        caught[0]
+    );
+    assert_eq!(runs("back", at(12.0)).len(), 1, "{text}");
+    // "strict": T+6 not run, recorded missed by T+12's claim; T+12 runs.
+    assert!(runs("strict", at(6.0)).is_empty(), "{text}");
+    assert_eq!(runs("strict", at(12.0)).len(), 1, "{text}");
+    let recorded = history(&c, "strict");
+    let missed: Vec<&serde_json::Value> = recorded
+        .iter()
+        .filter(|r| r["outcome"] == "missed")
+        .collect();
+    assert_eq!(missed.len(), 1, "{recorded:?}");
+    assert!(
+        missed[0]["occurrence"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&occ6[..19]),
+        "{:?}",
+        missed[0]
+    );
+    // Nothing ran as a manual run, and no request is left.
+    let back = history(&c, "back");
+    assert!(back.iter().all(|r| r["trigger"].is_null()), "{back:?}");
+    let status = c.cli_json("n1", &["status"]).unwrap();
+    assert!(
+        !status.to_string().contains("pending_trigger\":{"),
+        "{status}"
+    );
+}
+
+/// Catch-up on resume, on its own store split: a resume's request and its
+/// withdrawal are manual runs' requests (their path is in the conformance
+/// suite); the occurrence's claim is the occurrence's own rule.
+mod resumed {
+    use super::a_resumed_job_runs_the_occurrence_it_missed_while_paused_at_once;
+    crate::per_store!(
+        [redis] long [sqlite, mysql, postgres, sentinel, redlock, zookeeper, etcd];
+        a_resumed_job_runs_the_occurrence_it_missed_while_paused_at_once
+    );
+}
