@@ -726,7 +726,10 @@ mod tests {
 
     #[test]
     fn a_request_is_refused_while_a_run_is_in_progress_or_another_is_pending() {
-        let (t1, t2) = (TriggerId(11), TriggerId(12));
+        let (t1, t2) = (
+            TriggerId::from_stored(11).unwrap(),
+            TriggerId::from_stored(12).unwrap(),
+        );
         // Free (never claimed, expired, idle): accepted, and written.
         let mut idle = row(Some("b#1"), 4, 60_000, Some(19_000));
         idle.running = false;
@@ -758,7 +761,7 @@ mod tests {
 
     #[test]
     fn a_manual_claim_takes_only_its_pending_request_and_keeps_the_schedule() {
-        let id = TriggerId(7);
+        let id = TriggerId::from_stored(7).unwrap();
         let mut manual = req("a#1", 0, None, Misfire::RunOnce, 3);
         manual.manual = Some(id);
         // Pending, held idle by another owner, paused, the occurrence far
