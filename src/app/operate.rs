@@ -489,6 +489,16 @@ pub(super) async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> Exi
         );
         return ExitCode::SUCCESS;
     }
+    // Which of them were paused, and their last claimed occurrences, before
+    // the resume: only those catch up (below).
+    let before = if paused {
+        Vec::new()
+    } else {
+        match within(&config, store.status()).await {
+            Ok(rows) => rows,
+            Err(e) => return store_failure(&e),
+        }
+    };
     if let Err(e) = within(&config, store.set_paused(&jobs, paused)).await {
         return store_failure(&e);
     }
@@ -501,32 +511,29 @@ pub(super) async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> Exi
         return ExitCode::SUCCESS;
     }
     println!("resumed {}", names.join(", "));
-    catch_up_after_resume(&config, store.as_ref(), &jobs).await
+    catch_up_after_resume(&config, store.as_ref(), &jobs, &before).await
 }
 
 /// Catch-up on resume (docs/protocol.md, "Catch-up on resume"): for each
-/// resumed job with `misfire = "run_once"` whose latest occurrence was not
-/// claimed (missed while paused) and may still start (its start window,
-/// the first half of its gap), a resume's request
-/// ([`store::TriggerId::resumed`]) tells the nodes to claim it at once, by
-/// its own claim rule: once across the cluster. Older missed occurrences
-/// are not run. Exit 1 when a request could not be left (the jobs stay
-/// resumed; the next occurrence runs as usual).
+/// job that was paused (`before`: the lock rows read before the resume),
+/// has `misfire = "run_once"`, and whose latest occurrence was not claimed
+/// (missed while paused) but may still start (its start window, the first
+/// half of its gap), a resume's request ([`store::TriggerId::resumed`],
+/// stamped with the store's clock, as nodes judge it) tells the nodes to
+/// claim that occurrence at once, by its own claim rule: once across the
+/// cluster. A job never claimed has nothing to catch up; older missed
+/// occurrences are not run. A request that could not be left fails with
+/// the store's exit code (the jobs stay resumed; the next occurrence runs
+/// as usual).
 async fn catch_up_after_resume(
     config: &Config,
     store: &dyn store::Store,
     jobs: &[JobName],
+    before: &[store::LockStatus],
 ) -> ExitCode {
-    let rows = match within(config, store.status()).await {
-        Ok(rows) => rows,
-        Err(e) => {
-            eprintln!(
-                "cronlease: the jobs are resumed, but whether an occurrence was missed while they were paused could not be read; the next occurrence runs as usual"
-            );
-            return store_failure(&e);
-        }
-    };
-    let now = Utc::now();
+    let now = within(config, store.clock())
+        .await
+        .unwrap_or_else(|_| Utc::now());
     let mut code = ExitCode::SUCCESS;
     for name in jobs {
         let Some(job) = config.job(name.as_str()) else {
@@ -541,11 +548,9 @@ async fn catch_up_after_resume(
         let Some(latest) = job.schedule.previous_before(next) else {
             continue;
         };
-        let claimed = rows
-            .iter()
-            .find(|r| r.job == name.as_str())
-            .and_then(|r| r.last_occurrence);
-        if claimed.is_some_and(|c| c >= latest) {
+        let was = before.iter().find(|r| r.job == name.as_str());
+        let missed = was.is_some_and(|r| r.paused && r.last_occurrence.is_some_and(|c| c < latest));
+        if !missed {
             continue;
         }
         let when = rfc3339(latest);

@@ -29,6 +29,7 @@
 //! then its [`JobRuntime`].
 
 mod batch;
+mod catch_up;
 mod claim;
 pub mod clock;
 pub mod definitions;
@@ -38,7 +39,7 @@ mod membership;
 mod run;
 mod trigger;
 
-pub(crate) use claim::catch_up_open;
+pub(crate) use catch_up::catch_up_open;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -35,6 +35,10 @@ use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, TriggerId, l
 /// How often a node looks for pending requests: with the claim's round trip
 /// and the start, a request runs within a second of being made.
 pub(super) const POLL: Duration = Duration::from_millis(250);
+/// How long a resume's request waits for a node that has its job: a
+/// catch-up is over by the first half of the gap anyway, and a pending
+/// request holds up the job's other requests (`trigger`, a retry's).
+const RESUME_REQUEST_LIFE: Duration = Duration::from_secs(60);
 /// Claims of one request whose answer was lost, before the node gives up
 /// on it (a win among them stays unrun: its lease and running mark end
 /// with the lease, and `trigger --wait` says the run was not recorded).
@@ -87,11 +91,13 @@ impl Node {
             let now = self.wall.now();
             for (job, id) in pending {
                 // A resume's request: the occurrence missed while paused is
-                // claimed by its own rule, never as a manual run; one of a
-                // job no node runs is withdrawn once it expires.
+                // claimed by its own rule, never as a manual run; one that
+                // no node with the job took within RESUME_REQUEST_LIFE is
+                // withdrawn by any node.
                 if id.resumed_at().is_some() {
                     let mine = self.state_of(&job).is_some();
-                    if (mine || self.expired(id)) && self.triggers.start(&job, id) {
+                    let stale = id.age(now).is_some_and(|age| age > RESUME_REQUEST_LIFE);
+                    if (mine || stale) && self.triggers.start(&job, id) {
                         let node = self.clone();
                         self.life.handlers.spawn(async move {
                             node.catch_up_on_resume(&job, id).await;
