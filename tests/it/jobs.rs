@@ -654,36 +654,11 @@ on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
     c.start("n1");
     let read = |c: &Cluster| std::fs::read_to_string(&c.out).unwrap_or_default();
-    let first = wait_until(
-        "both jobs' first run",
-        Duration::from_secs(15),
-        || c.report(),
-        || {
-            let text = read(&c);
-            let occ = |job: &str| {
-                text.lines()
-                    .find(|l| l.starts_with(&format!("{job} ")))
-                    .and_then(|l| l.split(' ').nth(1))
-                    .map(str::to_string)
-            };
-            match (occ("back"), occ("strict")) {
-                (Some(a), Some(b)) if a == b => Some(a),
-                _ => None,
-            }
-        },
-    );
+    let t = first_run_of_both(&c, "back", "strict");
     c.signal("n1", Signal::SIGTERM);
     c.wait_exit("n1", Duration::from_secs(10))
         .expect("n1 stops");
-    let t = chrono::DateTime::parse_from_rfc3339(&first)
-        .unwrap()
-        .with_timezone(&chrono::Utc);
     let at = |secs: f64| t + chrono::TimeDelta::milliseconds((secs * 1000.0) as i64);
-    let sleep_until = |when: chrono::DateTime<chrono::Utc>| {
-        if let Ok(d) = (when - chrono::Utc::now()).to_std() {
-            std::thread::sleep(d);
-        }
-    };
     assert!(
         chrono::Utc::now() < at(3.0),
         "n1 took too long to stop: {}",
@@ -738,6 +713,39 @@ on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.
         hooks.contains(&format!("strict {} missed", missed["fence"])),
         "{hooks}"
     );
+}
+
+/// The occurrence both jobs `a` and `b` first ran, each writing
+/// `JOB OCCURRENCE ...` lines to the cluster's out file.
+fn first_run_of_both(c: &Cluster, a: &str, b: &str) -> chrono::DateTime<chrono::Utc> {
+    let first = wait_until(
+        "both jobs' first run",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let text = std::fs::read_to_string(&c.out).unwrap_or_default();
+            let occ = |job: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(&format!("{job} ")))
+                    .and_then(|l| l.split(' ').nth(1))
+                    .map(str::to_string)
+            };
+            match (occ(a), occ(b)) {
+                (Some(x), Some(y)) if x == y => Some(x),
+                _ => None,
+            }
+        },
+    );
+    chrono::DateTime::parse_from_rfc3339(&first)
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+}
+
+/// Sleeps until `when` by the wall clock (at once if it is past).
+fn sleep_until(when: chrono::DateTime<chrono::Utc>) {
+    if let Ok(d) = (when - chrono::Utc::now()).to_std() {
+        std::thread::sleep(d);
+    }
 }
 
 /// Process groups of processes whose command line names `marker`.
@@ -1356,35 +1364,10 @@ command = "echo strict $CRONLEASE_OCCURRENCE $CRONLEASE_NODE $(date +%s.%N) >> '
     c.start("n1");
     c.start("n2");
     let read = |c: &Cluster| std::fs::read_to_string(&c.out).unwrap_or_default();
-    let first = wait_until(
-        "both jobs' first run",
-        Duration::from_secs(30),
-        || c.report(),
-        || {
-            let text = read(&c);
-            let occ = |job: &str| {
-                text.lines()
-                    .find(|l| l.starts_with(&format!("{job} ")))
-                    .and_then(|l| l.split(' ').nth(1))
-                    .map(str::to_string)
-            };
-            match (occ("back"), occ("strict")) {
-                (Some(a), Some(b)) if a == b => Some(a),
-                _ => None,
-            }
-        },
-    );
+    let t = first_run_of_both(&c, "back", "strict");
     let out = c.cli("n1", &["pause", "back", "strict"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let t = chrono::DateTime::parse_from_rfc3339(&first)
-        .unwrap()
-        .with_timezone(&chrono::Utc);
     let at = |secs: f64| t + chrono::TimeDelta::milliseconds((secs * 1000.0) as i64);
-    let sleep_until = |when: chrono::DateTime<chrono::Utc>| {
-        if let Ok(d) = (when - chrono::Utc::now()).to_std() {
-            std::thread::sleep(d);
-        }
-    };
     assert!(
         chrono::Utc::now() < at(5.0),
         "pausing took too long: {}",
