@@ -249,6 +249,31 @@ fn jobs(n: usize) -> String {
         .collect()
 }
 
+/// Every run of an occurrence from `from` on: (job, occurrence, start),
+/// both in ms from 12:00:00.
+fn job_runs(w: &World, from: DateTime<Utc>) -> Vec<(String, i64, i64)> {
+    w.runner
+        .runs()
+        .iter()
+        .filter(|r| r.occurrence >= from)
+        .map(|r| {
+            (
+                r.job.clone(),
+                ms(r.occurrence - t(0.0)),
+                ms(r.started - t(0.0)),
+            )
+        })
+        .collect()
+}
+
+/// `job`'s (occurrence, start) in `runs` ([`job_runs`]).
+fn runs_of(runs: &[(String, i64, i64)], job: &str) -> Vec<(i64, i64)> {
+    runs.iter()
+        .filter(|r| r.0 == job)
+        .map(|r| (r.1, r.2))
+        .collect()
+}
+
 fn ms(d: chrono::TimeDelta) -> i64 {
     d.num_milliseconds()
 }
@@ -521,25 +546,8 @@ async fn a_resumed_job_runs_the_occurrence_it_missed_while_paused_at_once() {
         assert_eq!(answer, cronlease::store::TriggerAnswer::Accepted);
     }
     w.until(t(31.0)).await;
-    let runs: Vec<(String, i64, i64)> = w
-        .runner
-        .runs()
-        .iter()
-        .filter(|r| r.occurrence >= t(10.0))
-        .map(|r| {
-            (
-                r.job.clone(),
-                ms(r.occurrence - t(0.0)),
-                ms(r.started - t(0.0)),
-            )
-        })
-        .collect();
-    let of = |job: &str| -> Vec<(i64, i64)> {
-        runs.iter()
-            .filter(|r| r.0 == job)
-            .map(|r| (r.1, r.2))
-            .collect()
-    };
+    let runs = job_runs(&w, t(10.0));
+    let of = |job: &str| runs_of(&runs, job);
     let p = of("p");
     assert_eq!(p.len(), 3, "{runs:?}");
     assert_eq!(p[0], (10_000, 10_000), "{runs:?}");
@@ -581,24 +589,8 @@ async fn an_occurrence_past_its_starting_deadline_is_recorded_missed_not_run() {
     ghost_claimed(&w, "minute", t(-61.0)).await;
     let a = w.start("a", jobs);
     w.until(t(1.5)).await;
-    let runs: Vec<(String, i64, i64)> = w
-        .runner
-        .runs()
-        .iter()
-        .map(|r| {
-            (
-                r.job.clone(),
-                ms(r.occurrence - t(0.0)),
-                ms(r.started - t(0.0)),
-            )
-        })
-        .collect();
-    let of = |job: &str| -> Vec<(i64, i64)> {
-        runs.iter()
-            .filter(|r| r.0 == job)
-            .map(|r| (r.1, r.2))
-            .collect()
-    };
+    let runs = job_runs(&w, t(-3600.0));
+    let of = |job: &str| runs_of(&runs, job);
     // 11:59:50 is not run (9.5 s late at the start, past 3 s).
     assert_eq!(of("late"), vec![(0, 0)], "{runs:?}");
     // 11:59:59 is run at once (0.6 s late, within 1 s).
