@@ -25,6 +25,9 @@
 //! - [`telemetry`] sets up logging; [`metrics`] counts; [`http`] serves the
 //!   dashboard, `/api/*`, `/metrics` and `/healthz`; [`status`] gathers what
 //!   `status --json` and `/api/status` show; [`systemd`] speaks sd_notify.
+//! - [`webhook`] sends the runs' events; [`spool`] keeps on disk what must
+//!   survive a restart (undelivered webhooks, what a dead daemon's runs are
+//!   owed: [`guard::owed`]).
 //! - `fuzzing` (feature `fuzzing`, hidden): the store decoders, reachable by
 //!   the fuzz targets in `fuzz/` (docs/fuzzing.md).
 
@@ -50,6 +53,7 @@ pub mod node;
 pub mod output;
 pub mod pidfile;
 pub mod schedule;
+pub mod spool;
 pub mod status;
 pub mod store;
 pub mod systemd;

@@ -64,6 +64,10 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
             runner,
             metrics,
             webhooks: webhooks.clone(),
+            owed: Some(crate::spool::Spool::at(&crate::guard::owed::owed_dir(
+                &config.state_dir(),
+                config.node.as_str(),
+            ))),
             ..crate::node::NodeParts::daemon()
         },
     );

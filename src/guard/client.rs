@@ -171,6 +171,7 @@ impl Guard {
             node,
             keep,
             jobs,
+            owed_dir,
         } = handover;
         let mut chunks: Vec<Vec<String>> = jobs
             .chunks(HANDOVER_CHUNK)
@@ -186,6 +187,7 @@ impl Guard {
                 node: node.clone(),
                 keep,
                 jobs,
+                owed_dir: owed_dir.clone(),
             }));
             if self.shared.gone.load(Ordering::Relaxed)
                 || self.shared.send(&message, &[]).await.is_err()

@@ -53,6 +53,8 @@ use crate::launch::Launch;
 use crate::store::{MAX_REDELIVERIES, Outcome, Owner, RunRecord, StoreError, TriggerId, bounded};
 
 mod client;
+mod handover;
+pub mod owed;
 mod procs;
 mod server;
 pub use client::*;
@@ -106,7 +108,7 @@ enum Request {
     Handover(Box<Handover>),
     /// Claims the daemon won, sent as their answers arrive, before any of
     /// them starts: one the daemon dies without starting (or settling) is
-    /// handed back ([`hand_over`]).
+    /// handed back ([`handover::hand_over`]).
     Claimed { claims: Vec<RunNote> },
     /// Claims the daemon settled without starting a run (skipped, missed,
     /// not started, expired: their records are written): (job, fence).
@@ -128,6 +130,10 @@ pub struct Handover {
     /// Names of jobs whose leases the owner may hold (released
     /// owner-checked: another owner's lease is left alone).
     pub jobs: Vec<String>,
+    /// Where the runs it records are owed their `on_failure` and events
+    /// for the node's next daemon ([`owed`]); `None`: nowhere.
+    #[serde(default)]
+    pub owed_dir: Option<std::path::PathBuf>,
 }
 
 /// A run, as history records it if the daemon dies while it goes; or a won

@@ -36,6 +36,7 @@ pub mod definitions;
 pub mod health;
 pub mod lease;
 mod membership;
+pub mod owed;
 mod run;
 mod trigger;
 
@@ -332,6 +333,8 @@ pub struct Node {
     metrics: Arc<Metrics>,
     /// Where the runs' events are posted (`[[notify]]`), if anywhere.
     webhooks: Option<Arc<crate::webhook::Webhooks>>,
+    /// Where what runs are owed is kept for the next start ([`owed`]).
+    owed: Option<crate::spool::Spool>,
     notifier: Notifier,
     /// What time it is (occurrences are wall-clock instants).
     wall: Arc<dyn WallClock>,
@@ -443,6 +446,10 @@ pub struct NodeParts {
     pub metrics: Arc<Metrics>,
     /// Where the runs' events are posted (`[[notify]]`), if anywhere.
     pub webhooks: Option<Arc<crate::webhook::Webhooks>>,
+    /// Where the hooks and events of runs this daemon cannot follow (a
+    /// dead daemon's, a stopping one's) are kept for the next start
+    /// ([`owed`]); `None`: nowhere, they are not given.
+    pub owed: Option<crate::spool::Spool>,
 }
 
 impl NodeParts {
@@ -465,6 +472,7 @@ impl NodeParts {
             runner: Arc::new(ProcessRunner::default()),
             metrics: Arc::new(Metrics::new()),
             webhooks: None,
+            owed: None,
         }
     }
 
@@ -478,6 +486,7 @@ impl NodeParts {
             runner,
             metrics: Arc::new(Metrics::new()),
             webhooks: None,
+            owed: None,
         }
     }
 }
@@ -511,6 +520,7 @@ impl Node {
             runner,
             metrics,
             webhooks,
+            owed,
         } = parts;
         let root = CancellationToken::new();
         let started_at = wall.now();
@@ -553,6 +563,7 @@ impl Node {
             step_down_until: Mutex::new(None),
             metrics,
             webhooks,
+            owed,
             notifier,
             wall,
             runner,
@@ -720,6 +731,10 @@ impl Node {
         self.life
             .handlers
             .spawn(async move { node.watch_triggers().await });
+        let node = self.clone();
+        self.life
+            .handlers
+            .spawn(async move { node.settle_owed().await });
         shutdown.cancelled().await;
         self.shut_down().await;
         self.life.root.cancel();
@@ -1018,6 +1033,7 @@ impl Node {
                 node: node.name.to_string(),
                 keep: node.history_limit(),
                 jobs: node.job_names().iter().map(ToString::to_string).collect(),
+                owed_dir: node.owed.as_ref().map(|s| s.dir().to_path_buf()),
             };
             if !guard.hand_over(handover).await {
                 tracing::warn!(

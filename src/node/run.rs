@@ -35,21 +35,21 @@ use crate::store::{Outcome, Renewal, RunRecord, StoreError, TriggerId};
 const RECOVERY_LOOKBACK: u32 = 20;
 
 /// How a run ended, for the hooks that follow it.
-struct Ended {
-    outcome: Outcome,
-    exit_code: Option<i32>,
-    started_at: DateTime<Utc>,
-    finished_at: DateTime<Utc>,
-    duration_ms: i64,
+pub(super) struct Ended {
+    pub(super) outcome: Outcome,
+    pub(super) exit_code: Option<i32>,
+    pub(super) started_at: DateTime<Utc>,
+    pub(super) finished_at: DateTime<Utc>,
+    pub(super) duration_ms: i64,
     /// The output tail, as history keeps it.
-    output: String,
+    pub(super) output: String,
     /// An `ok` run whose previous run failed (looked up only when a hook
     /// or a webhook wants to know).
-    recovered: bool,
+    pub(super) recovered: bool,
     /// A failure tried again (`retry`): the next attempt's request, in the
     /// store. Not the occurrence's final outcome: no `on_failure`, no
     /// failure event.
-    retry: Option<TriggerId>,
+    pub(super) retry: Option<TriggerId>,
 }
 
 impl Ended {
@@ -208,16 +208,8 @@ impl Node {
         let notify = async {
             // The outcome's event first: spooled at once. `recovered` needs
             // a history read. A failure to be tried again has none (yet).
-            let event = match &ended.outcome {
-                Outcome::Ok => Some("succeeded"),
-                o if o.is_failure() && retry.is_none() => Some(o.as_str()),
-                _ => None,
-            };
-            if let (Some(w), Some(event)) = (webhooks, event)
-                && w.wants(name, event)
-            {
-                w.event(self.webhook_event(w, name, ticket, &ended, event))
-                    .await;
+            if retry.is_none() {
+                self.spool_events(name, ticket, &ended).await;
             }
             let recovered = ended.outcome == Outcome::Ok
                 && (job.on_recovery.is_some()
@@ -245,6 +237,20 @@ impl Node {
             }
         }
         ended
+    }
+
+    /// Spools the event of the final outcome of the run that `ended` (`ok`:
+    /// `succeeded`; a failure: its outcome) for the webhooks that want it.
+    pub(super) async fn spool_events(&self, job: &str, ticket: RunTicket, ended: &Ended) {
+        let event = match &ended.outcome {
+            Outcome::Ok => "succeeded",
+            o if o.is_failure() => o.as_str(),
+            _ => return,
+        };
+        if let Some(w) = self.webhooks.as_deref().filter(|w| w.wants(job, event)) {
+            w.event(self.webhook_event(w, job, ticket, ended, event))
+                .await;
+        }
     }
 
     /// The next attempt's request if the run that `ended` is tried again
@@ -354,7 +360,7 @@ impl Node {
     /// failure ([`Outcome::is_failure`]); after `ok`, `on_success`, and
     /// `on_recovery` when the job's previous run in history (any node's)
     /// failed. Both of those go at once.
-    async fn after_run(&self, state: &JobState, ticket: RunTicket, ended: &Ended) {
+    pub(super) async fn after_run(&self, state: &JobState, ticket: RunTicket, ended: &Ended) {
         if ended.outcome.is_failure() {
             if ended.retry.is_none() {
                 self.hook(state, ticket, Hook::Failure, ended).await;
@@ -470,7 +476,17 @@ impl Node {
             hook.env.insert(name.into(), value);
         }
         if self.life.kill_runs.is_cancelled() {
-            tracing::info!(job = %job.name, fence = ticket.fence, outcome = %ended.outcome, "{key} not started: the daemon is shutting down");
+            // A failure's hook is kept for the next start ([`super::owed`]).
+            match which {
+                Hook::Failure => {
+                    let owed =
+                        super::owed::of_run(job.name.as_str(), ticket, ended, self.wall.now());
+                    self.owe(owed).await;
+                }
+                _ => {
+                    tracing::info!(job = %job.name, fence = ticket.fence, outcome = %ended.outcome, "{key} not started: the daemon is shutting down")
+                }
+            }
             return;
         }
         let spec = RunSpec {

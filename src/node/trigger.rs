@@ -392,7 +392,7 @@ impl Node {
     }
 
     /// The state of the configured job named `job`, if there is one.
-    fn state_of(&self, job: &str) -> Option<Arc<JobState>> {
+    pub(super) fn state_of(&self, job: &str) -> Option<Arc<JobState>> {
         let name = crate::config::JobName::parse(job).ok()?;
         let jobs = self.jobs.lock().ok()?;
         jobs.get(&name).map(|e| e.state.clone())

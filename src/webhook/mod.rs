@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Webhook};
 use crate::metrics::{Metrics, WebhookLabel};
+use crate::spool::Spooled as _;
 pub use body::Event;
 use spool::{Pending, Spool};
 
@@ -113,7 +114,7 @@ impl Webhooks {
             let dir = dir.clone();
             tokio::task::spawn_blocking(move || {
                 let spool = Spool::open(&dir)?;
-                let (found, problems) = spool.load();
+                let (found, problems) = spool.load::<Pending>();
                 Ok::<_, std::io::Error>((spool, found, problems))
             })
             .await

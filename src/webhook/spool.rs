@@ -1,16 +1,13 @@
-//! The spool: every undelivered webhook event as one file in
-//! `STATE_DIR/notify-NODE/`, written (to a temporary name, synced, renamed)
-//! before it is first sent and removed once it is delivered or given up,
-//! so a daemon that stops or dies with deliveries pending sends them when
-//! it starts again. Blocking file I/O: called off the runtime.
-
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+//! The webhook spool: every undelivered webhook event as one file in
+//! `STATE_DIR/notify-NODE/` ([`crate::spool`]), written before it is first
+//! sent and removed once it is delivered or given up, so a daemon that
+//! stops or dies with deliveries pending sends them when it starts again.
+//! Blocking file I/O: called off the runtime.
 
 use serde::{Deserialize, Serialize};
 
 use super::body::Event;
+pub use crate::spool::Spool;
 
 /// One delivery of one event to one webhook, as spooled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,114 +23,16 @@ pub struct Pending {
     pub next_ms: i64,
 }
 
-impl Pending {
-    /// Its file's name: oldest first in name order; unique per webhook
-    /// and event (job names and webhook names are `[A-Za-z0-9_.-]`).
-    pub fn file_name(&self) -> String {
+impl crate::spool::Spooled for Pending {
+    /// Oldest first in name order; unique per webhook and event (job names
+    /// and webhook names are `[A-Za-z0-9_.-]`).
+    fn file_name(&self) -> String {
         format!(
             "{:013}-{}-{}.json",
             self.created_ms.max(0),
             self.target,
             self.event.delivery
         )
-    }
-}
-
-/// The spool directory.
-#[derive(Debug, Clone)]
-pub struct Spool {
-    dir: PathBuf,
-}
-
-impl Spool {
-    /// Opens `dir`, making it (mode 0700: events carry output) if needed.
-    pub fn open(dir: &Path) -> std::io::Result<Spool> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        // One made before (by hand, by another umask) is closed too.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        Ok(Spool {
-            dir: dir.to_path_buf(),
-        })
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Every spooled delivery, oldest first, and a line for each file that
-    /// could not be read back (renamed `*.bad`, kept for the operator).
-    pub fn load(&self) -> (Vec<Pending>, Vec<String>) {
-        let mut found = Vec::new();
-        let mut problems = Vec::new();
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) => {
-                problems.push(format!("cannot list {}: {e}", self.dir.display()));
-                return (found, problems);
-            }
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                // A write that did not finish: its event was never sent.
-                let _ = std::fs::remove_file(&path);
-                continue;
-            }
-            if !name.ends_with(".json") {
-                continue;
-            }
-            match std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<Pending>(&b).map_err(|e| e.to_string()))
-            {
-                Ok(p) if p.file_name() == name => found.push(p),
-                read => {
-                    let why = match read {
-                        Err(e) => format!("is unreadable ({e})"),
-                        Ok(_) => "does not match its name".to_string(),
-                    };
-                    let bad = path.with_extension("json.bad");
-                    let _ = std::fs::rename(&path, &bad);
-                    problems.push(format!(
-                        "{} {why}; kept as {}",
-                        path.display(),
-                        bad.display()
-                    ));
-                }
-            }
-        }
-        found.sort_by_key(|p| (p.created_ms, p.file_name()));
-        (found, problems)
-    }
-
-    /// Writes `p` (new, or its next attempt) durably.
-    pub fn write(&self, p: &Pending) -> std::io::Result<()> {
-        let name = p.file_name();
-        let tmp = self.dir.join(format!(".{name}.tmp"));
-        let bytes = serde_json::to_vec(p).map_err(std::io::Error::other)?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, self.dir.join(&name))?;
-        Ok(())
-    }
-
-    /// Removes `p`'s file (delivered or given up); a file already gone is
-    /// no error.
-    pub fn remove(&self, p: &Pending) -> std::io::Result<()> {
-        match std::fs::remove_file(self.dir.join(p.file_name())) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
     }
 }
 
@@ -178,12 +77,12 @@ mod tests {
         let mut a2 = a.clone();
         a2.attempts = 3;
         spool.write(&a2).unwrap();
-        let (found, problems) = spool.load();
+        let (found, problems) = spool.load::<Pending>();
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(found, vec![b.clone(), a2.clone()]);
         spool.remove(&b).unwrap();
         spool.remove(&b).unwrap();
-        assert_eq!(spool.load().0, vec![a2]);
+        assert_eq!(spool.load::<Pending>().0, vec![a2]);
     }
 
     #[test]
@@ -200,7 +99,7 @@ mod tests {
             b"{",
         )
         .unwrap();
-        let (found, problems) = spool.load();
+        let (found, problems) = spool.load::<Pending>();
         assert!(found.is_empty());
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("unreadable"), "{problems:?}");

@@ -347,3 +347,149 @@ fn webhooks_are_signed_sent_once_across_nodes_retried_and_kept_over_a_restart() 
         assert!(!log.contains("token-in-path"), "{log}");
     }
 }
+
+/// `{out}.EXT`, a file the jobs write beside the output file.
+fn side(out: &std::path::Path, ext: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("{}.{ext}", out.display()))
+}
+
+/// The `on_failure` lines of the job "slow" (`fence outcome exit_code node`).
+fn failures(out: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(side(out, "failures"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The fences of the job's runs recorded `killed`, oldest first.
+fn killed(c: &Cluster, job: &str) -> Vec<u64> {
+    runs(c, job)
+        .into_iter()
+        .filter(|(_, outcome, _)| outcome == "killed")
+        .map(|(fence, _, _)| fence)
+        .collect()
+}
+
+/// Waits until the job "slow" has started `n` runs (its start lines).
+fn started(c: &Cluster, n: usize) {
+    let out = c.out.clone();
+    wait_until(
+        &format!("{n} runs of slow started"),
+        Duration::from_secs(20),
+        || c.report(),
+        || {
+            let lines = std::fs::read_to_string(side(&out, "started")).unwrap_or_default();
+            (lines.lines().count() >= n).then_some(())
+        },
+    );
+}
+
+#[test]
+fn runs_a_daemon_could_not_follow_get_on_failure_and_events_at_its_next_start() {
+    let rx = Receiver::start();
+    rx.down.store(false, Ordering::SeqCst);
+    let url = format!("http://127.0.0.1:{}", rx.port);
+    // A run that outlives its daemon: killed by the guard (SIGKILL of the
+    // daemon), then at the end of shutdown_grace (SIGTERM).
+    let jobs = "[[job]]\nname = \"slow\"\nschedule = \"* * * * * *\"\ncommand = \"echo $CRONLEASE_FENCE >> '{out}.started'; sleep 60\"\non_failure = \"echo \\\"$CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_EXIT_CODE $CRONLEASE_NODE\\\" >> '{out}.failures'\"\n";
+    let extra = format!(
+        "shutdown_grace = \"1s\"\n[[notify]]\nname = \"ops\"\nurl = \"{url}/ops\"\nevents = [\"killed\"]\ntimeout = \"2s\"\n"
+    );
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), &extra);
+    let out = c.out.clone();
+    c.start("n1");
+    started(&c, 1);
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(10)).unwrap();
+    let first = wait_until(
+        "the guard's killed record",
+        Duration::from_secs(10),
+        || c.report(),
+        || killed(&c, "slow").first().copied(),
+    );
+    // No daemon is left to give them: the guard keeps them for the next.
+    let owed = c.dir.path().join("owed-n1");
+    wait_until(
+        "what the killed run is owed, on disk",
+        Duration::from_secs(10),
+        || c.report(),
+        || (std::fs::read_dir(&owed).map_or(0, |d| d.count()) >= 1).then_some(()),
+    );
+    assert!(failures(&out).is_empty(), "{:?}", failures(&out));
+    assert!(rx.seen().is_empty());
+    c.start("n1");
+    let want_first = format!("{first} killed 137 n1");
+    wait_until(
+        "on_failure of the run the guard killed",
+        Duration::from_secs(20),
+        || format!("{:?}\n{}", failures(&out), c.report()),
+        || failures(&out).contains(&want_first).then_some(()),
+    );
+    let delivered = |fence: u64| {
+        rx.seen()
+            .iter()
+            .filter(|r| {
+                r.status == 200
+                    && r.headers["x-cronlease-delivery"] == format!("slow-{fence}-killed")
+            })
+            .count()
+    };
+    wait_until(
+        "the killed event of the run the guard killed",
+        Duration::from_secs(20),
+        || c.report(),
+        || (delivered(first) == 1).then_some(()),
+    );
+    // Given once: the file is gone.
+    assert_eq!(std::fs::read_dir(&owed).unwrap().count(), 0);
+    // A run killed at the end of shutdown_grace: no hook starts while the
+    // daemon stops; the next start runs it.
+    let before = std::fs::read_to_string(side(&out, "started"))
+        .unwrap()
+        .lines()
+        .count();
+    started(&c, before + 1);
+    c.signal("n1", Signal::SIGTERM);
+    c.wait_exit("n1", Duration::from_secs(15)).unwrap();
+    let second = *killed(&c, "slow").last().unwrap();
+    assert!(second > first, "{:?}", runs(&c, "slow"));
+    assert!(
+        !failures(&out)
+            .iter()
+            .any(|l| l.starts_with(&format!("{second} "))),
+        "{:?}",
+        failures(&out)
+    );
+    c.start("n1");
+    wait_until(
+        "on_failure of the run killed at the end of shutdown_grace",
+        Duration::from_secs(20),
+        || format!("{:?}\n{}", failures(&out), c.report()),
+        || {
+            failures(&out)
+                .iter()
+                .any(|l| l.starts_with(&format!("{second} killed ")))
+                .then_some(())
+        },
+    );
+    wait_until(
+        "the killed event of the run killed at the end of shutdown_grace",
+        Duration::from_secs(20),
+        || c.report(),
+        || (delivered(second) == 1).then_some(()),
+    );
+    c.stop_all();
+    // Each once: one hook line and one delivery per killed run.
+    let lines = failures(&out);
+    for fence in [first, second] {
+        let n = lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("{fence} ")))
+            .count();
+        assert_eq!(n, 1, "{lines:?}");
+        assert_eq!(delivered(fence), 1);
+    }
+    let log = c.log("n1");
+    assert!(log.contains("its on_failure follows now"), "{log}");
+}
