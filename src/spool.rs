@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+/// A temporary file older than this is a write that did not finish.
+const TORN_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What a spool keeps: serialized as JSON under its own file name.
 pub trait Spooled: Serialize + DeserializeOwned {
     /// Its file's name, ending `.json`, unique among what the spool keeps;
@@ -71,8 +74,18 @@ impl Spool {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
             if name.starts_with('.') && name.ends_with(".tmp") {
-                // A write that did not finish: what it held was never acted on.
-                let _ = std::fs::remove_file(&path);
+                // A write that did not finish (what it held was never acted
+                // on), unless it is recent: another process (the guard) may
+                // be writing it now.
+                let stale = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_none_or(|age| age >= TORN_AFTER);
+                if stale {
+                    let _ = std::fs::remove_file(&path);
+                }
                 continue;
             }
             if !name.ends_with(".json") {

@@ -247,10 +247,10 @@ pub(super) fn hand_over(
             return;
         }
     };
-    // The claims handed back to run again; the records of those it never
-    // heard of.
+    // The claims handed back to run again; whether what `records` are owed
+    // is kept yet.
     let mut taken: Vec<(String, u64)> = Vec::new();
-    let mut unheard_records: Vec<RunRecord> = Vec::new();
+    let mut owed = false;
     let handed = runtime.block_on(async {
         let within = config.op_timeout;
         // Bounded like every call: a store that accepts the connection and
@@ -274,7 +274,13 @@ pub(super) fn hand_over(
         // jobs are gone, nothing runs on these leases any more.
         let released = bounded(within, store.release(&jobs, &owner))
             .await
-            .map_err(call("releasing its leases"))?;
+            .map_err(call("releasing its leases"));
+        // What the final records are owed, kept now: after the peers'
+        // takeover (which waits for no disk), before the look below, so a
+        // next daemon started meanwhile finds it sooner.
+        owe(owed_dir.as_deref(), &records, &taken);
+        owed = true;
+        let released = released?;
         // Claims the daemon won and never heard of (killed with the answer
         // on its way): the store names this owner the job's last one, at a
         // fence the daemon never told. After the release, so the peers'
@@ -295,6 +301,7 @@ pub(super) fn hand_over(
             }
         };
         let heard_of_none = unheard.len();
+        let mut handed_back_unheard = 0;
         if !unheard.is_empty() {
             let names: Vec<JobName> = unheard
                 .iter()
@@ -306,18 +313,22 @@ pub(super) fn hand_over(
                     "cronlease __guard: the claims the daemon won and never heard of are not recorded: {e}"
                 );
             }
-            taken.extend(ask_again(store.as_ref(), &again, within).await);
-            unheard_records = records;
+            let unheard_taken = ask_again(store.as_ref(), &again, within).await;
+            owe(owed_dir.as_deref(), &records, &unheard_taken);
+            handed_back_unheard = unheard_taken.len();
             // A claim the store decided after the release above holds a
             // live lease still.
             let _ = bounded(within, store.release(&names, &owner)).await;
         }
         let _ = bounded(within, store.leave(&owner)).await;
-        recorded.map(|()| (released, taken.len(), heard_of_none))
+        recorded.map(|()| (released, taken.len() + handed_back_unheard, heard_of_none))
     });
     let took = died.elapsed().as_millis();
-    records.extend(unheard_records);
-    owe(owed_dir.as_deref(), &records, &taken);
+    if !owed {
+        // The store could not be reached: no record was written and nothing
+        // handed back, but the runs ended all the same.
+        owe(owed_dir.as_deref(), &records, &taken);
+    }
     match handed {
         Ok((released, handed_back, unheard)) => eprintln!(
             "cronlease __guard: the daemon died: {killed} interrupted runs recorded killed, {} claims it never started recorded not_started ({unheard} of them it never heard of; {handed_back} handed back to run again), {released} leases released, {took} ms after its death",

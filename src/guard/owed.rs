@@ -2,7 +2,7 @@
 //! and, for the guard's records, its webhook events (docs/protocol.md,
 //! "Hooks and events a daemon could not give"). One [`Owed`] per run, one
 //! file each in `STATE_DIR/owed-NODE/` ([`crate::spool`]), written by the
-//! guard after it handed a dead daemon's work over ([`super::server`]), or
+//! guard after it handed a dead daemon's work over ([`super::handover`]), or
 //! by a stopping daemon for a run killed at the end of `shutdown_grace`;
 //! given by the node's next daemon when it starts
 //! ([`crate::node::owed`]).
@@ -45,9 +45,10 @@ pub struct Owed {
 }
 
 impl Spooled for Owed {
-    /// Oldest first; one per run (a job's fences are unique).
+    /// One per run (a job's fences are unique): a run owed again replaces
+    /// what it was owed before.
     fn file_name(&self) -> String {
-        format!("{:013}-{}-{}.json", self.at_ms.max(0), self.job, self.fence)
+        format!("{}-{}.json", self.job, self.fence)
     }
 }
 
@@ -122,16 +123,20 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn what_is_owed_is_written_privately_and_read_back_oldest_first() {
+    fn what_is_owed_is_written_privately_and_read_back_once_per_run() {
         let dir = tempfile::tempdir().unwrap();
         let owed_here = owed_dir(dir.path(), "n1");
         let at = Utc::now();
         let killed = Owed::of_record(&record("backup", 7, Outcome::Killed), at);
         let unstarted = Owed::of_record(&record("report", 9, Outcome::NotStarted), at);
         assert!(write_owed(&owed_here, &[unstarted.clone(), killed.clone()]).is_empty());
+        // Owed again (a later write of the same run): one entry, the last.
+        let mut later = unstarted.clone();
+        later.at_ms += 1000;
+        assert!(write_owed(&owed_here, &[later.clone()]).is_empty());
         let (found, problems) = Spool::at(&owed_here).load::<Owed>();
         assert!(problems.is_empty(), "{problems:?}");
-        assert_eq!(found, vec![killed.clone(), unstarted]);
+        assert_eq!(found, vec![killed.clone(), later]);
         assert!(killed.events);
         assert_eq!(killed.outcome, "killed");
         // The directory is private: the entries carry output.

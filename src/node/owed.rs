@@ -4,11 +4,13 @@
 //! owed their `on_failure` and webhook events; a run killed at the end of
 //! `shutdown_grace` its `on_failure` ([`Node::owe`]).
 //!
-//! The node's next daemon reads them when it starts ([`Node::settle_owed`]):
+//! The node's next daemon reads them when it starts, and once more
+//! [`SECOND_LOOK`] later ([`Node::settle_owed`]):
 //! it spools the events (with the delivery ids the dead daemon would have
 //! used, `JOB-FENCE-EVENT`), removes the file, then runs the hook: a daemon
 //! that dies in between sends the events (from the webhook spool) and does
-//! not run the hook again. What is older than [`OWED_LIFE`], or of a job no
+//! not run the hook again; one that cannot remove the file does not run it
+//! now. What is older than [`OWED_LIFE`], or of a job no
 //! longer configured, is dropped with a WARN. A host that does not come
 //! back loses them, as it loses its webhook spool.
 
@@ -20,11 +22,17 @@ use chrono::{DateTime, Utc};
 use super::Node;
 use super::run::{Ended, RunTicket};
 use crate::guard::owed::{Owed, write_owed};
+use crate::spool::Spool;
 use crate::store::{Outcome, TriggerId};
 
 /// What is owed longer than this when a daemon starts is dropped (a WARN
 /// each): as long as a webhook delivery is tried.
 pub const OWED_LIFE: Duration = crate::webhook::MAX_AGE;
+
+/// The second look for what is owed, after the start: longer than a dead
+/// daemon's guard takes to hand over (systemd's stop waits for it at most
+/// [`crate::systemd::GUARD_WITHIN`]).
+pub const SECOND_LOOK: Duration = Duration::from_secs(crate::systemd::GUARD_WITHIN.as_secs() + 10);
 
 /// The hook of a run of `job` that `ended` while its daemon stopped.
 pub(super) fn of_run(job: &str, ticket: RunTicket, ended: &Ended, at: DateTime<Utc>) -> Owed {
@@ -73,15 +81,26 @@ fn ended(owed: &Owed) -> Ended {
 }
 
 impl Node {
-    /// Gives what the node's previous daemons left owed ([`self`]): each
-    /// entry's events spooled, its file removed, then its `on_failure`
-    /// started (in the runs' tracker: shutdown waits for it, and kills it
-    /// with the runs). Stops at shutdown, leaving the rest for the next
-    /// start.
+    /// Gives what the node's previous daemons left owed: at start, and
+    /// once more [`SECOND_LOOK`] later (a dead daemon's guard may still be
+    /// handing over when a daemon started by hand, not by systemd, begins).
+    /// Stops at shutdown, leaving the rest for the next start.
     pub(super) async fn settle_owed(self: &Arc<Self>) {
         let Some(spool) = self.owed.clone() else {
             return;
         };
+        self.settle_owed_in(&spool).await;
+        tokio::select! {
+            () = self.life.claims.cancelled() => {}
+            () = tokio::time::sleep(SECOND_LOOK) => self.settle_owed_in(&spool).await,
+        }
+    }
+
+    /// Each entry in `spool`: its events spooled, its file removed, then its
+    /// `on_failure` started (in the runs' tracker: shutdown waits for it,
+    /// and kills it with the runs). An entry whose file cannot be removed
+    /// is not given now (it would be given again at every start).
+    async fn settle_owed_in(self: &Arc<Self>, spool: &Spool) {
         let loaded = {
             let spool = spool.clone();
             tokio::task::spawn_blocking(move || spool.load::<Owed>())
@@ -100,24 +119,23 @@ impl Node {
             );
         }
         for owed in found {
-            if self.life.kill_runs.is_cancelled() {
+            if self.life.claims.is_cancelled() {
                 return;
             }
-            let age = Utc::now().timestamp_millis().saturating_sub(owed.at_ms);
-            let state = self.state_of(&owed.job);
-            match (&state, age > OWED_LIFE.as_millis() as i64) {
-                (_, true) => {
-                    tracing::warn!(job = %owed.job, fence = owed.fence, outcome = %owed.outcome, "the on_failure and events this run is owed are dropped: older than {OWED_LIFE:?}");
-                }
-                (None, false) => {
-                    tracing::warn!(job = %owed.job, fence = owed.fence, outcome = %owed.outcome, "the on_failure and events this run is owed are dropped: the job is not configured any more");
-                }
-                (Some(_), false) => {
-                    if owed.events {
-                        self.spool_events(&owed.job, ticket(&owed), &ended(&owed))
-                            .await;
-                    }
-                }
+            let age = self
+                .wall
+                .now()
+                .timestamp_millis()
+                .saturating_sub(owed.at_ms);
+            let fresh = age <= OWED_LIFE.as_millis() as i64;
+            let state = self.state_of(&owed.job).filter(|_| fresh);
+            if !fresh {
+                tracing::warn!(job = %owed.job, fence = owed.fence, outcome = %owed.outcome, "the on_failure and events this run is owed are dropped: older than {OWED_LIFE:?}");
+            } else if state.is_none() {
+                tracing::warn!(job = %owed.job, fence = owed.fence, outcome = %owed.outcome, "the on_failure and events this run is owed are dropped: the job is not configured any more");
+            } else if owed.events {
+                self.spool_events(&owed.job, ticket(&owed), &ended(&owed))
+                    .await;
             }
             let removed = {
                 let (spool, owed) = (spool.clone(), owed.clone());
@@ -126,10 +144,10 @@ impl Node {
                     .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
             };
             if let Err(e) = removed {
-                // Given again at the next start: better twice than never.
-                tracing::warn!(job = %owed.job, fence = owed.fence, dir = %spool.dir().display(), "cannot remove what a run was owed ({e}): it is given again at the next start");
+                tracing::warn!(job = %owed.job, fence = owed.fence, dir = %spool.dir().display(), "cannot remove what a run is owed ({e}): its on_failure is not started now, and it is given again at the next start");
+                continue;
             }
-            if let Some(state) = state.filter(|_| age <= OWED_LIFE.as_millis() as i64) {
+            if let Some(state) = state {
                 tracing::info!(job = %owed.job, fence = owed.fence, outcome = %owed.outcome, "a run of an earlier daemon of this node ended {}: its on_failure follows now", owed.outcome);
                 let node = self.clone();
                 self.life.runs.spawn(async move {
@@ -173,6 +191,7 @@ mod tests {
         let owed = Owed::of_record(&record("backup", 7, Outcome::Killed), Utc::now());
         let (t, e) = (ticket(&owed), ended(&owed));
         assert_eq!((t.fence, t.takeover, t.decision_ms), (7, true, 12));
+        assert!(t.trigger.is_some());
         assert_eq!(t.trigger, TriggerId::from_stored(0x1234_5678_9abc));
         assert_eq!(t.occurrence, owed.occurrence);
         assert_eq!(

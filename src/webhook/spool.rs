@@ -86,7 +86,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_file_is_set_aside_and_a_torn_write_dropped() {
+    fn an_unreadable_file_is_set_aside_and_an_old_torn_write_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let spool = Spool::open(dir.path()).unwrap();
         std::fs::write(
@@ -94,8 +94,19 @@ mod tests {
             b"{not json",
         )
         .unwrap();
+        // A torn write from before (old), and one another process may be
+        // making now (fresh).
+        let torn = dir.path().join(".0000000001000-ops-x-2-failed.json.tmp");
+        std::fs::write(&torn, b"{").unwrap();
+        let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&torn)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
         std::fs::write(
-            dir.path().join(".0000000001000-ops-x-2-failed.json.tmp"),
+            dir.path().join(".0000000001000-ops-x-3-failed.json.tmp"),
             b"{",
         )
         .unwrap();
@@ -108,6 +119,12 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
             .collect();
         names.sort();
-        assert_eq!(names, vec!["0000000001000-ops-x-1-failed.json.bad"]);
+        assert_eq!(
+            names,
+            vec![
+                ".0000000001000-ops-x-3-failed.json.tmp",
+                "0000000001000-ops-x-1-failed.json.bad"
+            ]
+        );
     }
 }
