@@ -33,11 +33,13 @@ mod catch_up;
 mod claim;
 pub mod clock;
 pub mod definitions;
+mod guard_link;
 pub mod health;
 pub mod lease;
 mod membership;
 pub mod owed;
 mod run;
+mod service;
 mod trigger;
 
 pub(crate) use catch_up::catch_up_open;
@@ -55,14 +57,13 @@ use crate::config::{Config, Job, JobName, NodeName};
 use crate::exec::{ProcessRunner, Runner};
 use crate::guard::Guard;
 use crate::metrics::{Metrics, OpLabel};
-use crate::store::{
-    ClaimOutcome, ClaimRequest, Outcome, Owner, Renewal, RunRecord, Store, StoreError,
-};
+use crate::store::{ClaimOutcome, ClaimRequest, Owner, Renewal, RunRecord, Store, StoreError};
 use crate::systemd::Notifier;
 use crate::wallclock::{SystemClock, WallClock};
 use batch::Batcher;
 use chrono::{DateTime, Utc};
 use clock::ClockWatch;
+use guard_link::GuardLink;
 use health::StoreHealth;
 
 /// How long renewals are gathered before their store call: those due
@@ -305,14 +306,6 @@ struct JobEntry {
     handlers_stop: CancellationToken,
 }
 
-/// The scheduler is stuck when its last heartbeat (ms since the node's
-/// epoch) is older than two maximal sleeps plus slack: the systemd watchdog
-/// ping is withheld, so systemd restarts a daemon whose claiming has stopped.
-fn scheduler_stuck(beat: u64, now_ms: u64) -> bool {
-    let stale_after = (2 * claim::MAX_SLEEP).as_millis() as u64 + 5_000;
-    now_ms.saturating_sub(beat) > stale_after
-}
-
 /// A running cronlease node.
 pub struct Node {
     owner: Owner,
@@ -362,16 +355,6 @@ struct Settings {
     history_limit: std::sync::atomic::AtomicU32,
     /// Ping the store when it has been quiet for half a margin (`/healthz`).
     keep_health_fresh: bool,
-}
-
-/// The job guard process and what it is told.
-struct GuardLink {
-    process: Option<Guard>,
-    /// The store, as the guard needs it to hand over for this daemon if it
-    /// dies ([`Node::tell_guard`]).
-    handover: crate::config::StoreHandover,
-    /// Keeps what the guard is told in order.
-    told: tokio::sync::Mutex<()>,
 }
 
 /// Whether the store is prepared (schema, rows) for the current jobs.
@@ -823,68 +806,6 @@ impl Node {
         });
     }
 
-    /// Tells the guard of the claims a batch won, before any of them starts
-    /// (their answers go to the claimers after this): a claim the daemon
-    /// dies without starting is handed back by the guard.
-    async fn tell_guard_claimed(
-        &self,
-        requests: &[ClaimRequest],
-        outcomes: &[ClaimOutcome],
-        answered: DateTime<Utc>,
-    ) {
-        let Some(guard) = &self.guard.process else {
-            return;
-        };
-        let claims: Vec<crate::guard::RunNote> = requests
-            .iter()
-            .zip(outcomes)
-            .filter_map(|(req, outcome)| match outcome {
-                ClaimOutcome::Won(won) => Some(crate::guard::RunNote {
-                    job: req.job.to_string(),
-                    fence: won.fence,
-                    occurrence: won.occurrence,
-                    takeover: won
-                        .previous_owner
-                        .as_deref()
-                        .is_some_and(|p| p != self.owner.as_str()),
-                    decision_ms: u64::try_from((answered - won.occurrence).num_milliseconds())
-                        .unwrap_or(0),
-                    started_at: answered,
-                    trigger: req.manual.map(crate::store::TriggerId::get),
-                }),
-                _ => None,
-            })
-            .collect();
-        if !claims.is_empty() {
-            guard.claimed(claims).await;
-        }
-    }
-
-    /// Tells the guard of claims settled without a run: their records (of
-    /// an outcome no started run has) are about to be written.
-    async fn tell_guard_settled(&self, runs: &[RunRecord]) {
-        let Some(guard) = &self.guard.process else {
-            return;
-        };
-        let settled: Vec<(String, u64)> = runs
-            .iter()
-            .filter(|r| {
-                matches!(
-                    r.outcome,
-                    Outcome::Skipped
-                        | Outcome::Missed
-                        | Outcome::LeaseLost
-                        | Outcome::NotStarted
-                        | Outcome::Expired
-                )
-            })
-            .map(|r| (r.job.clone(), r.fence))
-            .collect();
-        if !settled.is_empty() {
-            guard.settled(settled).await;
-        }
-    }
-
     /// The daemon's first [`crate::store::Locks::prepare`], before the node
     /// runs: a store that refuses this node ([`StoreError::is_refused`])
     /// fails the start at once; any other error is left to the node's
@@ -1010,37 +931,6 @@ impl Node {
         self.jobs_changed.notify_one();
         self.tell_guard();
         self.digest_definitions();
-    }
-
-    /// Tells the guard what it needs to hand over if this daemon dies
-    /// (docs/protocol.md, "A crashed daemon hands over at once"): the
-    /// store, the owner, the history limit and the job names. Sent again
-    /// whenever the jobs change (a reload applies the settings first).
-    fn tell_guard(self: &Arc<Self>) {
-        if self.guard.process.is_none() {
-            return;
-        }
-        let node = self.clone();
-        tokio::spawn(async move {
-            let Some(guard) = &node.guard.process else {
-                return;
-            };
-            // Read under the lock: the last message holds the last state.
-            let _in_order = node.guard.told.lock().await;
-            let handover = crate::guard::Handover {
-                store: node.guard.handover.clone(),
-                owner: node.owner.to_string(),
-                node: node.name.to_string(),
-                keep: node.history_limit(),
-                jobs: node.job_names().iter().map(ToString::to_string).collect(),
-                owed_dir: node.owed.as_ref().map(|s| s.dir().to_path_buf()),
-            };
-            if !guard.hand_over(handover).await {
-                tracing::warn!(
-                    "the job guard did not take what it needs to hand over: if this daemon dies, peers wait for its leases to expire"
-                );
-            }
-        });
     }
 
     /// Names of the jobs currently configured.
@@ -1175,83 +1065,6 @@ impl Node {
             guard.bye().await;
         }
         tracing::info!(released, "leases released; stopped");
-    }
-
-    /// How many jobs are configured and how many of their leases this node
-    /// holds now.
-    fn job_and_lease_counts(&self) -> (usize, usize) {
-        let states = self.states();
-        let now = Instant::now();
-        let held = states
-            .iter()
-            .filter(|s| s.lease_clock().is_some_and(|c| c.expiry() > now))
-            .count();
-        (states.len(), held)
-    }
-
-    /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.
-    fn status_line(&self, (jobs, held): (usize, usize)) -> String {
-        if !self.prepare.done.load(Ordering::SeqCst)
-            && let Some(why) = self.prepare.waiting.lock().ok().and_then(|w| w.clone())
-        {
-            return format!("{jobs} jobs, waiting for the store: {why}");
-        }
-        let store = if self.health.is_up() { "up" } else { "down" };
-        format!("{jobs} jobs, holding {held} leases, store {store}")
-    }
-
-    /// The service's own tick: systemd watchdog pings (only while every job
-    /// loop is alive), `STATUS=` lines and gauges, and a store ping when the
-    /// store has been quiet for half a margin and `/healthz` is served.
-    async fn supervise_service(self: Arc<Self>) {
-        let mut tick = self
-            .notifier
-            .watchdog()
-            .map_or(Duration::from_secs(5), |w| {
-                (w / 3).min(Duration::from_secs(5))
-            });
-        if self.settings.keep_health_fresh {
-            tick = tick.min(self.settings.margin / 2);
-        }
-        let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut stuck_reported = false;
-        loop {
-            tokio::select! {
-                () = self.life.claims.cancelled() => return,
-                _ = interval.tick() => {}
-            }
-            #[cfg(feature = "failpoints")]
-            if std::env::var_os("CRONLEASE_FAILPOINT_PANIC_IN_TASK").is_some() {
-                panic!("failpoint: a task of the daemon panics");
-            }
-            let now_ms = self.beat.epoch.elapsed().as_millis() as u64;
-            let beat = self.beat.last.load(Ordering::Relaxed);
-            if !scheduler_stuck(beat, now_ms) {
-                self.notifier.ping();
-                stuck_reported = false;
-            } else if !stuck_reported {
-                tracing::error!("scheduler stuck: withholding the systemd watchdog ping");
-                stuck_reported = true;
-            }
-            if self.clock.skewed() {
-                // Claims are held back: notice here when the clock is fine again.
-                self.recheck_clock().await;
-            } else if self.settings.keep_health_fresh
-                && self
-                    .health
-                    .last_ok()
-                    .is_none_or(|t| t.elapsed() >= self.settings.margin / 2)
-            {
-                let _ = self
-                    .call("ping", self.settings.op_timeout, self.store.ping())
-                    .await;
-            }
-            let (jobs, held) = self.job_and_lease_counts();
-            self.notifier.status(&self.status_line((jobs, held)));
-            self.metrics.jobs.set(jobs as i64);
-            self.metrics.leases_held.set(held as i64);
-        }
     }
 
     /// Stops running jobs at once (a second SIGTERM during shutdown).

@@ -2,6 +2,7 @@
 //! the local lease deadline and renewal point.
 #![allow(clippy::unwrap_used)]
 
+use super::service::scheduler_stuck;
 use super::*;
 
 #[test]

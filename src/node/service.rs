@@ -1,0 +1,99 @@
+//! The node as a service: its own tick ([`Node::supervise_service`]):
+//! the systemd watchdog ping (withheld while the scheduler is stuck),
+//! `STATUS=` lines, the job and lease gauges, and a store ping that keeps
+//! `/healthz` fresh.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Node, claim};
+
+/// The scheduler is stuck when its last heartbeat (ms since the node's
+/// epoch) is older than two maximal sleeps plus slack: the systemd watchdog
+/// ping is withheld, so systemd restarts a daemon whose claiming has stopped.
+pub(super) fn scheduler_stuck(beat: u64, now_ms: u64) -> bool {
+    let stale_after = (2 * claim::MAX_SLEEP).as_millis() as u64 + 5_000;
+    now_ms.saturating_sub(beat) > stale_after
+}
+
+impl Node {
+    /// How many jobs are configured and how many of their leases this node
+    /// holds now.
+    pub(super) fn job_and_lease_counts(&self) -> (usize, usize) {
+        let states = self.states();
+        let now = Instant::now();
+        let held = states
+            .iter()
+            .filter(|s| s.lease_clock().is_some_and(|c| c.expiry() > now))
+            .count();
+        (states.len(), held)
+    }
+
+    /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.
+    pub(super) fn status_line(&self, (jobs, held): (usize, usize)) -> String {
+        if !self.prepare.done.load(Ordering::SeqCst)
+            && let Some(why) = self.prepare.waiting.lock().ok().and_then(|w| w.clone())
+        {
+            return format!("{jobs} jobs, waiting for the store: {why}");
+        }
+        let store = if self.health.is_up() { "up" } else { "down" };
+        format!("{jobs} jobs, holding {held} leases, store {store}")
+    }
+
+    /// The service's own tick: systemd watchdog pings (only while every job
+    /// loop is alive), `STATUS=` lines and gauges, and a store ping when the
+    /// store has been quiet for half a margin and `/healthz` is served.
+    pub(super) async fn supervise_service(self: Arc<Self>) {
+        let mut tick = self
+            .notifier
+            .watchdog()
+            .map_or(Duration::from_secs(5), |w| {
+                (w / 3).min(Duration::from_secs(5))
+            });
+        if self.settings.keep_health_fresh {
+            tick = tick.min(self.settings.margin / 2);
+        }
+        let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stuck_reported = false;
+        loop {
+            tokio::select! {
+                () = self.life.claims.cancelled() => return,
+                _ = interval.tick() => {}
+            }
+            #[cfg(feature = "failpoints")]
+            if std::env::var_os("CRONLEASE_FAILPOINT_PANIC_IN_TASK").is_some() {
+                panic!("failpoint: a task of the daemon panics");
+            }
+            let now_ms = self.beat.epoch.elapsed().as_millis() as u64;
+            let beat = self.beat.last.load(Ordering::Relaxed);
+            if !scheduler_stuck(beat, now_ms) {
+                self.notifier.ping();
+                stuck_reported = false;
+            } else if !stuck_reported {
+                tracing::error!("scheduler stuck: withholding the systemd watchdog ping");
+                stuck_reported = true;
+            }
+            if self.clock.skewed() {
+                // Claims are held back: notice here when the clock is fine again.
+                self.recheck_clock().await;
+            } else if self.settings.keep_health_fresh
+                && self
+                    .health
+                    .last_ok()
+                    .is_none_or(|t| t.elapsed() >= self.settings.margin / 2)
+            {
+                let _ = self
+                    .call("ping", self.settings.op_timeout, self.store.ping())
+                    .await;
+            }
+            let (jobs, held) = self.job_and_lease_counts();
+            self.notifier.status(&self.status_line((jobs, held)));
+            self.metrics.jobs.set(jobs as i64);
+            self.metrics.leases_held.set(held as i64);
+        }
+    }
+}
