@@ -403,9 +403,9 @@ fn runs_a_daemon_could_not_follow_get_on_failure_and_events_at_its_next_start() 
     let url = format!("http://127.0.0.1:{}", rx.port);
     // A run that outlives its daemon: killed by the guard (SIGKILL of the
     // daemon), then at the end of shutdown_grace (SIGTERM).
-    let jobs = "[[job]]\nname = \"slow\"\nschedule = \"* * * * * *\"\ncommand = \"echo $CRONLEASE_FENCE >> '{out}.started'; sleep 60\"\non_failure = \"echo \\\"$CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_EXIT_CODE $CRONLEASE_NODE\\\" >> '{out}.failures'\"\n";
+    let jobs = "[[job]]\nname = \"slow\"\nschedule = \"* * * * * *\"\ncommand = \"echo $CRONLEASE_FENCE >> '{out}.started'; sleep 60\"\non_failure = \"echo \\\"$CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_EXIT_CODE $CRONLEASE_NODE\\\" >> '{out}.failures'\"\n\n[[job]]\nname = \"once\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"true\"\non_failure = \"echo \\\"once $CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_NODE\\\" >> '{out}.failures'\"\n";
     let extra = format!(
-        "shutdown_grace = \"1s\"\n[[notify]]\nname = \"ops\"\nurl = \"{url}/ops\"\nevents = [\"killed\"]\ntimeout = \"2s\"\n"
+        "shutdown_grace = \"1s\"\n[[notify]]\nname = \"ops\"\nurl = \"{url}/ops\"\nevents = [\"killed\", \"not_started\"]\ntimeout = \"2s\"\n"
     );
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), &extra);
     let out = c.out.clone();
@@ -487,7 +487,59 @@ fn runs_a_daemon_could_not_follow_get_on_failure_and_events_at_its_next_start() 
         || c.report(),
         || (delivered(second) == 1).then_some(()),
     );
+    // A manual run whose daemon died after winning it and before starting
+    // it (a test-only failpoint): not asked for again, so its not_started
+    // is final and owed.
+    c.signal("n1", Signal::SIGTERM);
+    c.wait_exit("n1", Duration::from_secs(15)).unwrap();
+    c.start_with_env("n1", &[("CRONLEASE_FAILPOINT_DIE_BEFORE_START", "once")]);
+    let asked = c.cli("n1", &["trigger", "once"]);
+    assert!(asked.status.success(), "{asked:?}");
+    c.wait_exit("n1", Duration::from_secs(20)).unwrap();
+    let unstarted = wait_until(
+        "the guard's not_started record of the manual run",
+        Duration::from_secs(10),
+        || c.report(),
+        || {
+            runs(&c, "once")
+                .into_iter()
+                .find(|(_, outcome, _)| outcome == "not_started")
+                .map(|(fence, _, _)| fence)
+        },
+    );
+    assert!(
+        !failures(&out).contains(&format!("once {unstarted} not_started n1")),
+        "{:?}",
+        failures(&out)
+    );
+    c.start("n1");
+    wait_until(
+        "on_failure of the manual run its daemon never started",
+        Duration::from_secs(20),
+        || format!("{:?}\n{}", failures(&out), c.report()),
+        || {
+            failures(&out)
+                .contains(&format!("once {unstarted} not_started n1"))
+                .then_some(())
+        },
+    );
+    let unstarted_event = || {
+        rx.seen()
+            .iter()
+            .filter(|r| {
+                r.status == 200
+                    && r.headers["x-cronlease-delivery"] == format!("once-{unstarted}-not_started")
+            })
+            .count()
+    };
+    wait_until(
+        "the not_started event of the manual run",
+        Duration::from_secs(20),
+        || c.report(),
+        || (unstarted_event() == 1).then_some(()),
+    );
     c.stop_all();
+    assert_eq!(unstarted_event(), 1);
     // Each once: one hook line and one delivery per killed run.
     let lines = failures(&out);
     for fence in [first, second] {
