@@ -178,9 +178,11 @@ pub(super) fn unheard_claims(
 /// `not_started`, asks for each of those to run again (a redelivery's
 /// request, [`redelivery_for`]), releases the owner's leases
 /// (owner-checked) and takes the owner out of the node registry, so peers
-/// claim the next occurrences, and the handed-back ones, at once. A store
-/// that cannot be reached is said once; the leases then expire as they
-/// would without a guard, and the claims never started stay lost.
+/// claim the next occurrences, and the handed-back ones, at once; then keeps
+/// the `on_failure` and events of the records that are final for the
+/// node's next daemon ([`owe`]). A store that cannot be reached is said
+/// once; the leases then expire as they would without a guard, the claims
+/// never started are not run again, and every record is owed.
 pub(super) fn hand_over(
     handover: Handover,
     jobs: &BTreeSet<String>,
