@@ -230,10 +230,9 @@ impl Node {
             // record is missing (its running mark).
             if self.request_retry(&job, ticket, id).await {
                 ended.retry = Some(id);
-            } else if let Some(w) = webhooks.filter(|w| w.wants(name, ended.outcome.as_str())) {
-                let event = ended.outcome.as_str();
-                w.event(self.webhook_event(w, name, ticket, &ended, event))
-                    .await;
+            } else {
+                // Not tried again after all: the failure is final.
+                self.spool_events(name, ticket, &ended).await;
             }
         }
         ended

@@ -371,6 +371,14 @@ fn killed(c: &Cluster, job: &str) -> Vec<u64> {
         .collect()
 }
 
+/// How many times `rx` took (200) the delivery `id`.
+fn delivered_as(rx: &Receiver, id: &str) -> usize {
+    rx.seen()
+        .iter()
+        .filter(|r| r.status == 200 && r.headers["x-cronlease-delivery"] == id)
+        .count()
+}
+
 /// How many entries the spool directory `dir` holds.
 fn json_files(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |d| {
@@ -437,15 +445,7 @@ fn runs_a_daemon_could_not_follow_get_on_failure_and_events_at_its_next_start() 
         || format!("{:?}\n{}", failures(&out), c.report()),
         || failures(&out).contains(&want_first).then_some(()),
     );
-    let delivered = |fence: u64| {
-        rx.seen()
-            .iter()
-            .filter(|r| {
-                r.status == 200
-                    && r.headers["x-cronlease-delivery"] == format!("slow-{fence}-killed")
-            })
-            .count()
-    };
+    let delivered = |fence: u64| delivered_as(&rx, &format!("slow-{fence}-killed"));
     wait_until(
         "the killed event of the run the guard killed",
         Duration::from_secs(20),
@@ -523,15 +523,7 @@ fn runs_a_daemon_could_not_follow_get_on_failure_and_events_at_its_next_start() 
                 .then_some(())
         },
     );
-    let unstarted_event = || {
-        rx.seen()
-            .iter()
-            .filter(|r| {
-                r.status == 200
-                    && r.headers["x-cronlease-delivery"] == format!("once-{unstarted}-not_started")
-            })
-            .count()
-    };
+    let unstarted_event = || delivered_as(&rx, &format!("once-{unstarted}-not_started"));
     wait_until(
         "the not_started event of the manual run",
         Duration::from_secs(20),
