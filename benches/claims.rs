@@ -81,6 +81,7 @@ async fn measure(backend: support::Backend, batch: usize, rounds: usize) -> Vec<
                 recheck_only: false,
                 window_end: None,
                 manual: None,
+                redeliver: false,
             })
             .collect();
         let t = Instant::now();

@@ -100,6 +100,7 @@ async fn main() {
                 recheck_only: false,
                 window_end: None,
                 manual: None,
+                redeliver: false,
             })
             .collect();
         for chunk in claims.chunks(1000) {

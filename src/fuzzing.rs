@@ -77,6 +77,7 @@ mod redis_replies {
                 recheck_only: false,
                 window_end: None,
                 manual: None,
+                redeliver: false,
             })
             .collect();
         Some(

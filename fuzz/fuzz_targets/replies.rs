@@ -13,7 +13,8 @@
 //!
 //! Property: no panic; a reply of the wrong shape is an error; a won claim
 //! gets a fence above every fence seen (the row's and the claimer's floor),
-//! and a paused row is won only by a retry finding its earlier win.
+//! a paused row is won only by a retry finding its earlier win, and a
+//! redelivery only when asked for, of the lock's last occurrence.
 
 #![no_main]
 
@@ -22,7 +23,9 @@ use std::time::Duration;
 use chrono::SecondsFormat;
 use cronlease::config::{JobName, Misfire};
 use cronlease::fuzzing;
-use cronlease::store::{ClaimRequest, Decision, LockRow, Owner, TriggerId, decide, from_ms};
+use cronlease::store::{
+    ClaimRequest, Decision, LockRow, Owner, TriggerId, decide, from_ms, to_ms,
+};
 use libfuzzer_sys::fuzz_target;
 
 /// Reads the fields of a `d` input in order.
@@ -94,6 +97,7 @@ fn claim_rule(bytes: &[u8]) {
         manual: (more & 4 != 0)
             .then(|| TriggerId::from_stored(f.int()))
             .flatten(),
+        redeliver: more & 32 != 0,
     };
     let floor = i64::try_from(req.fence_floor).unwrap_or(i64::MAX);
     match decide(&row, &req) {
@@ -125,6 +129,13 @@ fn claim_rule(bytes: &[u8]) {
                     row.trigger == Some(id.get()) || row.last_trigger == Some(id.get()),
                     "a manual claim won a request that was not pending"
                 );
+            }
+            // A redelivery (at_least_once): only asked for, only of the
+            // previous occurrence, which was the lock's last and stays so.
+            if won.redelivered {
+                assert!(req.redeliver && won.catch_up, "a redelivery nobody asked for");
+                assert_eq!(req.previous.map(to_ms), Some(to_ms(won.occurrence)));
+                assert_eq!(last_occurrence, row.last_occurrence);
             }
         }
         Decision::Refuse(_) => {}

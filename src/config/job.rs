@@ -134,6 +134,7 @@ pub(super) fn validate_job(
         kill_grace,
         misfire: rj.misfire.unwrap_or_default(),
         starting_deadline,
+        delivery: rj.delivery.unwrap_or_default(),
         overlap: rj.overlap.unwrap_or_default(),
         env,
         working_dir,

@@ -274,6 +274,20 @@ pub enum Misfire {
     Skip,
 }
 
+/// What a job's occurrence gets when its holder dies with its host
+/// (`delivery`, docs/protocol.md "At least once").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// A claim whose holder died before recording its run is not run
+    /// again: never twice, possibly not at all.
+    #[default]
+    AtMostOnce,
+    /// Such a claim is run again at the next occurrence's takeover, before
+    /// it, with `CRONLEASE_REDELIVERY=1`: never lost, possibly twice.
+    AtLeastOnce,
+}
+
 /// Which node runs a job (`cluster.placement`, docs/protocol.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -329,6 +343,8 @@ pub struct Job {
     /// its instant is not run late (at most the gap to the next one, the
     /// default).
     pub starting_deadline: Option<Duration>,
+    /// `delivery`: whether a dead host's unrecorded claim runs again.
+    pub delivery: Delivery,
     pub overlap: Overlap,
     pub env: BTreeMap<String, String>,
     pub working_dir: Option<PathBuf>,
@@ -364,6 +380,7 @@ impl Job {
             && self.kill_grace == other.kill_grace
             && self.misfire == other.misfire
             && self.starting_deadline == other.starting_deadline
+            && self.delivery == other.delivery
             && self.overlap == other.overlap
             && self.env == other.env
             && self.working_dir == other.working_dir
@@ -462,6 +479,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         kill_grace: Duration::from_secs(10),
         misfire: Misfire::default(),
         starting_deadline: None,
+        delivery: Delivery::default(),
         overlap: Overlap::default(),
         env: BTreeMap::new(),
         working_dir: None,

@@ -124,6 +124,7 @@ pub struct RawJob {
     pub kill_grace: Option<Spanned<String>>,
     pub misfire: Option<super::Misfire>,
     pub starting_deadline: Option<Spanned<String>>,
+    pub delivery: Option<super::Delivery>,
     pub overlap: Option<super::Overlap>,
     pub env: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
     pub working_dir: Option<Spanned<String>>,

@@ -39,7 +39,7 @@ use super::{JobState, Node, Standing};
 use crate::config::JobName;
 use crate::exec::Finished;
 use crate::metrics::ClaimLabel;
-use crate::store::{ClaimOutcome, ClaimRequest, Lost, Outcome, StoreError, Won};
+use crate::store::{ClaimOutcome, ClaimRequest, Lost, Outcome, StoreError, TriggerId, Won};
 
 /// Longest single sleep towards an occurrence: a wall-clock step is noticed
 /// within this time.
@@ -86,6 +86,44 @@ pub(super) fn start_window(
         Some(d) if d < gap => (d, true),
         _ => (gap, false),
     }
+}
+
+/// Why a catch-up the store handed out (`won`, `late` after its instant,
+/// whose own window is `window`) is recorded `missed` instead of run, when
+/// the occurrence claimed now is `behind` its instant with `gap` to the
+/// next one:
+/// - past its `starting_deadline`;
+/// - a missed occurrence (not a redelivery) when half of the gap of the one
+///   claimed now is gone: that one is then the latest missed occurrence,
+///   and running the older one first could push it out of its window
+///   (docs/protocol.md, "Missed occurrences").
+pub(super) fn catch_up_refused(
+    job: &crate::config::Job,
+    won: &Won,
+    late: Duration,
+    window: Duration,
+    behind: chrono::TimeDelta,
+    gap: Duration,
+) -> Option<String> {
+    let found = if won.redelivered {
+        "its holder died before recording its run (delivery = at_least_once); found"
+    } else {
+        "no node started it; caught up"
+    };
+    if job.starting_deadline.is_some() && late > window {
+        return Some(format!(
+            "{found} {} ms after its instant, past starting_deadline ({}, at most the gap)",
+            late.as_millis(),
+            humantime::format_duration(window)
+        ));
+    }
+    let behind = behind.to_std().unwrap_or_default();
+    (!won.redelivered && behind > gap / 2).then(|| {
+        format!(
+            "no node started it; caught up at the claim of the next occurrence, {} ms after that one's instant: the next occurrence ran instead (running this one first could push it out of its window)",
+            behind.as_millis()
+        )
+    })
 }
 
 /// An occurrence due now, taken from the schedule.
@@ -366,6 +404,7 @@ impl Node {
                         .and_then(|bound| end.checked_add_signed(bound))
                 }),
             manual: None,
+            redeliver: job.delivery == crate::config::Delivery::AtLeastOnce,
         }
     }
 
@@ -670,24 +709,27 @@ impl Node {
         // The missed occurrence's own window: its deadline, at most the gap
         // to the occurrence claimed now.
         let missed_window = start_window(&job, won.occurrence, Some(due.occurrence)).0;
-        if job.starting_deadline.is_some() && won.catch_up && late > missed_window {
-            // A missed occurrence the store handed out, too late to start:
-            // recorded, and the occurrence itself is claimed now.
+        if won.catch_up
+            && let Some(why) = catch_up_refused(
+                &job,
+                &won,
+                late,
+                missed_window,
+                self.wall.now() - due.occurrence,
+                at.gap,
+            )
+        {
+            // A missed (or redelivered) occurrence the store handed out,
+            // too late to start: recorded, and the occurrence itself is
+            // claimed now.
             drop(gate);
-            self.record_not_run(
-                state,
-                ticket,
-                Outcome::Missed,
-                format!(
-                    "no node started it; caught up {} ms after its instant, past starting_deadline ({}, at most the gap)",
-                    late.as_millis(),
-                    humantime::format_duration(missed_window)
-                ),
-            );
+            self.record_not_run(state, ticket, Outcome::Missed, why);
             at.unanswered = None;
             return Flow::Again;
         }
-        if won.catch_up {
+        if won.redelivered {
+            tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, "its holder died before recording its run: running it again (delivery = at_least_once)");
+        } else if won.catch_up {
             tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
             self.after_manual_run(state, won.fence, at.give_up_at, stop)
                 .await;
@@ -832,6 +874,7 @@ impl Node {
                 occurrence,
                 catch_up: false,
                 previous_owner: None,
+                redelivered: false,
             };
             self.start_run(state, self.ticket(&won, decision_ms));
             return Flow::Done(false);
@@ -883,7 +926,14 @@ impl Node {
                 .previous_owner
                 .as_deref()
                 .is_some_and(|p| p != self.owner.as_str()),
-            trigger: None,
+            // A redelivery (at_least_once) is told so, as a hand-back's
+            // is (`CRONLEASE_REDELIVERY=1`, `redelivered` in history): the
+            // mark lives on this node only.
+            trigger: if won.redelivered {
+                TriggerId::redelivery(won.occurrence, 1, 1)
+            } else {
+                None
+            },
         }
     }
 
@@ -896,6 +946,50 @@ impl Node {
         tokio::select! {
             () = stop.cancelled() => false,
             () = tokio::time::sleep_until(until) => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::store::from_ms;
+
+    fn won(redelivered: bool) -> Won {
+        Won {
+            fence: 8,
+            occurrence: from_ms(19_000),
+            catch_up: true,
+            redelivered,
+            previous_owner: None,
+        }
+    }
+
+    #[test]
+    fn a_catch_up_is_refused_past_its_deadline_or_when_it_would_push_the_next_one_out() {
+        let mut job = crate::config::test_job("j", "* * * * * *", "true");
+        let (sec, ms) = (Duration::from_secs(1), chrono::TimeDelta::milliseconds);
+        // Claimed at the next occurrence's instant: run first.
+        assert_eq!(
+            catch_up_refused(&job, &won(false), sec, sec, ms(10), sec),
+            None
+        );
+        // More than half of the next occurrence's gap gone: that one runs.
+        let why = catch_up_refused(&job, &won(false), sec, sec, ms(700), sec).unwrap();
+        assert!(why.contains("700 ms after that one's instant"), "{why}");
+        // A redelivery (at_least_once) runs all the same.
+        assert_eq!(
+            catch_up_refused(&job, &won(true), sec, sec, ms(700), sec),
+            None
+        );
+        // Past its starting_deadline: refused, a redelivery too.
+        job.starting_deadline = Some(Duration::from_millis(500));
+        let half = Duration::from_millis(500);
+        for redelivered in [false, true] {
+            let why = catch_up_refused(&job, &won(redelivered), sec, half, ms(10), sec).unwrap();
+            assert!(why.contains("past starting_deadline (500ms"), "{why}");
+            assert_eq!(why.contains("at_least_once"), redelivered, "{why}");
         }
     }
 }

@@ -3,8 +3,8 @@
 //! (docs/protocol.md, "Job definitions across nodes").
 //!
 //! - Each job's definition (what changes when it runs: schedule, zone,
-//!   command, timeout, kill grace, misfire, overlap, env, working directory,
-//!   user, output tail, hooks) has a 64-bit digest, SHA-256 over a
+//!   command, timeout, kill grace, misfire, overlap, starting deadline,
+//!   delivery, env, working directory, user, output tail, hooks, retry) has a 64-bit digest, SHA-256 over a
 //!   tagged encoding of those fields: the same on every host and version
 //!   that writes the same encoding ([`ENCODING`]).
 //! - Every beat carries the digest of the whole set (so agreeing nodes
@@ -63,6 +63,10 @@ pub fn job_digest(job: &Job) -> JobDigest {
     put("misfire", format!("{:?}", job.misfire).as_bytes());
     put("overlap", format!("{:?}", job.overlap).as_bytes());
     put_duration(&mut put, "starting_deadline", job.starting_deadline);
+    if job.delivery == crate::config::Delivery::AtLeastOnce {
+        // Only when set: the digests of jobs without it are as before.
+        put("delivery", b"at_least_once");
+    }
     for (name, value) in &job.env {
         put("env", name.as_bytes());
         put("=", value.as_bytes());

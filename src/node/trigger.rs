@@ -388,6 +388,7 @@ impl Node {
             recheck_only: false,
             window_end: None,
             manual: Some(id),
+            redeliver: false,
         }
     }
 

@@ -156,6 +156,14 @@ pub struct ClaimRequest {
     /// `max_offset` and `head_start` are not used, the pause mark is not
     /// checked, and the job's last occurrence stays as it is.
     pub manual: Option<TriggerId>,
+    /// The job's `delivery = "at_least_once"` (docs/protocol.md, "At least
+    /// once"): a claim of the occurrence after `previous` finds the lock's
+    /// last occurrence equal to `previous`, its run not recorded (the
+    /// running mark), set by a scheduled claim, and its lease ended with
+    /// another owner: that holder died (with its guard) during or before
+    /// the run. The claim wins `previous` again, as a catch-up marked
+    /// [`Won::redelivered`], whatever `misfire` says.
+    pub redeliver: bool,
 }
 
 /// One lease renewal in a batch.
@@ -174,6 +182,9 @@ pub struct Won {
     pub occurrence: DateTime<Utc>,
     /// `occurrence` is a missed one; the requested occurrence is still to claim.
     pub catch_up: bool,
+    /// With `catch_up`: `occurrence` was claimed before by a holder that
+    /// never recorded its run, and runs again ([`ClaimRequest::redeliver`]).
+    pub redelivered: bool,
     /// Who held the lock before (live or not): a different node means takeover.
     pub previous_owner: Option<String>,
 }

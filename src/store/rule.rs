@@ -9,8 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{
-    ClaimOutcome, ClaimRequest, Lost, Outcome, RunRecord, TriggerAnswer, TriggerId, Won,
-    duration_ms, fence_exhausted, from_ms, to_ms,
+    ClaimOutcome, ClaimRequest, Lost, Outcome, RunRecord, TRIGGER_RANDOM_BITS, TriggerAnswer,
+    TriggerId, Won, duration_ms, fence_exhausted, from_ms, to_ms,
 };
 use crate::config::Misfire;
 
@@ -163,7 +163,8 @@ fn unanswered_win(row: &LockRow, req: &ClaimRequest, floor: i64) -> Option<i64> 
         return None;
     }
     let last = row.last_occurrence?;
-    let caught_up = req.misfire == Misfire::RunOnce && req.previous.map(to_ms) == Some(last);
+    let caught_up =
+        (req.misfire == Misfire::RunOnce || req.redeliver) && req.previous.map(to_ms) == Some(last);
     (last == to_ms(req.occurrence) || caught_up).then_some(last)
 }
 
@@ -276,11 +277,13 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         (Misfire::RunOnce, Some(prev), Some(last)) if last < to_ms(prev) => Some(prev),
         _ => None,
     };
+    let redelivered = missed.is_none() && redelivers(row, req, live);
+    let caught_up = missed.or(req.previous.filter(|_| redelivered));
     let Some(fence) = row.fence.max(floor).checked_add(1) else {
         // Never wrap, never repeat: the job cannot be claimed any more.
         return Decision::FenceExhausted;
     };
-    let claimed = missed.unwrap_or(req.occurrence);
+    let claimed = caught_up.unwrap_or(req.occurrence);
     Decision::Claim {
         fence,
         expires_at: row.now.saturating_add(duration_ms(req.lease)),
@@ -289,10 +292,38 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
         won: Won {
             fence: fence as u64,
             occurrence: claimed,
-            catch_up: missed.is_some(),
+            catch_up: caught_up.is_some(),
+            redelivered,
             previous_owner: row.owner.clone(),
         },
     }
+}
+
+/// `delivery = "at_least_once"` (docs/protocol.md, "At least once"): the
+/// lock's last occurrence is the one before the requested occurrence, its
+/// claim's run was never recorded (the running mark), its lease is over
+/// (`live`: it is not) and it was not the claimer's: that holder died
+/// during or before the run, with its guard, and the occurrence runs
+/// again. The mark must have been set by a scheduled claim: a request's
+/// claim (a manual run, a retry) sets it without moving the last
+/// occurrence, and the last request a claim took (`last_trigger`) then
+/// carries a time after that occurrence (a manual run's: when it was asked
+/// for; a retry's: when it was due), so its holder's death re-runs nothing.
+/// A redelivery's request carries the occurrence's own time: it is
+/// redelivered again.
+fn redelivers(row: &LockRow, req: &ClaimRequest, live: bool) -> bool {
+    let Some(last) = row.last_occurrence else {
+        return false;
+    };
+    let request_after = row
+        .last_trigger
+        .is_some_and(|id| (id >> TRIGGER_RANDOM_BITS) > last);
+    req.redeliver
+        && req.previous.map(to_ms) == Some(last)
+        && row.running
+        && !live
+        && row.owner.as_deref() != Some(req.owner.as_str())
+        && !request_after
 }
 
 /// Our own claim whose answer was lost, answered again: the same win with
@@ -319,6 +350,9 @@ fn same_win(
             fence: row.fence.max(0) as u64,
             occurrence,
             catch_up,
+            // Which kind of catch-up it was is not kept: with
+            // `at_least_once` the run is told it may be a re-run.
+            redelivered: catch_up && req.redeliver,
             previous_owner: None,
         },
     }
@@ -363,6 +397,7 @@ fn decide_manual(row: &LockRow, req: &ClaimRequest, id: TriggerId, floor: i64) -
             fence: fence as u64,
             occurrence: from_ms(row.now),
             catch_up: false,
+            redelivered: false,
             previous_owner: row.owner.clone(),
         },
     }
@@ -390,6 +425,7 @@ mod tests {
             recheck_only: false,
             window_end: None,
             manual: None,
+            redeliver: false,
         }
     }
 
@@ -507,6 +543,167 @@ mod tests {
         ));
     }
 
+    /// A dead holder's claim of 19,000 (running mark set, lease over at
+    /// 19,800), seen at the claim of 20,000 by `claimer`.
+    fn dead_holders(claimer: &str, redeliver: bool, misfire: Misfire) -> Decision {
+        let mut r = req(claimer, 20_000, Some(19_000), misfire, 0);
+        r.redeliver = redeliver;
+        decide(&row(Some("b"), 7, 19_800, Some(19_000)), &r)
+    }
+
+    #[test]
+    fn at_least_once_runs_a_dead_holders_unrecorded_claim_again_first() {
+        for misfire in [Misfire::RunOnce, Misfire::Skip] {
+            let d = dead_holders("a", true, misfire);
+            assert!(
+                matches!(
+                    d,
+                    Decision::Claim {
+                        fence: 8,
+                        last_occurrence: Some(19_000),
+                        won: Won {
+                            catch_up: true,
+                            redelivered: true,
+                            ..
+                        },
+                        ..
+                    }
+                ),
+                "{misfire:?}: {d:?}"
+            );
+        }
+        // At most once (the default): the occurrence itself.
+        assert!(matches!(
+            dead_holders("a", false, Misfire::RunOnce),
+            Decision::Claim {
+                last_occurrence: Some(20_000),
+                won: Won {
+                    catch_up: false,
+                    redelivered: false,
+                    ..
+                },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn at_least_once_leaves_recorded_live_own_and_requested_claims_alone() {
+        let with = |row: LockRow, claimer: &str| {
+            let mut r = req(claimer, 20_000, Some(19_000), Misfire::Skip, 0);
+            r.redeliver = true;
+            decide(&row, &r)
+        };
+        let plain = |d: &Decision| {
+            matches!(
+                d,
+                Decision::Claim {
+                    last_occurrence: Some(20_000),
+                    won: Won {
+                        catch_up: false,
+                        redelivered: false,
+                        ..
+                    },
+                    ..
+                }
+            )
+        };
+        let dead = row(Some("b"), 7, 19_800, Some(19_000));
+        // Its run was recorded.
+        let d = with(
+            LockRow {
+                running: false,
+                ..dead.clone()
+            },
+            "a",
+        );
+        assert!(plain(&d), "{d:?}");
+        // The claimer's own claim (a live daemon knows its runs).
+        assert!(plain(&with(dead.clone(), "b")));
+        // Not the previous occurrence's claim: an older one (a miss, not a
+        // redelivery, and with skip nothing to catch up).
+        let d = with(
+            LockRow {
+                last_occurrence: Some(18_000),
+                ..dead.clone()
+            },
+            "a",
+        );
+        assert!(plain(&d), "{d:?}");
+        // A live lease is waited out.
+        let d = with(
+            LockRow {
+                expires_at: 20_300,
+                ..dead.clone()
+            },
+            "a",
+        );
+        assert!(matches!(d, Decision::Refuse(_)), "{d:?}");
+        // A manual run or a retry set the mark: the last request taken is
+        // newer than the last occurrence.
+        let d = with(
+            LockRow {
+                last_trigger: Some(19_001 << TRIGGER_RANDOM_BITS),
+                ..dead.clone()
+            },
+            "a",
+        );
+        assert!(plain(&d), "{d:?}");
+        // A redelivery's request carries the occurrence's own time: its
+        // dead holder's claim is redelivered again, as is one after an
+        // older request.
+        for id in [
+            TriggerId::redelivery(from_ms(19_000), 1, 1).unwrap().get(),
+            (19_000 << TRIGGER_RANDOM_BITS) | 0xf_ffff,
+            18_000 << TRIGGER_RANDOM_BITS,
+        ] {
+            let d = with(
+                LockRow {
+                    last_trigger: Some(id),
+                    ..dead.clone()
+                },
+                "a",
+            );
+            assert!(
+                matches!(
+                    d,
+                    Decision::Claim {
+                        won: Won {
+                            redelivered: true,
+                            ..
+                        },
+                        ..
+                    }
+                ),
+                "{id:x}: {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_redelivery_whose_answer_was_lost_is_answered_again() {
+        let mut r = req("a", 20_000, Some(19_000), Misfire::Skip, 7);
+        r.redeliver = true;
+        r.after_unanswered = true;
+        let d = decide(&row(Some("a"), 8, 50_000, Some(19_000)), &r);
+        assert!(
+            matches!(
+                d,
+                Decision::Claim {
+                    fence: 8,
+                    last_occurrence: Some(19_000),
+                    won: Won {
+                        catch_up: true,
+                        redelivered: true,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+    }
+
     #[test]
     fn fence_floor_keeps_fences_from_going_back() {
         let d = decide(
@@ -559,6 +756,7 @@ mod tests {
                     occurrence: from_ms(20_000),
                     catch_up: false,
                     previous_owner: None,
+                    redelivered: false,
                 },
             }
         );
@@ -589,6 +787,7 @@ mod tests {
                     occurrence: from_ms(19_000),
                     catch_up: true,
                     previous_owner: None,
+                    redelivered: false,
                 },
             }
         );

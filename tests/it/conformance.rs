@@ -40,6 +40,7 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         recheck_only: false,
         window_end: None,
         manual: None,
+        redeliver: false,
     }
 }
 
@@ -294,6 +295,73 @@ pub async fn missed_occurrence_is_caught_up_once(h: &Harness) {
     r.misfire = Misfire::Skip;
     let w = won(claim(&a, r).await);
     assert_eq!((w.occurrence, w.catch_up), (occ(20), false));
+}
+
+/// `delivery = "at_least_once"` (docs/protocol.md, "At least once"): a
+/// claim whose holder died before recording its run (running mark set,
+/// lease over) is won again by another owner's claim of the next
+/// occurrence, as a catch-up marked redelivered, with a fence of its own;
+/// once that run is recorded the next occurrence is won. The default
+/// delivery, and a claim a manual run's request made, run nothing again.
+pub async fn at_least_once_runs_a_dead_holders_unrecorded_claim_again(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let again = |r: ClaimRequest| ClaimRequest {
+        redeliver: true,
+        ..r
+    };
+    let by = |owner: &str, name: &str, fence: u64, n: i64| RunRecord {
+        owner: owner.into(),
+        occurrence: occ(n),
+        ..run(name, fence)
+    };
+    // a claims 10 of both jobs and dies with its host: its leases (300 ms)
+    // end, no run recorded.
+    for name in ["d", "o"] {
+        won(claim(&a, req(name, "a#1", 10, 300)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // At most once (the default): the claim of 11 wins 11.
+    let w = won(claim(&b, req("o", "b#1", 11, 5_000)).await);
+    assert_eq!(
+        (w.occurrence, w.catch_up, w.redelivered),
+        (occ(11), false, false)
+    );
+    // At least once: 10 again, then 11 once that run is recorded.
+    let w = won(claim(&b, again(req("d", "b#1", 11, 300))).await);
+    assert_eq!(
+        (w.occurrence, w.catch_up, w.redelivered, w.fence),
+        (occ(10), true, true, 2)
+    );
+    b.record_run(&by("b#1", "d", 2, 10), 100).await.unwrap();
+    let w = won(claim(&b, again(req("d", "b#1", 11, 300))).await);
+    assert_eq!(
+        (w.occurrence, w.catch_up, w.redelivered, w.fence),
+        (occ(11), false, false, 3)
+    );
+    // b dies in that run too: a's next daemon (a new owner) runs 11 again.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let w = won(claim(&a, again(req("d", "a#2", 12, 5_000))).await);
+    assert_eq!((w.occurrence, w.redelivered, w.fence), (occ(11), true, 4));
+    // A manual run's claim, its holder dead: the request it took is newer
+    // than the last occurrence, so the claim of the next one wins that one.
+    won(claim(&a, req("m", "a#1", 10, 300)).await);
+    a.record_run(&by("a#1", "m", 1, 10), 100).await.unwrap();
+    let t = TriggerId::new();
+    assert_eq!(
+        a.request_trigger(&job("m"), t).await.unwrap(),
+        TriggerAnswer::Accepted
+    );
+    let manual_claim = ClaimRequest {
+        lease: Duration::from_millis(300),
+        ..manual("m", "a#1", t)
+    };
+    assert_eq!(won(claim(&a, manual_claim).await).fence, 2);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let w = won(claim(&b, again(req("m", "b#1", 11, 5_000))).await);
+    assert_eq!(
+        (w.occurrence, w.catch_up, w.redelivered, w.fence),
+        (occ(11), false, false, 3)
+    );
 }
 
 pub async fn batch_claims_answer_in_order(h: &Harness) {
@@ -1672,6 +1740,7 @@ macro_rules! conformance {
                 only_the_owner_renews_or_releases,
                 lease_expiry_follows_the_store_clock,
                 missed_occurrence_is_caught_up_once,
+                at_least_once_runs_a_dead_holders_unrecorded_claim_again,
                 batch_claims_answer_in_order,
                 history_is_bounded_and_newest_first,
                 last_runs_are_each_jobs_newest_in_the_order_asked,

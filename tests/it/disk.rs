@@ -49,6 +49,7 @@ fn request(job: &str, occurrence_s: i64) -> ClaimRequest {
         recheck_only: false,
         window_end: None,
         manual: None,
+        redeliver: false,
     }
 }
 

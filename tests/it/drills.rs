@@ -523,6 +523,7 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
             recheck_only: false,
             window_end: None,
             manual: None,
+            redeliver: false,
         };
         let won = store.claim(&[thief]).await.unwrap().outcomes;
         assert!(

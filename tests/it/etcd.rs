@@ -276,6 +276,7 @@ async fn a_lease_is_rounded_up_to_whole_seconds_for_its_etcd_lease() {
             recheck_only: false,
             window_end: None,
             manual: None,
+            redeliver: false,
         };
         let claimed = store.claim(&[req]).await.unwrap();
         assert!(matches!(claimed.outcomes[0], ClaimOutcome::Won(_)));
@@ -320,6 +321,7 @@ async fn a_claimer_waiting_out_a_lease_is_woken_when_its_key_is_deleted() {
         recheck_only: false,
         window_end: None,
         manual: None,
+        redeliver: false,
     };
     let won = a.claim(&[req("a#1")]).await.unwrap();
     assert!(matches!(won.outcomes[0], ClaimOutcome::Won(_)));
@@ -378,6 +380,7 @@ async fn status_reads_more_locks_than_one_grpc_answer_holds() {
             recheck_only: false,
             window_end: None,
             manual: None,
+            redeliver: false,
         })
         .collect();
     for chunk in requests.chunks(2_000) {

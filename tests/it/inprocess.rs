@@ -236,6 +236,7 @@ async fn ghost_claimed(w: &World, job: &str, at: DateTime<Utc>) {
             recheck_only: false,
             window_end: None,
             manual: None,
+            redeliver: false,
         }])
         .await
         .unwrap();

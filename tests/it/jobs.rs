@@ -1324,6 +1324,147 @@ command = "echo $CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CRONLEA
     assert!(c.log("n1").contains(&said), "{said}\n{}", c.log("n1"));
 }
 
+/// `delivery = "at_least_once"` against a dead host: two nodes, two jobs
+/// every 5 s, each run 2 s long, one with `at_least_once` and one with the
+/// default. The node running both at some occurrence L is killed with its
+/// guard mid-run (kill -9 of both: a dead host). The survivor takes over at
+/// the next occurrence N when the dead lease ends and, for the
+/// `at_least_once` job, runs L again first (`CRONLEASE_REDELIVERY=1`, a
+/// fence above the dead claim's, `redelivered` in history), then N; the
+/// default job runs N only (L stays lost: at most once). Every other
+/// occurrence runs once.
+fn a_dead_hosts_unrecorded_run_is_run_again_with_at_least_once(backend: Backend) {
+    let jobs = r#"
+[[job]]
+name = "again"
+schedule = "*/5 * * * * *"
+delivery = "at_least_once"
+command = "echo again $CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CRONLEASE_REDELIVERY:-0} $(date +%s.%N) >> '{out}'; sleep 2"
+
+[[job]]
+name = "once"
+schedule = "*/5 * * * * *"
+command = "echo once $CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CRONLEASE_REDELIVERY:-0} $(date +%s.%N) >> '{out}'; sleep 2"
+"#;
+    let mut c = Cluster::new(backend, Some(jobs), "");
+    c.start("n1");
+    c.start("n2");
+    let out = c.out.clone();
+    let runs = || -> Vec<Vec<String>> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .filter(|f: &Vec<String>| f.len() == 6)
+            .collect()
+    };
+    // An occurrence whose runs of both jobs one node started: kill that
+    // node's host in the middle of them.
+    let (occurrence, holder) = wait_until(
+        "one node running both jobs",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let runs = runs();
+            runs.iter().rev().find_map(|r| {
+                runs.iter()
+                    .any(|o| o[0] != r[0] && o[1] == r[1] && o[3] == r[3])
+                    .then(|| (r[1].clone(), r[3].clone()))
+            })
+        },
+    );
+    c.kill_with_guard(&holder);
+    let survivor = if holder == "n1" { "n2" } else { "n1" };
+    let next = (chrono::DateTime::parse_from_rfc3339(&occurrence).unwrap()
+        + chrono::TimeDelta::seconds(5))
+    .to_utc()
+    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    // The redelivery, N of both, and the occurrence after N.
+    wait_until(
+        "the survivor's runs",
+        Duration::from_secs(25),
+        || c.report(),
+        || {
+            let runs = runs();
+            let at = |job: &str, occ: &str| runs.iter().any(|r| r[0] == job && r[1] == occ);
+            (at("again", &next)
+                && at("once", &next)
+                && runs.iter().filter(|r| r[1] > next).count() >= 2)
+                .then_some(())
+        },
+    );
+    let report = c.report();
+    c.stop_all();
+    let runs = runs();
+    let of = |job: &str, occ: &str| -> Vec<&Vec<String>> {
+        runs.iter().filter(|r| r[0] == job && r[1] == occ).collect()
+    };
+    // at_least_once: L twice (the dead host's start, the survivor's
+    // redelivery with a higher fence), before N.
+    let l = of("again", &occurrence);
+    assert_eq!(l.len(), 2, "{runs:?}\n{report}");
+    assert_eq!(
+        (l[0][3].as_str(), l[0][4].as_str()),
+        (holder.as_str(), "0"),
+        "{runs:?}"
+    );
+    assert_eq!(
+        (l[1][3].as_str(), l[1][4].as_str()),
+        (survivor, "1"),
+        "{runs:?}"
+    );
+    let fence = |r: &Vec<String>| r[2].parse::<u64>().unwrap();
+    assert!(fence(l[1]) > fence(l[0]), "{runs:?}");
+    let n = of("again", &next);
+    assert_eq!(n.len(), 1, "{runs:?}\n{report}");
+    assert!(fence(n[0]) > fence(l[1]), "{runs:?}");
+    let secs = |r: &Vec<String>| r[5].parse::<f64>().unwrap();
+    assert!(
+        secs(n[0]) >= secs(l[1]) + 2.0,
+        "N overlapped the redelivery: {runs:?}"
+    );
+    assert_eq!(n[0][4], "0", "{runs:?}");
+    // At most once: L by the dead host only; N once.
+    assert_eq!(of("once", &occurrence).len(), 1, "{runs:?}");
+    assert_eq!(of("once", &next).len(), 1, "{runs:?}");
+    // Every other occurrence once per job.
+    let mut seen: Vec<(&str, &str)> = runs
+        .iter()
+        .filter(|r| !(r[0] == "again" && r[1] == occurrence))
+        .map(|r| (r[0].as_str(), r[1].as_str()))
+        .collect();
+    seen.sort();
+    let all = seen.len();
+    seen.dedup();
+    assert_eq!(seen.len(), all, "an occurrence ran twice: {runs:?}");
+    // History: the redelivered run, recorded by the survivor.
+    let shown = history(&c, "again");
+    let recorded: Vec<&serde_json::Value> = shown
+        .iter()
+        .filter(|r| r["occurrence"] == occurrence.as_str())
+        .collect();
+    assert_eq!(recorded.len(), 1, "{shown:?}");
+    assert_eq!(
+        (
+            &recorded[0]["outcome"],
+            &recorded[0]["redelivered"],
+            &recorded[0]["node"]
+        ),
+        (
+            &serde_json::json!("ok"),
+            &serde_json::json!(true),
+            &serde_json::json!(survivor)
+        ),
+        "{shown:?}"
+    );
+    assert!(
+        history(&c, "once")
+            .iter()
+            .all(|r| r["occurrence"] != occurrence.as_str()),
+        "the default delivery recorded the dead host's occurrence"
+    );
+}
+
 // Every store in the long tier: an attempt and a redelivery are manual
 // runs' requests, whose path the conformance suite checks on each.
 crate::per_store!(
@@ -1333,6 +1474,18 @@ crate::per_store!(
 );
 /// The daemon's never-heard-of win, on its own store split (one
 /// `per_store!` per module).
+/// At least once, on a store of each rule: PostgreSQL (the shared rule in
+/// a transaction) and Redlock (its masters' running marks) by default;
+/// `claim.lua` and the rest in the long tier (the conformance suite has
+/// the rule on every store).
+mod at_least_once {
+    use super::a_dead_hosts_unrecorded_run_is_run_again_with_at_least_once;
+    crate::per_store!(
+        [postgres, redlock] long [sqlite, mysql, redis, sentinel, zookeeper, etcd];
+        a_dead_hosts_unrecorded_run_is_run_again_with_at_least_once
+    );
+}
+
 mod unheard {
     use super::a_claim_its_daemon_never_heard_it_won_is_run_once_by_a_peer;
     crate::per_store!(

@@ -380,6 +380,7 @@ impl Protocol {
             recheck_only: false,
             window_end: None,
             manual: None,
+            redeliver: false,
         };
         // The store's batch step (a batch of one: the model has one job),
         // which decides with `decide` and writes the winner's row.

@@ -125,6 +125,7 @@ fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
         recheck_only: false,
         window_end: None,
         manual: None,
+        redeliver: false,
     }
 }
 

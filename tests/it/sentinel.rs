@@ -278,6 +278,7 @@ async fn a_switch_master_announcement_moves_the_store_before_its_next_call() {
         recheck_only: false,
         window_end: None,
         manual: None,
+        redeliver: false,
     };
     let first = store.claim(&[request(0)]).await.unwrap();
     assert!(

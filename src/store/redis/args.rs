@@ -85,7 +85,7 @@ pub(super) fn forgotten(reply: &redis::Value) -> bool {
 /// The keys and arguments of `claim.lua` for `requests`.
 pub(super) fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(2 * requests.len());
-    let mut args = Vec::with_capacity(13 * requests.len());
+    let mut args = Vec::with_capacity(14 * requests.len());
     for r in requests {
         let job = r.job.as_str();
         keys.push(job_key(prefix, job, "lease"));
@@ -112,6 +112,7 @@ pub(super) fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String
             r.window_end
                 .map(|e| to_ms(e).to_string())
                 .unwrap_or_default(),
+            if r.redeliver { "1" } else { "0" }.to_string(),
         ]);
     }
     keys.push(triggers_key(prefix));
@@ -234,7 +235,8 @@ pub(super) fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutc
         ClaimOutcome::Won(Won {
             fence,
             occurrence: from_ms(occurrence),
-            catch_up: catch_up == 1,
+            catch_up: catch_up >= 1,
+            redelivered: catch_up == 2,
             previous_owner: who,
         })
     } else {

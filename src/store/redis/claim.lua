@@ -18,10 +18,14 @@
 -- run's request claimed instead of the occurrence ("" for an occurrence; see
 -- manual() below), the job's name, and where the occurrence's window ends
 -- (ms; "" for no bound): a claim decided at or after it is stale, refused
--- writing nothing. The last key, KEYS[2n+1], is the hash of pending
--- requests (job -> id) that nodes poll.
+-- writing nothing, and "1" for delivery = "at_least_once": the lock's last
+-- occurrence equal to the previous one, its run not recorded (running "1")
+-- after a scheduled claim (last_trigger's time, its id over 2^20, not after
+-- it), no lease and another owner: that occurrence is won again, a catch-up
+-- (catch_up 2: redelivered). The last key, KEYS[2n+1], is the hash of
+-- pending requests (job -> id) that nodes poll.
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
--- catch_up, holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
+-- catch_up (1 a missed occurrence, 2 one redelivered), holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
 -- now_ms, too_early, repaired, idle_wait, paused}, too_early 1 when the
 -- occurrence is ahead of the clock, 2 when the claim is stale, idle_wait the ms left of an idle
 -- holder's head start when that holder kept the claim out (else -1), paused
@@ -51,7 +55,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = string.format('%d', now_ms)
 
-local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck, head_start, window_end)
+local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck, head_start, window_end, redeliver)
   local holder = redis.call('GET', lease_key)
   local remaining = 0
   local repaired = 0
@@ -68,7 +72,7 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
     end
     if remaining < 0 then remaining = 0 end
   end
-  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'paused')
+  local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'paused', 'last_trigger')
   local fence = decimal(state[1])
   local last = tonumber(state[2])
   local occurrence = tonumber(occurrence_s)
@@ -76,14 +80,19 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
 
   -- Our own earlier claim whose answer was lost: the same win, same fence.
   if unanswered == '1' and state[3] == owner and greater(fence, floor) and last
-      and (last == occurrence or (misfire == 'run_once' and previous_s ~= '' and last == tonumber(previous_s))) then
+      and (last == occurrence or ((misfire == 'run_once' or redeliver == '1') and previous_s ~= '' and last == tonumber(previous_s))) then
     if recheck ~= '1' then
       redis.call('SET', lease_key, owner, 'PX', lease_ms)
       redis.call('HSET', state_key, 'modified_at', now)
     end
     redis.call('HSET', state_key, 'running', '1')
     local catch_up = 0
-    if last ~= occurrence then catch_up = 1 end
+    if last ~= occurrence then
+      catch_up = 1
+      -- Which kind it was is not kept: with at_least_once the run is told
+      -- it may be a re-run.
+      if redeliver == '1' then catch_up = 2 end
+    end
     return {1, fence, last, catch_up, false, 0, last, now_ms, 0, repaired, -1, 0}
   end
   if state[5] == '1' then
@@ -120,6 +129,14 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   if misfire == 'run_once' and previous_s ~= '' and last and last < tonumber(previous_s) then
     claimed = previous_s
     catch_up = 1
+  elseif redeliver == '1' and previous_s ~= '' and last == tonumber(previous_s) and state[4] ~= '0'
+      and not holder and state[3] ~= owner
+      and not (state[6] and not greater(string.format('%d', (last + 1) * 1048576), decimal(state[6]))) then
+    -- The holder of the last occurrence died before recording its run.
+    -- A request's claim set the mark when the last request taken carries
+    -- a time after that occurrence: its id is at least (last + 1) * 2^20.
+    claimed = previous_s
+    catch_up = 2
   end
   local previous_owner = state[3]
   local new_fence
@@ -192,7 +209,7 @@ end
 
 local replies = {}
 for i = 1, (#KEYS - 1) / 2 do
-  local a = 13 * (i - 1)
+  local a = 14 * (i - 1)
   local ok, reply
   if ARGV[a + 11] ~= '' then
     ok, reply = pcall(manual, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 11], ARGV[a + 4],
@@ -200,7 +217,7 @@ for i = 1, (#KEYS - 1) / 2 do
   else
     ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
       ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10],
-      ARGV[a + 13])
+      ARGV[a + 13], ARGV[a + 14])
   end
   if ok then
     replies[i] = reply

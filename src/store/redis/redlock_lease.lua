@@ -18,7 +18,7 @@
 -- reads), ARGV[5i-2] the occurrence (ms), ARGV[5i-1] the head start (ms; ""
 -- for none), ARGV[5i] "1" for a manual run's claim.
 -- Reply: {now_ms, {{got, holder, pttl, fence, last, state_owner, idle_wait,
--- paused, pause_gen, trigger, last_trigger}, ...}}: got 2 the lease was the owner's already (3: and its
+-- paused, pause_gen, trigger, last_trigger, running}, ...}}: got 2 the lease was the owner's already (3: and its
 -- run is not recorded, for a manual claim), 1 taken now, 0 held by
 -- another (holder, pttl) or free and not taken (a recheck), -2 the request
 -- failed in the server (holder = the error). fence is a decimal string,
@@ -28,7 +28,8 @@
 -- generation it was written with (0 when none): the node keeps the mark
 -- of the highest generation, like the fence, and refuses a paused claim;
 -- trigger the manual run's request pending here and last_trigger the one
--- the last manual claim took here (false when none). A manual claim takes
+-- the last manual claim took here (false when none), running 1 while the
+-- state's running mark is set (absent counts as set), else 0. A manual claim takes
 -- a free lease, or an idle holder's at once (no head start, no clock
 -- compared), and is kept out by a busy one, its own owner's included.
 local t = redis.call('TIME')
@@ -37,6 +38,9 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function take(lease_key, state_key, owner, lease_ms, occurrence, head_start, manual)
   local state = redis.call('HMGET', state_key, 'fence', 'last_occurrence', 'owner', 'running', 'claiming', 'paused', 'pause_gen', 'trigger', 'last_trigger')
   local trig, last_trig = state[8] or false, state[9] or false
+  -- The running mark (absent counts as set).
+  local running = 1
+  if state[4] == '0' then running = 0 end
   local paused = 0
   if state[6] == '1' then paused = 1 end
   local pause_gen = tonumber(state[7]) or 0
@@ -47,7 +51,7 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
   local function take_now()
     redis.call('SET', lease_key, owner, 'PX', lease_ms)
     redis.call('HSET', state_key, 'claiming', occurrence)
-    return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+    return {1, owner, tonumber(lease_ms), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig, running}
   end
   local holder = redis.call('GET', lease_key)
   if manual == '1' and holder then
@@ -58,10 +62,10 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
     if holder == owner then
       local got = 2
       if busy then got = 3 end
-      return {got, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+      return {got, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig, running}
     end
     if busy or lease_ms == '0' then
-      return {0, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+      return {0, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig, running}
     end
     return take_now()
   end
@@ -69,7 +73,7 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
     if lease_ms ~= '0' then
       redis.call('HSET', state_key, 'claiming', occurrence)
     end
-    return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+    return {2, holder, redis.call('PTTL', lease_key), fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig, running}
   end
   if holder then
     local pttl = redis.call('PTTL', lease_key)
@@ -83,14 +87,14 @@ local function take(lease_key, state_key, owner, lease_ms, occurrence, head_star
     if head_start ~= '' and state[4] == '0' and last < occ and (tonumber(state[5]) or -1) < occ then
       local wait = occ + tonumber(head_start) - now_ms
       if wait > 0 or lease_ms == '0' then
-        return {0, holder, pttl, fence, last, state[3] or false, math.max(wait, 0), paused, pause_gen, trig, last_trig}
+        return {0, holder, pttl, fence, last, state[3] or false, math.max(wait, 0), paused, pause_gen, trig, last_trig, running}
       end
       return take_now()
     end
-    return {0, holder, pttl, fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+    return {0, holder, pttl, fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig, running}
   end
   if lease_ms == '0' then
-    return {0, false, 0, fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig}
+    return {0, false, 0, fence, last, state[3] or false, -1, paused, pause_gen, trig, last_trig, running}
   end
   return take_now()
 end
@@ -104,7 +108,7 @@ for i = 1, #KEYS / 2 do
   else
     local e = reply
     if type(e) == 'table' then e = e.err or 'error' end
-    replies[i] = {-2, tostring(e), 0, '0', -1, false, -1, 0, 0, false, false}
+    replies[i] = {-2, tostring(e), 0, '0', -1, false, -1, 0, 0, false, false, 1}
   end
 end
 return {now_ms, replies}

@@ -38,7 +38,24 @@ pub(super) struct Tally {
     /// of our last claim is not recorded (a run in progress).
     pub(super) ours_busy: usize,
     pub(super) trigger_taken: bool,
+    /// Of the masters at the highest fence: how many report its running
+    /// mark set, and how many cleared (its run recorded there).
+    pub(super) top_running: usize,
+    pub(super) top_recorded: usize,
+    /// The latest request a claim took, as the masters at the highest
+    /// fence report it.
+    pub(super) top_last_trigger: Option<i64>,
     pub(super) errors: Vec<String>,
+}
+
+impl Tally {
+    /// The run of the last claim was not recorded: some master at its fence
+    /// says so and none says it was. A claim writes its mark on a majority
+    /// and a record clears it on a majority, and each majority meets the
+    /// majority read here.
+    pub(super) fn running(&self) -> bool {
+        self.top_running > 0 && self.top_recorded == 0
+    }
 }
 
 /// A job's pause mark as the masters report it: `(generation, paused)`;
@@ -218,6 +235,7 @@ impl RedlockStore {
                 pause_gen,
                 trigger,
                 last_trigger,
+                running,
             )) = entries.get(slot)
             else {
                 continue;
@@ -234,10 +252,23 @@ impl RedlockStore {
                 best = Some(i128::from(fence));
                 t.fence = fence;
                 t.fence_owner = state_owner.clone();
+                (t.top_running, t.top_recorded, t.top_last_trigger) = (0, 0, None);
             } else if best == Some(i128::from(fence)) && t.fence_owner != *state_owner {
                 // Two claims with the same fence (one only ever reached a
                 // minority): the owner of the last claim is not known.
                 t.fence_owner = None;
+            }
+            if best == Some(i128::from(fence)) {
+                if *running == 0 {
+                    t.top_recorded += 1;
+                } else {
+                    t.top_running += 1;
+                }
+                let taken = last_trigger
+                    .as_deref()
+                    .and_then(TriggerId::parse_stored)
+                    .map(TriggerId::get);
+                t.top_last_trigger = t.top_last_trigger.max(taken);
             }
             if *last >= 0 {
                 t.last = Some(t.last.map_or(*last, |l| l.max(*last)));
@@ -513,8 +544,9 @@ impl RedlockStore {
                 // The lease was decided in phase 1 (where an idle holder's
                 // head start is judged by each master's running mark and
                 // clock): no live lease is left for the claim rule to see,
-                // but a manual claim's own busy one (above).
-                running: true,
+                // but a manual claim's own busy one (above). The mark
+                // matters here only to `at_least_once`.
+                running: busy || t.running(),
                 // The mark of the highest generation among the answers,
                 // a majority: a pause written to a majority is among them.
                 paused: t.pause.1,
@@ -525,7 +557,10 @@ impl RedlockStore {
                     .manual
                     .filter(|_| t.trigger_pending >= self.majority() && !t.trigger_taken)
                     .map(TriggerId::get),
-                last_trigger: req.manual.filter(|_| t.trigger_taken).map(TriggerId::get),
+                last_trigger: match req.manual {
+                    Some(id) => t.trigger_taken.then_some(id.get()),
+                    None => t.top_last_trigger,
+                },
                 now: store_now,
             };
             match decide(&row, req) {

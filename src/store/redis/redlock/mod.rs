@@ -97,7 +97,8 @@ pub struct RedlockStore {
 
 /// One master's answer to phase 1 for one request: got, holder, pttl,
 /// fence, last occurrence, state owner, idle wait, paused, pause
-/// generation, pending request, last request taken (`redlock_lease.lua`).
+/// generation, pending request, last request taken, running mark
+/// (`redlock_lease.lua`).
 type LeaseEntry = (
     i64,
     Option<String>,
@@ -110,6 +111,7 @@ type LeaseEntry = (
     i64,
     Option<String>,
     Option<String>,
+    i64,
 );
 /// A master's phase-1 answer: its clock and an entry per request.
 type LeaseAnswer = Option<Result<(i64, Vec<LeaseEntry>), StoreError>>;

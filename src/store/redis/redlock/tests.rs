@@ -53,6 +53,7 @@ fn request(recheck_only: bool) -> ClaimRequest {
         recheck_only,
         window_end: None,
         manual: None,
+        redeliver: false,
     }
 }
 
@@ -135,6 +136,7 @@ fn the_pause_mark_of_the_highest_generation_counts() {
                 generation,
                 None,
                 None,
+                1,
             )],
         )))
     };
@@ -169,6 +171,7 @@ fn ties_at_the_highest_fence_leave_the_last_owner_unknown() {
                 0,
                 None,
                 None,
+                1,
             )],
         )))
     };
@@ -179,6 +182,55 @@ fn ties_at_the_highest_fence_leave_the_last_owner_unknown() {
     let t = s.tally(&answers, 0, &request(false));
     assert_eq!((t.fence, t.fence_owner.as_deref()), (7, Some("me#1")));
     assert_eq!((t.ours, t.ours_before, t.counted), (3, 3, 3));
+}
+
+#[test]
+fn the_running_mark_counts_at_the_highest_fence_unless_a_master_there_saw_the_run_recorded() {
+    let s = store();
+    let entry = |fence: &str, running: i64, last_trigger: Option<&str>| -> LeaseAnswer {
+        Some(Ok((
+            0,
+            vec![(
+                1,
+                Some("me#1".into()),
+                900,
+                fence.into(),
+                5,
+                Some("b#1".into()),
+                -1,
+                0,
+                0,
+                None,
+                last_trigger.map(str::to_string),
+                running,
+            )],
+        )))
+    };
+    let tally = |answers: &[LeaseAnswer]| s.tally(answers, 0, &request(false));
+    // The claim's write reached one master of this majority; the others
+    // are behind (a lower fence, recorded there long ago).
+    let t = tally(&[
+        entry("7", 1, None),
+        entry("6", 0, None),
+        entry("6", 0, None),
+    ]);
+    assert!(t.running());
+    // Its record reached one of them: the run is recorded.
+    let t = tally(&[
+        entry("7", 1, None),
+        entry("7", 0, None),
+        entry("6", 0, None),
+    ]);
+    assert!(!t.running());
+    // A recorded run at a lower fence says nothing about the last claim's.
+    let t = tally(&[
+        entry("6", 0, Some("9")),
+        entry("7", 1, Some("5")),
+        entry("7", 1, None),
+    ]);
+    assert!(t.running());
+    // The last request taken, as the masters at the highest fence have it.
+    assert_eq!(t.top_last_trigger, Some(5));
 }
 
 #[test]
