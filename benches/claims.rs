@@ -82,6 +82,7 @@ async fn measure(backend: support::Backend, batch: usize, rounds: usize) -> Vec<
                 window_end: None,
                 manual: None,
                 redeliver: false,
+                before_previous: None,
             })
             .collect();
         let t = Instant::now();

@@ -101,6 +101,7 @@ async fn main() {
                 window_end: None,
                 manual: None,
                 redeliver: false,
+                before_previous: None,
             })
             .collect();
         for chunk in claims.chunks(1000) {

@@ -78,6 +78,7 @@ mod redis_replies {
                 window_end: None,
                 manual: None,
                 redeliver: false,
+                before_previous: None,
             })
             .collect();
         Some(

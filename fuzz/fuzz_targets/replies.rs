@@ -80,6 +80,7 @@ fn claim_rule(bytes: &[u8]) {
         job,
         occurrence: f.instant(),
         previous: (flags & 16 != 0).then(|| f.instant()),
+        before_previous: (more & 64 != 0).then(|| f.instant()),
         misfire: if flags & 32 != 0 {
             Misfire::Skip
         } else {
@@ -136,6 +137,13 @@ fn claim_rule(bytes: &[u8]) {
                 assert!(req.redeliver && won.catch_up, "a redelivery nobody asked for");
                 assert_eq!(req.previous.map(to_ms), Some(to_ms(won.occurrence)));
                 assert_eq!(last_occurrence, row.last_occurrence);
+            }
+            // Occurrences nobody claimed: after the lock's last one, and the
+            // fence below the win's is kept for them.
+            if let Some(after) = won.unclaimed_after {
+                assert_eq!(Some(to_ms(after)), row.last_occurrence);
+                assert!(to_ms(after) < to_ms(won.occurrence), "{won:?}");
+                assert!(fence - 1 > floor && fence - 1 > row.fence, "no fence kept: {won:?}");
             }
         }
         Decision::Refuse(_) => {}

@@ -10,9 +10,59 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::claim::{Due, gap, start_window};
-use super::{JobEntry, Node};
+use super::run::RunTicket;
+use super::{JobEntry, JobState, Node};
 use crate::config::JobName;
-use crate::store::TriggerId;
+use crate::schedule::Schedule;
+use crate::store::{Outcome, TriggerId, Won};
+
+/// The most occurrences nobody claimed that a `missed` record counts one
+/// by one: past it, it says "more than".
+const UNCLAIMED_COUNT_LIMIT: usize = 100_000;
+
+/// The occurrences of `schedule` after `after` and before `before`: how
+/// many (at most [`UNCLAIMED_COUNT_LIMIT`], and whether there are more),
+/// the first and the latest. `None` when there are none.
+pub(super) fn unclaimed_between(
+    schedule: &Schedule,
+    after: DateTime<Utc>,
+    before: DateTime<Utc>,
+) -> Option<(usize, bool, DateTime<Utc>, DateTime<Utc>)> {
+    let latest = schedule.previous_before(before).filter(|l| *l > after)?;
+    let first = schedule.next_after(after).filter(|f| *f <= latest)?;
+    let (mut count, mut at) = (1, first);
+    while at < latest {
+        if count == UNCLAIMED_COUNT_LIMIT {
+            return Some((count, true, first, latest));
+        }
+        match schedule.next_after(at) {
+            Some(next) if next <= latest => {
+                count += 1;
+                at = next;
+            }
+            _ => break,
+        }
+    }
+    Some((count, false, first, latest))
+}
+
+/// The output of the `missed` record of `count` (`more`: more than that)
+/// occurrences nobody claimed, from `first` to `latest`.
+fn unclaimed_why(count: usize, more: bool, first: DateTime<Utc>, latest: DateTime<Utc>) -> String {
+    let why =
+        "no node with the job was running, the store could not be reached, or the job was paused";
+    let at = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    if count == 1 && !more {
+        format!("no node claimed it ({why})")
+    } else {
+        format!(
+            "{}{count} occurrences from {} to {} were claimed by no node ({why}); this record stands for all of them",
+            if more { "more than " } else { "" },
+            at(first),
+            at(latest)
+        )
+    }
+}
 
 /// The occurrence a catch-up (on return, on resume) claims for the job of
 /// `entry` at `now` (`misfire = "run_once"` only): its latest one before
@@ -20,8 +70,9 @@ use crate::store::TriggerId;
 /// within its start window ([`start_window`]) and the first half of its gap:
 /// a catch-up later than that could still run when the next occurrence is
 /// due and push it out (overlap = skip); the next one's claim catches it
-/// up first and then runs in order. It names no previous occurrence, so
-/// the store hands out no older one.
+/// up first and then runs in order. It claims that occurrence only (the
+/// store hands out no older one), naming the one before it so those
+/// nobody claimed are recorded ([`Node::record_unclaimed`]).
 fn catch_up_due(entry: &JobEntry, before: DateTime<Utc>, now: DateTime<Utc>) -> Option<Due> {
     let job = entry.state.job();
     if job.misfire != crate::config::Misfire::RunOnce {
@@ -33,8 +84,9 @@ fn catch_up_due(entry: &JobEntry, before: DateTime<Utc>, now: DateTime<Utc>) -> 
         state: entry.state.clone(),
         stop: entry.handlers_stop.clone(),
         occurrence,
-        previous: None,
+        previous: job.schedule.previous_before(occurrence),
         next: Some(next),
+        only: true,
     })
 }
 
@@ -55,6 +107,41 @@ pub(crate) fn catch_up_open(
 }
 
 impl Node {
+    /// A win that left occurrences nobody claimed before it
+    /// ([`Won::unclaimed_after`]) records them `missed`, as one record
+    /// under the fence the store kept below the win's, with the latest of
+    /// them as its occurrence (docs/protocol.md, "Occurrences nobody
+    /// claimed"): `on_failure` and the `missed` event follow, once.
+    pub(super) fn record_unclaimed(
+        self: &Arc<Self>,
+        state: &Arc<JobState>,
+        won: &Won,
+        decision_ms: u64,
+    ) {
+        let Some(after) = won.unclaimed_after else {
+            return;
+        };
+        let job = state.job();
+        let Some((count, more, first, latest)) =
+            unclaimed_between(&job.schedule, after, won.occurrence)
+        else {
+            return;
+        };
+        let ticket = RunTicket {
+            fence: won.fence.saturating_sub(1),
+            occurrence: latest,
+            takeover: false,
+            decision_ms,
+            trigger: None,
+        };
+        self.record_not_run(
+            state,
+            ticket,
+            Outcome::Missed,
+            unclaimed_why(count, more, first, latest),
+        );
+    }
+
     /// Catch-up on return (`misfire = "run_once"`): when this node can claim
     /// (at start, once the store answers), the latest occurrence before its
     /// start of each job that no node claimed, still within its start
@@ -62,9 +149,9 @@ impl Node {
     /// at once, through the same claim
     /// rule as at its instant (one node wins it), instead of at the next
     /// occurrence. A job never claimed (no last occurrence in the store) or
-    /// paused has nothing to catch up. The claim names no previous
-    /// occurrence, so the store hands out no older one: older missed
-    /// occurrences are not run.
+    /// paused has nothing to catch up. The claim takes that occurrence only,
+    /// so the store hands out no older one: older missed occurrences are
+    /// not run, and recorded `missed` ([`Node::record_unclaimed`]).
     pub(super) async fn catch_up_on_return(self: &Arc<Self>) {
         let read = tokio::time::timeout(self.settings.op_timeout, self.store.status()).await;
         let rows = match read {
@@ -162,5 +249,56 @@ impl Node {
         {
             tracing::debug!(job, %id, "a resume's request was not withdrawn: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().to_utc()
+    }
+
+    #[test]
+    fn the_occurrences_nobody_claimed_are_those_strictly_between() {
+        let every_minute = Schedule::parse("0 * * * * *", "UTC").unwrap();
+        let (after, before) = (at("2026-12-02T10:00:00Z"), at("2026-12-02T10:05:00Z"));
+        assert_eq!(
+            unclaimed_between(&every_minute, after, before),
+            Some((
+                4,
+                false,
+                at("2026-12-02T10:01:00Z"),
+                at("2026-12-02T10:04:00Z")
+            ))
+        );
+        // Next to each other: none.
+        assert_eq!(
+            unclaimed_between(&every_minute, after, at("2026-12-02T10:01:00Z")),
+            None
+        );
+        let why = unclaimed_why(
+            4,
+            false,
+            at("2026-12-02T10:01:00Z"),
+            at("2026-12-02T10:04:00Z"),
+        );
+        assert!(
+            why.starts_with("4 occurrences from 2026-12-02T10:01:00Z to 2026-12-02T10:04:00Z were claimed by no node"),
+            "{why}"
+        );
+        assert!(unclaimed_why(1, false, after, after).starts_with("no node claimed it ("));
+        // A year of seconds: counted up to the limit.
+        let every_second = Schedule::parse("* * * * * *", "UTC").unwrap();
+        let (n, more, first, latest) =
+            unclaimed_between(&every_second, after, at("2027-12-02T10:00:00Z")).unwrap();
+        assert_eq!((n, more), (UNCLAIMED_COUNT_LIMIT, true));
+        assert_eq!(
+            (first, latest),
+            (at("2026-12-02T10:00:01Z"), at("2027-12-02T09:59:59Z"))
+        );
+        assert!(unclaimed_why(n, more, first, latest).starts_with("more than 100000 occurrences"));
     }
 }

@@ -133,6 +133,10 @@ pub(super) struct Due {
     pub(super) occurrence: DateTime<Utc>,
     pub(super) previous: Option<DateTime<Utc>>,
     pub(super) next: Option<DateTime<Utc>>,
+    /// A catch-up ([`super::catch_up`]): claims `occurrence` itself, never
+    /// an older one (`misfire = "skip"` to the store), naming `previous`
+    /// so the occurrences before it nobody claimed are recorded.
+    pub(super) only: bool,
 }
 
 /// A claim the scheduler already queued for a handler, with the job's gate.
@@ -288,6 +292,7 @@ impl Node {
                 occurrence,
                 previous: schedule.previous_before(occurrence),
                 next,
+                only: false,
             });
         }
         due
@@ -332,7 +337,14 @@ impl Node {
                 }
                 None => usize::from(d.state.follows()),
             };
-            requests[group].push(self.request(&d.state, d.occurrence, d.previous, d.next, false));
+            requests[group].push(self.request(
+                &d.state,
+                d.occurrence,
+                d.previous,
+                d.next,
+                false,
+                d.only,
+            ));
             gates[group].push(gate);
             queued_for[group].push(i);
         }
@@ -369,7 +381,8 @@ impl Node {
             && self.prepare.done.load(Ordering::SeqCst)
     }
 
-    /// The claim of `occurrence` as this node sends it now.
+    /// The claim of `occurrence` as this node sends it now (`only`: a
+    /// catch-up's, [`Due::only`]).
     fn request(
         &self,
         state: &JobState,
@@ -377,13 +390,19 @@ impl Node {
         previous: Option<DateTime<Utc>>,
         next: Option<DateTime<Utc>>,
         after_unanswered: bool,
+        only: bool,
     ) -> ClaimRequest {
         let job = state.job();
         ClaimRequest {
             job: job.name.clone(),
             occurrence,
             previous,
-            misfire: job.misfire,
+            before_previous: previous.and_then(|p| job.schedule.previous_before(p)),
+            misfire: if only {
+                crate::config::Misfire::Skip
+            } else {
+                job.misfire
+            },
             owner: self.owner.clone(),
             lease: self.lease_for(occurrence, next),
             fence_floor: state.fence_floor(),
@@ -423,10 +442,10 @@ impl Node {
     /// whether that claim won ([`Node::recheck_unanswered`]).
     async fn handle_occurrence(self: Arc<Self>, due: Due, queued: Option<Queued>) {
         let (state, stop) = (due.state.clone(), due.stop.clone());
-        let (occurrence, previous, next) = (due.occurrence, due.previous, due.next);
+        let (occurrence, previous, next, only) = (due.occurrence, due.previous, due.next, due.only);
         let gave_up_unanswered = self.claim_occurrence(due, queued).await;
         if gave_up_unanswered && !stop.is_cancelled() {
-            self.recheck_unanswered(&state, occurrence, previous, next)
+            self.recheck_unanswered(&state, occurrence, previous, next, only)
                 .await;
         }
     }
@@ -443,8 +462,9 @@ impl Node {
         occurrence: DateTime<Utc>,
         previous: Option<DateTime<Utc>>,
         next: Option<DateTime<Utc>>,
+        only: bool,
     ) {
-        let mut request = self.request(state, occurrence, previous, next, true);
+        let mut request = self.request(state, occurrence, previous, next, true, only);
         request.recheck_only = true;
         let answer =
             tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
@@ -557,6 +577,7 @@ impl Node {
             due.previous,
             due.next,
             at.unanswered.is_some(),
+            due.only,
         );
         let answer = match prepared {
             Ok(()) => self.batch.claims.submit(vec![request]).pop(),
@@ -668,6 +689,7 @@ impl Node {
         let (state, stop) = (&due.state, &due.stop);
         let job = state.job();
         state.saw_fence(won.fence);
+        self.record_unclaimed(state, &won, decision_ms);
         if Instant::now() >= at.give_up_at {
             // Answered after the occurrence's window (it waited behind a
             // stalled store): too late to run, and running it would push
@@ -875,6 +897,7 @@ impl Node {
                 catch_up: false,
                 previous_owner: None,
                 redelivered: false,
+                unclaimed_after: None,
             };
             self.start_run(state, self.ticket(&won, decision_ms));
             return Flow::Done(false);
@@ -963,6 +986,7 @@ mod tests {
             catch_up: true,
             redelivered,
             previous_owner: None,
+            unclaimed_after: None,
         }
     }
 

@@ -389,6 +389,7 @@ impl Node {
             window_end: None,
             manual: Some(id),
             redeliver: false,
+            before_previous: None,
         }
     }
 

@@ -118,6 +118,10 @@ pub struct ClaimRequest {
     pub occurrence: DateTime<Utc>,
     /// The occurrence before it, so a missed one can be caught up atomically.
     pub previous: Option<DateTime<Utc>>,
+    /// The occurrence before `previous`: with `run_once`, a catch-up of
+    /// `previous` over a lock whose last occurrence is older than this one
+    /// leaves occurrences nobody claimed ([`Won::unclaimed_after`]).
+    pub before_previous: Option<DateTime<Utc>>,
     pub misfire: Misfire,
     pub owner: Owner,
     /// Lease length, counted on the store's clock from the moment it decides.
@@ -185,6 +189,12 @@ pub struct Won {
     /// With `catch_up`: `occurrence` was claimed before by a holder that
     /// never recorded its run, and runs again ([`ClaimRequest::redeliver`]).
     pub redelivered: bool,
+    /// The lock's last occurrence when the occurrences after it and before
+    /// `occurrence` were claimed by nobody (docs/protocol.md, "Occurrences
+    /// nobody claimed"): the fence below `fence` is kept for their
+    /// `missed` record. `None` when there are none (or the win is one
+    /// answered again).
+    pub unclaimed_after: Option<DateTime<Utc>>,
     /// Who held the lock before (live or not): a different node means takeover.
     pub previous_owner: Option<String>,
 }

@@ -279,7 +279,11 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
     };
     let redelivered = missed.is_none() && redelivers(row, req, live);
     let caught_up = missed.or(req.previous.filter(|_| redelivered));
-    let Some(fence) = row.fence.max(floor).checked_add(1) else {
+    let unclaimed_after = unclaimed(req, row.last_occurrence, missed.is_some(), redelivered);
+    // The fence below the claim's is kept for the record of what nobody
+    // claimed.
+    let step = if unclaimed_after.is_some() { 2 } else { 1 };
+    let Some(fence) = row.fence.max(floor).checked_add(step) else {
         // Never wrap, never repeat: the job cannot be claimed any more.
         return Decision::FenceExhausted;
     };
@@ -294,9 +298,32 @@ pub fn decide(row: &LockRow, req: &ClaimRequest) -> Decision {
             occurrence: claimed,
             catch_up: caught_up.is_some(),
             redelivered,
+            unclaimed_after: unclaimed_after.map(from_ms),
             previous_owner: row.owner.clone(),
         },
     }
+}
+
+/// The lock's last occurrence `last` when a claim of `req` that wins
+/// leaves occurrences after it nobody claimed (docs/protocol.md,
+/// "Occurrences nobody claimed"): older than the occurrence before the
+/// one it runs (`before_previous` for a catch-up of `previous`, else
+/// `previous`). A redelivery follows its own claim: nothing is between.
+/// `claim.lua` keeps the same rule, and the Redis store reads it back from
+/// the script's reply with this function.
+pub fn unclaimed(
+    req: &ClaimRequest,
+    last: Option<i64>,
+    catch_up: bool,
+    redelivered: bool,
+) -> Option<i64> {
+    let last = last?;
+    let before = if catch_up {
+        req.before_previous
+    } else {
+        req.previous
+    };
+    (!redelivered && before.is_some_and(|b| last < to_ms(b))).then_some(last)
 }
 
 /// `delivery = "at_least_once"` (docs/protocol.md, "At least once"): the
@@ -353,6 +380,7 @@ fn same_win(
             // Which kind of catch-up it was is not kept: with
             // `at_least_once` the run is told it may be a re-run.
             redelivered: catch_up && req.redeliver,
+            unclaimed_after: None,
             previous_owner: None,
         },
     }
@@ -398,6 +426,7 @@ fn decide_manual(row: &LockRow, req: &ClaimRequest, id: TriggerId, floor: i64) -
             occurrence: from_ms(row.now),
             catch_up: false,
             redelivered: false,
+            unclaimed_after: None,
             previous_owner: row.owner.clone(),
         },
     }
@@ -426,6 +455,7 @@ mod tests {
             window_end: None,
             manual: None,
             redeliver: false,
+            before_previous: None,
         }
     }
 
@@ -705,6 +735,46 @@ mod tests {
     }
 
     #[test]
+    fn occurrences_nobody_claimed_keep_the_fence_below_the_win() {
+        let dead = |last: i64, fence: i64| row(Some("b"), fence, 19_000, Some(last));
+        let unclaimed = |d: &Decision| match d {
+            Decision::Claim { fence, won, .. } => (*fence, won.occurrence, won.unclaimed_after),
+            other => panic!("{other:?}"),
+        };
+        // skip: 18,000 and 19,000 between the last claim and the win.
+        let skip = req("a", 20_000, Some(19_000), Misfire::Skip, 0);
+        assert_eq!(
+            unclaimed(&decide(&dead(17_000, 7), &skip)),
+            (9, from_ms(20_000), Some(from_ms(17_000)))
+        );
+        // Nothing between.
+        assert_eq!(
+            unclaimed(&decide(&dead(19_000, 7), &skip)),
+            (8, from_ms(20_000), None)
+        );
+        // run_once catches 19,000 up: kept only when 18,000 was missed too.
+        let mut once = req("a", 20_000, Some(19_000), Misfire::RunOnce, 0);
+        once.before_previous = Some(from_ms(18_000));
+        assert_eq!(
+            unclaimed(&decide(&dead(17_000, 7), &once)),
+            (9, from_ms(19_000), Some(from_ms(17_000)))
+        );
+        assert_eq!(
+            unclaimed(&decide(&dead(18_000, 7), &once)),
+            (8, from_ms(19_000), None)
+        );
+        // A fence kept past the maximum is none: the job is exhausted.
+        assert_eq!(
+            decide(&dead(17_000, i64::MAX - 1), &skip),
+            Decision::FenceExhausted
+        );
+        assert_eq!(
+            unclaimed(&decide(&dead(19_000, i64::MAX - 1), &skip)).0,
+            i64::MAX
+        );
+    }
+
+    #[test]
     fn fence_floor_keeps_fences_from_going_back() {
         let d = decide(
             &row(None, 0, 0, None),
@@ -757,6 +827,7 @@ mod tests {
                     catch_up: false,
                     previous_owner: None,
                     redelivered: false,
+                    unclaimed_after: None,
                 },
             }
         );
@@ -788,6 +859,7 @@ mod tests {
                     catch_up: true,
                     previous_owner: None,
                     redelivered: false,
+                    unclaimed_after: None,
                 },
             }
         );

@@ -41,6 +41,7 @@ fn req(name: &str, owner: &str, n: i64, lease_ms: u64) -> ClaimRequest {
         window_end: None,
         manual: None,
         redeliver: false,
+        before_previous: None,
     }
 }
 
@@ -361,6 +362,67 @@ pub async fn at_least_once_runs_a_dead_holders_unrecorded_claim_again(h: &Harnes
     assert_eq!(
         (w.occurrence, w.catch_up, w.redelivered, w.fence),
         (occ(11), false, false, 3)
+    );
+}
+
+/// Occurrences nobody claimed (docs/protocol.md): a win over a lock whose
+/// last occurrence is older than the occurrence before the one it runs
+/// says since when, and takes the fence after next: the one between is
+/// for their `missed` record, which the store takes like any.
+pub async fn occurrences_nobody_claimed_keep_a_fence_for_their_record(h: &Harness) {
+    let a = h.store().await;
+    won(claim(&a, req("u", "a#1", 10, 300)).await);
+    // skip: 11 and 12 between; the win of 13 has fence 3.
+    let skip = ClaimRequest {
+        misfire: Misfire::Skip,
+        ..req("u", "a#1", 13, 5_000)
+    };
+    let w = won(claim(&a, skip).await);
+    assert_eq!(
+        (w.occurrence, w.fence, w.unclaimed_after),
+        (occ(13), 3, Some(occ(10)))
+    );
+    let missed = RunRecord {
+        outcome: Outcome::Missed,
+        exit_code: None,
+        occurrence: occ(12),
+        ..run("u", 2)
+    };
+    a.record_runs(
+        &[
+            missed,
+            RunRecord {
+                occurrence: occ(13),
+                ..run("u", 3)
+            },
+        ],
+        100,
+    )
+    .await
+    .unwrap();
+    let shown: Vec<(u64, Outcome)> = a
+        .history(Some(&job("u")), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.fence, r.outcome))
+        .collect();
+    assert_eq!(shown[..2], [(3, Outcome::Ok), (2, Outcome::Missed)]);
+    // run_once, 14 to 16 missed: 17's claim catches 16 up (fence 5: 4 is
+    // for 14 and 15), then 17 itself (6).
+    let once = |n: i64| ClaimRequest {
+        before_previous: Some(occ(n - 2)),
+        ..req("u", "a#1", n, 5_000)
+    };
+    let w = won(claim(&a, once(17)).await);
+    assert_eq!(
+        (w.occurrence, w.catch_up, w.fence, w.unclaimed_after),
+        (occ(16), true, 5, Some(occ(13)))
+    );
+    let w = won(claim(&a, once(17)).await);
+    assert_eq!(
+        (w.occurrence, w.catch_up, w.fence, w.unclaimed_after),
+        (occ(17), false, 6, None)
     );
 }
 
@@ -1741,6 +1803,7 @@ macro_rules! conformance {
                 lease_expiry_follows_the_store_clock,
                 missed_occurrence_is_caught_up_once,
                 at_least_once_runs_a_dead_holders_unrecorded_claim_again,
+                occurrences_nobody_claimed_keep_a_fence_for_their_record,
                 batch_claims_answer_in_order,
                 history_is_bounded_and_newest_first,
                 last_runs_are_each_jobs_newest_in_the_order_asked,

@@ -50,6 +50,7 @@ fn request(job: &str, occurrence_s: i64) -> ClaimRequest {
         window_end: None,
         manual: None,
         redeliver: false,
+        before_previous: None,
     }
 }
 

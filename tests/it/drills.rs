@@ -524,6 +524,7 @@ fn watchdog_renews_and_a_refused_renewal_kills() {
             window_end: None,
             manual: None,
             redeliver: false,
+            before_previous: None,
         };
         let won = store.claim(&[thief]).await.unwrap().outcomes;
         assert!(

@@ -277,6 +277,7 @@ async fn a_lease_is_rounded_up_to_whole_seconds_for_its_etcd_lease() {
             window_end: None,
             manual: None,
             redeliver: false,
+            before_previous: None,
         };
         let claimed = store.claim(&[req]).await.unwrap();
         assert!(matches!(claimed.outcomes[0], ClaimOutcome::Won(_)));
@@ -322,6 +323,7 @@ async fn a_claimer_waiting_out_a_lease_is_woken_when_its_key_is_deleted() {
         window_end: None,
         manual: None,
         redeliver: false,
+        before_previous: None,
     };
     let won = a.claim(&[req("a#1")]).await.unwrap();
     assert!(matches!(won.outcomes[0], ClaimOutcome::Won(_)));
@@ -381,6 +383,7 @@ async fn status_reads_more_locks_than_one_grpc_answer_holds() {
             window_end: None,
             manual: None,
             redeliver: false,
+            before_previous: None,
         })
         .collect();
     for chunk in requests.chunks(2_000) {

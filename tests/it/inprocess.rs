@@ -237,6 +237,7 @@ async fn ghost_claimed(w: &World, job: &str, at: DateTime<Utc>) {
             window_end: None,
             manual: None,
             redeliver: false,
+            before_previous: None,
         }])
         .await
         .unwrap();

@@ -715,6 +715,115 @@ on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME >> '{out}.
     );
 }
 
+/// The only node is away through T+4 and T+8 (every 4 s) and back at T+9.
+/// Occurrences nobody claimed are recorded `missed`, one record per gap
+/// under the fence below the win that found them, with `on_failure`:
+/// "once" (`run_once`) catches T+8 up at once and records T+4 ("no node
+/// claimed it"); "skip" runs T+12 and records T+4 to T+8 ("2 occurrences
+/// from ... to ... were claimed by no node").
+#[test]
+fn occurrences_nobody_claimed_are_recorded_missed_with_on_failure() {
+    let jobs = r#"
+[[job]]
+name = "once"
+schedule = "*/4 * * * * *"
+command = "echo once $CRONLEASE_OCCURRENCE $(date +%s.%N) >> '{out}'"
+on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_OCCURRENCE >> '{out}.hook'"
+
+[[job]]
+name = "skip"
+schedule = "*/4 * * * * *"
+misfire = "skip"
+command = "echo skip $CRONLEASE_OCCURRENCE $(date +%s.%N) >> '{out}'"
+on_failure = "echo $CRONLEASE_JOB $CRONLEASE_FENCE $CRONLEASE_OUTCOME $CRONLEASE_OCCURRENCE >> '{out}.hook'"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let t = first_run_of_both(&c, "once", "skip");
+    c.signal("n1", Signal::SIGTERM);
+    c.wait_exit("n1", Duration::from_secs(10))
+        .expect("n1 stops");
+    let at = |secs: i64| t + chrono::TimeDelta::seconds(secs);
+    assert!(
+        chrono::Utc::now() < at(3),
+        "n1 took too long to stop: {}",
+        c.report()
+    );
+    sleep_until(at(9));
+    c.start("n1");
+    sleep_until(at(13) + chrono::TimeDelta::milliseconds(500));
+    c.stop_all();
+    let text = std::fs::read_to_string(&c.out).unwrap_or_default();
+    let ran = |job: &str, secs: i64| {
+        let occ = at(secs).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{job} {occ} ")))
+            .count()
+    };
+    assert_eq!(
+        [ran("once", 4), ran("once", 8), ran("once", 12)],
+        [0, 1, 1],
+        "{text}"
+    );
+    assert_eq!(
+        [ran("skip", 4), ran("skip", 8), ran("skip", 12)],
+        [0, 0, 1],
+        "{text}"
+    );
+    let hooks = std::fs::read_to_string(format!("{}.hook", c.out.display())).unwrap_or_default();
+    // One missed record per job, below the fence of the win that found it.
+    for (job, occ, found_at, says) in [
+        (
+            "once",
+            4,
+            8,
+            "no node claimed it (no node with the job was running".to_string(),
+        ),
+        (
+            "skip",
+            8,
+            12,
+            format!(
+                "2 occurrences from {} to {} were claimed by no node",
+                at(4).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                at(8).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        ),
+    ] {
+        let runs = history(&c, job);
+        let occurrence = |secs: i64| at(secs).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let missed: Vec<&serde_json::Value> =
+            runs.iter().filter(|r| r["outcome"] == "missed").collect();
+        assert_eq!(missed.len(), 1, "{job}: {runs:?}");
+        let missed = missed[0];
+        assert_eq!(missed["occurrence"], occurrence(occ).as_str(), "{missed}");
+        assert!(
+            missed["output"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&says),
+            "{job}: {missed}"
+        );
+        let found = runs
+            .iter()
+            .find(|r| r["occurrence"] == occurrence(found_at).as_str())
+            .unwrap_or_else(|| panic!("{job}: no run of T+{found_at}: {runs:?}"));
+        assert_eq!(
+            missed["fence"].as_u64().unwrap() + 1,
+            found["fence"].as_u64().unwrap(),
+            "{job}: {runs:?}"
+        );
+        assert!(
+            hooks.contains(&format!(
+                "{job} {} missed {}",
+                missed["fence"],
+                occurrence(occ)
+            )),
+            "{job}: {hooks}"
+        );
+    }
+}
+
 /// The occurrence both jobs `a` and `b` first ran, each writing
 /// `JOB OCCURRENCE ...` lines to the cluster's out file.
 fn first_run_of_both(c: &Cluster, a: &str, b: &str) -> chrono::DateTime<chrono::Utc> {

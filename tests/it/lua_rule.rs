@@ -75,6 +75,7 @@ fn case(rng: &mut Rng, base: i64, job: &str) -> Case {
         job: JobName::parse(job).unwrap(),
         occurrence: from_ms(occurrence),
         previous: rng.chance().then(|| from_ms(occurrence - 1000)),
+        before_previous: rng.chance().then(|| from_ms(occurrence - 2000)),
         misfire: if rng.chance() {
             Misfire::RunOnce
         } else {
@@ -255,6 +256,7 @@ async fn claim_lua_decides_as_the_rust_rule() {
                             r.occurrence,
                             r.catch_up,
                             r.redelivered,
+                            r.unclaimed_after,
                             &r.previous_owner
                         ),
                         (
@@ -262,6 +264,7 @@ async fn claim_lua_decides_as_the_rust_rule() {
                             l.occurrence,
                             l.catch_up,
                             l.redelivered,
+                            l.unclaimed_after,
                             &l.previous_owner
                         ),
                         "won differently\nrust {rust:?}\nlua  {lua:?}\n{at}"

@@ -381,6 +381,7 @@ impl Protocol {
             window_end: None,
             manual: None,
             redeliver: false,
+            before_previous: None,
         };
         // The store's batch step (a batch of one: the model has one job),
         // which decides with `decide` and writes the winner's row.

@@ -126,6 +126,7 @@ fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
         window_end: None,
         manual: None,
         redeliver: false,
+        before_previous: None,
     }
 }
 

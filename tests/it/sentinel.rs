@@ -279,6 +279,7 @@ async fn a_switch_master_announcement_moves_the_store_before_its_next_call() {
         window_end: None,
         manual: None,
         redeliver: false,
+        before_previous: None,
     };
     let first = store.claim(&[request(0)]).await.unwrap();
     assert!(

@@ -85,7 +85,7 @@ pub(super) fn forgotten(reply: &redis::Value) -> bool {
 /// The keys and arguments of `claim.lua` for `requests`.
 pub(super) fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(2 * requests.len());
-    let mut args = Vec::with_capacity(14 * requests.len());
+    let mut args = Vec::with_capacity(15 * requests.len());
     for r in requests {
         let job = r.job.as_str();
         keys.push(job_key(prefix, job, "lease"));
@@ -113,6 +113,9 @@ pub(super) fn claim_args(prefix: &str, requests: &[ClaimRequest]) -> (Vec<String
                 .map(|e| to_ms(e).to_string())
                 .unwrap_or_default(),
             if r.redeliver { "1" } else { "0" }.to_string(),
+            r.before_previous
+                .map(|p| to_ms(p).to_string())
+                .unwrap_or_default(),
         ]);
     }
     keys.push(triggers_key(prefix));
@@ -237,6 +240,13 @@ pub(super) fn outcome_from_reply(r: ClaimReply, req: &ClaimRequest) -> ClaimOutc
             occurrence: from_ms(occurrence),
             catch_up: catch_up >= 1,
             redelivered: catch_up == 2,
+            unclaimed_after: crate::store::rule::unclaimed(
+                req,
+                (last >= 0).then_some(last),
+                catch_up == 1,
+                catch_up == 2,
+            )
+            .map(from_ms),
             previous_owner: who,
         })
     } else {

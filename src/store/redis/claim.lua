@@ -6,7 +6,7 @@
 -- run is recorded, "0" after; absent counts as "1"; paused: "1" while the
 -- job is paused, written only by pause.lua; trigger: a pending manual run's
 -- request id, written by trigger.lua; last_trigger: the one the last manual
--- claim took); ARGV[13(i-1)+1..13]
+-- claim took); ARGV[15(i-1)+1..15]
 -- owner, occurrence
 -- (ms), previous occurrence (ms) or "", lease (ms), fence floor (decimal u64),
 -- "run_once" or "skip", max clock offset (ms: an occurrence later than now +
@@ -22,8 +22,13 @@
 -- occurrence equal to the previous one, its run not recorded (running "1")
 -- after a scheduled claim (last_trigger's time, its id over 2^20, not after
 -- it), no lease and another owner: that occurrence is won again, a catch-up
--- (catch_up 2: redelivered). The last key, KEYS[2n+1], is the hash of
--- pending requests (job -> id) that nodes poll.
+-- (catch_up 2: redelivered), and the occurrence before the previous one
+-- (ms) or "": a win that leaves occurrences nobody claimed (the last one
+-- older than the occurrence before the one it runs: this one for a
+-- catch-up, else the previous one) takes the fence after next, the one
+-- between kept for their record (store::rule::unclaimed, which the Redis
+-- store also reads the reply with). The last key, KEYS[2n+1], is the hash
+-- of pending requests (job -> id) that nodes poll.
 -- Reply: one array per request: {won, fence (decimal string), occurrence,
 -- catch_up (1 a missed occurrence, 2 one redelivered), holder_or_previous_owner, remaining_ms, last_occurrence_or_-1,
 -- now_ms, too_early, repaired, idle_wait, paused}, too_early 1 when the
@@ -38,6 +43,7 @@
 -- decimal strings, and from 10^15 on incremented with HINCRBY (64-bit
 -- integers); below that a double is exact.
 local MAX_FENCE = '9223372036854775807'
+local MAX_FENCE_1 = '9223372036854775806'
 local function greater(a, b)
   if #a ~= #b then return #a > #b end
   return a > b
@@ -55,7 +61,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = string.format('%d', now_ms)
 
-local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck, head_start, window_end, redeliver)
+local function claim(lease_key, state_key, owner, occurrence_s, previous_s, lease_ms, floor_s, misfire, max_offset, unanswered, recheck, head_start, window_end, redeliver, before_previous_s)
   local holder = redis.call('GET', lease_key)
   local remaining = 0
   local repaired = 0
@@ -120,9 +126,6 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
   end
   local base = fence
   if greater(floor, base) then base = floor end
-  if not greater(MAX_FENCE, base) then
-    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, -1, 0}
-  end
 
   local claimed = occurrence_s
   local catch_up = 0
@@ -138,16 +141,26 @@ local function claim(lease_key, state_key, owner, occurrence_s, previous_s, leas
     claimed = previous_s
     catch_up = 2
   end
+  -- Occurrences nobody claimed: the fence between is theirs.
+  local before = previous_s
+  if catch_up == 1 then before = before_previous_s end
+  local step = 1
+  if catch_up ~= 2 and last and before ~= '' and last < tonumber(before) then step = 2 end
+  local limit = MAX_FENCE
+  if step == 2 then limit = MAX_FENCE_1 end
+  if not greater(limit, base) then
+    return {-1, fence, 0, 0, holder or false, remaining, last or -1, now_ms, 0, repaired, -1, 0}
+  end
   local previous_owner = state[3]
   local new_fence
   redis.call('SET', lease_key, owner, 'PX', lease_ms)
   if #base <= 15 then
     -- Below 10^15 a double is exact: one write for the whole row.
-    new_fence = string.format('%d', tonumber(base) + 1)
+    new_fence = string.format('%d', tonumber(base) + step)
     redis.call('HSET', state_key, 'fence', new_fence, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now, 'running', '1')
   else
     redis.call('HSET', state_key, 'fence', base)
-    redis.call('HINCRBY', state_key, 'fence', 1)
+    redis.call('HINCRBY', state_key, 'fence', step)
     -- Read back as a string: the integer reply would become a double.
     new_fence = redis.call('HGET', state_key, 'fence')
     redis.call('HSET', state_key, 'last_occurrence', claimed, 'owner', owner, 'modified_at', now, 'running', '1')
@@ -209,7 +222,7 @@ end
 
 local replies = {}
 for i = 1, (#KEYS - 1) / 2 do
-  local a = 14 * (i - 1)
+  local a = 15 * (i - 1)
   local ok, reply
   if ARGV[a + 11] ~= '' then
     ok, reply = pcall(manual, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 11], ARGV[a + 4],
@@ -217,7 +230,7 @@ for i = 1, (#KEYS - 1) / 2 do
   else
     ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
       ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10],
-      ARGV[a + 13], ARGV[a + 14])
+      ARGV[a + 13], ARGV[a + 14], ARGV[a + 15])
   end
   if ok then
     replies[i] = reply

@@ -54,6 +54,7 @@ fn request(recheck_only: bool) -> ClaimRequest {
         window_end: None,
         manual: None,
         redeliver: false,
+        before_previous: None,
     }
 }
 
