@@ -476,6 +476,7 @@ async fn a_cut_off_idle_holder_is_taken_over_after_the_head_start() {
 /// occurrence itself, both at the instant.
 #[tokio::test(start_paused = true)]
 async fn a_missed_occurrence_is_caught_up_first() {
+    use cronlease::store::History;
     let w = World::new(VirtualRunner::default());
     // A node long gone claimed 11:59:30 and nobody ran 11:59:40 or :50.
     ghost_claimed_11_59_30(&w).await;
@@ -487,15 +488,34 @@ async fn a_missed_occurrence_is_caught_up_first() {
         .iter()
         .map(|r| (r.fence, ms(r.occurrence - t(0.0)), ms(r.started - t(0.0))))
         .collect();
-    assert_eq!(runs, vec![(2, -10_000, 0), (3, 0, 0)]);
+    // Fence 2 is kept for 11:59:40, which nobody claimed: recorded
+    // `missed`, under it.
+    assert_eq!(runs, vec![(3, -10_000, 0), (4, 0, 0)]);
+    let history = w.store.connection().history(None, 10).await.unwrap();
+    let unclaimed = history.iter().find(|r| r.fence == 2).unwrap();
+    assert_eq!(
+        (
+            unclaimed.outcome.to_string(),
+            ms(unclaimed.occurrence - t(0.0))
+        ),
+        ("missed".into(), -20_000),
+        "{history:?}"
+    );
+    assert!(
+        unclaimed.output.contains("no node claimed it ("),
+        "{}",
+        unclaimed.output
+    );
     a.stop().await;
 }
 
 /// A node that comes back (here: starts) in the first half of the gap after
 /// an occurrence nobody claimed runs it at once (misfire run_once), not at
-/// the next occurrence; the older missed one (11:58:59) is not run.
+/// the next occurrence; the older missed one (11:58:59) is not run, and
+/// recorded `missed` under the fence below.
 #[tokio::test(start_paused = true)]
 async fn a_returning_node_runs_the_latest_missed_occurrence_at_once() {
+    use cronlease::store::History;
     let w = World::new(VirtualRunner::default());
     let every_minute =
         "[[job]]\nname = \"j0000\"\nschedule = \"59 * * * * *\"\ncommand = [\"/bin/true\"]\n";
@@ -512,9 +532,16 @@ async fn a_returning_node_runs_the_latest_missed_occurrence_at_once() {
     // Run when the node could first claim (its store prepared), before
     // 12:00:00; then 12:00:59 on time.
     assert_eq!(runs.len(), 2, "{runs:?}");
-    assert_eq!((runs[0].0, runs[0].1), (2, -1_000), "{runs:?}");
+    assert_eq!((runs[0].0, runs[0].1), (3, -1_000), "{runs:?}");
     assert!((-500..-300).contains(&runs[0].2), "{runs:?}");
-    assert_eq!(runs[1], (3, 59_000, 59_000), "{runs:?}");
+    assert_eq!(runs[1], (4, 59_000, 59_000), "{runs:?}");
+    let history = w.store.connection().history(None, 10).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|r| r.fence == 2 && r.outcome.to_string() == "missed" && r.occurrence == t(-61.0)),
+        "{history:?}"
+    );
     a.stop().await;
 }
 
@@ -620,10 +647,14 @@ async fn an_occurrence_past_its_starting_deadline_is_recorded_missed_not_run() {
         .collect();
     assert_eq!(
         outcomes,
-        vec![(2, "missed".into(), -10_000), (3, "ok".into(), 0)],
+        vec![
+            (2, "missed".into(), -20_000),
+            (3, "missed".into(), -10_000),
+            (4, "ok".into(), 0)
+        ],
         "{history:?}"
     );
-    let missed = history.iter().find(|r| r.fence == 2).unwrap();
+    let missed = history.iter().find(|r| r.fence == 3).unwrap();
     assert!(
         missed.output.contains("past starting_deadline (3s"),
         "{}",
@@ -648,8 +679,10 @@ async fn a_lost_claim_reply_loses_no_occurrence() {
         .iter()
         .map(|r| (r.fence, ms(r.occurrence - t(0.0))))
         .collect();
-    // Fence 2 went to the catch-up of 11:59:50 whose reply was lost.
-    assert_eq!(runs, vec![(2, -10_000), (3, 0), (4, 10_000)]);
+    // Fence 3 went to the catch-up of 11:59:50 whose reply was lost (2 was
+    // kept for 11:59:40: the win answered again does not say so, and
+    // nothing is recorded under it).
+    assert_eq!(runs, vec![(3, -10_000), (4, 0), (5, 10_000)]);
     a.stop().await;
 }
 
@@ -974,8 +1007,8 @@ async fn a_paused_job_runs_nowhere_until_resumed() {
     w.until(t(41.0)).await;
     assert_eq!(
         runs(&w),
-        vec![(1, 0, 0), (2, 30_000, 40_000), (3, 40_000, 40_000)],
-        "30 caught up at 40, then 40"
+        vec![(1, 0, 0), (3, 30_000, 40_000), (4, 40_000, 40_000)],
+        "30 caught up at 40 (2 kept for 10 and 20: nobody claimed them), then 40"
     );
     a.stop().await;
     b.stop().await;
@@ -1050,9 +1083,9 @@ async fn a_pause_during_a_takeover_wait_stops_the_takeover() {
         runs(&w),
         vec![
             ("a".into(), 1, 0, 0),
-            ("b".into(), 2, 30_000, 40_005),
-            ("b".into(), 3, 40_000, 44_005),
-            ("b".into(), 4, 50_000, 50_000)
+            ("b".into(), 3, 30_000, 40_005),
+            ("b".into(), 4, 40_000, 44_005),
+            ("b".into(), 5, 50_000, 50_000)
         ],
     );
     b.stop().await;
