@@ -3,7 +3,10 @@
 //! claimed is claimed at once, by the occurrence's own claim rule, when
 //! this node comes back ([`Node::catch_up_on_return`]) or when
 //! `cronlease resume` asks for it ([`Node::catch_up_on_resume`]), while it
-//! may still start; later, the next occurrence's claim handles it.
+//! may still start; later, the next occurrence's claim handles it. The
+//! occurrences nobody claimed before a win are recorded `missed`, one
+//! record per gap ([`Node::record_unclaimed`], docs/protocol.md
+//! "Occurrences nobody claimed").
 
 use std::sync::Arc;
 
@@ -86,7 +89,7 @@ fn catch_up_due(entry: &JobEntry, before: DateTime<Utc>, now: DateTime<Utc>) -> 
         occurrence,
         previous: job.schedule.previous_before(occurrence),
         next: Some(next),
-        only: true,
+        catch_up_only: true,
     })
 }
 
@@ -112,6 +115,8 @@ impl Node {
     /// under the fence the store kept below the win's, with the latest of
     /// them as its occurrence (docs/protocol.md, "Occurrences nobody
     /// claimed"): `on_failure` and the `missed` event follow, once.
+    /// Counted off the claim's path: a job of seconds after a long outage
+    /// has many to count, and the win's own run starts meanwhile.
     pub(super) fn record_unclaimed(
         self: &Arc<Self>,
         state: &Arc<JobState>,
@@ -121,25 +126,26 @@ impl Node {
         let Some(after) = won.unclaimed_after else {
             return;
         };
-        let job = state.job();
-        let Some((count, more, first, latest)) =
-            unclaimed_between(&job.schedule, after, won.occurrence)
-        else {
-            return;
-        };
-        let ticket = RunTicket {
-            fence: won.fence.saturating_sub(1),
-            occurrence: latest,
-            takeover: false,
-            decision_ms,
-            trigger: None,
-        };
-        self.record_not_run(
-            state,
-            ticket,
-            Outcome::Missed,
-            unclaimed_why(count, more, first, latest),
-        );
+        let (node, state) = (self.clone(), state.clone());
+        let (before, fence) = (won.occurrence, won.fence.saturating_sub(1));
+        self.life.runs.spawn(async move {
+            let schedule = state.job().schedule.clone();
+            let counted =
+                tokio::task::spawn_blocking(move || unclaimed_between(&schedule, after, before))
+                    .await;
+            let Ok(Some((count, more, first, latest))) = counted else {
+                return;
+            };
+            let ticket = RunTicket {
+                fence,
+                occurrence: latest,
+                takeover: false,
+                decision_ms,
+                trigger: None,
+            };
+            let why = unclaimed_why(count, more, first, latest);
+            node.record_not_run(&state, ticket, Outcome::Missed, why);
+        });
     }
 
     /// Catch-up on return (`misfire = "run_once"`): when this node can claim

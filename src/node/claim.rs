@@ -36,7 +36,7 @@ use super::batch::{self, Pending};
 use super::membership::Deferral;
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
-use crate::config::JobName;
+use crate::config::{Delivery, JobName, Misfire};
 use crate::exec::Finished;
 use crate::metrics::ClaimLabel;
 use crate::store::{ClaimOutcome, ClaimRequest, Lost, Outcome, StoreError, TriggerId, Won};
@@ -134,9 +134,10 @@ pub(super) struct Due {
     pub(super) previous: Option<DateTime<Utc>>,
     pub(super) next: Option<DateTime<Utc>>,
     /// A catch-up ([`super::catch_up`]): claims `occurrence` itself, never
-    /// an older one (`misfire = "skip"` to the store), naming `previous`
-    /// so the occurrences before it nobody claimed are recorded.
-    pub(super) only: bool,
+    /// an older missed one (`misfire = "skip"` to the store; with
+    /// `at_least_once` the one before it may be redelivered first), naming
+    /// `previous` so the occurrences before it nobody claimed are recorded.
+    pub(super) catch_up_only: bool,
 }
 
 /// A claim the scheduler already queued for a handler, with the job's gate.
@@ -292,7 +293,7 @@ impl Node {
                 occurrence,
                 previous: schedule.previous_before(occurrence),
                 next,
-                only: false,
+                catch_up_only: false,
             });
         }
         due
@@ -343,7 +344,7 @@ impl Node {
                 d.previous,
                 d.next,
                 false,
-                d.only,
+                d.catch_up_only,
             ));
             gates[group].push(gate);
             queued_for[group].push(i);
@@ -382,7 +383,7 @@ impl Node {
     }
 
     /// The claim of `occurrence` as this node sends it now (`only`: a
-    /// catch-up's, [`Due::only`]).
+    /// catch-up's, [`Due::catch_up_only`]).
     fn request(
         &self,
         state: &JobState,
@@ -398,11 +399,7 @@ impl Node {
             occurrence,
             previous,
             before_previous: previous.and_then(|p| job.schedule.previous_before(p)),
-            misfire: if only {
-                crate::config::Misfire::Skip
-            } else {
-                job.misfire
-            },
+            misfire: if only { Misfire::Skip } else { job.misfire },
             owner: self.owner.clone(),
             lease: self.lease_for(occurrence, next),
             fence_floor: state.fence_floor(),
@@ -423,7 +420,7 @@ impl Node {
                         .and_then(|bound| end.checked_add_signed(bound))
                 }),
             manual: None,
-            redeliver: job.delivery == crate::config::Delivery::AtLeastOnce,
+            redeliver: job.delivery == Delivery::AtLeastOnce,
         }
     }
 
@@ -442,7 +439,8 @@ impl Node {
     /// whether that claim won ([`Node::recheck_unanswered`]).
     async fn handle_occurrence(self: Arc<Self>, due: Due, queued: Option<Queued>) {
         let (state, stop) = (due.state.clone(), due.stop.clone());
-        let (occurrence, previous, next, only) = (due.occurrence, due.previous, due.next, due.only);
+        let (occurrence, previous, next, only) =
+            (due.occurrence, due.previous, due.next, due.catch_up_only);
         let gave_up_unanswered = self.claim_occurrence(due, queued).await;
         if gave_up_unanswered && !stop.is_cancelled() {
             self.recheck_unanswered(&state, occurrence, previous, next, only)
@@ -577,7 +575,7 @@ impl Node {
             due.previous,
             due.next,
             at.unanswered.is_some(),
-            due.only,
+            due.catch_up_only,
         );
         let answer = match prepared {
             Ok(()) => self.batch.claims.submit(vec![request]).pop(),
@@ -749,10 +747,12 @@ impl Node {
             at.unanswered = None;
             return Flow::Again;
         }
-        if won.redelivered {
-            tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, "its holder died before recording its run: running it again (delivery = at_least_once)");
-        } else if won.catch_up {
-            tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
+        if won.catch_up {
+            if won.redelivered {
+                tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, "its holder died before recording its run: running it again (delivery = at_least_once)");
+            } else {
+                tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
+            }
             self.after_manual_run(state, won.fence, at.give_up_at, stop)
                 .await;
             let started = self.start_run(state, ticket).is_some();

@@ -4,9 +4,10 @@
 //!
 //! - Each job's definition (what changes when it runs: schedule, zone,
 //!   command, timeout, kill grace, misfire, overlap, starting deadline,
-//!   delivery, env, working directory, user, output tail, hooks, retry) has a 64-bit digest, SHA-256 over a
-//!   tagged encoding of those fields: the same on every host and version
-//!   that writes the same encoding ([`ENCODING`]).
+//!   delivery, env, working directory, user, output tail, hooks, retry)
+//!   has a 64-bit digest, SHA-256 over a tagged encoding of those fields:
+//!   the same on every host and version that writes the same encoding
+//!   ([`ENCODING`]).
 //! - Every beat carries the digest of the whole set (so agreeing nodes
 //!   exchange 16 hex digits), and, while a live peer's set digest differs
 //!   from this node's, one page of its per-job digests ([`PAGE_JOBS`] jobs,

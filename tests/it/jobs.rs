@@ -1532,6 +1532,15 @@ command = "echo once $CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE ${CR
         secs(n[0]) >= secs(l[1]) + 2.0,
         "N overlapped the redelivery: {runs:?}"
     );
+    // N right after the redelivery, within its own window (before N + 5 s:
+    // not caught up at the next claim).
+    let n_at = chrono::DateTime::parse_from_rfc3339(&next)
+        .unwrap()
+        .timestamp() as f64;
+    assert!(
+        secs(n[0]) < n_at + 5.0,
+        "N ran after its window: {runs:?}\n{report}"
+    );
     assert_eq!(n[0][4], "0", "{runs:?}");
     // At most once: L by the dead host only; N once.
     assert_eq!(of("once", &occurrence).len(), 1, "{runs:?}");
@@ -1581,8 +1590,6 @@ crate::per_store!(
     retried_once_per_attempt_after_the_holder_dies,
     a_claim_its_daemon_died_holding_unstarted_is_run_once_by_a_peer
 );
-/// The daemon's never-heard-of win, on its own store split (one
-/// `per_store!` per module).
 /// At least once, on a store of each rule: PostgreSQL (the shared rule in
 /// a transaction) and Redlock (its masters' running marks) by default;
 /// `claim.lua` and the rest in the long tier (the conformance suite has
@@ -1595,6 +1602,8 @@ mod at_least_once {
     );
 }
 
+/// The daemon's never-heard-of win, on its own store split (one
+/// `per_store!` per module).
 mod unheard {
     use super::a_claim_its_daemon_never_heard_it_won_is_run_once_by_a_peer;
     crate::per_store!(
