@@ -23,9 +23,7 @@ use std::time::Duration;
 use chrono::SecondsFormat;
 use cronlease::config::{JobName, Misfire};
 use cronlease::fuzzing;
-use cronlease::store::{
-    ClaimRequest, Decision, LockRow, Owner, TriggerId, decide, from_ms, to_ms,
-};
+use cronlease::store::{ClaimRequest, Decision, LockRow, Owner, TriggerId, decide, from_ms, to_ms};
 use libfuzzer_sys::fuzz_target;
 
 /// Reads the fields of a `d` input in order.
@@ -134,7 +132,10 @@ fn claim_rule(bytes: &[u8]) {
             // A redelivery (at_least_once): only asked for, only of the
             // previous occurrence, which was the lock's last and stays so.
             if won.redelivered {
-                assert!(req.redeliver && won.catch_up, "a redelivery nobody asked for");
+                assert!(
+                    req.redeliver && won.catch_up,
+                    "a redelivery nobody asked for"
+                );
                 assert_eq!(req.previous.map(to_ms), Some(to_ms(won.occurrence)));
                 assert_eq!(last_occurrence, row.last_occurrence);
             }
@@ -144,11 +145,11 @@ fn claim_rule(bytes: &[u8]) {
             // as some other instant.)
             if let Some(after) = won.unclaimed_after {
                 assert_eq!(Some(after), row.last_occurrence.map(from_ms));
+                assert!(row.last_occurrence < Some(to_ms(won.occurrence)), "{won:?}");
                 assert!(
-                    row.last_occurrence < Some(to_ms(won.occurrence)),
-                    "{won:?}"
+                    fence - 1 > floor && fence - 1 > row.fence,
+                    "no fence kept: {won:?}"
                 );
-                assert!(fence - 1 > floor && fence - 1 > row.fence, "no fence kept: {won:?}");
             }
         }
         Decision::Refuse(_) => {}
