@@ -23,6 +23,10 @@ pub trait Spooled: Serialize + DeserializeOwned {
     fn file_name(&self) -> String;
 }
 
+/// A spool's lock, held while this value lives ([`Spool::try_lock`]).
+#[derive(Debug)]
+pub struct SpoolLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
 /// The spool directory.
 #[derive(Debug, Clone)]
 pub struct Spool {
@@ -130,6 +134,28 @@ impl Spool {
         f.sync_all()?;
         std::fs::rename(&tmp, self.dir.join(&name))?;
         Ok(())
+    }
+
+    /// Takes the spool's lock (`flock` on its `.lock` file) if nobody
+    /// holds it: `None` when another process does. The daemon whose
+    /// deliveries a spool keeps holds it while it sends them; a dead
+    /// daemon's guard takes it to hand them over, so the two never act on
+    /// one file at once. Released when the [`SpoolLock`] drops (or its
+    /// process ends).
+    pub fn try_lock(&self) -> std::io::Result<Option<SpoolLock>> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(self.dir.join(".lock"))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(SpoolLock(lock))),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(e.into()),
+        }
     }
 
     /// Removes `p`'s file (done with); a file already gone is no error.

@@ -89,7 +89,7 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
             Ok(listener) => {
                 let n = node.clone();
                 let healthy: http::HealthCheck = Arc::new(move || n.health_problem());
-                let api = http::Api::new(node.metrics().clone(), healthy, store, config_rx);
+                let api = http::Api::new(node.metrics().clone(), healthy, store.clone(), config_rx);
                 tokio::spawn(http::serve(listener, Arc::new(api), shutdown.clone()));
                 tracing::info!(%addr, "serving the dashboard on /, /api/*, /metrics and /healthz");
             }
@@ -120,11 +120,26 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
     let sender = webhooks
         .clone()
         .map(|w| tokio::spawn(w.run(sending.clone())));
+    // Deliveries a node that stopped handed over (docs/protocol.md,
+    // "Webhook deliveries handed over").
+    let collector = webhooks.clone().map(|w| {
+        tokio::spawn(w.collect(
+            store.clone(),
+            node.owner().clone(),
+            config.store.op_timeout,
+            sending.clone(),
+        ))
+    });
     node.run(config.jobs.clone(), shutdown).await;
     if let (Some(w), Some(sender)) = (webhooks, sender) {
         flush_webhooks(&w).await;
         sending.cancel();
         let _ = sender.await;
+        if let Some(collector) = collector {
+            let _ = collector.await;
+        }
+        w.hand_over_left(store.as_ref(), config.store.op_timeout)
+            .await;
     }
     signal_task.abort();
     drop(pid_file);
@@ -143,7 +158,7 @@ async fn flush_webhooks(w: &crate::webhook::Webhooks) {
     if left > 0 {
         tracing::info!(
             pending = left,
-            "webhook deliveries not sent before the stop: kept in the spool for the next start"
+            "webhook deliveries not sent before the stop: handing them over"
         );
     }
 }

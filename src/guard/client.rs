@@ -172,6 +172,7 @@ impl Guard {
             keep,
             jobs,
             owed_dir,
+            notify_dir,
         } = handover;
         let mut chunks: Vec<Vec<String>> = jobs
             .chunks(HANDOVER_CHUNK)
@@ -188,6 +189,7 @@ impl Guard {
                 keep,
                 jobs,
                 owed_dir: owed_dir.clone(),
+                notify_dir: notify_dir.clone(),
             }));
             if self.shared.gone.load(Ordering::Relaxed)
                 || self.shared.send(&message, &[]).await.is_err()

@@ -208,6 +208,7 @@ pub(super) fn hand_over(
         node,
         keep,
         owed_dir,
+        notify_dir,
         ..
     } = handover;
     let mut records: Vec<RunRecord> = runs
@@ -323,6 +324,18 @@ pub(super) fn hand_over(
             let _ = bounded(within, store.release(&names, &owner)).await;
         }
         let _ = bounded(within, store.leave(&owner)).await;
+        // Last: peers' takeover and the records come first.
+        if let Some(dir) = notify_dir.as_deref() {
+            match crate::webhook::hand_over_spool(store.as_ref(), dir, within).await {
+                Ok(0) => {}
+                Ok(n) => eprintln!(
+                    "cronlease __guard: {n} webhook deliveries the daemon had not made handed over: a node with webhooks sends them"
+                ),
+                Err(e) => eprintln!(
+                    "cronlease __guard: webhook deliveries not handed over ({e}): the node's next daemon sends them"
+                ),
+            }
+        }
         recorded.map(|()| (released, taken.len() + handed_back_unheard, heard_of_none))
     });
     let took = died.elapsed().as_millis();

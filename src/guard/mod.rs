@@ -134,6 +134,10 @@ pub struct Handover {
     /// for the node's next daemon ([`owed`]); `None`: nowhere.
     #[serde(default)]
     pub owed_dir: Option<std::path::PathBuf>,
+    /// The daemon's webhook spool, handed over to the store's outbox
+    /// ([`crate::webhook::hand_over_spool`]); `None`: no webhooks.
+    #[serde(default)]
+    pub notify_dir: Option<std::path::PathBuf>,
 }
 
 /// A run, as history records it if the daemon dies while it goes; or a won

@@ -109,6 +109,11 @@ impl Node {
                 keep: node.history_limit(),
                 jobs: node.job_names().iter().map(ToString::to_string).collect(),
                 owed_dir: node.owed.as_ref().map(|s| s.dir().to_path_buf()),
+                notify_dir: node
+                    .webhooks
+                    .as_ref()
+                    .and_then(|w| w.spool_dir())
+                    .map(std::path::Path::to_path_buf),
             };
             if !guard.hand_over(handover).await {
                 tracing::warn!(

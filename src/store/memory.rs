@@ -25,9 +25,9 @@ use tokio::time::Instant;
 
 use super::registry::{BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry, sorted};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Owner, RECORD_FORMAT,
-    Renewal, RunRecord, SchemaNotice, Store, StoreError, TriggerAnswer, TriggerId, claim_rows,
-    clears_running, duration_ms, from_ms, to_ms, trigger_row,
+    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Outbox, Owner,
+    Parcel, RECORD_FORMAT, Renewal, RunRecord, SchemaNotice, Store, StoreError, TriggerAnswer,
+    TriggerId, claim_rows, clears_running, duration_ms, from_ms, to_ms, trigger_row,
 };
 use crate::config::JobName;
 
@@ -92,6 +92,8 @@ struct State {
     /// The record format version (0: none yet), as the key-value stores
     /// keep it.
     format: i64,
+    /// The outbox: parcels by id.
+    outbox: BTreeMap<String, String>,
 }
 
 /// One store call, as [`MemoryStore::call_log`] lists it.
@@ -443,6 +445,34 @@ impl History for MemoryStore {
             .into_iter()
             .take(limit as usize)
             .map(|(_, r)| r.clone())
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Outbox for MemoryStore {
+    async fn hand_over(&self, parcels: &[Parcel]) -> Result<(), StoreError> {
+        super::outbox::checked(&self.name, parcels)?;
+        let mut s = self.count("hand_over", parcels.len())?;
+        for p in parcels {
+            s.outbox.insert(p.id.clone(), p.body.clone());
+        }
+        Ok(())
+    }
+
+    async fn take_handed_over(
+        &self,
+        _taker: &Owner,
+        max: usize,
+    ) -> Result<Vec<Parcel>, StoreError> {
+        let mut s = self.count("take_handed_over", 0)?;
+        let ids: Vec<String> = s.outbox.keys().take(max).cloned().collect();
+        Ok(ids
+            .into_iter()
+            .filter_map(|id| {
+                let body = s.outbox.remove(&id)?;
+                Some(Parcel { id, body })
+            })
             .collect())
     }
 }

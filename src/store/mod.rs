@@ -17,9 +17,10 @@
 //! for tests, held to the same suite. Which one runs is decided at run time from the
 //! URL by [`connect`] from one table of backends by scheme; a backend left
 //! out of the build answers with a clear "not built in" error. A store is
-//! three concerns, [`Locks`] (claims, leases, the clock), [`History`]
-//! (finished runs) and [`Registry`] (the live nodes); [`Store`] is all
-//! three, what a backend implements. Every backend is checked by the same conformance
+//! four concerns, [`Locks`] (claims, leases, the clock), [`History`]
+//! (finished runs), [`Registry`] (the live nodes) and [`Outbox`] (what a
+//! node hands over to a peer); [`Store`] is all four, what a backend
+//! implements. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
@@ -28,6 +29,7 @@ mod cas;
 pub mod etcd;
 #[cfg(feature = "memory")]
 pub mod memory;
+pub mod outbox;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod records;
 #[cfg(feature = "redis")]
@@ -49,6 +51,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 
 use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
+pub use outbox::{Outbox, Parcel};
 pub use registry::{DefinitionsBeat, Heartbeat, NodeRecord, Registry};
 pub use rule::{
     Decision, LockRow, claim_row, claim_rows, clears_running, decide, ends_a_run, trigger_row,
@@ -753,11 +756,11 @@ pub fn in_job_order(jobs: &[JobName], runs: Vec<RunRecord>) -> Vec<Option<RunRec
     jobs.iter().map(|j| by_job.remove(j.as_str())).collect()
 }
 
-/// A whole store, what a backend is: its locks, its history and the node
-/// registry.
-pub trait Store: Locks + History + Registry {}
+/// A whole store, what a backend is: its locks, its history, the node
+/// registry and the outbox.
+pub trait Store: Locks + History + Registry + Outbox {}
 
-impl<T: Locks + History + Registry + ?Sized> Store for T {}
+impl<T: Locks + History + Registry + Outbox + ?Sized> Store for T {}
 
 /// A store call, failed with [`StoreError::Timeout`] after `limit`: what
 /// bounds every call a command or the guard makes.

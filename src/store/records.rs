@@ -155,6 +155,8 @@ pub(crate) enum Kind {
     Node,
     Trigger,
     Runs,
+    /// Parcels handed over ([`crate::store::outbox`]).
+    Outbox,
 }
 
 /// Where a store keeps each kind of record: `{root}{dir}/{name}`, one place
@@ -165,7 +167,7 @@ pub(crate) enum Kind {
 pub(crate) struct Layout {
     root: String,
     /// Per [`Kind`], in its order.
-    dirs: [&'static str; 5],
+    dirs: [&'static str; 6],
 }
 
 impl Layout {
@@ -174,7 +176,7 @@ impl Layout {
     pub fn etcd(prefix: &str) -> Self {
         Layout {
             root: prefix.to_string(),
-            dirs: ["lock", "lease", "node", "trigger", "runs"],
+            dirs: ["lock", "lease", "node", "trigger", "runs", "outbox"],
         }
     }
 
@@ -183,7 +185,7 @@ impl Layout {
     pub fn zookeeper(base: &str) -> Self {
         Layout {
             root: format!("{base}/"),
-            dirs: ["locks", "leases", "nodes", "triggers", "runs"],
+            dirs: ["locks", "leases", "nodes", "triggers", "runs", "outbox"],
         }
     }
 

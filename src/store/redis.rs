@@ -44,6 +44,7 @@ use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, TlsFiles, one_line}
 
 mod args;
 mod nodes;
+mod outbox;
 mod scan;
 use args::*;
 pub(crate) use args::{format_key, triggers_key};
@@ -51,6 +52,7 @@ pub(crate) use args::{format_key, triggers_key};
 pub(crate) use nodes::nodes_from_reply;
 #[cfg(feature = "redlock")]
 pub(crate) use nodes::registry_args;
+pub(crate) use outbox::{outbox_keys, parcels_from_reply, put_args};
 #[cfg(feature = "fuzzing")]
 pub(crate) use scan::runs_of_stream;
 use scan::*;
@@ -64,6 +66,7 @@ pub(crate) static PAUSE: &str = include_str!("redis/pause.lua");
 pub(crate) static TRIGGER: &str = include_str!("redis/trigger.lua");
 pub(crate) static WITHDRAW: &str = include_str!("redis/withdraw.lua");
 pub(crate) static FORMAT: &str = include_str!("redis/format.lua");
+pub(crate) static OUTBOX: &str = include_str!("redis/outbox.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
@@ -82,6 +85,7 @@ pub struct RedisStore {
     pause: Script,
     trigger: Script,
     withdraw: Script,
+    outbox: Script,
     warned_persistence: AtomicBool,
     schema_notice: SchemaNotice,
 }
@@ -163,13 +167,15 @@ impl RedisStore {
             pause: Script::new(PAUSE),
             trigger: Script::new(TRIGGER),
             withdraw: Script::new(WITHDRAW),
+            outbox: Script::new(OUTBOX),
             warned_persistence: AtomicBool::new(false),
             schema_notice: SchemaNotice::default(),
         }
     }
 
-    fn scripts(&self) -> [&Script; 8] {
+    fn scripts(&self) -> [&Script; 9] {
         [
+            &self.outbox,
             &self.claim,
             &self.renew,
             &self.release,

@@ -23,6 +23,7 @@
 //!   webhook's name and host are.
 
 pub mod body;
+mod handover;
 mod http;
 pub mod spool;
 
@@ -36,6 +37,7 @@ use crate::config::{Config, Webhook};
 use crate::metrics::{Metrics, WebhookLabel};
 use crate::spool::Spooled as _;
 pub use body::Event;
+pub use handover::{TAKE_EVERY, hand_over_spool};
 use spool::{Pending, Spool};
 
 /// Deliveries waiting at most; past that the oldest is dropped.
@@ -67,6 +69,9 @@ pub struct Webhooks {
     /// `None` when the spool directory could not be opened (said at
     /// start): deliveries then live in memory only.
     spool: Option<Spool>,
+    /// The spool's lock, held while this daemon sends what it keeps
+    /// ([`handover::lock_spool`]).
+    _spool_lock: Option<crate::spool::SpoolLock>,
     queue: Mutex<Queue>,
     wake: tokio::sync::Notify,
     client: http::Client,
@@ -112,24 +117,26 @@ impl Webhooks {
             .join(format!("notify-{}", config.node.as_str()));
         let opened = {
             let dir = dir.clone();
-            tokio::task::spawn_blocking(move || {
-                let spool = Spool::open(&dir)?;
-                let (found, problems) = spool.load::<Pending>();
-                Ok::<_, std::io::Error>((spool, found, problems))
-            })
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+            tokio::task::spawn_blocking(move || Spool::open(&dir))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
         };
-        let (spool, found) = match opened {
-            Ok((spool, found, problems)) => {
+        let (spool, spool_lock, found) = match opened {
+            Ok(spool) => {
+                // A dead daemon's guard may be handing over what is here.
+                let lock = handover::lock_spool(&spool).await;
+                let s = spool.clone();
+                let (found, problems) = tokio::task::spawn_blocking(move || s.load::<Pending>())
+                    .await
+                    .unwrap_or_else(|e| (Vec::new(), vec![e.to_string()]));
                 for p in problems {
                     tracing::warn!("webhook spool: {p}");
                 }
-                (Some(spool), found)
+                (Some(spool), lock, found)
             }
             Err(e) => {
                 tracing::error!(dir = %dir.display(), "webhooks: cannot open the spool directory ({e}); deliveries will not survive a restart (set state_dir)");
-                (None, Vec::new())
+                (None, None, Vec::new())
             }
         };
         let hooks = Webhooks {
@@ -137,6 +144,7 @@ impl Webhooks {
             node: config.node.as_str().to_string(),
             dashboard: config.public_url.as_ref().map(|u| u.to_string()),
             spool,
+            _spool_lock: spool_lock,
             queue: Mutex::new(Queue::default()),
             wake: tokio::sync::Notify::new(),
             client,
@@ -181,6 +189,12 @@ impl Webhooks {
         self.dashboard.as_deref()
     }
 
+    /// The spool's directory, `None` without one: what a dead daemon's
+    /// guard hands over ([`hand_over_spool`]).
+    pub fn spool_dir(&self) -> Option<&std::path::Path> {
+        self.spool.as_ref().map(Spool::dir)
+    }
+
     /// Queues `event` for every webhook that wants it, spooled first.
     pub async fn event(&self, event: Event) {
         let now = now_ms();
@@ -196,6 +210,12 @@ impl Webhooks {
                 next_ms: now,
             })
             .collect();
+        self.enqueue(new).await;
+    }
+
+    /// Spools `new` and queues it (a delivery queued already is replaced);
+    /// past [`MAX_PENDING`] the oldest not being sent are dropped.
+    async fn enqueue(&self, new: Vec<Pending>) {
         if new.is_empty() {
             return;
         }
@@ -203,7 +223,14 @@ impl Webhooks {
             self.spool_write(p).await;
         }
         let dropped = self.with_queue(|q| {
-            q.pending.extend(new);
+            let names: HashSet<String> = new.iter().map(Pending::file_name).collect();
+            q.pending
+                .retain(|p| !names.contains(&p.file_name()) || q.sending.contains(&p.file_name()));
+            q.pending.extend(
+                new.into_iter()
+                    .filter(|p| !q.sending.contains(&p.file_name())),
+            );
+            q.pending.sort_by_key(Pending::file_name);
             let mut dropped = Vec::new();
             while q.pending.len() > MAX_PENDING {
                 let Some(i) = q

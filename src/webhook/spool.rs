@@ -38,10 +38,10 @@ impl crate::spool::Spooled for Pending {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn pending(created_ms: i64, fence: u64) -> Pending {
+    pub(in crate::webhook) fn pending(created_ms: i64, fence: u64) -> Pending {
         Pending {
             target: "ops".into(),
             event: Event {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
-    ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner, Renewal,
+    ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner, Parcel, Renewal,
     RunRecord, Store, StoreError, TriggerAnswer, TriggerId, Won, from_ms,
 };
 use tokio::sync::Barrier;
@@ -1354,6 +1354,85 @@ fn pending(list: &[(String, TriggerId)], name: &str) -> Vec<TriggerId> {
 /// `trigger --cancel` and expiry: a pending request is withdrawn once, by
 /// any store handle, and then blocks no later request; a request already
 /// claimed cannot be withdrawn. Its id carries when it was made.
+/// The outbox: parcels handed over are each taken by one taker, however
+/// many take at once; a parcel handed over again replaces the one there;
+/// an id no store could keep is refused.
+pub async fn handed_over_parcels_are_each_taken_once(h: &Harness) {
+    let stores = [h.store().await, h.store().await, h.store().await];
+    let parcel = |i: usize, body: &str| Parcel {
+        id: format!("{:013}-ops-job-{i}-failed", 1_000 + i),
+        body: format!("{{\"n\":{i},\"b\":\"{body}\"}}"),
+    };
+    let nobody = Owner::from_raw("n0#0");
+    assert!(
+        stores[0]
+            .take_handed_over(&nobody, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let first: Vec<Parcel> = (0..40).map(|i| parcel(i, "old")).collect();
+    stores[0].hand_over(&first).await.unwrap();
+    // Handed over again, newer: replaced, not doubled.
+    let newer: Vec<Parcel> = (0..20).map(|i| parcel(i, "new")).collect();
+    stores[1].hand_over(&newer).await.unwrap();
+    let bad = Parcel {
+        id: "a/b".into(),
+        body: "{}".into(),
+    };
+    assert!(stores[0].hand_over(&[bad]).await.is_err());
+    // Three takers at once, seven at a time, until all are taken.
+    let barrier = Arc::new(Barrier::new(3));
+    let taken = Arc::new(AtomicU64::new(0));
+    let mut takers = Vec::new();
+    for (n, store) in stores.iter().enumerate() {
+        let (store, barrier, taken) = (store.clone(), barrier.clone(), taken.clone());
+        takers.push(tokio::spawn(async move {
+            let me = Owner::from_raw(format!("n{n}#{n}"));
+            barrier.wait().await;
+            let mut mine = Vec::new();
+            let until = tokio::time::Instant::now() + Duration::from_secs(20);
+            while taken.load(Ordering::SeqCst) < 40 && tokio::time::Instant::now() < until {
+                let got = store.take_handed_over(&me, 7).await.unwrap();
+                assert!(got.len() <= 7, "{}", got.len());
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5 + 10 * n as u64)).await;
+                }
+                taken.fetch_add(got.len() as u64, Ordering::SeqCst);
+                mine.extend(got);
+            }
+            mine
+        }));
+    }
+    let mut all = Vec::new();
+    for t in takers {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_by(|a, b| a.id.cmp(&b.id));
+    let expected: Vec<Parcel> = (0..40)
+        .map(|i| parcel(i, if i < 20 { "new" } else { "old" }))
+        .collect();
+    assert_eq!(all, expected, "each parcel taken once, as last handed over");
+    assert!(
+        stores[0]
+            .take_handed_over(&nobody, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Oldest first, at most as many as asked.
+    stores[2]
+        .hand_over(&[parcel(7, "x"), parcel(3, "y"), parcel(5, "z")])
+        .await
+        .unwrap();
+    let got = stores[0].take_handed_over(&nobody, 2).await.unwrap();
+    assert_eq!(got, vec![parcel(3, "y"), parcel(5, "z")]);
+    assert_eq!(
+        stores[1].take_handed_over(&nobody, 10).await.unwrap(),
+        vec![parcel(7, "x")]
+    );
+}
+
 pub async fn a_pending_request_is_withdrawn_once(h: &Harness) {
     let (a, b) = (h.store().await, h.store().await);
     let made = Utc::now() - TimeDelta::hours(2);
@@ -1846,7 +1925,8 @@ macro_rules! conformance {
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
                 a_paused_job_is_refused_until_resumed,
                 a_manual_run_is_claimed_once_and_keeps_the_schedule,
-                a_pending_request_is_withdrawn_once
+                a_pending_request_is_withdrawn_once,
+                handed_over_parcels_are_each_taken_once
             );
         }
     };

@@ -1,6 +1,7 @@
 //! Webhooks (`[[notify]]`) received by a small HTTP server in the test:
 //! signed, once per event across the cluster, retried while the receiver
-//! answers 503, and sent after a restart by the daemon that spooled them.
+//! answers 503, and handed over by a node that stops or dies to a peer
+//! that sends them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -210,7 +211,8 @@ fn webhooks_are_signed_sent_once_across_nodes_retried_and_kept_over_a_restart() 
         || (rx.seen().iter().filter(|r| r.status == 503).count() >= 3).then_some(()),
     );
     // Kill the holder while its deliveries wait for the receiver: they are
-    // in its spool, and go out when it starts again.
+    // in its spool, which its guard hands over (or, if the store does not
+    // take them, it sends when it starts again).
     let holder = runs(&c, "flaky").last().unwrap().2.clone();
     // Mid-second, between runs: a daemon killed in the 250 ms after a run
     // ended, while its record waits for its batch, loses the record (not
@@ -285,8 +287,8 @@ fn webhooks_are_signed_sent_once_across_nodes_retried_and_kept_over_a_restart() 
     assert_eq!(got, want, "runs: {all:?}");
     assert!(want.len() >= 6, "{want:?}");
     // The deliveries came from more than one node, and some were refused
-    // first (retried), among them some of the killed daemon's, sent by it
-    // after its restart.
+    // first (retried), among them some of the killed daemon's, sent after
+    // its death.
     let nodes: BTreeSet<String> = ok
         .iter()
         .filter(|r| r.path.starts_with("/ops"))
@@ -314,7 +316,7 @@ fn webhooks_are_signed_sent_once_across_nodes_retried_and_kept_over_a_restart() 
     });
     assert!(
         by_holder,
-        "the killed daemon's spooled deliveries were not sent after its restart"
+        "the killed daemon's spooled deliveries were not delivered"
     );
     // "ops" is signed and JSON; "chat" is unsigned Slack text.
     for r in &seen {
@@ -544,4 +546,144 @@ fn runs_a_daemon_could_not_follow_get_on_failure_and_events_at_its_next_start() 
     }
     let log = c.log("n1");
     assert!(log.contains("its on_failure follows now"), "{log}");
+}
+
+/// The delivery ids the receiver took (200), each with how many times.
+fn taken_ids(rx: &Receiver) -> BTreeMap<String, usize> {
+    let mut count = BTreeMap::new();
+    for r in rx.seen().iter().filter(|r| r.status == 200) {
+        *count
+            .entry(r.headers["x-cronlease-delivery"].clone())
+            .or_default() += 1;
+    }
+    count
+}
+
+/// The node that ran the job's last recorded run.
+fn last_runner(c: &Cluster, job: &str) -> Option<String> {
+    runs(c, job).last().map(|r| r.2.clone())
+}
+
+#[test]
+fn deliveries_a_stopped_or_dead_node_left_are_handed_over_and_sent_once_by_a_peer() {
+    let rx = Receiver::start();
+    let url = format!("http://127.0.0.1:{}", rx.port);
+    let jobs =
+        "[[job]]\nname = \"flaky\"\nschedule = \"* * * * * *\"\ncommand = \"echo run; exit 3\"\n";
+    let extra = format!(
+        "[[notify]]\nname = \"ops\"\nurl = \"{url}/ops\"\nevents = [\"failed\"]\ntimeout = \"2s\"\n"
+    );
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), &extra);
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    // The receiver is down: the holder's deliveries wait in its queue.
+    let refused_by = |c: &Cluster, node: &str| {
+        let ran: BTreeSet<String> = runs(c, "flaky")
+            .into_iter()
+            .filter(|(_, outcome, by)| outcome == "failed" && by == node)
+            .map(|(fence, _, _)| format!("flaky-{fence}-failed"))
+            .collect();
+        rx.seen()
+            .iter()
+            .filter(|r| r.status == 503 && ran.contains(&r.headers["x-cronlease-delivery"]))
+            .map(|r| r.headers["x-cronlease-delivery"].clone())
+            .collect::<BTreeSet<_>>()
+            .len()
+    };
+    let first = wait_until(
+        "a holder with refused deliveries",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let holder = last_runner(&c, "flaky")?;
+            (refused_by(&c, &holder) >= 2).then_some(holder)
+        },
+    );
+    // It stops: what it could not deliver goes to the store.
+    c.signal(&first, Signal::SIGTERM);
+    assert!(c.wait_exit(&first, Duration::from_secs(15)).is_some());
+    assert!(
+        c.log(&first).contains("webhook deliveries handed over"),
+        "{}",
+        c.log(&first)
+    );
+    assert_eq!(json_files(&c.dir.path().join(format!("notify-{first}"))), 0);
+    // The next holder dies (SIGKILL): its guard hands its spool over.
+    let second = wait_until(
+        "another holder with refused deliveries",
+        Duration::from_secs(30),
+        || c.report(),
+        || {
+            let holder = last_runner(&c, "flaky")?;
+            (holder != first && refused_by(&c, &holder) >= 2).then_some(holder)
+        },
+    );
+    c.signal(&second, Signal::SIGKILL);
+    assert!(c.wait_exit(&second, Duration::from_secs(10)).is_some());
+    wait_until(
+        "the guard's hand-over of the dead daemon's spool",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            c.log(&second)
+                .contains("webhook deliveries the daemon had not made handed over")
+                .then_some(())
+        },
+    );
+    let third = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|n| *n != first && *n != second)
+        .unwrap()
+        .to_string();
+    rx.down.store(false, Ordering::SeqCst);
+    // Neither is started again: the one left sends every event, once.
+    let want = |c: &Cluster| -> BTreeSet<String> {
+        runs(c, "flaky")
+            .into_iter()
+            .filter(|(_, outcome, _)| outcome == "failed")
+            .map(|(fence, _, _)| format!("flaky-{fence}-failed"))
+            .collect()
+    };
+    wait_until(
+        "every failed run's event delivered",
+        Duration::from_secs(60),
+        || {
+            let got: BTreeSet<String> = taken_ids(&rx).into_keys().collect();
+            format!(
+                "missing {:?}\n{}",
+                want(&c).difference(&got).collect::<Vec<_>>(),
+                c.report()
+            )
+        },
+        || {
+            let got: BTreeSet<String> = taken_ids(&rx).into_keys().collect();
+            want(&c).is_subset(&got).then_some(())
+        },
+    );
+    c.stop_all();
+    let all = want(&c);
+    let count = taken_ids(&rx);
+    assert!(
+        count.values().all(|&n| n == 1),
+        "delivered twice: {count:?}"
+    );
+    assert_eq!(count.keys().cloned().collect::<BTreeSet<_>>(), all);
+    // Among them the events of runs on the two that left, refused before.
+    let ran_on = |node: &str| -> usize {
+        rx.seen()
+            .iter()
+            .filter(|r| r.status == 200)
+            .filter(|r| {
+                serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["node"] == node
+            })
+            .count()
+    };
+    assert!(ran_on(&first) >= 2 && ran_on(&second) >= 2, "{count:?}");
+    assert!(
+        c.log(&third)
+            .contains("webhook deliveries handed over by a node that stopped"),
+        "{}",
+        c.log(&third)
+    );
 }

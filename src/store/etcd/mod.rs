@@ -75,6 +75,7 @@ mod clocks;
 mod history;
 mod lock;
 mod nodes;
+mod outbox;
 mod txn;
 use clocks::*;
 use lock::*;

@@ -41,6 +41,7 @@ mod batch;
 mod claim;
 mod history;
 mod nodes;
+mod outbox;
 mod schema;
 use batch::*;
 use claim::*;

@@ -41,6 +41,10 @@ pub static DIALECT: Dialect = Dialect {
             include_str!("../../../migrations/mysql/0009_definitions.sql"),
         ),
         (10, include_str!("../../../migrations/mysql/0010_usage.sql")),
+        (
+            11,
+            include_str!("../../../migrations/mysql/0011_outbox.sql"),
+        ),
     ],
 };
 

@@ -60,6 +60,10 @@ pub static DIALECT: Dialect = Dialect {
             10,
             include_str!("../../../migrations/postgres/0010_usage.sql"),
         ),
+        (
+            11,
+            include_str!("../../../migrations/postgres/0011_outbox.sql"),
+        ),
     ],
 };
 

@@ -70,6 +70,10 @@ pub static DIALECT: Dialect = Dialect {
             10,
             include_str!("../../../migrations/sqlite/0010_usage.sql"),
         ),
+        (
+            11,
+            include_str!("../../../migrations/sqlite/0011_outbox.sql"),
+        ),
     ],
 };
 

@@ -69,6 +69,7 @@ use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_lin
 mod history;
 mod lock;
 mod nodes;
+mod outbox;
 mod session;
 use lock::*;
 use session::*;
@@ -261,6 +262,7 @@ impl Locks for ZkStore {
             self.paths.under("live"),
             self.paths.dir(Kind::Node),
             self.paths.dir(Kind::Trigger),
+            self.paths.dir(Kind::Outbox),
         ];
         for dir in dirs {
             self.timed(client.mkdir(&dir, &persistent)).await?;

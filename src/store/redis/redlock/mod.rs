@@ -51,6 +51,7 @@ mod claim;
 mod history;
 mod masters;
 mod nodes;
+mod outbox;
 use crate::store::registry::{self, Heartbeat, NodeRecord, Registry};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Claimed, Decision, History, LockRow, LockStatus, Locks, Lost,
@@ -89,6 +90,7 @@ pub struct RedlockStore {
     pause: Script,
     trigger: Script,
     withdraw: Script,
+    outbox: Script,
     /// Keep restarted masters out of quorums; off only through a test's
     /// failpoint, to show what it prevents.
     quarantine: bool,
@@ -159,6 +161,7 @@ impl RedlockStore {
             pause: Script::new(super::PAUSE),
             trigger: Script::new(super::TRIGGER),
             withdraw: Script::new(WITHDRAW),
+            outbox: Script::new(super::OUTBOX),
             quarantine: true,
             schema_notice: SchemaNotice::default(),
         })
@@ -172,8 +175,9 @@ impl RedlockStore {
         self
     }
 
-    fn scripts(&self) -> [&Script; 9] {
+    fn scripts(&self) -> [&Script; 10] {
         [
+            &self.outbox,
             &self.lease,
             &self.write,
             &self.renew,
