@@ -52,6 +52,7 @@ pub(crate) use args::{format_key, triggers_key};
 pub(crate) use nodes::nodes_from_reply;
 #[cfg(feature = "redlock")]
 pub(crate) use nodes::registry_args;
+#[cfg(feature = "redlock")]
 pub(crate) use outbox::{outbox_keys, parcels_from_reply, put_args};
 #[cfg(feature = "fuzzing")]
 pub(crate) use scan::runs_of_stream;
