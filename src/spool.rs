@@ -25,7 +25,9 @@ pub trait Spooled: Serialize + DeserializeOwned {
 
 /// A spool's lock, held while this value lives ([`Spool::try_lock`]).
 #[derive(Debug)]
-pub struct SpoolLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+pub struct SpoolLock {
+    _locked: nix::fcntl::Flock<std::fs::File>,
+}
 
 /// The spool directory.
 #[derive(Debug, Clone)]
@@ -152,7 +154,7 @@ impl Spool {
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(self.dir.join(".lock"))?;
         match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => Ok(Some(SpoolLock(lock))),
+            Ok(lock) => Ok(Some(SpoolLock { _locked: lock })),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
             Err((_, e)) => Err(e.into()),
         }

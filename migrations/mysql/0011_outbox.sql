@@ -3,7 +3,7 @@
 -- peer to finish (a webhook delivery a stopping daemon did not make);
 -- a peer takes one by deleting its row. handed_at: store clock, ms.
 CREATE TABLE IF NOT EXISTS {prefix}outbox (
-    id        VARCHAR(200) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+    id        VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
     body      MEDIUMTEXT NOT NULL,
     handed_at BIGINT NOT NULL
 );

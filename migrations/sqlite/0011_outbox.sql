@@ -3,7 +3,7 @@
 -- peer to finish (a webhook delivery a stopping daemon did not make);
 -- a peer takes one by deleting its row. handed_at: store clock, ms.
 CREATE TABLE IF NOT EXISTS {prefix}outbox (
-    id        VARCHAR(200) NOT NULL PRIMARY KEY,
+    id        VARCHAR(255) NOT NULL PRIMARY KEY,
     body      TEXT NOT NULL,
     handed_at BIGINT NOT NULL
 );

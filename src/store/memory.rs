@@ -463,10 +463,17 @@ impl Outbox for MemoryStore {
     async fn take_handed_over(
         &self,
         _taker: &Owner,
+        prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
         let mut s = self.count("take_handed_over", 0)?;
-        let ids: Vec<String> = s.outbox.keys().take(max).cloned().collect();
+        let ids: Vec<String> = s
+            .outbox
+            .range(prefix.to_string()..)
+            .take_while(|(id, _)| id.starts_with(prefix))
+            .take(max)
+            .map(|(id, _)| id.clone())
+            .collect();
         Ok(ids
             .into_iter()
             .filter_map(|id| {

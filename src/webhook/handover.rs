@@ -11,10 +11,10 @@
 //! - A dead daemon's guard hands over its spool ([`hand_over_spool`]),
 //!   holding the spool's lock, which a daemon holds while it sends: a
 //!   next daemon started meanwhile waits for it ([`lock_spool`]).
-//! - Every node with webhooks takes parcels every [`TAKE_EVERY`]
-//!   ([`Webhooks::collect`]), spools each before sending it, and gives
-//!   back one for a webhook it has not got (dropped once older than
-//!   [`super::MAX_AGE`]).
+//! - Every node with webhooks takes, every [`TAKE_EVERY`], the parcels
+//!   of the webhooks it has (a parcel's id starts with its webhook's name)
+//!   ([`Webhooks::collect`]), spools each before sending it, and gives up
+//!   one older than [`super::MAX_AGE`].
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::spool::Pending;
-use super::{MAX_AGE, Webhooks, now_ms};
+use super::{MAX_AGE, MAX_PENDING, Webhooks, now_ms};
 use crate::spool::{Spool, SpoolLock, Spooled as _};
 use crate::store::outbox::TAKE_AT_MOST;
 use crate::store::{Owner, Parcel, Store, bounded};
@@ -34,21 +34,46 @@ pub const TAKE_EVERY: Duration = Duration::from_secs(5);
 /// How long a starting daemon waits for a guard handing over its spool.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
+/// Why a delivery could not go through the outbox, or the guard could not
+/// hand a spool over.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error("cannot write it as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("its id {0:?} does not match what it holds")]
+    Mismatch(String),
+    #[error("cannot lock {dir}: {source}")]
+    Lock {
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{handed} handed over, then the store failed: {source}")]
+    Store {
+        handed: usize,
+        source: crate::store::StoreError,
+    },
+}
+
 impl Pending {
-    /// As the outbox keeps it: its spool file's name without `.json`, and
-    /// its JSON.
-    pub fn parcel(&self) -> Result<Parcel, String> {
-        let name = self.file_name();
-        let id = name.strip_suffix(".json").unwrap_or(&name).to_string();
-        let body = serde_json::to_string(self).map_err(|e| e.to_string())?;
+    /// As the outbox keeps it: `WEBHOOK~` (the prefix its takers ask
+    /// for), when it was spooled and its delivery id (`JOB-FENCE-EVENT`):
+    /// at most 64 + 1 + 13 + 1 + 161 bytes; and its JSON.
+    pub fn parcel(&self) -> Result<Parcel, HandoverError> {
+        let id = format!(
+            "{}{:013}-{}",
+            prefix_of(&self.target),
+            self.created_ms.max(0),
+            self.event.delivery
+        );
+        let body = serde_json::to_string(self)?;
         Ok(Parcel { id, body })
     }
 
     /// A delivery taken from the outbox.
-    pub fn of_parcel(parcel: &Parcel) -> Result<Pending, String> {
-        let p: Pending = serde_json::from_str(&parcel.body).map_err(|e| e.to_string())?;
+    pub fn of_parcel(parcel: &Parcel) -> Result<Pending, HandoverError> {
+        let p: Pending = serde_json::from_str(&parcel.body)?;
         if p.parcel()?.id != parcel.id {
-            return Err("its id does not match what it holds".into());
+            return Err(HandoverError::Mismatch(parcel.id.clone()));
         }
         Ok(p)
     }
@@ -56,6 +81,33 @@ impl Pending {
     fn age(&self, now: i64) -> Duration {
         Duration::from_millis(u64::try_from(now.saturating_sub(self.created_ms)).unwrap_or(0))
     }
+}
+
+/// The id prefix of `webhook`'s deliveries (`~` is in no webhook name).
+fn prefix_of(webhook: &str) -> String {
+    format!("{webhook}~")
+}
+
+/// `pending` as parcels, and the deliveries they are; one that cannot go
+/// through the outbox (said in a WARN) stays where it is.
+fn parcels_of(pending: &[Pending]) -> (Vec<Parcel>, Vec<&Pending>) {
+    let mut parcels = Vec::with_capacity(pending.len());
+    let mut of = Vec::with_capacity(pending.len());
+    for p in pending {
+        match p.parcel() {
+            Ok(parcel) if Parcel::id_is_valid(&parcel.id) => {
+                parcels.push(parcel);
+                of.push(p);
+            }
+            Ok(parcel) => {
+                tracing::warn!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery not handed over: its id {} is longer than the store keeps", parcel.id.len());
+            }
+            Err(e) => {
+                tracing::warn!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery not handed over: {e}");
+            }
+        }
+    }
+    (parcels, of)
 }
 
 /// Takes `spool`'s lock, waiting up to [`LOCK_WAIT`] for a guard that
@@ -91,34 +143,35 @@ pub async fn lock_spool(spool: &Spool) -> Option<SpoolLock> {
 }
 
 /// The guard's part: hands over every delivery in the spool at `dir` and
-/// removes each handed over. Answers how many, or why none; `Ok(0)` also
-/// when a daemon holds the spool (it sends them itself).
+/// removes each handed over. Answers how many; `Ok(0)` also when a daemon
+/// holds the spool (it sends them itself).
 pub async fn hand_over_spool(
     store: &dyn Store,
     dir: &Path,
     within: Duration,
-) -> Result<usize, String> {
+) -> Result<usize, HandoverError> {
     let spool = Spool::at(dir);
     if !dir.exists() {
         return Ok(0);
     }
-    let Some(_lock) = spool
-        .try_lock()
-        .map_err(|e| format!("locking {}: {e}", dir.display()))?
-    else {
+    let locked = spool.try_lock().map_err(|source| HandoverError::Lock {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let Some(_lock) = locked else {
         return Ok(0);
     };
     let (pending, _problems) = spool.load::<Pending>();
     let mut handed = 0;
     for chunk in pending.chunks(TAKE_AT_MOST) {
-        let parcels: Vec<Parcel> = chunk.iter().filter_map(|p| p.parcel().ok()).collect();
+        let (parcels, of) = parcels_of(chunk);
         bounded(within, store.hand_over(&parcels))
             .await
-            .map_err(|e| format!("{handed} handed over, then: {e}"))?;
-        for p in chunk {
+            .map_err(|source| HandoverError::Store { handed, source })?;
+        for p in of {
             let _ = spool.remove(p);
         }
-        handed += chunk.len();
+        handed += parcels.len();
     }
     Ok(handed)
 }
@@ -134,7 +187,7 @@ impl Webhooks {
         }
         let mut handed = 0;
         for chunk in left.chunks(TAKE_AT_MOST) {
-            let parcels: Vec<Parcel> = chunk.iter().filter_map(|p| p.parcel().ok()).collect();
+            let (parcels, of) = parcels_of(chunk);
             if let Err(e) = bounded(within, store.hand_over(&parcels)).await {
                 tracing::warn!(
                     pending = left.len() - handed,
@@ -142,14 +195,14 @@ impl Webhooks {
                 );
                 break;
             }
-            for p in chunk {
+            for p in &of {
                 self.count(&p.target, "handed_over");
-                self.unspool(p.clone()).await;
+                self.unspool((*p).clone()).await;
             }
             let names: std::collections::HashSet<String> =
-                chunk.iter().map(Pending::file_name).collect();
+                of.iter().map(|p| p.file_name()).collect();
             self.with_queue(|q| q.pending.retain(|p| !names.contains(&p.file_name())));
-            handed += chunk.len();
+            handed += of.len();
         }
         self.set_pending_gauge();
         if handed > 0 {
@@ -160,7 +213,8 @@ impl Webhooks {
         }
     }
 
-    /// Takes the deliveries handed over, every [`TAKE_EVERY`] until `stop`.
+    /// Takes the deliveries handed over for this node's webhooks, every
+    /// [`TAKE_EVERY`] until `stop`; none while the queue is nearly full.
     pub async fn collect(
         self: Arc<Self>,
         store: Arc<dyn Store>,
@@ -168,20 +222,11 @@ impl Webhooks {
         within: Duration,
         stop: CancellationToken,
     ) {
+        let prefixes: Vec<String> = self.hooks.iter().map(|h| prefix_of(&h.name)).collect();
         loop {
-            let mut more = true;
-            while more && !stop.is_cancelled() {
-                more = match bounded(within, store.take_handed_over(&taker, TAKE_AT_MOST)).await {
-                    Ok(parcels) => {
-                        let full = parcels.len() >= TAKE_AT_MOST;
-                        self.took(store.as_ref(), parcels, within).await;
-                        full
-                    }
-                    Err(e) => {
-                        tracing::debug!("looking for webhook deliveries handed over: {e}");
-                        false
-                    }
-                };
+            for prefix in &prefixes {
+                self.take_all(store.as_ref(), &taker, prefix, within, &stop)
+                    .await;
             }
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -190,15 +235,47 @@ impl Webhooks {
         }
     }
 
-    /// Queues what was taken; gives back what is for a webhook this node
-    /// has not got.
-    async fn took(&self, store: &dyn Store, parcels: Vec<Parcel>, within: Duration) {
-        if parcels.is_empty() {
-            return;
+    /// Takes `prefix`'s parcels, [`TAKE_AT_MOST`] a call, until fewer come
+    /// or the queue has no room for more.
+    async fn take_all(
+        &self,
+        store: &dyn Store,
+        taker: &Owner,
+        prefix: &str,
+        within: Duration,
+        stop: &CancellationToken,
+    ) {
+        loop {
+            let room = MAX_PENDING.saturating_sub(self.with_queue(|q| q.pending.len()));
+            if room < TAKE_AT_MOST || stop.is_cancelled() {
+                return;
+            }
+            // Each store bounds its calls; this bounds a take that hangs.
+            let took = bounded(
+                within * 3,
+                store.take_handed_over(taker, prefix, TAKE_AT_MOST),
+            )
+            .await;
+            match took {
+                Ok(parcels) => {
+                    let more = parcels.len() >= TAKE_AT_MOST;
+                    self.took(parcels).await;
+                    if !more {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("looking for webhook deliveries handed over: {e}");
+                    return;
+                }
+            }
         }
+    }
+
+    /// Queues what was taken, spooled first; gives up what is too old.
+    async fn took(&self, parcels: Vec<Parcel>) {
         let now = now_ms();
         let mut mine = Vec::new();
-        let mut back = Vec::new();
         for parcel in parcels {
             match Pending::of_parcel(&parcel) {
                 Err(why) => {
@@ -208,7 +285,6 @@ impl Webhooks {
                     tracing::error!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery handed over given up: older than {}", humantime::format_duration(MAX_AGE));
                     self.count(&p.target, "failed");
                 }
-                Ok(p) if !self.hooks.iter().any(|h| h.name == p.target) => back.push(parcel),
                 Ok(mut p) => {
                     p.next_ms = now;
                     mine.push(p);
@@ -222,18 +298,6 @@ impl Webhooks {
             );
             self.enqueue(mine).await;
         }
-        if !back.is_empty() {
-            tracing::debug!(
-                back = back.len(),
-                "webhook deliveries handed over for webhooks this node has not got: given back"
-            );
-            if let Err(e) = bounded(within, store.hand_over(&back)).await {
-                tracing::error!(
-                    lost = back.len(),
-                    "webhook deliveries for webhooks this node has not got could not be given back: {e}"
-                );
-            }
-        }
     }
 }
 
@@ -241,16 +305,17 @@ impl Webhooks {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::store::Outbox as _;
 
     #[test]
     fn a_delivery_goes_through_the_outbox_as_it_was() {
         let p = super::super::spool::tests::pending(1_000, 7);
         let parcel = p.parcel().unwrap();
         assert!(Parcel::id_is_valid(&parcel.id), "{}", parcel.id);
-        assert_eq!(parcel.id, "0000000001000-ops-backup-7-failed");
+        assert_eq!(parcel.id, "ops~0000000001000-backup-7-failed");
         assert_eq!(Pending::of_parcel(&parcel).unwrap(), p);
         let renamed = Parcel {
-            id: "0000000001000-ops-backup-8-failed".into(),
+            id: "ops~0000000001000-backup-8-failed".into(),
             ..parcel
         };
         assert!(Pending::of_parcel(&renamed).is_err());
@@ -265,5 +330,80 @@ mod tests {
         assert!(spool.try_lock().unwrap().is_none());
         drop(held);
         assert!(spool.try_lock().unwrap().is_some());
+    }
+
+    /// A node with webhook "ops" takes only "ops" deliveries, gives up one
+    /// older than a day, spools what it takes, and hands it over again
+    /// when it stops.
+    #[cfg(feature = "memory")]
+    #[tokio::test]
+    async fn a_node_takes_its_webhooks_deliveries_and_hands_them_over_again() {
+        use crate::store::memory::MemoryStore;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cronlease.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "node = \"n1\"\nstate_dir = \"{}\"\n[store]\nurl = \"sqlite://{}/x.db\"\n[[notify]]\nname = \"ops\"\nurl = \"http://127.0.0.1:9/ops\"\nevents = [\"failed\"]\n",
+                dir.path().display(),
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let config = crate::config::load(&path, &crate::config::Overrides::default()).unwrap();
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let hooks = Webhooks::start(&config, metrics).await.unwrap().unwrap();
+        let store = MemoryStore::new();
+        let now = now_ms();
+        let pending = |target: &str, fence: u64, created_ms: i64| Pending {
+            target: target.into(),
+            created_ms,
+            next_ms: created_ms + 60_000,
+            attempts: 4,
+            ..super::super::spool::tests::pending(created_ms, fence)
+        };
+        let fresh = pending("ops", 1, now - 1_000);
+        let stale = pending("ops", 2, now - 25 * 3600 * 1000);
+        let theirs = pending("chat", 3, now - 1_000);
+        let parcels: Vec<Parcel> = [&fresh, &stale, &theirs]
+            .iter()
+            .map(|p| p.parcel().unwrap())
+            .collect();
+        store.hand_over(&parcels).await.unwrap();
+        let taker = Owner::from_raw("n1#1");
+        let within = Duration::from_secs(2);
+        hooks
+            .take_all(&store, &taker, "ops~", within, &CancellationToken::new())
+            .await;
+        // Taken: due now, tries and age kept; the stale one given up.
+        let queued = hooks.with_queue(|q| q.pending.clone());
+        assert_eq!(queued.len(), 1, "{queued:?}");
+        assert_eq!(
+            (
+                queued[0].event.fence,
+                queued[0].attempts,
+                queued[0].created_ms
+            ),
+            (1, 4, fresh.created_ms)
+        );
+        assert!(queued[0].next_ms <= now_ms());
+        let spool = Spool::at(hooks.spool_dir().unwrap());
+        assert_eq!(spool.load::<Pending>().0, queued);
+        // The other webhook's is left for a node that has it.
+        let left = store.take_handed_over(&taker, "chat~", 10).await.unwrap();
+        assert_eq!(left, vec![theirs.parcel().unwrap()]);
+        assert!(
+            store
+                .take_handed_over(&taker, "ops~", 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // Stopping: handed over again, out of the queue and the spool.
+        hooks.hand_over_left(&store, within).await;
+        assert!(hooks.with_queue(|q| q.pending.is_empty()));
+        assert!(spool.load::<Pending>().0.is_empty());
+        let back = store.take_handed_over(&taker, "ops~", 10).await.unwrap();
+        assert_eq!(back, vec![queued[0].parcel().unwrap()]);
     }
 }

@@ -230,7 +230,7 @@ impl Webhooks {
                 new.into_iter()
                     .filter(|p| !q.sending.contains(&p.file_name())),
             );
-            q.pending.sort_by_key(Pending::file_name);
+            q.pending.sort_by_cached_key(Pending::file_name);
             let mut dropped = Vec::new();
             while q.pending.len() > MAX_PENDING {
                 let Some(i) = q
@@ -290,8 +290,8 @@ impl Webhooks {
                 (due, next)
             });
             for p in due {
-                let me = self.clone();
-                sends.spawn(async move { me.send(p).await });
+                let (me, stop) = (self.clone(), stop.clone());
+                sends.spawn(async move { me.send(p, &stop).await });
             }
             let wait = next.map_or(Duration::from_secs(3600), |n| {
                 Duration::from_millis(u64::try_from(n - now).unwrap_or(0))
@@ -303,12 +303,16 @@ impl Webhooks {
                 Some(_) = sends.join_next(), if !sends.is_empty() => {}
             }
         }
-        // A send cut short is sent again after the restart (its file stays).
-        sends.abort_all();
+        // Each send in flight gives up its request and leaves its delivery
+        // as it was (spooled, queued): waited for, so that nothing writes
+        // the spool after the stop (a delivery handed over next must not
+        // come back).
+        while sends.join_next().await.is_some() {}
     }
 
-    /// One try of `p`, and what follows from it.
-    async fn send(&self, mut p: Pending) {
+    /// One try of `p`, and what follows from it; given up, with `p` left
+    /// as it was, when `stop` comes first.
+    async fn send(&self, mut p: Pending, stop: &CancellationToken) {
         let name = p.file_name();
         let Some(hook) = self.hooks.iter().find(|h| h.name == p.target) else {
             // Not queued (see `start`); never left marked as being sent.
@@ -318,8 +322,14 @@ impl Webhooks {
             });
             return;
         };
+        let verdict = tokio::select! {
+            verdict = self.post(hook, &p.event) => verdict,
+            () = stop.cancelled() => {
+                self.with_queue(|q| q.sending.remove(&name));
+                return;
+            }
+        };
         p.attempts += 1;
-        let verdict = self.post(hook, &p.event).await;
         let now = now_ms();
         let age =
             Duration::from_millis(u64::try_from(now.saturating_sub(p.created_ms)).unwrap_or(0));

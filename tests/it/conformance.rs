@@ -1346,33 +1346,35 @@ fn pending(list: &[(String, TriggerId)], name: &str) -> Vec<TriggerId> {
         .collect()
 }
 
-/// Manual runs (`cronlease trigger`): a request is recorded with the job's
-/// lock unless a run is in progress or another request is pending; exactly
-/// one claim of it wins, with a fence of its own, whoever held the lease
-/// idle and whether or not the job is paused; it never moves the job's last
-/// occurrence; a claim retried after a lost answer gets the same win.
-/// `trigger --cancel` and expiry: a pending request is withdrawn once, by
-/// any store handle, and then blocks no later request; a request already
-/// claimed cannot be withdrawn. Its id carries when it was made.
 /// The outbox: parcels handed over are each taken by one taker, however
-/// many take at once; a parcel handed over again replaces the one there;
-/// an id no store could keep is refused.
+/// many take at once, and only by a taker asking for their prefix; a
+/// parcel handed over again replaces the one there; an id no store could
+/// keep is refused; a take of many is answered in several calls.
 pub async fn handed_over_parcels_are_each_taken_once(h: &Harness) {
     let stores = [h.store().await, h.store().await, h.store().await];
     let parcel = |i: usize, body: &str| Parcel {
-        id: format!("{:013}-ops-job-{i}-failed", 1_000 + i),
+        id: format!("ops~{:013}-job-{i}-failed", 1_000 + i),
         body: format!("{{\"n\":{i},\"b\":\"{body}\"}}"),
     };
     let nobody = Owner::from_raw("n0#0");
     assert!(
         stores[0]
-            .take_handed_over(&nobody, 10)
+            .take_handed_over(&nobody, "ops~", 10)
             .await
             .unwrap()
             .is_empty()
     );
     let first: Vec<Parcel> = (0..40).map(|i| parcel(i, "old")).collect();
     stores[0].hand_over(&first).await.unwrap();
+    // Another prefix: not taken by those asking for "ops~".
+    let other = Parcel {
+        id: "ops.x~0000000001000-job-1-failed".into(),
+        body: "{}".into(),
+    };
+    stores[0]
+        .hand_over(std::slice::from_ref(&other))
+        .await
+        .unwrap();
     // Handed over again, newer: replaced, not doubled.
     let newer: Vec<Parcel> = (0..20).map(|i| parcel(i, "new")).collect();
     stores[1].hand_over(&newer).await.unwrap();
@@ -1393,7 +1395,7 @@ pub async fn handed_over_parcels_are_each_taken_once(h: &Harness) {
             let mut mine = Vec::new();
             let until = tokio::time::Instant::now() + Duration::from_secs(20);
             while taken.load(Ordering::SeqCst) < 40 && tokio::time::Instant::now() < until {
-                let got = store.take_handed_over(&me, 7).await.unwrap();
+                let got = store.take_handed_over(&me, "ops~", 7).await.unwrap();
                 assert!(got.len() <= 7, "{}", got.len());
                 if got.is_empty() {
                     tokio::time::sleep(Duration::from_millis(5 + 10 * n as u64)).await;
@@ -1415,24 +1417,63 @@ pub async fn handed_over_parcels_are_each_taken_once(h: &Harness) {
     assert_eq!(all, expected, "each parcel taken once, as last handed over");
     assert!(
         stores[0]
-            .take_handed_over(&nobody, 10)
+            .take_handed_over(&nobody, "ops~", 10)
             .await
             .unwrap()
             .is_empty()
+    );
+    assert_eq!(
+        stores[2]
+            .take_handed_over(&nobody, "ops.x~", 10)
+            .await
+            .unwrap(),
+        vec![other]
     );
     // Oldest first, at most as many as asked.
     stores[2]
         .hand_over(&[parcel(7, "x"), parcel(3, "y"), parcel(5, "z")])
         .await
         .unwrap();
-    let got = stores[0].take_handed_over(&nobody, 2).await.unwrap();
+    let got = stores[0]
+        .take_handed_over(&nobody, "ops~", 2)
+        .await
+        .unwrap();
     assert_eq!(got, vec![parcel(3, "y"), parcel(5, "z")]);
     assert_eq!(
-        stores[1].take_handed_over(&nobody, 10).await.unwrap(),
+        stores[1]
+            .take_handed_over(&nobody, "ops~", 10)
+            .await
+            .unwrap(),
         vec![parcel(7, "x")]
     );
+    // Many: taken in calls of at most 100 (fewer where a store's time
+    // budget ends first), each once.
+    let many: Vec<Parcel> = (100..350).map(|i| parcel(i, "m")).collect();
+    stores[0].hand_over(&many).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        let took = stores[1]
+            .take_handed_over(&nobody, "ops~", 100)
+            .await
+            .unwrap();
+        assert!(took.len() <= 100, "{}", took.len());
+        if took.is_empty() {
+            break;
+        }
+        got.extend(took);
+    }
+    got.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(got, many);
 }
 
+/// Manual runs (`cronlease trigger`): a request is recorded with the job's
+/// lock unless a run is in progress or another request is pending; exactly
+/// one claim of it wins, with a fence of its own, whoever held the lease
+/// idle and whether or not the job is paused; it never moves the job's last
+/// occurrence; a claim retried after a lost answer gets the same win.
+/// `trigger --cancel` and expiry: a pending request is withdrawn once, by
+/// any store handle, and then blocks no later request; a request already
+/// claimed cannot be withdrawn. Its id carries when it was made.
 pub async fn a_pending_request_is_withdrawn_once(h: &Harness) {
     let (a, b) = (h.store().await, h.store().await);
     let made = Utc::now() - TimeDelta::hours(2);

@@ -6,65 +6,86 @@
 use super::*;
 use crate::store::{Outbox, Parcel, outbox};
 
+/// Bytes of parcels per hand-over transaction: under etcd's default
+/// request limit (1.5 MiB).
+const HAND_OVER_BYTES: usize = 1024 * 1024;
+
 #[async_trait]
 impl Outbox for EtcdStore {
     async fn hand_over(&self, parcels: &[Parcel]) -> Result<(), StoreError> {
         outbox::checked(self.url.redacted(), parcels)?;
         let client = self.client().await?;
         let mut kv = client.kv_client();
-        for chunk in parcels.chunks(MAX_TXN_OPS) {
-            let puts: Vec<TxnOp> = chunk
-                .iter()
-                .map(|p| {
-                    TxnOp::put(
-                        self.keys.of(Kind::Outbox, &p.id),
-                        p.body.as_bytes().to_vec(),
-                        None,
-                    )
-                })
-                .collect();
-            self.timed(kv.txn(Txn::new().and_then(puts))).await?;
+        // Transactions of at most MAX_TXN_OPS puts and HAND_OVER_BYTES
+        // (etcd refuses a request of more than 1.5 MiB by default).
+        let mut chunk: Vec<TxnOp> = Vec::new();
+        let mut bytes = 0;
+        for p in parcels {
+            let size = p.id.len() + p.body.len();
+            if !chunk.is_empty() && (chunk.len() >= MAX_TXN_OPS || bytes + size > HAND_OVER_BYTES) {
+                self.timed(kv.txn(Txn::new().and_then(std::mem::take(&mut chunk))))
+                    .await?;
+                bytes = 0;
+            }
+            chunk.push(TxnOp::put(
+                self.keys.of(Kind::Outbox, &p.id),
+                p.body.as_bytes().to_vec(),
+                None,
+            ));
+            bytes += size;
+        }
+        if !chunk.is_empty() {
+            self.timed(kv.txn(Txn::new().and_then(chunk))).await?;
         }
         Ok(())
     }
 
+    /// The keys of the prefix read without their values (a hundred
+    /// bodies can pass etcd's reply limit), then each read and deleted at
+    /// the revision read.
     async fn take_handed_over(
         &self,
         _taker: &Owner,
+        prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
         let client = self.client().await?;
-        let mut kv = client.kv_client();
-        let prefix = self.keys.of(Kind::Outbox, "");
+        let root = self.keys.of(Kind::Outbox, "");
         let options = GetOptions::new()
             .with_prefix()
+            .with_keys_only()
             .with_limit(i64::try_from(max).unwrap_or(i64::MAX));
-        let found = self.timed(kv.get(prefix.as_str(), Some(options))).await?;
-        let mut taken = Vec::new();
-        for item in found.kvs() {
-            let Ok(key) = std::str::from_utf8(item.key()) else {
-                continue;
-            };
-            let Some(id) = key.strip_prefix(&prefix) else {
-                continue;
+        let mut kv = client.kv_client();
+        let found = self
+            .timed(kv.get(format!("{root}{prefix}"), Some(options)))
+            .await?;
+        let keys: Vec<String> = found
+            .kvs()
+            .iter()
+            .filter_map(|item| String::from_utf8(item.key().to_vec()).ok())
+            .collect();
+        let (client, root) = (&client, &root);
+        outbox::one_by_one(keys, self.op_timeout / 2, |key| async move {
+            let mut kv = client.kv_client();
+            let read = self.timed(kv.get(key.as_str(), None)).await?;
+            let Some(item) = read.kvs().first() else {
+                return Ok(None);
             };
             let take = Txn::new()
                 .when([Compare::mod_revision(
-                    key,
+                    key.as_str(),
                     CompareOp::Equal,
                     item.mod_revision(),
                 )])
-                .and_then([TxnOp::delete(key, None)]);
-            match self.timed(kv.txn(take)).await {
-                Ok(done) if done.succeeded() => taken.push(Parcel {
-                    id: id.to_string(),
-                    body: String::from_utf8_lossy(item.value()).into_owned(),
-                }),
-                Ok(_) => {}
-                Err(e) if taken.is_empty() => return Err(e),
-                Err(_) => break,
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            if !self.timed(kv.txn(take)).await?.succeeded() {
+                return Ok(None);
             }
-        }
-        Ok(taken)
+            Ok(Some(Parcel {
+                id: key.strip_prefix(root.as_str()).unwrap_or(&key).to_string(),
+                body: String::from_utf8_lossy(item.value()).into_owned(),
+            }))
+        })
+        .await
     }
 }

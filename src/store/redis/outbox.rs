@@ -5,11 +5,13 @@
 use super::*;
 use crate::store::{Outbox, Parcel, outbox};
 
-/// The outbox's hash and Redlock's marks beside it (one hash tag).
-pub(crate) fn outbox_keys(prefix: &str) -> [String; 2] {
+/// The outbox's hash, and beside it (one hash tag) Redlock's marks and
+/// when each parcel was handed over.
+pub(crate) fn outbox_keys(prefix: &str) -> [String; 3] {
     [
         format!("{prefix}{{outbox}}"),
         format!("{prefix}{{outbox}}:marks"),
+        format!("{prefix}{{outbox}}:at"),
     ]
 }
 
@@ -36,6 +38,8 @@ pub(crate) fn parcels_from_reply(reply: Vec<String>) -> Vec<Parcel> {
 
 #[async_trait]
 impl Outbox for RedisStore {
+    /// Through Sentinel with `wait`, a write fewer replicas acknowledged
+    /// fails (the caller keeps the parcels, which a peer may take too).
     async fn hand_over(&self, parcels: &[Parcel]) -> Result<(), StoreError> {
         outbox::checked(self.url.redacted(), parcels)?;
         if parcels.is_empty() {
@@ -47,15 +51,26 @@ impl Outbox for RedisStore {
         Ok(())
     }
 
+    /// Not followed by `WAIT`: a take the master made is answered even
+    /// when too few replicas acknowledged it (a failover that loses the
+    /// delete brings the parcels back, for a peer to send again), rather
+    /// than deleted and answered as failed.
     async fn take_handed_over(
         &self,
         _taker: &Owner,
+        prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
-        let args = ["take".to_string(), max.to_string()];
-        let reply: Vec<String> = self
-            .eval(&self.outbox, &outbox_keys(&self.prefix), &args)
-            .await?;
+        let mut conn = self.conn().await?;
+        let mut call = self.outbox.prepare_invoke();
+        for key in outbox_keys(&self.prefix) {
+            call.key(key);
+        }
+        call.arg("take").arg(max).arg(prefix);
+        let reply: Vec<String> = call
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(parcels_from_reply(reply))
     }
 }

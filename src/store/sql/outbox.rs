@@ -36,12 +36,14 @@ impl Outbox for SqlStore {
         .map_err(|e| self.err(e))
     }
 
-    /// The oldest `max` rows read, then each deleted on its own: the
-    /// parcels whose delete removed a row are this caller's. A failure
-    /// after some were taken answers those (they are out of the store).
+    /// The oldest `max` rows of the prefix read, then each deleted on its
+    /// own ([`outbox::one_by_one`]): the parcels whose delete removed a row
+    /// are this caller's. The prefix is compared with `substr` (binary on
+    /// every dialect: `LIKE` is not, on SQLite).
     async fn take_handed_over(
         &self,
         _taker: &Owner,
+        prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
         let p = &self.prefix;
@@ -49,36 +51,45 @@ impl Outbox for SqlStore {
         let rows = self
             .retrying(|| async {
                 sqlx::query(self.sql(
-                    format!("SELECT id, body FROM {p}outbox ORDER BY id LIMIT ?"),
+                    format!(
+                        "SELECT id, body FROM {p}outbox WHERE substr(id, 1, {}) = ? ORDER BY id LIMIT ?",
+                        prefix.len()
+                    ),
                     None,
                 )?)
+                .bind(prefix.to_string())
                 .bind(limit)
                 .fetch_all(&self.pool())
                 .await
             })
             .await
             .map_err(|e| self.err(e))?;
-        let mut taken = Vec::new();
+        let mut candidates = Vec::with_capacity(rows.len());
         for row in rows {
-            let (Ok(id), Ok(body)) = (row.try_get::<String, _>(0), row.try_get::<String, _>(1))
-            else {
-                continue;
-            };
-            let deleted = self
+            match (row.try_get::<String, _>(0), row.try_get::<String, _>(1)) {
+                (Ok(id), Ok(body)) if id.starts_with(prefix) => {
+                    candidates.push(Parcel { id, body })
+                }
+                (Ok(_), Ok(_)) => {}
+                (id, _) => tracing::warn!(
+                    store = %self.url.redacted(),
+                    parcel = %id.unwrap_or_default(),
+                    "a handed-over parcel's row cannot be read; left in the outbox"
+                ),
+            }
+        }
+        outbox::one_by_one(candidates, self.op_timeout / 2, |parcel| async move {
+            let done = self
                 .retrying(|| async {
                     sqlx::query(self.sql(format!("DELETE FROM {p}outbox WHERE id = ?"), None)?)
-                        .bind(id.clone())
+                        .bind(parcel.id.clone())
                         .execute(&self.pool())
                         .await
                 })
-                .await;
-            match deleted {
-                Ok(done) if done.rows_affected() == 1 => taken.push(Parcel { id, body }),
-                Ok(_) => {}
-                Err(e) if taken.is_empty() => return Err(self.err(e)),
-                Err(_) => break,
-            }
-        }
-        Ok(taken)
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok((done.rows_affected() == 1).then_some(parcel))
+        })
+        .await
     }
 }

@@ -20,16 +20,35 @@ impl Outbox for ZkStore {
         self.timed(client.mkdir(&dir, &persistent)).await?;
         for p in parcels {
             let path = self.paths.of(Kind::Outbox, &p.id);
-            match self
-                .within(client.create(&path, p.body.as_bytes(), &persistent))
-                .await?
-            {
-                Ok(_) => {}
-                Err(zk::Error::NodeExists) => {
-                    self.timed(client.set_data(&path, p.body.as_bytes(), None))
-                        .await?;
+            // Replaced where it is; created where it is not (or was taken
+            // between the two calls).
+            let mut written = false;
+            for _ in 0..3 {
+                match self
+                    .within(client.create(&path, p.body.as_bytes(), &persistent))
+                    .await?
+                {
+                    Ok(_) => {}
+                    Err(zk::Error::NodeExists) => {
+                        match self
+                            .within(client.set_data(&path, p.body.as_bytes(), None))
+                            .await?
+                        {
+                            Ok(_) => {}
+                            Err(zk::Error::NoNode) => continue,
+                            Err(e) => return Err(self.err(e)),
+                        }
+                    }
+                    Err(e) => return Err(self.err(e)),
                 }
-                Err(e) => return Err(self.err(e)),
+                written = true;
+                break;
+            }
+            if !written {
+                return Err(StoreError::Backend {
+                    store: self.url.redacted().into(),
+                    reason: format!("the outbox's {} kept changing under the write", p.id),
+                });
             }
         }
         Ok(())
@@ -38,6 +57,7 @@ impl Outbox for ZkStore {
     async fn take_handed_over(
         &self,
         _taker: &Owner,
+        prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
         let client = self.client().await?;
@@ -49,35 +69,29 @@ impl Outbox for ZkStore {
             Err(StoreError::NotMigrated { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
+        ids.retain(|id| id.starts_with(prefix));
         ids.sort();
-        let mut taken = Vec::new();
-        for id in ids.into_iter().take(max) {
+        ids.truncate(max);
+        let client = &client;
+        outbox::one_by_one(ids, self.op_timeout / 2, |id| async move {
             let path = self.paths.of(Kind::Outbox, &id);
-            let step = async {
-                let (data, stat) = match self.within(client.get_data(&path)).await? {
-                    Ok(read) => read,
-                    Err(zk::Error::NoNode) => return Ok(None),
-                    Err(e) => return Err(self.err(e)),
-                };
-                match self
-                    .within(client.delete(&path, Some(stat.version)))
-                    .await?
-                {
-                    Ok(()) => Ok(Some(data)),
-                    Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(None),
-                    Err(e) => Err(self.err(e)),
-                }
+            let (data, stat) = match self.within(client.get_data(&path)).await? {
+                Ok(read) => read,
+                Err(zk::Error::NoNode) => return Ok(None),
+                Err(e) => return Err(self.err(e)),
             };
-            match step.await {
-                Ok(Some(data)) => taken.push(Parcel {
+            match self
+                .within(client.delete(&path, Some(stat.version)))
+                .await?
+            {
+                Ok(()) => Ok(Some(Parcel {
                     id,
                     body: String::from_utf8_lossy(&data).into_owned(),
-                }),
-                Ok(None) => {}
-                Err(e) if taken.is_empty() => return Err(e),
-                Err(_) => break,
+                })),
+                Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(None),
+                Err(e) => Err(self.err(e)),
             }
-        }
-        Ok(taken)
+        })
+        .await
     }
 }

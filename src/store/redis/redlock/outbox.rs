@@ -1,13 +1,15 @@
 //! The outbox on every master ([`crate::store::outbox`]): a parcel is
 //! handed over once a majority of masters keep it. A taker marks the
-//! oldest parcels for itself on every master (`outbox.lua` `mark`: a mark
-//! of another taker holds for [`MARK_HOLDS`]); a parcel a majority marked
-//! for it is its, as a lock would be, and is dropped everywhere before it
-//! is answered; one marked for it on fewer is unmarked again, so takers
-//! that split a parcel between them try again at once. A drop that
-//! reached fewer than a majority answers nothing (the marks lapse and a
-//! taker tries again); what it left on a minority of masters is never
-//! taken again (a majority can no longer mark it).
+//! oldest parcels of its prefix for itself on every master (`outbox.lua`
+//! `mark`: a mark of another taker holds for [`MARK_HOLDS`]), then drops
+//! those a majority marked for it, each only where the mark is still its
+//! own (`drop`), and answers a parcel only when a majority dropped it: of
+//! two takers, at most one can. Masters restarted within [`MARK_HOLDS`]
+//! do not count (they may have lost marks). A parcel marked for it on
+//! fewer masters is unmarked again, so takers that split a parcel try
+//! again at once. A copy left on a minority of masters (a drop or a
+//! hand-over that missed one) is never won again, and is deleted there
+//! once older than [`LEFT_FOR`].
 
 use super::*;
 use crate::store::redis::{outbox_keys, parcels_from_reply, put_args};
@@ -16,6 +18,10 @@ use crate::store::{Outbox, Parcel, outbox};
 /// How long a taker's mark keeps another taker off a parcel: longer than
 /// a take's mark, tally and drop.
 const MARK_HOLDS: Duration = Duration::from_secs(30);
+
+/// A parcel older than this on a master is a copy nobody can take any
+/// more: past the 24 hours a webhook delivery is tried, with a margin.
+const LEFT_FOR: Duration = Duration::from_secs(25 * 3600);
 
 #[async_trait]
 impl Outbox for RedlockStore {
@@ -32,13 +38,20 @@ impl Outbox for RedlockStore {
         self.quorum(answers).map(|_| ())
     }
 
-    async fn take_handed_over(&self, taker: &Owner, max: usize) -> Result<Vec<Parcel>, StoreError> {
+    async fn take_handed_over(
+        &self,
+        taker: &Owner,
+        prefix: &str,
+        max: usize,
+    ) -> Result<Vec<Parcel>, StoreError> {
         let keys = outbox_keys(&self.prefix);
         let args = [
             "mark".to_string(),
             max.to_string(),
+            prefix.to_string(),
             taker.as_str().to_string(),
             MARK_HOLDS.as_millis().to_string(),
+            LEFT_FOR.as_millis().to_string(),
         ];
         let (k, a) = (&keys, &args);
         let answers = self
@@ -48,14 +61,15 @@ impl Outbox for RedlockStore {
         let (won, split) = won_parcels(
             marked
                 .into_iter()
+                .filter(|(i, _)| self.counts(&self.masters[*i], MARK_HOLDS))
                 .map(|(_, reply)| parcels_from_reply(reply)),
             self.majority(),
+            max,
         );
+        let taker_arg = taker.as_str().to_string();
         if !split.is_empty() {
-            // Marked for this taker on too few masters: unmarked, so that
-            // takers who split a parcel try again now instead of waiting
-            // the marks out (best effort: a mark left lapses).
-            let mut unmark = vec!["unmark".to_string(), taker.as_str().to_string()];
+            // Best effort: a mark left lapses after MARK_HOLDS.
+            let mut unmark = vec!["unmark".to_string(), taker_arg.clone()];
             unmark.extend(split);
             let u = &unmark;
             let _ = self
@@ -65,22 +79,36 @@ impl Outbox for RedlockStore {
         if won.is_empty() {
             return Ok(won);
         }
-        let mut drop = vec!["drop".to_string()];
+        let mut drop = vec!["drop".to_string(), taker_arg];
         drop.extend(won.iter().map(|p| p.id.clone()));
         let d = &drop;
         let answers = self
-            .each(|m| self.eval_on::<i64>(m, &self.outbox, k, d))
+            .each(|m| self.eval_on::<Vec<String>>(m, &self.outbox, k, d))
             .await;
-        self.quorum(answers)?;
-        Ok(won)
+        let dropped = self.quorum(answers)?;
+        let mut count: BTreeMap<String, usize> = BTreeMap::new();
+        for (_, ids) in dropped
+            .into_iter()
+            .filter(|(i, _)| self.counts(&self.masters[*i], MARK_HOLDS))
+        {
+            for id in ids {
+                *count.entry(id).or_default() += 1;
+            }
+        }
+        Ok(won
+            .into_iter()
+            .filter(|p| count.get(&p.id).is_some_and(|n| *n >= self.majority()))
+            .collect())
     }
 }
 
-/// The parcels at least `majority` masters marked for this taker, oldest
-/// first, and the ids fewer marked for it.
+/// The oldest `max` parcels at least `majority` masters marked for this
+/// taker, and the ids of the others marked for it (fewer masters, or past
+/// `max`: each master answers its own oldest).
 fn won_parcels(
     replies: impl IntoIterator<Item = Vec<Parcel>>,
     majority: usize,
+    max: usize,
 ) -> (Vec<Parcel>, Vec<String>) {
     let mut seen: BTreeMap<String, (usize, String)> = BTreeMap::new();
     for reply in replies {
@@ -91,7 +119,7 @@ fn won_parcels(
     let mut won = Vec::new();
     let mut split = Vec::new();
     for (id, (n, body)) in seen {
-        if n >= majority {
+        if n >= majority && won.len() < max {
             won.push(Parcel { id, body });
         } else {
             split.push(id);
@@ -112,15 +140,28 @@ mod outbox_tests {
     }
 
     #[test]
-    fn a_parcel_is_won_where_a_majority_marked_it() {
+    fn a_parcel_is_won_where_a_majority_marked_it_and_no_more_than_asked() {
         let (won, split) = won_parcels(
             [vec![p("b"), p("a")], vec![p("a")], vec![p("b"), p("c")]],
             2,
+            10,
         );
         assert_eq!(won, vec![p("a"), p("b")]);
         assert_eq!(split, vec!["c".to_string()]);
-        let (won, split) = won_parcels([vec![p("a")], vec![], vec![]], 2);
+        let (won, split) = won_parcels([vec![p("a")], vec![], vec![]], 2, 10);
         assert!(won.is_empty());
         assert_eq!(split, vec!["a".to_string()]);
+        // Each master's own oldest two: three won by a majority, two kept.
+        let (won, split) = won_parcels(
+            [
+                vec![p("x"), p("y")],
+                vec![p("y"), p("z")],
+                vec![p("x"), p("z")],
+            ],
+            2,
+            2,
+        );
+        assert_eq!(won, vec![p("x"), p("y")]);
+        assert_eq!(split, vec!["z".to_string()]);
     }
 }
