@@ -122,12 +122,13 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
         .map(|w| tokio::spawn(w.run(sending.clone())));
     // Deliveries a node that stopped handed over (docs/protocol.md,
     // "Webhook deliveries handed over").
+    // It stops taking once the daemon is asked to stop.
     let collector = webhooks.clone().map(|w| {
         tokio::spawn(w.collect(
             store.clone(),
             node.owner().clone(),
             config.store.op_timeout,
-            sending.clone(),
+            shutdown.clone(),
         ))
     });
     node.run(config.jobs.clone(), shutdown).await;

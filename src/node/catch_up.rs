@@ -159,6 +159,15 @@ impl Node {
     /// so the store hands out no older one: older missed occurrences are
     /// not run, and recorded `missed` ([`Node::record_unclaimed`]).
     pub(super) async fn catch_up_on_return(self: &Arc<Self>) {
+        // Registered first: a store that measures clocks against the live
+        // nodes' (etcd) then knows whose readings to wait for and refuses
+        // the claim until it has them. Before, a node whose clock ran 5 s
+        // ahead caught up an occurrence its peers had not reached, and ran
+        // it 5 s early (clock::etcd_measures_each_node_against_the_median
+        // _of_the_live_clocks, once in the long tier).
+        if self.beaten_at().is_none() {
+            self.beat_once().await;
+        }
         let read = tokio::time::timeout(self.settings.op_timeout, self.store.status()).await;
         let rows = match read {
             Ok(Ok(rows)) => rows,

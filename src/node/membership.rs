@@ -62,18 +62,23 @@ impl Node {
             if self.ensure_prepared().await.is_err() {
                 continue;
             }
-            let beat = self.heartbeat();
-            let sent = Instant::now();
-            if let Ok(nodes) = self
-                .call(
-                    "heartbeat",
-                    self.settings.op_timeout,
-                    self.store.heartbeat(&beat),
-                )
-                .await
-            {
-                self.beaten(nodes, sent);
-            }
+            self.beat_once().await;
+        }
+    }
+
+    /// One heartbeat on its own, now.
+    pub(super) async fn beat_once(&self) {
+        let beat = self.heartbeat();
+        let sent = Instant::now();
+        if let Ok(nodes) = self
+            .call(
+                "heartbeat",
+                self.settings.op_timeout,
+                self.store.heartbeat(&beat),
+            )
+            .await
+        {
+            self.beaten(nodes, sent);
         }
     }
 
@@ -189,7 +194,7 @@ impl Node {
     }
 
     /// When the last beat that went through was sent.
-    fn beaten_at(&self) -> Option<Instant> {
+    pub(super) fn beaten_at(&self) -> Option<Instant> {
         self.members.beaten_at.lock().ok().and_then(|at| *at)
     }
 

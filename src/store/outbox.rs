@@ -15,14 +15,15 @@
 //!   it (`redis/outbox.lua`);
 //! - ZooKeeper: a znode per parcel, taken by its delete at the version
 //!   read;
-//! - etcd: a key per parcel, taken by a transaction deleting it at the
-//!   revision read;
+//! - etcd: a key per parcel, taken by the delete that answers its
+//!   previous value;
 //! - memory: a map under the store's one lock.
 //!
 //! Where a take goes one parcel at a time (SQL, ZooKeeper, etcd), it
-//! starts no new one once half its store's `op_timeout` has passed
-//! ([`one_by_one`]), so a large outbox is taken in several calls rather
-//! than cut off mid-way with parcels deleted and not answered.
+//! starts no new one once half its store's `op_timeout` has passed since
+//! the call began ([`one_by_one`]), so a large outbox is taken in several
+//! calls rather than cut off mid-way with parcels deleted and not
+//! answered.
 
 use async_trait::async_trait;
 
@@ -50,7 +51,8 @@ impl Parcel {
     pub fn id_is_valid(id: &str) -> bool {
         !id.is_empty()
             && id.len() <= MAX_ID
-            && !id.starts_with('.')
+            && id != "."
+            && id != ".."
             && id
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'~'))
@@ -95,8 +97,8 @@ pub(crate) fn checked(store: &str, parcels: &[Parcel]) -> Result<(), StoreError>
 }
 
 /// Takes `candidates` one at a time with `take_one` (`Some`: this call
-/// took it), starting no new one once `budget` has passed since the first:
-/// what was taken, or the first error when nothing was.
+/// took it), starting no new one once `until` has passed: what was taken,
+/// or the first error when nothing was.
 #[cfg(any(
     feature = "sqlite",
     feature = "mysql",
@@ -106,14 +108,13 @@ pub(crate) fn checked(store: &str, parcels: &[Parcel]) -> Result<(), StoreError>
 ))]
 pub(crate) async fn one_by_one<T, F, Fut>(
     candidates: impl IntoIterator<Item = T>,
-    budget: std::time::Duration,
+    until: tokio::time::Instant,
     mut take_one: F,
 ) -> Result<Vec<Parcel>, StoreError>
 where
     F: FnMut(T) -> Fut,
     Fut: std::future::Future<Output = Result<Option<Parcel>, StoreError>>,
 {
-    let until = tokio::time::Instant::now() + budget;
     let mut taken = Vec::new();
     for candidate in candidates {
         if tokio::time::Instant::now() >= until {
@@ -133,12 +134,12 @@ where
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn an_id_is_what_every_store_keeps_as_it_is() {
         assert!(Parcel::id_is_valid("ops~0001764000000000-backup-7-failed"));
-        for bad in ["", ".x", "a/b", "a b", "é", &"x".repeat(MAX_ID + 1)] {
+        assert!(Parcel::id_is_valid(".ops~1"));
+        for bad in ["", ".", "..", "a/b", "a b", "é", &"x".repeat(MAX_ID + 1)] {
             assert!(!Parcel::id_is_valid(bad), "{bad:?}");
         }
         let bad = Parcel {
@@ -151,6 +152,7 @@ mod tests {
     #[cfg(feature = "sqlite")]
     #[tokio::test(start_paused = true)]
     async fn one_by_one_stops_starting_takes_once_its_budget_is_spent() {
+        use std::time::Duration;
         let take = |i: u32| async move {
             tokio::time::sleep(Duration::from_millis(400)).await;
             match i {
@@ -161,19 +163,20 @@ mod tests {
                 })),
             }
         };
+        let until = |d| tokio::time::Instant::now() + d;
         // 0 taken, 1 someone else's, 2 taken, then the budget (1 s) is spent.
-        let got = one_by_one(0..10, Duration::from_secs(1), take)
+        let got = one_by_one(0..10, until(Duration::from_secs(1)), take)
             .await
             .unwrap();
         let ids: Vec<&str> = got.iter().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["p0", "p2"]);
         // An error after a take answers what was taken; before, the error.
-        let got = one_by_one(2..10, Duration::from_secs(5), take)
+        let got = one_by_one(2..10, until(Duration::from_secs(5)), take)
             .await
             .unwrap();
         assert_eq!(got.len(), 1);
         assert!(
-            one_by_one(3..10, Duration::from_secs(5), take)
+            one_by_one(3..10, until(Duration::from_secs(5)), take)
                 .await
                 .is_err()
         );

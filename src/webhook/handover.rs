@@ -31,6 +31,10 @@ use crate::store::{Owner, Parcel, Store, bounded};
 /// How often a node with webhooks looks for deliveries handed over.
 pub const TAKE_EVERY: Duration = Duration::from_secs(5);
 
+/// Calls taking one webhook's deliveries in a row, at most (then the next
+/// look, [`TAKE_EVERY`] later).
+const TAKES_AT_ONCE: usize = 20;
+
 /// How long a starting daemon waits for a guard handing over its spool.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -100,7 +104,7 @@ fn parcels_of(pending: &[Pending]) -> (Vec<Parcel>, Vec<&Pending>) {
                 of.push(p);
             }
             Ok(parcel) => {
-                tracing::warn!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery not handed over: its id {} is longer than the store keeps", parcel.id.len());
+                tracing::warn!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery not handed over: its id ({} bytes) is not one the store keeps", parcel.id.len());
             }
             Err(e) => {
                 tracing::warn!(webhook = %p.target, delivery = %p.event.delivery, "webhook delivery not handed over: {e}");
@@ -235,8 +239,8 @@ impl Webhooks {
         }
     }
 
-    /// Takes `prefix`'s parcels, [`TAKE_AT_MOST`] a call, until fewer come
-    /// or the queue has no room for more.
+    /// Takes `prefix`'s parcels, [`TAKE_AT_MOST`] a call, while calls
+    /// bring some (at most [`TAKES_AT_ONCE`] calls) and the queue has room.
     async fn take_all(
         &self,
         store: &dyn Store,
@@ -245,24 +249,24 @@ impl Webhooks {
         within: Duration,
         stop: &CancellationToken,
     ) {
-        loop {
+        for _ in 0..TAKES_AT_ONCE {
             let room = MAX_PENDING.saturating_sub(self.with_queue(|q| q.pending.len()));
             if room < TAKE_AT_MOST || stop.is_cancelled() {
                 return;
             }
-            // Each store bounds its calls; this bounds a take that hangs.
-            let took = bounded(
-                within * 3,
-                store.take_handed_over(taker, prefix, TAKE_AT_MOST),
-            )
-            .await;
-            match took {
-                Ok(parcels) => {
-                    let more = parcels.len() >= TAKE_AT_MOST;
-                    self.took(parcels).await;
-                    if !more {
-                        return;
-                    }
+            // Each store bounds its calls (a take stops starting deletes
+            // after half of `op_timeout`): this bounds one that hangs, and
+            // what it took is then lost.
+            let bound = within * 5;
+            match bounded(bound, store.take_handed_over(taker, prefix, TAKE_AT_MOST)).await {
+                Ok(parcels) if parcels.is_empty() => return,
+                Ok(parcels) => self.took(parcels).await,
+                Err(crate::store::StoreError::Timeout(_)) => {
+                    tracing::warn!(
+                        "taking webhook deliveries handed over did not end within {}: those it took are lost",
+                        humantime::format_duration(bound)
+                    );
+                    return;
                 }
                 Err(e) => {
                     tracing::debug!("looking for webhook deliveries handed over: {e}");
@@ -305,7 +309,6 @@ impl Webhooks {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::store::Outbox as _;
 
     #[test]
     fn a_delivery_goes_through_the_outbox_as_it_was() {
@@ -335,9 +338,10 @@ mod tests {
     /// A node with webhook "ops" takes only "ops" deliveries, gives up one
     /// older than a day, spools what it takes, and hands it over again
     /// when it stops.
-    #[cfg(feature = "memory")]
+    #[cfg(all(feature = "memory", feature = "webhooks"))]
     #[tokio::test]
     async fn a_node_takes_its_webhooks_deliveries_and_hands_them_over_again() {
+        use crate::store::Outbox as _;
         use crate::store::memory::MemoryStore;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cronlease.toml");

@@ -1,7 +1,7 @@
 //! The outbox ([`crate::store::outbox`]): a key per parcel under
-//! `{key_prefix}outbox/`, named by its id; a parcel is taken by a
-//! transaction deleting its key at the revision read, which one taker
-//! alone can commit.
+//! `{key_prefix}outbox/`, named by its id; a parcel is taken by the
+//! delete of its key that answers its previous value (of two deletes, one
+//! finds the key).
 
 use super::*;
 use crate::store::{Outbox, Parcel, outbox};
@@ -41,14 +41,15 @@ impl Outbox for EtcdStore {
     }
 
     /// The keys of the prefix read without their values (a hundred
-    /// bodies can pass etcd's reply limit), then each read and deleted at
-    /// the revision read.
+    /// bodies can pass etcd's reply limit), then each deleted with its
+    /// previous value: the delete that answers the value took it.
     async fn take_handed_over(
         &self,
         _taker: &Owner,
         prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
+        let until = tokio::time::Instant::now() + self.op_timeout / 2;
         let client = self.client().await?;
         let root = self.keys.of(Kind::Outbox, "");
         let options = GetOptions::new()
@@ -65,23 +66,11 @@ impl Outbox for EtcdStore {
             .filter_map(|item| String::from_utf8(item.key().to_vec()).ok())
             .collect();
         let (client, root) = (&client, &root);
-        outbox::one_by_one(keys, self.op_timeout / 2, |key| async move {
+        outbox::one_by_one(keys, until, |key| async move {
             let mut kv = client.kv_client();
-            let read = self.timed(kv.get(key.as_str(), None)).await?;
-            let Some(item) = read.kvs().first() else {
-                return Ok(None);
-            };
-            let take = Txn::new()
-                .when([Compare::mod_revision(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    item.mod_revision(),
-                )])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
-            if !self.timed(kv.txn(take)).await?.succeeded() {
-                return Ok(None);
-            }
-            Ok(Some(Parcel {
+            let options = DeleteOptions::new().with_prev_key();
+            let deleted = self.timed(kv.delete(key.as_str(), Some(options))).await?;
+            Ok(deleted.prev_kvs().first().map(|item| Parcel {
                 id: key.strip_prefix(root.as_str()).unwrap_or(&key).to_string(),
                 body: String::from_utf8_lossy(item.value()).into_owned(),
             }))

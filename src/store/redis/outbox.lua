@@ -7,11 +7,11 @@
 --        prefix (id order), answered and deleted at once: one master
 --        (Redis, Sentinel).
 --   mark ARGV[2] max, ARGV[3] prefix, ARGV[4] taker, ARGV[5] hold ms,
---        ARGV[6] max age ms: Redlock. A parcel older than max age is
---        deleted (a copy left on a minority of masters). Of the oldest
---        max of the prefix, those unmarked, marked by this taker, or
---        marked longer ago than hold are marked for this taker and
---        answered.
+--        ARGV[6] max age ms: Redlock. In id order, a parcel of the prefix
+--        older than max age is deleted (a copy left on a minority of
+--        masters); one marked by another taker less than hold ago is
+--        passed over; the others (unmarked, this taker's, or lapsed) are
+--        marked for this taker and answered, until max are.
 --   unmark ARGV[2] taker, ARGV[3..]: ids whose mark is this taker's
 --        unmarked (a take a majority did not give it: tried again).
 --   drop ARGV[2] taker, ARGV[3..]: ids whose mark is this taker's

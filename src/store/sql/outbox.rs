@@ -37,7 +37,8 @@ impl Outbox for SqlStore {
     }
 
     /// The oldest `max` rows of the prefix read, then each deleted on its
-    /// own ([`outbox::one_by_one`]): the parcels whose delete removed a row
+    /// own until half of `op_timeout` has passed ([`outbox::one_by_one`]):
+    /// the parcels whose delete removed a row
     /// are this caller's. The prefix is compared with `substr` (binary on
     /// every dialect: `LIKE` is not, on SQLite).
     async fn take_handed_over(
@@ -46,6 +47,7 @@ impl Outbox for SqlStore {
         prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
+        let until = tokio::time::Instant::now() + self.op_timeout / 2;
         let p = &self.prefix;
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = self
@@ -78,7 +80,7 @@ impl Outbox for SqlStore {
                 ),
             }
         }
-        outbox::one_by_one(candidates, self.op_timeout / 2, |parcel| async move {
+        outbox::one_by_one(candidates, until, |parcel| async move {
             let done = self
                 .retrying(|| async {
                     sqlx::query(self.sql(format!("DELETE FROM {p}outbox WHERE id = ?"), None)?)

@@ -60,6 +60,7 @@ impl Outbox for ZkStore {
         prefix: &str,
         max: usize,
     ) -> Result<Vec<Parcel>, StoreError> {
+        let until = tokio::time::Instant::now() + self.op_timeout / 2;
         let client = self.client().await?;
         let mut ids = match self
             .timed(client.list_children(&self.paths.dir(Kind::Outbox)))
@@ -73,7 +74,7 @@ impl Outbox for ZkStore {
         ids.sort();
         ids.truncate(max);
         let client = &client;
-        outbox::one_by_one(ids, self.op_timeout / 2, |id| async move {
+        outbox::one_by_one(ids, until, |id| async move {
             let path = self.paths.of(Kind::Outbox, &id);
             let (data, stat) = match self.within(client.get_data(&path)).await? {
                 Ok(read) => read,

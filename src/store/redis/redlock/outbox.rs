@@ -3,13 +3,14 @@
 //! oldest parcels of its prefix for itself on every master (`outbox.lua`
 //! `mark`: a mark of another taker holds for [`MARK_HOLDS`]), then drops
 //! those a majority marked for it, each only where the mark is still its
-//! own (`drop`), and answers a parcel only when a majority dropped it: of
-//! two takers, at most one can. Masters restarted within [`MARK_HOLDS`]
-//! do not count (they may have lost marks). A parcel marked for it on
-//! fewer masters is unmarked again, so takers that split a parcel try
-//! again at once. A copy left on a minority of masters (a drop or a
-//! hand-over that missed one) is never won again, and is deleted there
-//! once older than [`LEFT_FOR`].
+//! own (`drop`), and answers a parcel only when a majority dropped it: any
+//! two majorities share a master, where the first drop deleted the parcel,
+//! so of two takers at most one can, as long as no master loses a delete
+//! it acknowledged. A parcel marked for it on fewer masters is unmarked
+//! again (beside the drop), so takers that split a parcel try again at
+//! once. A copy left on a minority of masters (a drop or a hand-over that
+//! missed one) is never won again, and is deleted there by the first take
+//! of its prefix once older than [`LEFT_FOR`].
 
 use super::*;
 use crate::store::redis::{outbox_keys, parcels_from_reply, put_args};
@@ -61,36 +62,37 @@ impl Outbox for RedlockStore {
         let (won, split) = won_parcels(
             marked
                 .into_iter()
-                .filter(|(i, _)| self.counts(&self.masters[*i], MARK_HOLDS))
                 .map(|(_, reply)| parcels_from_reply(reply)),
             self.majority(),
             max,
         );
         let taker_arg = taker.as_str().to_string();
-        if !split.is_empty() {
-            // Best effort: a mark left lapses after MARK_HOLDS.
-            let mut unmark = vec!["unmark".to_string(), taker_arg.clone()];
-            unmark.extend(split);
-            let u = &unmark;
-            let _ = self
-                .each(|m| self.eval_on::<i64>(m, &self.outbox, k, u))
-                .await;
-        }
-        if won.is_empty() {
-            return Ok(won);
-        }
+        // Best effort, beside the drop: a mark left lapses after MARK_HOLDS.
+        let mut unmark = vec!["unmark".to_string(), taker_arg.clone()];
+        unmark.extend(split);
+        let u = &unmark;
+        let unmarking = async {
+            if u.len() > 2 {
+                let _ = self
+                    .each(|m| self.eval_on::<i64>(m, &self.outbox, k, u))
+                    .await;
+            }
+        };
         let mut drop = vec!["drop".to_string(), taker_arg];
         drop.extend(won.iter().map(|p| p.id.clone()));
         let d = &drop;
-        let answers = self
-            .each(|m| self.eval_on::<Vec<String>>(m, &self.outbox, k, d))
-            .await;
-        let dropped = self.quorum(answers)?;
+        let dropping = async {
+            if won.is_empty() {
+                return Ok(Vec::new());
+            }
+            let answers = self
+                .each(|m| self.eval_on::<Vec<String>>(m, &self.outbox, k, d))
+                .await;
+            self.quorum(answers)
+        };
+        let ((), dropped) = tokio::join!(unmarking, dropping);
         let mut count: BTreeMap<String, usize> = BTreeMap::new();
-        for (_, ids) in dropped
-            .into_iter()
-            .filter(|(i, _)| self.counts(&self.masters[*i], MARK_HOLDS))
-        {
+        for (_, ids) in dropped? {
             for id in ids {
                 *count.entry(id).or_default() += 1;
             }
