@@ -81,10 +81,6 @@ impl Pending {
         }
         Ok(p)
     }
-
-    fn age(&self, now: i64) -> Duration {
-        Duration::from_millis(u64::try_from(now.saturating_sub(self.created_ms)).unwrap_or(0))
-    }
 }
 
 /// The id prefix of `webhook`'s deliveries (`~` is in no webhook name).
@@ -166,18 +162,35 @@ pub async fn hand_over_spool(
         return Ok(0);
     };
     let (pending, _problems) = spool.load::<Pending>();
-    let mut handed = 0;
+    let (handed, failed) = hand_over_all(store, &pending, within).await;
+    for p in &handed {
+        let _ = spool.remove(*p);
+    }
+    match failed {
+        Some(source) => Err(HandoverError::Store {
+            handed: handed.len(),
+            source,
+        }),
+        None => Ok(handed.len()),
+    }
+}
+
+/// Hands `pending` over, [`TAKE_AT_MOST`] a call, until a call fails: the
+/// deliveries the store took, and the failure if one came.
+async fn hand_over_all<'a>(
+    store: &dyn Store,
+    pending: &'a [Pending],
+    within: Duration,
+) -> (Vec<&'a Pending>, Option<crate::store::StoreError>) {
+    let mut handed = Vec::with_capacity(pending.len());
     for chunk in pending.chunks(TAKE_AT_MOST) {
         let (parcels, of) = parcels_of(chunk);
-        bounded(within, store.hand_over(&parcels))
-            .await
-            .map_err(|source| HandoverError::Store { handed, source })?;
-        for p in of {
-            let _ = spool.remove(p);
+        if let Err(e) = bounded(within, store.hand_over(&parcels)).await {
+            return (handed, Some(e));
         }
-        handed += parcels.len();
+        handed.extend(of);
     }
-    Ok(handed)
+    (handed, None)
 }
 
 impl Webhooks {
@@ -189,29 +202,24 @@ impl Webhooks {
         if left.is_empty() {
             return;
         }
-        let mut handed = 0;
-        for chunk in left.chunks(TAKE_AT_MOST) {
-            let (parcels, of) = parcels_of(chunk);
-            if let Err(e) = bounded(within, store.hand_over(&parcels)).await {
-                tracing::warn!(
-                    pending = left.len() - handed,
-                    "webhook deliveries not handed over ({e}): kept in the spool for the next start"
-                );
-                break;
-            }
-            for p in &of {
-                self.count(&p.target, "handed_over");
-                self.unspool((*p).clone()).await;
-            }
-            let names: std::collections::HashSet<String> =
-                of.iter().map(|p| p.file_name()).collect();
-            self.with_queue(|q| q.pending.retain(|p| !names.contains(&p.file_name())));
-            handed += of.len();
+        let (handed, failed) = hand_over_all(store, &left, within).await;
+        if let Some(e) = failed {
+            tracing::warn!(
+                pending = left.len() - handed.len(),
+                "webhook deliveries not handed over ({e}): kept in the spool for the next start"
+            );
         }
+        for p in &handed {
+            self.count(&p.target, "handed_over");
+            self.unspool((*p).clone()).await;
+        }
+        let names: std::collections::HashSet<String> =
+            handed.iter().map(|p| p.file_name()).collect();
+        self.with_queue(|q| q.pending.retain(|p| !names.contains(&p.file_name())));
         self.set_pending_gauge();
-        if handed > 0 {
+        if !handed.is_empty() {
             tracing::info!(
-                handed_over = handed,
+                handed_over = handed.len(),
                 "webhook deliveries handed over: a node with webhooks sends them"
             );
         }

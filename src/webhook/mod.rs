@@ -331,8 +331,7 @@ impl Webhooks {
         };
         p.attempts += 1;
         let now = now_ms();
-        let age =
-            Duration::from_millis(u64::try_from(now.saturating_sub(p.created_ms)).unwrap_or(0));
+        let age = p.age(now);
         let what = format!(
             "{} of {} (fence {})",
             p.event.event, p.event.job, p.event.fence

@@ -23,6 +23,15 @@ pub struct Pending {
     pub next_ms: i64,
 }
 
+impl Pending {
+    /// How long ago its event was spooled, at `now` (Unix milliseconds).
+    pub fn age(&self, now: i64) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            u64::try_from(now.saturating_sub(self.created_ms)).unwrap_or(0),
+        )
+    }
+}
+
 impl crate::spool::Spooled for Pending {
     /// Oldest first in name order; unique per webhook and event (job names
     /// and webhook names are `[A-Za-z0-9_.-]`).
