@@ -10,9 +10,11 @@ the PATH it also parses every dashboard expression as PromQL.
 
 Series names come from the `registry.register(...)` calls and the field types
 of `struct Metrics`: counters get `_total`, histograms `_bucket`, `_sum` and
-`_count`, gauges nothing. Label names come from the `EncodeLabelSet` structs;
-cronlease's `job` label is stored by Prometheus as `exported_job` (the scrape
-config of contrib/README.md), and `job` and `instance` are the target's.
+`_count`, gauges nothing. Label names come from the `EncodeLabelSet` structs,
+and `job` and `instance` are the target's. It also fails when cronlease
+labels a series `job` or `instance` (Prometheus keeps those for the scrape
+and would rename ours), and when a rule matches the `job` label against a
+value (the rules must work whatever the scrape job is called).
 
 Usage: contrib/check_names.py [REPO_ROOT]
 """
@@ -41,7 +43,10 @@ def exported_names():
         sys.exit(f"{METRICS_RS}: no `pub struct Metrics`")
     structs = {}
     for name, body in re.findall(r"EncodeLabelSet\)\]\s*pub struct (\w+) \{(.*?)\n\}", src, re.S):
-        structs[name] = {"exported_job" if x == "job" else x for x in re.findall(r"^\s*pub (\w+):", body, re.M)}
+        fields = set(re.findall(r"^\s*pub (\w+):", body, re.M))
+        for reserved in sorted(fields & {"job", "instance"}):
+            problems.append(f"{METRICS_RS}: {name} labels series `{reserved}`, which Prometheus keeps for the scrape target")
+        structs[name] = fields
     kinds, field_labels = {}, {}
     for field, ty in re.findall(r"^\s*pub (\w+): ([^\n]+),$", struct.group(1), re.M):
         m = re.match(r"(?:Family|Histograms)<(\w+)", ty)
@@ -201,6 +206,9 @@ def main():
         problems.append(f"{os.path.relpath(RULES, ROOT)}: no expr found")
     for where, expr in rules:
         check_expr(where, expr, series, labels)
+        bare = re.sub(r"\[[^\]]*\]", "", expr)
+        if re.search(r"\bjob\s*(?:=~|!~|!=|=)\s*\"", bare):
+            problems.append(f"{where}: matches the scrape job's name (job=...); the rules must not depend on it")
     text = open(RULES, encoding="utf-8").read()
     for label in sorted(set(re.findall(r"\$labels\.(\w+)", text)) - labels):
         problems.append(f"{os.path.relpath(RULES, ROOT)}: annotation uses $labels.{label}, on no series")

@@ -156,6 +156,16 @@ pub enum Commands {
         #[arg(long, value_name = "ZONE")]
         timezone: Option<String>,
     },
+    /// Make an API token for the http listener: print its secret (once) and
+    /// the [[token]] table to add to [http] tokens_file (no configuration,
+    /// no store)
+    Token {
+        /// Its name: who uses it (shown in the audit and the logs)
+        name: String,
+        /// What it may do: read, or operate (also write)
+        #[arg(long, value_enum, default_value = "read")]
+        scope: TokenScope,
+    },
     /// Create or upgrade the store's tables (run also applies them)
     Migrate(ConfigArg),
     /// Ask the local daemon to release its leases and pause claiming for one margin
@@ -227,4 +237,11 @@ pub enum Commands {
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
+}
+
+/// `cronlease token --scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenScope {
+    Read,
+    Operate,
 }

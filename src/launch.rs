@@ -16,6 +16,10 @@ const WITHHELD_ENV: &[&str] = &[
     "LISTEN_FDS",
     "LISTEN_PID",
     "LISTEN_FDNAMES",
+    // How the guard logs (crate::telemetry::guard_env), not the job's.
+    "CRONLEASE_LOG_FORMAT",
+    "CRONLEASE_LOG_LEVEL",
+    "CRONLEASE_LOG_NODE",
 ];
 
 /// This process's environment less [`WITHHELD_ENV`], read once: a thousand

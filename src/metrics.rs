@@ -1,7 +1,14 @@
 //! Metrics (docs/operations.md), encoded as OpenMetrics text by the
 //! prometheus-client crate; [`crate::http`] serves them on `/metrics`.
+//!
+//! The per-job label is `cron_job` (since 0.2.0; `job` before): Prometheus
+//! reserves `job` for the scrape job and would store ours as `exported_job`.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
+
+use chrono::{DateTime, Utc};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -10,21 +17,23 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The cronlease job a series is about. Never `job`, which Prometheus
+/// keeps for the scrape job.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
-    pub job: String,
+    pub cron_job: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClaimLabel {
-    pub job: String,
+    pub cron_job: String,
     /// `won`, `caught_up`, `lost` or `error`.
     pub result: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RunLabel {
-    pub job: String,
+    pub cron_job: String,
     pub outcome: String,
 }
 
@@ -44,6 +53,10 @@ pub struct WebhookLabel {
 }
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The schedule a job's interval was computed for, and when it ends (its
+/// next occurrence then).
+type IntervalEnd = (String, DateTime<Utc>);
 
 fn lateness_buckets() -> Histogram {
     // 1 ms .. 65 s
@@ -105,6 +118,26 @@ pub struct Metrics {
     pub webhook_deliveries: Family<WebhookLabel, Counter>,
     /// Webhook deliveries waiting (spooled): to send, or to retry.
     pub webhook_pending: Gauge,
+    /// When the job's last run that ended `ok` finished (Unix seconds), as
+    /// far as this node knows: its own runs, and the store's history read
+    /// at start.
+    pub job_last_success: Family<JobLabel, Gauge<f64, AtomicU64>>,
+    /// When the job's last run finished, whatever its outcome (skipped
+    /// occurrences aside), as far as this node knows.
+    pub job_last_run: Family<JobLabel, Gauge<f64, AtomicU64>>,
+    /// How long the job's last run known to this node took.
+    pub job_last_duration: Family<JobLabel, Gauge<f64, AtomicU64>>,
+    /// Runs of the job going on this node now.
+    pub job_running: Family<JobLabel, Gauge>,
+    /// 1 when the job was paused at its last claim by this node (or a pause
+    /// this node saw since), else 0.
+    pub job_paused: Family<JobLabel, Gauge>,
+    /// The gap from the job's latest occurrence to its next one, seconds:
+    /// what "no success within 2 intervals" is measured against.
+    pub job_interval: Family<JobLabel, Gauge<f64, AtomicU64>>,
+    /// Every configured job at the last [`Metrics::refresh_jobs`], with the
+    /// schedule its interval was computed for and when that interval ends.
+    intervals: Mutex<HashMap<String, Option<IntervalEnd>>>,
     registry: Registry,
 }
 
@@ -138,6 +171,13 @@ impl Metrics {
             clock_offset: Gauge::default(),
             webhook_deliveries: Family::default(),
             webhook_pending: Gauge::default(),
+            job_last_success: Family::default(),
+            job_last_run: Family::default(),
+            job_last_duration: Family::default(),
+            job_running: Family::default(),
+            job_paused: Family::default(),
+            job_interval: Family::default(),
+            intervals: Mutex::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::default();
@@ -251,12 +291,133 @@ impl Metrics {
             "Webhook deliveries waiting to be sent or retried (kept in the spool)",
             m.webhook_pending.clone(),
         );
+        registry.register(
+            "cronlease_job_last_success_timestamp_seconds",
+            "When the job's last successful run (outcome ok) finished, Unix time, as far as this node knows (its runs, and the store's history at start)",
+            m.job_last_success.clone(),
+        );
+        registry.register(
+            "cronlease_job_last_run_timestamp_seconds",
+            "When the job's last run finished, whatever its outcome, Unix time, as far as this node knows",
+            m.job_last_run.clone(),
+        );
+        registry.register(
+            "cronlease_job_last_duration_seconds",
+            "How long the job's last run known to this node took",
+            m.job_last_duration.clone(),
+        );
+        registry.register(
+            "cronlease_job_running",
+            "Runs of the job going on this node now",
+            m.job_running.clone(),
+        );
+        registry.register(
+            "cronlease_job_paused",
+            "1 when the job was paused at this node's last claim of it, else 0",
+            m.job_paused.clone(),
+        );
+        registry.register(
+            "cronlease_job_interval_seconds",
+            "The gap from the job's latest occurrence to its next one (its expected interval), seconds",
+            m.job_interval.clone(),
+        );
         Metrics { registry, ..m }
     }
 
     pub fn job(job: &str) -> JobLabel {
         JobLabel {
-            job: job.to_string(),
+            cron_job: job.to_string(),
+        }
+    }
+
+    /// A finished run (skipped occurrences are not runs): the job's last-run,
+    /// last-duration and, for `ok`, last-success series. A run older than
+    /// the one the series shows (history read at start, arriving late)
+    /// changes nothing.
+    pub fn run_finished(&self, job: &str, finished_at: f64, took: f64, ok: bool) {
+        let label = Metrics::job(job);
+        let last = self.job_last_run.get_or_create(&label);
+        if finished_at >= last.get() {
+            last.set(finished_at);
+            self.job_last_duration.get_or_create(&label).set(took);
+        }
+        if ok {
+            let success = self.job_last_success.get_or_create(&label);
+            if finished_at > success.get() {
+                success.set(finished_at);
+            }
+        }
+    }
+
+    /// The job's `cronlease_job_paused`, from a claim's result: set by
+    /// `paused`, cleared by a result the store decided on a running job.
+    pub fn claim_result(&self, job: &str, result: &str) {
+        let paused = match result {
+            "paused" => 1,
+            "won" | "caught_up" | "lost" => 0,
+            _ => return,
+        };
+        self.job_paused
+            .get_or_create(&Metrics::job(job))
+            .set(paused);
+    }
+
+    /// Sets `cronlease_job_interval_seconds` of every configured job
+    /// (`jobs`: name and schedule) at `now`, and forgets the per-job gauges
+    /// of jobs no longer configured (a reload removed them), so a removed
+    /// job does not alert forever; counters and histograms stay, as
+    /// Prometheus expects of counters. Called before each scrape; a job's
+    /// interval is computed again only once its next occurrence has passed.
+    pub fn refresh_jobs<'a>(
+        &self,
+        jobs: impl Iterator<Item = (&'a str, &'a crate::schedule::Schedule)>,
+        now: DateTime<Utc>,
+    ) {
+        let mut intervals = self
+            .intervals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = std::collections::HashSet::new();
+        for (name, schedule) in jobs {
+            seen.insert(name);
+            let fresh = intervals.get(name).is_some_and(|known| {
+                known
+                    .as_ref()
+                    .is_some_and(|(expr, next)| expr == schedule.expr() && *next > now)
+            });
+            if fresh {
+                continue;
+            }
+            let label = Metrics::job(name);
+            let known = match (schedule.previous_before(now), schedule.next_after(now)) {
+                (Some(prev), Some(next)) => {
+                    let gap = (next - prev).num_milliseconds() as f64 / 1000.0;
+                    self.job_interval.get_or_create(&label).set(gap);
+                    Some((schedule.expr().to_string(), next))
+                }
+                // No occurrence before now (a date not reached yet), or none
+                // after: no interval to hold the job to.
+                _ => {
+                    self.job_interval.remove(&label);
+                    None
+                }
+            };
+            intervals.insert(name.to_string(), known);
+        }
+        let gone: Vec<String> = intervals
+            .keys()
+            .filter(|j| !seen.contains(j.as_str()))
+            .cloned()
+            .collect();
+        for job in gone {
+            intervals.remove(&job);
+            let label = Metrics::job(&job);
+            self.job_interval.remove(&label);
+            self.job_last_success.remove(&label);
+            self.job_last_run.remove(&label);
+            self.job_last_duration.remove(&label);
+            self.job_running.remove(&label);
+            self.job_paused.remove(&label);
         }
     }
 

@@ -10,7 +10,7 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
         Ok(c) => Arc::new(c),
         Err(code) => return code,
     };
-    telemetry::init(&config.log);
+    telemetry::init(&config.log, Some(config.node.as_str()));
     telemetry::exit_on_panic();
     if config.jobs.is_empty() {
         tracing::warn!(config = %path.display(), "no jobs defined: this node will only hold the store connection");
@@ -22,7 +22,7 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
     let signals = match Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1]) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("cronlease: cannot install signal handlers: {e}");
+            telemetry::fatal(&format!("cannot install signal handlers: {e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -32,7 +32,7 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
     let runner = match crate::units::choose(&config).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cronlease: jobs.runner = \"systemd\": {e}");
+            telemetry::fatal(&format!("jobs.runner = \"systemd\": {e}"));
             return ExitCode::from(crate::app::EXIT_CONFIG);
         }
     };
@@ -49,11 +49,11 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
     let webhooks = match crate::webhook::Webhooks::start(&config, metrics.clone()).await {
         Ok(w) => w,
         Err(e @ crate::webhook::WebhookError::NotBuiltIn) => {
-            eprintln!("cronlease: {e}");
+            telemetry::fatal(&format!("{e}"));
             return ExitCode::from(crate::app::EXIT_CONFIG);
         }
         Err(e) => {
-            eprintln!("cronlease: {e}");
+            telemetry::fatal(&format!("{e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -91,10 +91,25 @@ pub(super) async fn run(path: PathBuf) -> ExitCode {
                 let healthy: http::HealthCheck = Arc::new(move || n.health_problem());
                 let api = http::Api::new(node.metrics().clone(), healthy, store.clone(), config_rx);
                 tokio::spawn(http::serve(listener, Arc::new(api), shutdown.clone()));
-                tracing::info!(%addr, "serving the dashboard on /, /api/*, /metrics and /healthz");
+                let access = &config.http_access;
+                let scheme = if access.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                match &access.tokens {
+                    None => {
+                        tracing::info!(%addr, scheme, "serving the dashboard on /, /api/*, /metrics and /healthz; read-only: no http.tokens_file, so writes need the CLI")
+                    }
+                    Some(tokens) => {
+                        tracing::info!(%addr, scheme, tokens = tokens.len(), read_requires_token = access.read_requires_token, "serving the dashboard on /, /api/*, /metrics and /healthz; writes with a token of scope operate")
+                    }
+                }
             }
             Err(e) => {
-                eprintln!("cronlease: cannot listen on {addr} for the http listener: {e}");
+                telemetry::fatal(&format!(
+                    "cannot listen on {addr} for the http listener: {e}"
+                ));
                 return ExitCode::FAILURE;
             }
         }
@@ -245,8 +260,10 @@ pub(super) async fn reload_on_request(
         match loaded {
             Ok(Ok(new)) => {
                 let new = Arc::new(new);
-                apply_reload(&node, &startup, &current, &new);
+                // The listener first (tokens, TLS), so that once the reload
+                // is logged every request sees it.
                 dashboard.send_replace(new.clone());
+                apply_reload(&node, &startup, &current, &new);
                 current = new;
             }
             Ok(Err(errors)) => {

@@ -46,7 +46,10 @@ pub const EXIT_CONFIG: u8 = 78;
 /// Runs a parsed command line.
 pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Commands::Guard => guard::serve(),
+        Commands::Guard => {
+            telemetry::init_guard();
+            guard::serve()
+        }
         Commands::WaitGuard => crate::systemd::wait_for_guard(crate::systemd::GUARD_WITHIN),
         Commands::UnitRun {
             identifier,
@@ -118,6 +121,7 @@ pub fn main(cli: Cli) -> ExitCode {
             user,
             timezone,
         } => import_crontab(file, system, user, timezone),
+        Commands::Token { name, scope } => make_token(&name, scope),
     }
 }
 
@@ -151,12 +155,35 @@ fn store_failure(e: &StoreError) -> ExitCode {
 /// [`store_failure`] with `more` said after the error, on the same line.
 fn store_failure_with(e: &StoreError, more: &str) -> ExitCode {
     // One line, whatever a driver put in its message.
-    eprintln!("cronlease: {}{more}", config::one_line(&e.to_string()));
+    telemetry::fatal(&format!("{}{more}", config::one_line(&e.to_string())));
     match e {
         StoreError::NotBuiltIn(_) => ExitCode::from(EXIT_CONFIG),
         e if e.is_unreachable() => ExitCode::from(EXIT_UNAVAILABLE),
         e if e.is_refused() => ExitCode::from(EXIT_REFUSED),
         _ => ExitCode::FAILURE,
+    }
+}
+
+/// `cronlease token NAME`: a new API token's secret on the first line of
+/// stdout, then the `[[token]]` table for `tokens_file`.
+fn make_token(name: &str, scope: crate::cli::TokenScope) -> ExitCode {
+    let scope = match scope {
+        crate::cli::TokenScope::Read => config::Scope::Read,
+        crate::cli::TokenScope::Operate => config::Scope::Operate,
+    };
+    match config::new_token(name, scope) {
+        Ok((secret, table)) => {
+            println!("{secret}");
+            println!(
+                "# add to [http] tokens_file (the secret above is not in it; keep it elsewhere):"
+            );
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cronlease: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

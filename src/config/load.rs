@@ -65,6 +65,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
     );
     let http_listen = http_listen(&src, &raw, &mut errors);
     let public_url = public_url(&src, &raw, &mut errors);
+    let http_access = access::http_access(&src, &raw, &base, &mut errors, &mut warnings);
     let log = log_config(&src, &raw, &mut errors);
 
     let (mut jobs, job_files) = load_jobs(&src, &raw, path, &base, &mut errors);
@@ -99,6 +100,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
             ),
             http_listen,
             public_url,
+            http_access,
             state_dir: raw.state_dir.as_ref().map(|d| base.join(d.get_ref())),
             webhooks,
             log,
@@ -169,6 +171,17 @@ fn refuse_nuls(src: &Source, raw: &RawConfig, errors: &mut Vec<ConfigError>) {
     for n in &raw.notify {
         if let Some(f) = &n.secret_file {
             refuse_nul(src, f, "notify secret_file", errors);
+        }
+    }
+    for h in raw.http.iter().chain(raw.metrics.iter()) {
+        for (v, what) in [
+            (&h.tokens_file, "http.tokens_file"),
+            (&h.tls_cert_file, "http.tls_cert_file"),
+            (&h.tls_key_file, "http.tls_key_file"),
+        ] {
+            if let Some(v) = v {
+                refuse_nul(src, v, what, errors);
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 //! and column, and loading collects all of them instead of stopping at the
 //! first, so `cronlease check` can list everything wrong in one pass.
 
+mod access;
 mod error;
 mod isolation;
 mod job;
@@ -16,6 +17,7 @@ pub mod raw;
 mod source;
 mod store_url;
 
+pub use access::*;
 pub use error::*;
 pub use isolation::*;
 pub use job::*;
@@ -527,6 +529,8 @@ pub struct Config {
     /// `http.public_url`: where people reach the dashboard, for links in
     /// webhooks.
     pub public_url: Option<url::Url>,
+    /// `[http]` tokens, `require_token_for_read` and TLS.
+    pub http_access: HttpAccess,
     /// `state_dir`: where the daemon keeps what must survive a restart
     /// (undelivered webhooks). `None`: `$STATE_DIRECTORY`, else the pid
     /// file's directory ([`Config::state_dir`]).
@@ -579,6 +583,7 @@ impl Config {
             pid_file,
             http_listen,
             public_url,
+            http_access,
             state_dir,
             webhooks,
             log,
@@ -658,6 +663,21 @@ impl Config {
         note(*pid_file != self.pid_file, "pid_file", false);
         note(*http_listen != self.http_listen, "http.listen", false);
         note(*public_url != self.public_url, "http.public_url", false);
+        note(
+            http_access.tokens != self.http_access.tokens,
+            "http.tokens_file",
+            true,
+        );
+        note(
+            http_access.read_requires_token != self.http_access.read_requires_token,
+            "http.require_token_for_read",
+            true,
+        );
+        note(
+            http_access.tls != self.http_access.tls,
+            "http.tls_cert_file/tls_key_file",
+            true,
+        );
         note(*state_dir != self.state_dir, "state_dir", false);
         note(*webhooks != self.webhooks, "notify", false);
         note(*format != self.log.format, "log.format", false);

@@ -94,6 +94,10 @@ pub struct RawJobs {
 pub struct RawHttp {
     pub listen: Spanned<String>,
     pub public_url: Option<Spanned<String>>,
+    pub tokens_file: Option<Spanned<String>>,
+    pub require_token_for_read: Option<Spanned<bool>>,
+    pub tls_cert_file: Option<Spanned<String>>,
+    pub tls_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

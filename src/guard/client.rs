@@ -73,6 +73,8 @@ impl Guard {
             // all its secrets; the jobs it starts get the daemon's
             // environment less these, as `exec` says.
             .env_remove("CRONLEASE_STORE_URL")
+            // It logs as the daemon does (text, JSON or the journal).
+            .envs(crate::telemetry::guard_env())
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

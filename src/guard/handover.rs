@@ -128,11 +128,13 @@ async fn ask_again(
     for ((job, id, fence), answer) in again.iter().zip(asked) {
         match answer {
             Ok(crate::store::TriggerAnswer::Accepted) => taken.push((job.to_string(), *fence)),
-            Ok(refused) => eprintln!(
-                "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): the store refused the request ({refused:?})"
+            Ok(refused) => tracing::error!(
+                process = "guard",
+                "the claim of {job} the daemon never started is not handed back (trigger {id}): the store refused the request ({refused:?})"
             ),
-            Err(e) => eprintln!(
-                "cronlease __guard: the claim of {job} the daemon never started is not handed back (trigger {id}): {e}"
+            Err(e) => tracing::error!(
+                process = "guard",
+                "the claim of {job} the daemon never started is not handed back (trigger {id}): {e}"
             ),
         }
     }
@@ -196,8 +198,9 @@ pub(super) fn hand_over(
         known,
     } = left;
     if !wait_gone(doomed, GONE_WITHIN) {
-        eprintln!(
-            "cronlease __guard: the daemon died and processes of its jobs are still there after {GONE_WITHIN:?}: its leases are left to expire"
+        tracing::warn!(
+            process = "guard",
+            "the daemon died and processes of its jobs are still there after {GONE_WITHIN:?}: its leases are left to expire"
         );
         return;
     }
@@ -245,7 +248,7 @@ pub(super) fn hand_over(
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("cronlease __guard: the daemon died; cannot hand over: {e}");
+            tracing::error!(process = "guard", "the daemon died; cannot hand over: {e}");
             owe(owed_dir.as_deref(), &records, &[]);
             return;
         }
@@ -297,8 +300,7 @@ pub(super) fn hand_over(
         let unheard = match unheard {
             Ok(unheard) => unheard,
             Err(e) => {
-                eprintln!(
-                    "cronlease __guard: claims the daemon may have won and never heard of are not looked for: {e}"
+                tracing::error!(process = "guard", "claims the daemon may have won and never heard of are not looked for: {e}"
                 );
                 Vec::new()
             }
@@ -312,8 +314,7 @@ pub(super) fn hand_over(
                 .collect();
             let (records, again) = back(unheard, owner.as_str(), &node, chrono::Utc::now());
             if let Err(e) = bounded(within, store.record_runs(&records, keep)).await {
-                eprintln!(
-                    "cronlease __guard: the claims the daemon won and never heard of are not recorded: {e}"
+                tracing::error!(process = "guard", "the claims the daemon won and never heard of are not recorded: {e}"
                 );
             }
             let unheard_taken = ask_again(store.as_ref(), &again, within).await;
@@ -328,11 +329,9 @@ pub(super) fn hand_over(
         if let Some(dir) = notify_dir.as_deref() {
             match crate::webhook::hand_over_spool(store.as_ref(), dir, within).await {
                 Ok(0) => {}
-                Ok(n) => eprintln!(
-                    "cronlease __guard: {n} webhook deliveries the daemon had not made handed over: a node with webhooks sends them"
+                Ok(n) => tracing::warn!(process = "guard", "{n} webhook deliveries the daemon had not made handed over: a node with webhooks sends them"
                 ),
-                Err(e) => eprintln!(
-                    "cronlease __guard: webhook deliveries not handed over ({e}): the node's next daemon sends them"
+                Err(e) => tracing::error!(process = "guard", "webhook deliveries not handed over ({e}): the node's next daemon sends them"
                 ),
             }
         }
@@ -345,12 +344,14 @@ pub(super) fn hand_over(
         owe(owed_dir.as_deref(), &records, &taken);
     }
     match handed {
-        Ok((released, handed_back, unheard)) => eprintln!(
-            "cronlease __guard: the daemon died: {killed} interrupted runs recorded killed, {} claims it never started recorded not_started ({unheard} of them it never heard of; {handed_back} handed back to run again), {released} leases released, {took} ms after its death",
+        Ok((released, handed_back, unheard)) => tracing::warn!(
+            process = "guard",
+            "the daemon died: {killed} interrupted runs recorded killed, {} claims it never started recorded not_started ({unheard} of them it never heard of; {handed_back} handed back to run again), {released} leases released, {took} ms after its death",
             unstarted + unheard
         ),
-        Err(e) => eprintln!(
-            "cronlease __guard: the daemon died; handing over failed after {took} ms ({e}): its leases expire as they would without a guard"
+        Err(e) => tracing::error!(
+            process = "guard",
+            "the daemon died; handing over failed after {took} ms ({e}): its leases expire as they would without a guard"
         ),
     }
 }
@@ -368,8 +369,9 @@ fn owe(dir: Option<&std::path::Path>, records: &[RunRecord], taken: &[(String, u
         .map(|r| super::owed::Owed::of_record(r, at))
         .collect();
     for problem in super::owed::write_owed(dir, &owed) {
-        eprintln!(
-            "cronlease __guard: the on_failure and events of a run it recorded are lost: {problem}"
+        tracing::error!(
+            process = "guard",
+            "the on_failure and events of a run it recorded are lost: {problem}"
         );
     }
 }

@@ -116,13 +116,14 @@ pub fn serve() -> std::process::ExitCode {
     let sock = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(sock) => Arc::new(sock),
         Err(e) => {
-            eprintln!("cronlease __guard: no socket on stdin: {e}");
+            tracing::error!(process = "guard", "no socket on stdin: {e}");
             return std::process::ExitCode::from(70);
         }
     };
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        eprintln!(
-            "cronlease __guard: cannot become the jobs' subreaper ({e}): a process whose parent exits is found only if it was noted before"
+        tracing::error!(
+            process = "guard",
+            "cannot become the jobs' subreaper ({e}): a process whose parent exits is found only if it was noted before"
         );
     }
     let (incoming, threads) = start_threads(&sock);
@@ -290,15 +291,17 @@ impl Watched {
         let units_gone =
             self.units.is_empty() || crate::units::kill_and_wait(&self.units, GONE_WITHIN);
         if !units_gone {
-            eprintln!(
-                "cronlease __guard: the daemon died and units of its runs are still there after {GONE_WITHIN:?}: its leases are left to expire"
+            tracing::warn!(
+                process = "guard",
+                "the daemon died and units of its runs are still there after {GONE_WITHIN:?}: its leases are left to expire"
             );
         }
         // And each run's cgroup, with whatever got away from its group.
         let cgroups_gone = crate::cgroup::kill_runs(GONE_WITHIN);
         if !cgroups_gone {
-            eprintln!(
-                "cronlease __guard: the daemon died and processes of its runs' cgroups are still there after {GONE_WITHIN:?}: its leases are left to expire"
+            tracing::warn!(
+                process = "guard",
+                "the daemon died and processes of its runs' cgroups are still there after {GONE_WITHIN:?}: its leases are left to expire"
             );
         }
         let units_gone = units_gone && cgroups_gone;
@@ -526,8 +529,9 @@ pub(super) fn serve_requests(
                 let _ = events.send(Event::ForgetUnit(unit));
             }
             // Where, not what: a request holds the job's environment.
-            Err(e) => eprintln!(
-                "cronlease __guard: a request it cannot read (line {}, column {})",
+            Err(e) => tracing::error!(
+                process = "guard",
+                "a request it cannot read (line {}, column {})",
                 e.line(),
                 e.column()
             ),

@@ -8,6 +8,7 @@
 //! record per gap ([`Node::record_unclaimed`], docs/protocol.md
 //! "Occurrences nobody claimed").
 
+use crate::telemetry::Rfc3339;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -245,7 +246,7 @@ impl Node {
         if let Some(due) = due {
             tracing::info!(
                 job,
-                occurrence = %due.occurrence,
+                occurrence = %Rfc3339(due.occurrence),
                 "catching up the occurrence missed while the job was paused"
             );
             self.claim_instant(vec![due]);

@@ -23,6 +23,7 @@
 //!    once are one call too. Store errors are retried with backoff until
 //!    some node claims the occurrence or the next one is due.
 
+use crate::telemetry::Rfc3339;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -471,7 +472,7 @@ impl Node {
             Ok(Ok((ClaimOutcome::Won(won), answered))) => {
                 state.saw_fence(won.fence);
                 let decision_ms = (answered - occurrence).num_milliseconds().max(0) as u64;
-                tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, "a claim answered only after its occurrence was over: not run, recorded as lease_lost");
+                tracing::warn!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(won.occurrence), "a claim answered only after its occurrence was over: not run, recorded as lease_lost");
                 self.record(
                     state,
                     self.ticket(&won, decision_ms),
@@ -482,10 +483,10 @@ impl Node {
             Ok(Ok((ClaimOutcome::Lost(lost), _))) => state.saw_fence(lost.fence),
             Ok(Ok((ClaimOutcome::Failed(_), _))) => {}
             Ok(Err(e)) => {
-                tracing::warn!(job = %job.name, %occurrence, "a claim of this occurrence went unanswered and cannot be checked ({e}): if it won, the occurrence did not run")
+                tracing::warn!(job = %job.name, occurrence = %Rfc3339(occurrence), "a claim of this occurrence went unanswered and cannot be checked ({e}): if it won, the occurrence did not run")
             }
             Err(_) => {
-                tracing::warn!(job = %job.name, %occurrence, "a claim of this occurrence went unanswered and cannot be checked (timed out): if it won, the occurrence did not run")
+                tracing::warn!(job = %job.name, occurrence = %Rfc3339(occurrence), "a claim of this occurrence went unanswered and cannot be checked (timed out): if it won, the occurrence did not run")
             }
         }
     }
@@ -606,7 +607,7 @@ impl Node {
                 drop(gate);
                 // This job's row only: the rest of the batch was decided.
                 if !at.reported_failure {
-                    tracing::error!(job = %job.name, occurrence = %due.occurrence, "claim failed: {reason}");
+                    tracing::error!(job = %job.name, occurrence = %Rfc3339(due.occurrence), "claim failed: {reason}");
                     at.reported_failure = true;
                 }
                 self.count_claim(&job.name, "error");
@@ -749,7 +750,7 @@ impl Node {
         }
         if won.catch_up {
             if won.redelivered {
-                tracing::warn!(job = %job.name, fence = won.fence, occurrence = %won.occurrence, "its holder died before recording its run: running it again (delivery = at_least_once)");
+                tracing::warn!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(won.occurrence), "its holder died before recording its run: running it again (delivery = at_least_once)");
             } else {
                 tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
             }
@@ -804,13 +805,13 @@ impl Node {
             // wait out. With `misfire = "run_once"`, `resume` catches the
             // latest refused occurrence up at once, or the next claim does
             // (docs/protocol.md, "Catch-up on resume").
-            tracing::debug!(job = %job.name, %occurrence, "job paused; occurrence not claimed");
+            tracing::debug!(job = %job.name, occurrence = %Rfc3339(occurrence), "job paused; occurrence not claimed");
             return Flow::Done(false);
         }
         if lost.stale {
             // The store decided it after the window: nothing won, nothing
             // written; the next occurrence is claimed on its own.
-            tracing::info!(job = %job.name, %occurrence, "the store answered this claim only after the occurrence's window: not run");
+            tracing::info!(job = %job.name, occurrence = %Rfc3339(occurrence), "the store answered this claim only after the occurrence's window: not run");
             return Flow::Done(false);
         }
         if lost.too_early {
@@ -819,7 +820,7 @@ impl Node {
             // of bounds; try again shortly. (An earlier unanswered claim
             // did not win: the store said so.)
             at.unanswered = None;
-            tracing::debug!(job = %job.name, %occurrence, "refused by the store: occurrence not due yet by its clock");
+            tracing::debug!(job = %job.name, occurrence = %Rfc3339(occurrence), "refused by the store: occurrence not due yet by its clock");
             let retry_at = (Instant::now() + CLOCK_RECHECK).min(at.give_up_at);
             if !self.sleep_within(retry_at, at.give_up_at, stop).await {
                 return Flow::Done(false);
@@ -853,10 +854,10 @@ impl Node {
         // "skip").
         let tail = (at.gap / 10).min(TAKEOVER_TAIL);
         if retry_at + tail >= at.give_up_at {
-            tracing::debug!(job = %job.name, %occurrence, "lease outlasts this occurrence; leaving it");
+            tracing::debug!(job = %job.name, occurrence = %Rfc3339(occurrence), "lease outlasts this occurrence; leaving it");
             return Flow::Done(false);
         }
-        tracing::debug!(job = %job.name, %occurrence, holder = ?lost.holder, remaining = ?lost.remaining, "lease held; retrying in {wait:?}");
+        tracing::debug!(job = %job.name, occurrence = %Rfc3339(occurrence), holder = lost.holder.as_deref(), remaining_ms = lost.remaining.as_millis() as u64, "lease held; retrying in {wait:?}");
         tokio::select! {
             go = self.sleep_within(retry_at, at.give_up_at, stop) => {
                 if !go {
@@ -864,7 +865,7 @@ impl Node {
                 }
             }
             () = self.store.lease_freed(&job.name) => {
-                tracing::debug!(job = %job.name, %occurrence, "lease released; claiming again");
+                tracing::debug!(job = %job.name, occurrence = %Rfc3339(occurrence), "lease released; claiming again");
             }
         }
         Flow::Again
@@ -929,15 +930,16 @@ impl Node {
         }
     }
 
-    /// Counts one claim attempt in `cronlease_claims_total{job,result}`.
+    /// Counts one claim attempt in `cronlease_claims_total{cron_job,result}`.
     pub(super) fn count_claim(&self, job: &JobName, result: &str) {
         self.metrics
             .claims
             .get_or_create(&ClaimLabel {
-                job: job.to_string(),
+                cron_job: job.to_string(),
                 result: result.into(),
             })
             .inc();
+        self.metrics.claim_result(job.as_str(), result);
     }
 
     fn ticket(&self, won: &Won, decision_ms: u64) -> RunTicket {

@@ -830,6 +830,10 @@ impl Node {
             };
             match prepared {
                 Ok(()) => {
+                    let node = self.clone();
+                    self.life
+                        .handlers
+                        .spawn(async move { node.seed_job_metrics().await });
                     self.catch_up_on_return().await;
                     return;
                 }

@@ -17,6 +17,7 @@
 //! `on_success` after `ok`, `on_recovery` after the first `ok` that follows a
 //! failure.
 
+use crate::telemetry::Rfc3339;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,7 +126,7 @@ impl Node {
     /// is still going (`overlap = "skip"`).
     pub(super) async fn skip_occurrence(&self, state: &JobState, ticket: RunTicket) {
         let job = state.job();
-        tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
+        tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "previous run still going: skipping this occurrence (overlap = skip)");
         self.record(
             state,
             ticket,
@@ -151,7 +152,7 @@ impl Node {
             let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
         }
         if !state.start_running(ticket.trigger.is_some()) {
-            tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "previous run still going: skipping this occurrence (overlap = skip)");
+            tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "previous run still going: skipping this occurrence (overlap = skip)");
             return None;
         }
         let node = self.clone();
@@ -181,7 +182,7 @@ impl Node {
         outcome: Outcome,
         why: String,
     ) {
-        tracing::warn!(job = %state.job().name, fence = ticket.fence, occurrence = %ticket.occurrence, "occurrence not run, recorded {outcome}: {why}");
+        tracing::warn!(job = %state.job().name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), %outcome, "occurrence not run, recorded {outcome}: {why}");
         let (node, state) = (self.clone(), state.clone());
         self.life.runs.spawn(async move {
             let finished = Finished {
@@ -270,7 +271,7 @@ impl Node {
             return None;
         }
         if attempt >= retry.attempts {
-            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{} ended {}: no attempt left", retry.attempts, ended.outcome);
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "attempt {attempt}/{} ended {}: no attempt left", retry.attempts, ended.outcome);
             return None;
         }
         let wait = chrono::Duration::from_std(retry.wait(attempt)).ok()?;
@@ -278,7 +279,7 @@ impl Node {
         if let Some(next) = job.schedule.next_after(ticket.occurrence)
             && due >= next
         {
-            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{} ended {}: not tried again, the next occurrence ({next}) comes before the backoff ends", retry.attempts, ended.outcome);
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "attempt {attempt}/{} ended {}: not tried again, the next occurrence ({next}) comes before the backoff ends", retry.attempts, ended.outcome);
             return None;
         }
         Some(TriggerId::retry(due, attempt + 1))
@@ -341,15 +342,15 @@ impl Node {
                     .retries
                     .get_or_create(&Metrics::job(job.name.as_str()))
                     .inc();
-                tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, trigger = %id, "attempt {attempt}/{total} due at {due}: any node may run it");
+                tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), trigger = %id, "attempt {attempt}/{total} due at {due}: any node may run it");
                 true
             }
             Ok(other) => {
-                tracing::error!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{total} not scheduled: the store refused its request ({other:?}); the failure is final");
+                tracing::error!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "attempt {attempt}/{total} not scheduled: the store refused its request ({other:?}); the failure is final");
                 false
             }
             Err(e) => {
-                tracing::error!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "attempt {attempt}/{total} not scheduled: {e}; the failure is final");
+                tracing::error!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "attempt {attempt}/{total} not scheduled: {e}; the failure is final");
                 false
             }
         }
@@ -503,10 +504,10 @@ impl Node {
             .await;
         match &finished.outcome {
             Outcome::Ok => {
-                tracing::info!(job = %job.name, fence = ticket.fence, "{key} finished: ok")
+                tracing::info!(job = %job.name, fence = ticket.fence, hook_outcome = "ok", "{key} finished: ok")
             }
             done => {
-                tracing::warn!(job = %job.name, fence = ticket.fence, exit_code = ?finished.exit_code, "{key} finished: {done}")
+                tracing::warn!(job = %job.name, fence = ticket.fence, hook_outcome = %done, exit_code = finished.exit_code, "{key} finished: {done}")
             }
         }
     }
@@ -536,7 +537,7 @@ impl Node {
             .is_some_and(|c| Instant::now() < self.stop_and_kill(&c).0);
         if !provable {
             // Paused between claim and start: the lease may be gone already.
-            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, "lease deadline passed before the run could start: not starting it");
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "lease deadline passed before the run could start: not starting it");
             state.run_is_over();
             return self
                 .finish(
@@ -553,26 +554,32 @@ impl Node {
             }
         };
         let lateness = (self.wall.now() - ticket.due()).num_milliseconds();
-        tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %ticket.occurrence, lateness_ms = lateness, takeover = ticket.takeover, "run starting");
+        tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), lateness_ms = lateness, takeover = ticket.takeover, "run starting");
         let spec = self.spec(&job, ticket);
         self.metrics
             .start_lateness
             .get_or_create(&Metrics::job(job.name.as_str()))
             .observe(lateness.max(0) as f64 / 1000.0);
+        let running = self
+            .metrics
+            .job_running
+            .get_or_create_owned(&Metrics::job(job.name.as_str()));
+        running.set(1);
         let finished = self
             .runner
             .run(spec, self.guard.process.as_ref(), Box::pin(stop))
             .await;
+        running.set(0);
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.
         state.run_is_over();
         let took = (finished.finished_at - finished.started_at).num_milliseconds();
         match &finished.outcome {
             Outcome::Ok => {
-                tracing::info!(job = %job.name, fence = ticket.fence, duration_ms = took, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: ok")
+                tracing::info!(job = %job.name, fence = ticket.fence, outcome = "ok", duration_ms = took, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: ok")
             }
             outcome => {
-                tracing::warn!(job = %job.name, fence = ticket.fence, duration_ms = took, exit_code = ?finished.exit_code, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: {outcome}")
+                tracing::warn!(job = %job.name, fence = ticket.fence, %outcome, duration_ms = took, exit_code = finished.exit_code, cpu_ms = finished.usage.cpu_ms, memory_peak = finished.usage.memory_peak, "run finished: {outcome}")
             }
         }
         self.finish(state, ticket, finished).await
@@ -665,7 +672,7 @@ impl Node {
             memory_peak: finished.usage.memory_peak,
         };
         let labels = crate::metrics::RunLabel {
-            job: job.name.to_string(),
+            cron_job: job.name.to_string(),
             outcome: record.outcome.to_string(),
         };
         self.metrics.runs.get_or_create(&labels).inc();
@@ -678,6 +685,12 @@ impl Node {
                 .run_duration
                 .get_or_create(&Metrics::job(job.name.as_str()))
                 .observe(took);
+            self.metrics.run_finished(
+                job.name.as_str(),
+                record.finished_at.timestamp_millis() as f64 / 1000.0,
+                took,
+                record.outcome == Outcome::Ok,
+            );
         }
         if let Some(ms) = record.cpu_ms {
             self.metrics

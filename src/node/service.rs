@@ -1,7 +1,8 @@
 //! The node as a service: its own tick ([`Node::supervise_service`]):
 //! the systemd watchdog ping (withheld while the scheduler is stuck),
 //! `STATUS=` lines, the job and lease gauges, and a store ping that keeps
-//! `/healthz` fresh.
+//! `/healthz` fresh; and the per-job "last run" gauges read from the
+//! store's history once at start ([`Node::seed_job_metrics`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,6 +11,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Node, claim};
+use crate::config::JobName;
+use crate::store::{LAST_RUNS_AT_ONCE, Outcome, RunRecord};
+
+/// Job histories read at start to find the last success of jobs whose
+/// newest run failed: at most this many jobs, each its newest
+/// [`SEED_DEPTH`] runs.
+const SEED_JOBS: usize = 1000;
+const SEED_DEPTH: u32 = 100;
 
 /// The scheduler is stuck when its last heartbeat (ms since the node's
 /// epoch) is older than two maximal sleeps plus slack: the systemd watchdog
@@ -19,7 +28,68 @@ pub(super) fn scheduler_stuck(beat: u64, now_ms: u64) -> bool {
     now_ms.saturating_sub(beat) > stale_after
 }
 
+/// Feeds a run of the store's history to the per-job gauges.
+fn seed_from(metrics: &crate::metrics::Metrics, run: &RunRecord) {
+    if run.outcome == Outcome::Skipped {
+        return;
+    }
+    let took = (run.finished_at - run.started_at).num_milliseconds().max(0) as f64 / 1000.0;
+    metrics.run_finished(
+        &run.job,
+        run.finished_at.timestamp_millis() as f64 / 1000.0,
+        took,
+        run.outcome == Outcome::Ok,
+    );
+}
+
 impl Node {
+    /// Reads, once the store is prepared, what the history knows of each
+    /// job's last run and last success into `cronlease_job_last_*`, so a
+    /// node that restarted (or never ran the job) exports what the cluster
+    /// did: the newest run of every job in one read, then, for jobs whose
+    /// newest run was not a success, their recent history (at most
+    /// [`SEED_JOBS`] jobs, [`SEED_DEPTH`] runs each). Best effort: a store
+    /// error leaves the gauges to the node's own runs, with a DEBUG line.
+    pub(super) async fn seed_job_metrics(self: Arc<Self>) {
+        let jobs: Vec<JobName> = self.states().iter().map(|s| s.job().name.clone()).collect();
+        let budget = self.settings.op_timeout * 4;
+        let last = match self
+            .call("history", budget, self.store.last_runs(&jobs))
+            .await
+        {
+            Ok(last) => last,
+            Err(e) => {
+                tracing::debug!("last runs not read at start: {e}");
+                return;
+            }
+        };
+        let mut failing = Vec::new();
+        for (job, run) in jobs.iter().zip(last) {
+            match run {
+                Some(run) if run.outcome == Outcome::Ok => seed_from(&self.metrics, &run),
+                Some(_) => failing.push(job.clone()),
+                None => {}
+            }
+        }
+        failing.truncate(SEED_JOBS);
+        for page in failing.chunks(LAST_RUNS_AT_ONCE) {
+            let reads = page.iter().map(|job| {
+                self.call(
+                    "history",
+                    self.settings.op_timeout,
+                    self.store.history(Some(job), SEED_DEPTH),
+                )
+            });
+            for read in futures_util::future::join_all(reads).await {
+                match read {
+                    // Oldest first, so the newest run sets the last-run gauges.
+                    Ok(runs) => runs.iter().rev().for_each(|r| seed_from(&self.metrics, r)),
+                    Err(e) => tracing::debug!("a job's history not read at start: {e}"),
+                }
+            }
+        }
+    }
+
     /// How many jobs are configured and how many of their leases this node
     /// holds now.
     pub(super) fn job_and_lease_counts(&self) -> (usize, usize) {

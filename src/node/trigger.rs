@@ -21,6 +21,7 @@
 //! its own: it tells the nodes to catch up at once the occurrence missed
 //! while the job was paused ([`Node::catch_up_on_resume`]).
 
+use crate::telemetry::Rfc3339;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -468,7 +469,7 @@ impl Node {
                         Some((k, occurrence)) => {
                             let of = job.retry.as_ref().map_or(k, |r| r.attempts);
                             let what = attempt_word(id);
-                            tracing::info!(job = %job.name, fence = won.fence, %occurrence, "{what} {k}/{of} claimed");
+                            tracing::info!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(occurrence), "{what} {k}/{of} claimed");
                         }
                         None => {
                             tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed")

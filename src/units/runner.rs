@@ -742,7 +742,7 @@ pub fn kill_and_wait(units: &std::collections::BTreeSet<String>, limit: Duration
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cronlease __guard: cannot stop the runs' units: {e}");
+            tracing::error!(process = "guard", "cannot stop the runs' units: {e}");
             return false;
         }
     };
@@ -750,7 +750,10 @@ pub fn kill_and_wait(units: &std::collections::BTreeSet<String>, limit: Duration
         let conn = match tokio::time::timeout(limit, zbus::Connection::system()).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                eprintln!("cronlease __guard: cannot reach systemd to stop the runs' units: {e}");
+                tracing::error!(
+                    process = "guard",
+                    "cannot reach systemd to stop the runs' units: {e}"
+                );
                 return false;
             }
             Err(_) => return false,

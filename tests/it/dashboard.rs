@@ -282,12 +282,16 @@ fn the_page_loads_nothing_from_elsewhere_and_the_listener_is_bounded() {
             "{asset}"
         );
     }
-    // Other methods, oversized heads, idle connections.
+    // Writes, oversized heads, idle connections.
     let text = http_request(
         port,
         "POST /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
     );
-    assert!(text.starts_with("HTTP/1.1 405"), "{text}");
+    // Without tokens_file a write is refused as such (docs/api.md).
+    assert!(
+        text.starts_with("HTTP/1.1 403") && text.contains("this API is read-only"),
+        "{text}"
+    );
     let big = "a".repeat(20 * 1024);
     let text = http_request(
         port,

@@ -788,7 +788,7 @@ fn units() {
         "",
     );
     assert!(
-        metrics.contains("cronlease_run_cpu_seconds_count{job=\"python\"} 1"),
+        metrics.contains("cronlease_run_cpu_seconds_count{cron_job=\"python\"} 1"),
         "{metrics}"
     );
     // The journal: the unit's own lines at their priority, by unit and by
@@ -893,6 +893,20 @@ fn bus_lost() {
             && journal.contains("status=70")
             && journal.contains("1 interrupted runs recorded killed"),
         "{journal}"
+    );
+    // Natively in the journal (JOURNAL_STREAM): the guard's entry with its
+    // priority (WARN: 4) and fields, the node's name on it.
+    let guard = must(
+        &host,
+        "journalctl -u cronlease -o json --no-pager PROCESS=guard",
+        "",
+    );
+    assert!(
+        guard.contains("1 interrupted runs recorded killed")
+            && guard.contains("\"PRIORITY\":\"4\"")
+            && guard.contains("\"NODE\":\"")
+            && guard.contains("\"SYSLOG_IDENTIFIER\":\"cronlease\""),
+        "{guard}"
     );
     // The new daemon starts runs as units again.
     let after = journal

@@ -10,6 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod api;
 mod cli;
 mod clock;
 mod cluster;

@@ -145,9 +145,13 @@ pub(crate) fn http_get(port: u16, path: &str) -> (u16, String) {
 }
 
 /// Sends `request` as is and reads until the server closes (at most 10 s);
-/// what came back, "" when the server closed without answering.
+/// what came back, "" when the server closed without answering or nothing
+/// listens.
 pub(crate) fn http_request(port: u16, request: &str) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // Not listening (yet, or any more): no answer, as a closed connection.
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // A server that refuses a request may close before all of it is sent.
     let _ = s.write_all(request.as_bytes());
@@ -179,16 +183,26 @@ fn metrics_and_healthz() {
     c.wait_for("three runs", Duration::from_secs(15), |l| l.len() >= 3);
     let (code, text) = http_get(port, "/metrics");
     assert_eq!(code, 200, "{text}");
-    let claims =
-        sample(&text, "cronlease_claims_total{job=\"tick\",result=\"won\"}").unwrap_or(0.0);
-    let runs = sample(&text, "cronlease_runs_total{job=\"tick\",outcome=\"ok\"}").unwrap_or(0.0);
-    let late_n = sample(
+    let claims = sample(
         &text,
-        "cronlease_start_lateness_seconds_count{job=\"tick\"}",
+        "cronlease_claims_total{cron_job=\"tick\",result=\"won\"}",
     )
     .unwrap_or(0.0);
-    let late_sum =
-        sample(&text, "cronlease_start_lateness_seconds_sum{job=\"tick\"}").unwrap_or(f64::NAN);
+    let runs = sample(
+        &text,
+        "cronlease_runs_total{cron_job=\"tick\",outcome=\"ok\"}",
+    )
+    .unwrap_or(0.0);
+    let late_n = sample(
+        &text,
+        "cronlease_start_lateness_seconds_count{cron_job=\"tick\"}",
+    )
+    .unwrap_or(0.0);
+    let late_sum = sample(
+        &text,
+        "cronlease_start_lateness_seconds_sum{cron_job=\"tick\"}",
+    )
+    .unwrap_or(f64::NAN);
     let calls = sample(&text, "cronlease_store_call_seconds_count{op=\"claim\"}").unwrap_or(0.0);
     assert!(
         claims >= 3.0 && runs >= 2.0 && late_n >= 3.0 && calls >= 3.0,
@@ -238,6 +252,113 @@ fn metrics_and_healthz() {
         Duration::from_secs(5),
         || c.report(),
         || (http_get(port, "/healthz").0 == 200).then_some(()),
+    );
+    c.stop_all();
+}
+
+/// The per-job series (docs/operations.md): labelled `cron_job`, never
+/// `job`; a node's own runs set the last-run, last-success and duration
+/// gauges, its claims the paused gauge, the schedule the interval; and a
+/// node that never ran the job reads the last success from the store's
+/// history at start.
+#[test]
+fn per_job_series_come_from_runs_claims_schedule_and_history() {
+    let port = free_port();
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        None,
+        &format!("[http]\nlisten = \"127.0.0.1:{port}\""),
+    );
+    c.start("n1");
+    c.wait_for("three runs", Duration::from_secs(15), |l| l.len() >= 3);
+    let (code, text) = http_get(port, "/metrics");
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        !text.contains("{job=") && !text.contains(",job="),
+        "no series labelled job:\n{text}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let success = sample(
+        &text,
+        "cronlease_job_last_success_timestamp_seconds{cron_job=\"tick\"}",
+    )
+    .unwrap_or(0.0);
+    let last_run = sample(
+        &text,
+        "cronlease_job_last_run_timestamp_seconds{cron_job=\"tick\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(
+        (now - 5.0..=now).contains(&success) && last_run >= success,
+        "now {now}\n{text}"
+    );
+    let took = sample(
+        &text,
+        "cronlease_job_last_duration_seconds{cron_job=\"tick\"}",
+    );
+    assert!(took.is_some_and(|t| (0.0..1.0).contains(&t)), "{text}");
+    assert_eq!(
+        sample(&text, "cronlease_job_interval_seconds{cron_job=\"tick\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "cronlease_job_paused{cron_job=\"tick\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    let running = sample(&text, "cronlease_job_running{cron_job=\"tick\"}");
+    assert!(running.is_some_and(|r| r == 0.0 || r == 1.0), "{text}");
+
+    // Paused, then n1 gone: n2 never runs the job, yet exports n1's last
+    // success (from the history) and the pause (from its claims).
+    let out = c.cli("n1", &["pause", "tick"]);
+    assert!(out.status.success(), "{out:?}");
+    let (_, before) = http_get(port, "/metrics");
+    let floor = sample(
+        &before,
+        "cronlease_job_last_success_timestamp_seconds{cron_job=\"tick\"}",
+    )
+    .unwrap_or(0.0);
+    c.signal("n1", Signal::SIGTERM);
+    assert!(
+        c.wait_exit("n1", Duration::from_secs(10)).is_some(),
+        "{}",
+        c.report()
+    );
+    let stopped = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    c.start("n2");
+    let text = wait_until(
+        "n2 to export the paused job's last success and its pause",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let (code, text) = http_get(port, "/metrics");
+            (code == 200
+                && sample(&text, "cronlease_job_paused{cron_job=\"tick\"}") == Some(1.0)
+                && text.contains("cronlease_job_last_success_timestamp_seconds{"))
+            .then_some(text)
+        },
+    );
+    let seeded = sample(
+        &text,
+        "cronlease_job_last_success_timestamp_seconds{cron_job=\"tick\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(
+        (floor..=stopped).contains(&seeded),
+        "n2's last success {seeded} is n1's last ({floor} .. {stopped})\n{text}"
+    );
+    assert!(
+        c.lines().iter().all(|l| l.node != "n2"),
+        "n2 ran the paused job\n{}",
+        c.report()
     );
     c.stop_all();
 }
@@ -536,6 +657,243 @@ fn json_logs_and_one_event_per_claim_outcome_change() {
         (1, 1),
         "one event per claim outcome change\n{}",
         c.report()
+    );
+}
+
+/// JSON logs are typed (numbers as numbers, instants RFC 3339, no Debug
+/// strings), and every line of the daemon's stderr is JSON: its own, its
+/// guard's (after the daemon's SIGKILL) and a panic's report.
+#[test]
+fn json_logs_are_typed_and_every_line_is_json_the_guards_and_a_panics_too() {
+    let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/sh\", \"-c\", \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N)\\\" >> '{out}'\"]\n[[job]]\nname = \"fails\"\nschedule = \"* * * * * *\"\ncommand = \"exit 3\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    for n in ["n1", "n2"] {
+        let cfg = std::fs::read_to_string(c.config(n))
+            .unwrap()
+            .replace("[log]\n", "[log]\nformat = \"json\"\n");
+        std::fs::write(c.config(n), cfg).unwrap();
+    }
+    c.start("n1");
+    c.wait_for("three runs", Duration::from_secs(15), |l| l.len() >= 3);
+    // The daemon dies; its guard hands over and says so.
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5));
+    let guard_line = wait_until(
+        "the guard's line",
+        Duration::from_secs(10),
+        || c.report(),
+        || {
+            c.log("n1")
+                .lines()
+                .find(|l| l.contains("the daemon died"))
+                .map(str::to_string)
+        },
+    );
+    // A panic in a task of another daemon.
+    c.start_with_env("n2", &[("CRONLEASE_FAILPOINT_PANIC_IN_TASK", "1")]);
+    let status = c.wait_exit("n2", Duration::from_secs(15));
+    assert_eq!(status.and_then(|s| s.code()), Some(70), "{}", c.report());
+
+    let parse = |line: &str| -> serde_json::Value {
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    };
+    let n1: Vec<serde_json::Value> = c.log("n1").lines().map(parse).collect();
+    let failed = n1
+        .iter()
+        .find(|v| v["message"] == "run finished: failed" && v["job"] == "fails")
+        .unwrap_or_else(|| panic!("no failed run logged\n{}", c.log("n1")));
+    assert_eq!(failed["exit_code"], 3, "a number: {failed}");
+    assert_eq!(failed["outcome"], "failed", "{failed}");
+    assert!(
+        failed["fence"].is_u64() && failed["duration_ms"].is_i64(),
+        "{failed}"
+    );
+    let started = n1
+        .iter()
+        .find(|v| v["message"] == "run starting" && v["job"] == "tick")
+        .unwrap_or_else(|| panic!("no run start logged\n{}", c.log("n1")));
+    let occurrence = started["occurrence"].as_str().unwrap_or_default();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(occurrence).is_ok() && occurrence.ends_with('Z'),
+        "RFC 3339 in UTC: {started}"
+    );
+    for v in &n1 {
+        for (key, value) in v.as_object().unwrap() {
+            let text = value.as_str().unwrap_or_default();
+            assert!(
+                !text.starts_with("Some(") && !text.starts_with("None"),
+                "{key} is a Debug string: {v}"
+            );
+        }
+    }
+    let guard = parse(&guard_line);
+    assert_eq!(guard["process"], "guard", "{guard}");
+    assert_eq!(guard["level"], "WARN", "{guard}");
+    let n2: Vec<serde_json::Value> = c.log("n2").lines().map(parse).collect();
+    assert!(
+        n2.iter().any(|v| v["level"] == "ERROR"
+            && v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("internal error, exiting"))
+            && v["location"].is_string()),
+        "the panic's report as JSON\n{}",
+        c.log("n2")
+    );
+}
+
+type JournalEntry = std::collections::HashMap<String, String>;
+
+/// A journald stand-in: a thread receiving on `sock` (the kernel queues only
+/// a few datagrams: a sender blocks on a full queue) and parsing each entry
+/// (the native protocol: `KEY=value` lines, or `KEY`, a 64-bit
+/// little-endian length and the value).
+fn journal_reader(sock: UnixDatagram) -> std::sync::Arc<std::sync::Mutex<Vec<JournalEntry>>> {
+    let entries = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = entries.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        // Ends with the test: the socket's file goes with its directory.
+        while let Ok(n) = sock.recv(&mut buf) {
+            let mut data = &buf[..n];
+            let mut entry = JournalEntry::new();
+            while !data.is_empty() {
+                let end = data.iter().position(|b| *b == b'\n').unwrap_or(data.len());
+                let line = &data[..end];
+                if let Some(eq) = line.iter().position(|b| *b == b'=') {
+                    entry.insert(
+                        String::from_utf8_lossy(&line[..eq]).into_owned(),
+                        String::from_utf8_lossy(&line[eq + 1..]).into_owned(),
+                    );
+                    data = &data[(end + 1).min(data.len())..];
+                } else {
+                    let rest = &data[(end + 1).min(data.len())..];
+                    let Some(len) = rest.get(..8) else { break };
+                    let len = u64::from_le_bytes(len.try_into().unwrap()) as usize;
+                    let value = rest.get(8..8 + len).unwrap_or_default();
+                    entry.insert(
+                        String::from_utf8_lossy(line).into_owned(),
+                        String::from_utf8_lossy(value).into_owned(),
+                    );
+                    data = &rest[(8 + len + 1).min(rest.len())..];
+                }
+            }
+            if !entry.is_empty() {
+                out.lock().unwrap().push(entry);
+            }
+        }
+    });
+    entries
+}
+
+/// Under systemd (stderr is the journal, as `JOURNAL_STREAM` says) the
+/// daemon and its guard log to journald natively: a priority per level and
+/// the fields as journal fields (JOB, FENCE, OUTCOME, EXIT_CODE, NODE).
+/// Without a reachable journald socket: text without our own timestamp.
+/// Each daemon runs in a mount namespace of its own where the test's
+/// directory is /run/systemd/journal.
+#[test]
+fn under_journald_the_daemon_and_its_guard_log_natively_with_priorities_and_fields() {
+    use std::os::unix::fs::MetadataExt;
+    let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/sh\", \"-c\", \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N)\\\" >> '{out}'\"]\n[[job]]\nname = \"fails\"\nschedule = \"* * * * * *\"\ncommand = \"exit 3\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    std::fs::create_dir_all("/run/systemd/journal").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let received = journal_reader(UnixDatagram::bind(journal.path().join("socket")).unwrap());
+    let empty = tempfile::tempdir().unwrap();
+    let start = |c: &mut Cluster, node: &str, dir: &std::path::Path| {
+        let log = c.dir.path().join(format!("{node}.log"));
+        std::fs::write(&log, "").unwrap();
+        let meta = std::fs::metadata(&log).unwrap();
+        let stream = format!("{}:{}", meta.dev(), meta.ino());
+        let script = format!(
+            "mount --bind '{}' /run/systemd/journal && exec \"$@\"",
+            dir.display()
+        );
+        c.start_under(
+            node,
+            &[
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+            ],
+            &[("JOURNAL_STREAM", stream.as_str())],
+        );
+    };
+    start(&mut c, "n1", journal.path());
+    c.wait_for("three runs", Duration::from_secs(15), |l| l.len() >= 3);
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5));
+    let guard = wait_until(
+        "the guard's entry",
+        Duration::from_secs(10),
+        || c.report(),
+        || {
+            received
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|e| {
+                    e.get("MESSAGE")
+                        .is_some_and(|m| m.starts_with("the daemon died"))
+                })
+                .cloned()
+        },
+    );
+    let entries = received.lock().unwrap().clone();
+    let field = |e: &JournalEntry, k: &str| e.get(k).cloned().unwrap_or_default();
+    assert_eq!(field(&guard, "PROCESS"), "guard", "{guard:?}");
+    assert_eq!(field(&guard, "PRIORITY"), "4", "{guard:?}");
+    assert_eq!(field(&guard, "NODE"), "n1", "{guard:?}");
+    let failed = entries
+        .iter()
+        .find(|e| field(e, "MESSAGE") == "run finished: failed")
+        .unwrap_or_else(|| panic!("no failed run in the journal: {entries:?}"));
+    assert_eq!(field(failed, "PRIORITY"), "4", "WARN: {failed:?}");
+    assert_eq!(field(failed, "JOB"), "fails", "{failed:?}");
+    assert_eq!(field(failed, "OUTCOME"), "failed", "{failed:?}");
+    assert_eq!(field(failed, "EXIT_CODE"), "3", "{failed:?}");
+    assert_eq!(field(failed, "NODE"), "n1", "{failed:?}");
+    assert_eq!(
+        field(failed, "SYSLOG_IDENTIFIER"),
+        "cronlease",
+        "{failed:?}"
+    );
+    assert!(field(failed, "FENCE").parse::<u64>().is_ok(), "{failed:?}");
+    let ok = entries
+        .iter()
+        .find(|e| field(e, "MESSAGE") == "run finished: ok")
+        .unwrap_or_else(|| panic!("no ok run in the journal: {entries:?}"));
+    assert_eq!(field(ok, "PRIORITY"), "6", "INFO: {ok:?}");
+    assert_eq!(field(ok, "OUTCOME"), "ok", "{ok:?}");
+    assert!(
+        !c.log("n1").contains("run finished"),
+        "nothing of the log on stderr:\n{}",
+        c.log("n1")
+    );
+
+    // No journald socket: text, without our timestamp, saying why.
+    start(&mut c, "n2", empty.path());
+    let n2 = wait_until(
+        "n2's text lines",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let log = c.log("n2");
+            log.contains("cronlease node starting").then_some(log)
+        },
+    );
+    c.stop_all();
+    assert!(n2.contains("journald's socket cannot be reached"), "{n2}");
+    assert!(
+        n2.lines()
+            .filter(|l| !l.trim().is_empty())
+            .all(|l| !l.starts_with(char::is_numeric)),
+        "no timestamp of ours when the journal stamps lines:\n{n2}"
     );
 }
 

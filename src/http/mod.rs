@@ -9,7 +9,11 @@
 //! - `/api/status` (what `status --json` prints), `/api/nodes` (`nodes
 //!   --json`), `/api/history?job=J&limit=N` (`history --json`), all without
 //!   the runs' output tails: job output stays with `cronlease logs`, which
-//!   needs the store's credentials.
+//!   needs the store's credentials; `/api/whoami`: the caller's token and
+//!   whether this listener takes writes.
+//!
+//! Every request passes [`auth`]'s tokens and scopes first; with
+//! `tls_cert_file` the listener speaks HTTPS only (rustls).
 //!
 //! Bounded: request heads of at most 16 KiB read within 5 s, GET and HEAD
 //! only, at most 64 connections at once, each ended (gracefully) after
@@ -25,17 +29,21 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
+
+mod auth;
+
+pub use auth::{Caller, MAX_FAILURES, Need, Peer, WINDOW, need};
 
 use crate::config::{Config, JobName};
 use crate::metrics::Metrics;
@@ -59,9 +67,9 @@ const HISTORY_MAX: u32 = 2000;
 /// How old a `/api/status` snapshot may be when served again.
 const SNAPSHOT_AGE: Duration = Duration::from_secs(1);
 
-const PAGE: &str = include_str!("dashboard/index.html");
-const SCRIPT: &str = include_str!("dashboard/dashboard.js");
-const STYLE: &str = include_str!("dashboard/dashboard.css");
+const PAGE: &str = include_str!("../dashboard/index.html");
+const SCRIPT: &str = include_str!("../dashboard/dashboard.js");
+const STYLE: &str = include_str!("../dashboard/dashboard.css");
 /// The page may load its own script and style and ask this listener, and
 /// nothing else.
 const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
@@ -75,6 +83,8 @@ pub struct Api {
     config: watch::Receiver<Arc<Config>>,
     /// One store-reading request at a time, and the last `/api/status`.
     reading: Mutex<Option<(tokio::time::Instant, serde_json::Value)>>,
+    /// Failed token attempts per client address.
+    failures: auth::Failures,
 }
 
 impl Api {
@@ -90,6 +100,7 @@ impl Api {
             store,
             config,
             reading: Mutex::new(None),
+            failures: auth::Failures::default(),
         }
     }
 }
@@ -102,11 +113,11 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Serves the routes on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken) {
     let probe_router = probe_routes(api.clone());
-    let router = routes(api);
+    let router = routes(api.clone());
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let probe_slots = Arc::new(Semaphore::new(PROBE_CONNECTIONS));
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -123,38 +134,96 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken
         // within PROBE_LIFETIME.
         let (slot, service, probe, head_within, lifetime) =
             if let Ok(slot) = slots.clone().try_acquire_owned() {
-                let service = TowerToHyperService::new(router.clone());
+                let service = TowerToHyperService::new(router.clone().layer(Extension(Peer(peer))));
                 (slot, service, false, HEADER_TIMEOUT, CONNECTION_LIFETIME)
             } else if let Ok(slot) = probe_slots.clone().try_acquire_owned() {
-                let service = TowerToHyperService::new(probe_router.clone());
+                let service =
+                    TowerToHyperService::new(probe_router.clone().layer(Extension(Peer(peer))));
                 (slot, service, true, PROBE_LIFETIME, PROBE_LIFETIME)
             } else {
                 continue;
             };
+        // The TLS settings a reload installed, for this connection.
+        let tls = api
+            .config
+            .borrow()
+            .http_access
+            .tls
+            .as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(t.server.clone()));
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(head_within)
-                .keep_alive(!probe)
-                .max_buf_size(MAX_HEAD)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => return,
-                () = tokio::time::sleep(lifetime) => {}
-                () = stop.cancelled() => {}
+            let Some(tls) = tls else {
+                return serve_connection(
+                    TokioIo::new(stream),
+                    service,
+                    probe,
+                    head_within,
+                    lifetime,
+                    stop,
+                )
+                .await;
+            };
+            // The handshake within the time a request head gets.
+            match tokio::time::timeout(head_within, tls.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    serve_connection(
+                        TokioIo::new(stream),
+                        service,
+                        probe,
+                        head_within,
+                        lifetime,
+                        stop,
+                    )
+                    .await
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(client = %peer, "http listener: TLS handshake failed: {e}")
+                }
+                Err(_) => tracing::debug!(client = %peer, "http listener: TLS handshake timed out"),
             }
-            if probe {
-                // A probe's slot is not held past its time.
-                return;
-            }
-            // Past its time: finish the response under way, then close.
-            connection.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
         });
     }
+}
+
+/// Serves one connection's requests until it ends, its `lifetime` is over
+/// or `stop`; a probe's connection ends there, another finishes the
+/// response under way first.
+async fn serve_connection<I, S>(
+    io: I,
+    service: S,
+    probe: bool,
+    head_within: Duration,
+    lifetime: Duration,
+    stop: CancellationToken,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming> + Send + 'static,
+    S::Future: Send + 'static,
+    S::ResBody: Send + 'static,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_within)
+        .keep_alive(!probe)
+        .max_buf_size(MAX_HEAD)
+        .serve_connection(io, service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        () = tokio::time::sleep(lifetime) => {}
+        () = stop.cancelled() => {}
+    }
+    if probe {
+        // A probe's slot is not held past its time.
+        return;
+    }
+    // Past its time: finish the response under way, then close.
+    connection.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
 }
 
 fn routes(api: Arc<Api>) -> Router {
@@ -167,7 +236,12 @@ fn routes(api: Arc<Api>) -> Router {
         .route("/api/status", get(status))
         .route("/api/nodes", get(nodes))
         .route("/api/history", get(history))
+        .route("/api/whoami", get(whoami))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            auth::authorize,
+        ))
         .with_state(api)
 }
 
@@ -177,7 +251,36 @@ fn probe_routes(api: Arc<Api>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(busy)
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            auth::authorize,
+        ))
         .with_state(api)
+}
+
+/// `/api/whoami`: the token the request presented (none, or its name and
+/// scope) and whether this listener takes writes.
+async fn whoami(State(api): State<Arc<Api>>, caller: Option<axum::Extension<Caller>>) -> Response {
+    let access = api.config.borrow().http_access.clone();
+    let token = caller.and_then(|c| c.0.token);
+    let writes = if access.tokens.is_none() {
+        "no: this listener has no [http] tokens_file; writes need the cronlease CLI"
+    } else if token
+        .as_ref()
+        .is_some_and(|(_, s)| *s == crate::config::Scope::Operate)
+    {
+        "yes"
+    } else {
+        "with a token of scope operate"
+    };
+    let body = serde_json::json!({
+        "token": token.as_ref().map(|(name, _)| name),
+        "scope": token.as_ref().map(|(_, scope)| scope.as_str()),
+        "writes": writes,
+        "read_requires_token": access.read_requires_token,
+        "tls": access.tls.is_some(),
+    });
+    ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
 }
 
 async fn busy() -> Response {
@@ -226,6 +329,11 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    let config = api.config.borrow().clone();
+    api.metrics.refresh_jobs(
+        config.jobs.iter().map(|j| (j.name.as_str(), &j.schedule)),
+        chrono::Utc::now(),
+    );
     text(
         StatusCode::OK,
         "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -248,7 +356,7 @@ async fn not_found() -> Response {
     text(
         StatusCode::NOT_FOUND,
         "text/plain; charset=utf-8",
-        "not found: try /, /metrics, /healthz, /api/status, /api/nodes or /api/history\n".into(),
+        "not found: try /, /metrics, /healthz, /api/status, /api/nodes, /api/history or /api/whoami\n".into(),
     )
 }
 

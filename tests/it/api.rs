@@ -1,0 +1,234 @@
+//! The http listener's access (docs/api.md): read-only without tokens and
+//! saying so; tokens of `tokens_file` with their scopes, reloaded on SIGHUP,
+//! never logged, failures rate-limited per address; HTTPS with the
+//! configured certificate.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::cluster::Cluster;
+use crate::service::http_request;
+use crate::support::{Backend, free_port, wait_until};
+
+/// `method path` with `token` (if any) as a bearer token: the status code,
+/// the response (head and body).
+fn call(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let text = http_request(
+        port,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+/// A new token from `cronlease token NAME --scope SCOPE`: its secret and
+/// its `[[token]]` table.
+fn token(name: &str, scope: &str) -> (String, String) {
+    let out = std::process::Command::new(crate::support::binary())
+        .args(["token", name, "--scope", scope])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (secret, table) = text.split_once('\n').unwrap();
+    assert!(secret.starts_with("clt_"), "{text}");
+    assert!(!table.contains(secret), "the table keeps no secret: {text}");
+    (secret.to_string(), table.to_string())
+}
+
+fn wait_listening(c: &Cluster, port: u16) {
+    wait_until(
+        "the listener",
+        Duration::from_secs(15),
+        || c.report(),
+        || (call(port, "GET", "/healthz", None).0 != 0).then_some(()),
+    );
+}
+
+#[test]
+fn without_tokens_the_api_is_read_only_and_says_so() {
+    let port = free_port();
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        None,
+        &format!("[http]\nlisten = \"127.0.0.1:{port}\""),
+    );
+    c.start("n1");
+    wait_listening(&c, port);
+    assert_eq!(call(port, "GET", "/api/status", None).0, 200);
+    let (code, whoami) = call(port, "GET", "/api/whoami", None);
+    assert_eq!(code, 200, "{whoami}");
+    assert!(
+        whoami.contains("\"writes\":\"no: this listener has no [http] tokens_file"),
+        "{whoami}"
+    );
+    let (code, write) = call(port, "POST", "/api/status", None);
+    assert_eq!(code, 403, "{write}");
+    assert!(write.contains("this API is read-only"), "{write}");
+    let (code, bad) = call(port, "GET", "/api/status", Some("clt_guess"));
+    assert_eq!(code, 401, "{bad}");
+    assert!(bad.contains("has no tokens"), "{bad}");
+    c.stop_all();
+    assert!(
+        c.log("n1").contains("read-only: no http.tokens_file"),
+        "the start says so\n{}",
+        c.log("n1")
+    );
+}
+
+#[test]
+fn tokens_scopes_reload_and_rate_limit() {
+    let port = free_port();
+    let (reader, reader_table) = token("dashboard", "read");
+    let (operator, operator_table) = token("deploy-bot", "operate");
+    let (later, later_table) = token("later", "read");
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        None,
+        &format!(
+            "[http]\nlisten = \"127.0.0.1:{port}\"\ntokens_file = \"tokens.toml\"\nrequire_token_for_read = true"
+        ),
+    );
+    let tokens = c.dir.path().join("tokens.toml");
+    std::fs::write(&tokens, format!("{reader_table}\n{operator_table}")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    c.start("n1");
+    wait_listening(&c, port);
+
+    // Open without a token: the probe, the page and whoami.
+    assert_eq!(call(port, "GET", "/healthz", None).0, 200);
+    assert_eq!(call(port, "GET", "/", None).0, 200);
+    let (code, anonymous) = call(port, "GET", "/api/whoami", None);
+    assert_eq!(code, 200, "{anonymous}");
+    assert!(anonymous.contains("\"token\":null"), "{anonymous}");
+    // Reading needs a token of either scope.
+    for path in ["/api/status", "/api/nodes", "/api/history", "/metrics"] {
+        let (code, text) = call(port, "GET", path, None);
+        assert_eq!(code, 401, "{path}: {text}");
+        assert!(
+            text.contains("WWW-Authenticate: Bearer") || text.contains("www-authenticate: Bearer"),
+            "{text}"
+        );
+        assert_eq!(call(port, "GET", path, Some(&reader)).0, 200, "{path}");
+        assert_eq!(call(port, "GET", path, Some(&operator)).0, 200, "{path}");
+    }
+    let (_, me) = call(port, "GET", "/api/whoami", Some(&reader));
+    assert!(
+        me.contains("\"token\":\"dashboard\"") && me.contains("\"scope\":\"read\""),
+        "{me}"
+    );
+    // Writing needs operate: a read token is refused before any route.
+    let (code, text) = call(port, "POST", "/api/status", Some(&reader));
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("scope is read"), "{text}");
+    let (code, text) = call(port, "POST", "/api/status", None);
+    assert_eq!(code, 401, "{text}");
+    // An operate token passes; there is no write on this path (405).
+    assert_eq!(call(port, "POST", "/api/status", Some(&operator)).0, 405);
+
+    // A reload replaces the tokens: the new one reads, the removed one not.
+    std::fs::write(&tokens, format!("{later_table}\n{operator_table}")).unwrap();
+    c.signal("n1", Signal::SIGHUP);
+    wait_until(
+        "the reload",
+        Duration::from_secs(10),
+        || c.report(),
+        || c.log("n1").contains("configuration reloaded").then_some(()),
+    );
+    assert_eq!(call(port, "GET", "/api/status", Some(&later)).0, 200);
+    assert_eq!(call(port, "GET", "/api/status", Some(&reader)).0, 401);
+
+    // Failures from one address: MAX_FAILURES answered 401, then 429 for
+    // the rest of the minute, a good token included (unread).
+    let mut codes = Vec::new();
+    for _ in 0..12 {
+        codes.push(call(port, "GET", "/api/status", Some("clt_wrong")).0);
+    }
+    let refused = codes.iter().filter(|c| **c == 401).count();
+    assert!(
+        (8..=10).contains(&refused) && codes.ends_with(&[429, 429]),
+        "{codes:?}"
+    );
+    let (code, text) = call(port, "GET", "/api/status", Some(&later));
+    assert_eq!(code, 429, "{text}");
+    assert!(text.to_lowercase().contains("retry-after:"), "{text}");
+    // Without a token nothing is counted or refused that way.
+    assert_eq!(call(port, "GET", "/healthz", None).0, 200);
+
+    c.stop_all();
+    let log = c.log("n1");
+    for secret in [&reader, &operator, &later, &"clt_wrong".to_string()] {
+        assert!(!log.contains(secret.as_str()), "a token in the log:\n{log}");
+    }
+    assert_eq!(
+        log.matches("a request with a token that matches none")
+            .count(),
+        1,
+        "one line per address and minute\n{log}"
+    );
+}
+
+#[test]
+fn https_with_the_configured_certificate_and_a_bad_key_refused_at_check() {
+    let certs = tempfile::tempdir().unwrap();
+    crate::support::make_certs(certs.path());
+    let port = free_port();
+    let d = certs.path().display();
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        None,
+        &format!(
+            "[http]\nlisten = \"127.0.0.1:{port}\"\ntls_cert_file = \"{d}/server.pem\"\ntls_key_file = \"{d}/server.key\""
+        ),
+    );
+    c.start("n1");
+    let curl = |args: &[&str]| {
+        std::process::Command::new("curl")
+            .args(["-sS", "--max-time", "5"])
+            .args(args)
+            .output()
+            .expect("curl")
+    };
+    let url = format!("https://127.0.0.1:{port}/healthz");
+    let ca = format!("{d}/ca.pem");
+    let ok = wait_until(
+        "an HTTPS answer",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let out = curl(&["--cacert", &ca, &url]);
+            out.status.success().then_some(out)
+        },
+    );
+    assert_eq!(String::from_utf8_lossy(&ok.stdout), "ok\n");
+    let other = curl(&["--cacert", &format!("{d}/other.pem"), &url]);
+    assert!(
+        !other.status.success(),
+        "a client trusting another CA refuses it"
+    );
+    let (code, plain) = call(port, "GET", "/healthz", None);
+    assert_eq!(code, 0, "no plain HTTP on an HTTPS listener: {plain}");
+    c.stop_all();
+
+    // A key that is not one: `check` names the file and the line (exit 78).
+    std::fs::write(certs.path().join("bad.key"), "not a key\n").unwrap();
+    c.edit_configs("server.key", "bad.key");
+    let out = c.cli("n1", &["check"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("n1.toml:") && stderr.contains("no PEM private key"),
+        "{stderr}"
+    );
+}
