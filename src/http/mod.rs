@@ -227,7 +227,7 @@ async fn serve_connection<I, S>(
 }
 
 fn routes(api: Arc<Api>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/", get(page))
         .route("/assets/dashboard.js", get(script))
         .route("/assets/dashboard.css", get(style))
@@ -237,7 +237,13 @@ fn routes(api: Arc<Api>) -> Router {
         .route("/api/nodes", get(nodes))
         .route("/api/history", get(history))
         .route("/api/whoami", get(whoami))
-        .fallback(not_found)
+        .fallback(not_found);
+    guarded(router, api)
+}
+
+/// `router` behind [`auth::authorize`], with `api` as its state.
+fn guarded(router: Router<Arc<Api>>, api: Arc<Api>) -> Router {
+    router
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),
             auth::authorize,
@@ -247,15 +253,11 @@ fn routes(api: Arc<Api>) -> Router {
 
 /// What a connection beyond [`MAX_CONNECTIONS`] is served: the probes.
 fn probe_routes(api: Arc<Api>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .fallback(busy)
-        .layer(axum::middleware::from_fn_with_state(
-            api.clone(),
-            auth::authorize,
-        ))
-        .with_state(api)
+        .fallback(busy);
+    guarded(router, api)
 }
 
 /// `/api/whoami`: the token the request presented (none, or its name and

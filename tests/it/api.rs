@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 
 use crate::cluster::Cluster;
 use crate::service::http_request;
-use crate::support::{Backend, free_port, wait_until};
+use crate::support::{Backend, wait_until};
 
 /// `method path` with `token` (if any) as a bearer token: the status code,
 /// the response (head and body).
@@ -44,23 +44,19 @@ fn token(name: &str, scope: &str) -> (String, String) {
     (secret.to_string(), table.to_string())
 }
 
+/// Waits until the node listens and is healthy (its store answered).
 fn wait_listening(c: &Cluster, port: u16) {
     wait_until(
-        "the listener",
+        "the listener, healthy",
         Duration::from_secs(15),
         || c.report(),
-        || (call(port, "GET", "/healthz", None).0 != 0).then_some(()),
+        || (call(port, "GET", "/healthz", None).0 == 200).then_some(()),
     );
 }
 
 #[test]
 fn without_tokens_the_api_is_read_only_and_says_so() {
-    let port = free_port();
-    let mut c = Cluster::new(
-        Backend::Sqlite,
-        None,
-        &format!("[http]\nlisten = \"127.0.0.1:{port}\""),
-    );
+    let (mut c, port) = Cluster::listening(Backend::Sqlite, "");
     c.start("n1");
     wait_listening(&c, port);
     assert_eq!(call(port, "GET", "/api/status", None).0, 200);
@@ -86,16 +82,12 @@ fn without_tokens_the_api_is_read_only_and_says_so() {
 
 #[test]
 fn tokens_scopes_reload_and_rate_limit() {
-    let port = free_port();
     let (reader, reader_table) = token("dashboard", "read");
     let (operator, operator_table) = token("deploy-bot", "operate");
     let (later, later_table) = token("later", "read");
-    let mut c = Cluster::new(
+    let (mut c, port) = Cluster::listening(
         Backend::Sqlite,
-        None,
-        &format!(
-            "[http]\nlisten = \"127.0.0.1:{port}\"\ntokens_file = \"tokens.toml\"\nrequire_token_for_read = true"
-        ),
+        "tokens_file = \"tokens.toml\"\nrequire_token_for_read = true",
     );
     let tokens = c.dir.path().join("tokens.toml");
     std::fs::write(&tokens, format!("{reader_table}\n{operator_table}")).unwrap();
@@ -183,14 +175,10 @@ fn tokens_scopes_reload_and_rate_limit() {
 fn https_with_the_configured_certificate_and_a_bad_key_refused_at_check() {
     let certs = tempfile::tempdir().unwrap();
     crate::support::make_certs(certs.path());
-    let port = free_port();
     let d = certs.path().display();
-    let mut c = Cluster::new(
+    let (mut c, port) = Cluster::listening(
         Backend::Sqlite,
-        None,
-        &format!(
-            "[http]\nlisten = \"127.0.0.1:{port}\"\ntls_cert_file = \"{d}/server.pem\"\ntls_key_file = \"{d}/server.key\""
-        ),
+        &format!("tls_cert_file = \"{d}/server.pem\"\ntls_key_file = \"{d}/server.key\""),
     );
     c.start("n1");
     let curl = |args: &[&str]| {

@@ -71,6 +71,18 @@ impl Cluster {
         Cluster::with_url(backend, None, jobs, extra)
     }
 
+    /// As [`Cluster::new`] with the default job, each node's `[http]`
+    /// listener on a free port (`http_extra`: more `[http]` keys); the port.
+    pub fn listening(backend: Backend, http_extra: &str) -> (Cluster, u16) {
+        let port = crate::support::free_port();
+        let c = Cluster::new(
+            backend,
+            None,
+            &format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{http_extra}"),
+        );
+        (c, port)
+    }
+
     /// As [`Cluster::new`], with a store URL of the test's own (a server it
     /// starts and stops itself).
     pub fn with_url(

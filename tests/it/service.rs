@@ -263,12 +263,7 @@ fn metrics_and_healthz() {
 /// history at start.
 #[test]
 fn per_job_series_come_from_runs_claims_schedule_and_history() {
-    let port = free_port();
-    let mut c = Cluster::new(
-        Backend::Sqlite,
-        None,
-        &format!("[http]\nlisten = \"127.0.0.1:{port}\""),
-    );
+    let (mut c, port) = Cluster::listening(Backend::Sqlite, "");
     c.start("n1");
     c.wait_for("three runs", Duration::from_secs(15), |l| l.len() >= 3);
     let (code, text) = http_get(port, "/metrics");
@@ -992,12 +987,7 @@ fn postgres_over_tls_trusts_only_its_ca() {
 /// gone everything answers again (issue 29).
 #[test]
 fn healthz_and_metrics_answer_with_every_connection_taken() {
-    let port = free_port();
-    let mut c = Cluster::new(
-        Backend::Sqlite,
-        None,
-        &format!("[http]\nlisten = \"127.0.0.1:{port}\""),
-    );
+    let (mut c, port) = Cluster::listening(Backend::Sqlite, "");
     c.start("n1");
     wait_until(
         "/healthz to answer",
