@@ -119,8 +119,8 @@ pub struct Metrics {
     /// Webhook deliveries waiting (spooled): to send, or to retry.
     pub webhook_pending: Gauge,
     /// When the job's last run that ended `ok` finished (Unix seconds), as
-    /// far as this node knows: its own runs, and the store's history read
-    /// at start.
+    /// far as this node knows: its own runs, and the store's history (read
+    /// at start and every few minutes).
     pub job_last_success: Family<JobLabel, Gauge<f64, AtomicU64>>,
     /// When the job's last run finished, whatever its outcome (skipped
     /// occurrences aside), as far as this node knows.
@@ -138,6 +138,9 @@ pub struct Metrics {
     /// Every configured job at the last [`Metrics::refresh_jobs`], with the
     /// schedule its interval was computed for and when that interval ends.
     intervals: Mutex<HashMap<String, Option<IntervalEnd>>>,
+    /// Jobs whose per-job gauges were set (by runs, claims, history), so
+    /// that a job removed by a reload loses them all.
+    touched: Mutex<std::collections::HashSet<String>>,
     registry: Registry,
 }
 
@@ -178,6 +181,7 @@ impl Metrics {
             job_paused: Family::default(),
             job_interval: Family::default(),
             intervals: Mutex::default(),
+            touched: Mutex::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::default();
@@ -293,7 +297,7 @@ impl Metrics {
         );
         registry.register(
             "cronlease_job_last_success_timestamp_seconds",
-            "When the job's last successful run (outcome ok) finished, Unix time, as far as this node knows (its runs, and the store's history at start)",
+            "When the job's last successful run (outcome ok) finished, Unix time, as far as this node knows (its runs, and the store's history every 5 minutes)",
             m.job_last_success.clone(),
         );
         registry.register(
@@ -335,6 +339,10 @@ impl Metrics {
     /// the one the series shows (history read at start, arriving late)
     /// changes nothing.
     pub fn run_finished(&self, job: &str, finished_at: f64, took: f64, ok: bool) {
+        // One update at a time: a history read racing a run of ours must
+        // not set an older value over a newer one.
+        let mut touched = self.touched();
+        touched.insert(job.to_string());
         let label = Metrics::job(job);
         let last = self.job_last_run.get_or_create(&label);
         if finished_at >= last.get() {
@@ -357,9 +365,25 @@ impl Metrics {
             "won" | "caught_up" | "lost" => 0,
             _ => return,
         };
+        self.touched().insert(job.to_string());
         self.job_paused
             .get_or_create(&Metrics::job(job))
             .set(paused);
+    }
+
+    /// `cronlease_job_running` of `job` at 1 until the answer is dropped
+    /// (the run's process is over, or its task ended some other way).
+    pub fn running(&self, job: &str) -> Running {
+        self.touched().insert(job.to_string());
+        let gauge = self.job_running.get_or_create_owned(&Metrics::job(job));
+        gauge.set(1);
+        Running(gauge)
+    }
+
+    fn touched(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.touched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Sets `cronlease_job_interval_seconds` of every configured job
@@ -404,13 +428,16 @@ impl Metrics {
             };
             intervals.insert(name.to_string(), known);
         }
+        let mut touched = self.touched();
         let gone: Vec<String> = intervals
             .keys()
+            .chain(touched.iter())
             .filter(|j| !seen.contains(j.as_str()))
             .cloned()
             .collect();
         for job in gone {
             intervals.remove(&job);
+            touched.remove(&job);
             let label = Metrics::job(&job);
             self.job_interval.remove(&label);
             self.job_last_success.remove(&label);
@@ -426,5 +453,14 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// A run going: `cronlease_job_running` back to 0 when dropped.
+pub struct Running(Gauge);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.set(0);
     }
 }

@@ -98,6 +98,45 @@ pub fn new_token(name: &str, scope: Scope) -> Result<(String, String), String> {
     Ok((secret, table))
 }
 
+/// `message` with every token secret (`clt_` and what follows it) and
+/// every quoted value replaced: what serde quotes from a tokens file.
+pub fn redact_secrets(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(TOKEN_PREFIX) {
+        out.push_str(&rest[..at]);
+        out.push_str("clt_<redacted>");
+        let tail = &rest[at + TOKEN_PREFIX.len()..];
+        let end = tail
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    // Quoted values (`invalid type: string "..."`, `unknown variant `...``).
+    let mut clean = String::with_capacity(out.len());
+    let mut quoted = None;
+    for c in out.chars() {
+        match quoted {
+            Some(q) if c == q => {
+                clean.push('…');
+                clean.push(c);
+                quoted = None;
+            }
+            Some(_) => {}
+            None if c == '"' || c == '`' => {
+                clean.push(c);
+                quoted = Some(c);
+            }
+            None => clean.push(c),
+        }
+    }
+    if quoted.is_some() {
+        clean.push('…');
+    }
+    clean
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -246,7 +285,14 @@ fn tokens_file(
     }
     let tokens_src = Source::new(path.display().to_string(), text);
     let before = errors.len();
-    let raw: RawTokensFile = parse_toml(&tokens_src, errors)?;
+    let parsed: Option<RawTokensFile> = parse_toml(&tokens_src, errors);
+    // serde quotes the value it could not take: a secret pasted into the
+    // file (in place of its digest, or as a stray key) must not reach
+    // `check`'s output or the journal.
+    for e in &mut errors[before..] {
+        e.message = redact_secrets(&e.message);
+    }
+    let raw = parsed?;
     let mut seen = std::collections::HashSet::new();
     let mut tokens = Vec::new();
     let mut digests = std::collections::HashSet::new();
@@ -258,13 +304,14 @@ fn tokens_file(
             errors.push(tokens_src.at(&t.name, format!("token {name:?} is defined twice")));
         }
         let digest = t.sha256.get_ref();
-        let bytes: Option<Vec<u8>> = (digest.len() == 64)
-            .then(|| {
-                (0..32)
-                    .map(|i| u8::from_str_radix(digest.get(2 * i..2 * i + 2)?, 16).ok())
-                    .collect()
-            })
-            .flatten();
+        let bytes: Option<Vec<u8>> = (digest.len() == 64
+            && digest.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| {
+            (0..32)
+                .map(|i| u8::from_str_radix(digest.get(2 * i..2 * i + 2)?, 16).ok())
+                .collect()
+        })
+        .flatten();
         match bytes.and_then(|b| <[u8; 32]>::try_from(b).ok()) {
             Some(digest) => {
                 if !digests.insert(digest) {
@@ -401,6 +448,29 @@ mod tests {
         assert!(tokens.verify(&secret[..secret.len() - 1]).is_none());
         assert!(tokens.verify("").is_none());
         assert!(new_token("no spaces", Scope::Read).is_err());
+        // A secret pasted into the file is never quoted back.
+        for text in [
+            format!("token = \"{secret}\"\n"),
+            format!("[[token]]\nname = \"x\"\nscope = \"{secret}\"\nsha256 = \"{digest}\"\n"),
+            format!("[[token]]\nname = \"x\"\nscope = \"read\"\nsha256 = \"{secret}\"\n"),
+            format!("{secret} = 1\n"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("tokens.toml");
+            std::fs::write(&file, &text).unwrap();
+            let main = Source::new("main.toml".into(), "x = \"tokens.toml\"".into());
+            let spanned: Spanned<String> = toml::from_str::<
+                std::collections::BTreeMap<String, Spanned<String>>,
+            >("x = \"tokens.toml\"")
+            .unwrap()
+            .remove("x")
+            .unwrap();
+            let (mut errors, mut warnings) = (Vec::new(), Vec::new());
+            assert!(tokens_file(&main, &spanned, dir.path(), &mut errors, &mut warnings).is_none());
+            assert!(!errors.is_empty(), "{text}");
+            let shown: String = errors.iter().map(|e| e.to_string()).collect();
+            assert!(!shown.contains(&secret[4..]), "{shown}");
+        }
         assert!(Scope::Operate > Scope::Read);
     }
 }

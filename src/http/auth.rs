@@ -10,8 +10,9 @@
 //!
 //! A presented token that matches none is refused (401) and counted
 //! against the client's address: after [`MAX_FAILURES`] within [`WINDOW`]
-//! its requests are refused (429) until the window ends, unread. No token
-//! is ever logged; its name is, once verified.
+//! its unknown tokens are refused (429) until the window ends; a valid
+//! token is still served. No token is ever logged. Without `tokens_file` a
+//! presented token is ignored, as is any scheme other than `Bearer`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -25,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
 use super::Api;
-use crate::config::{ApiToken, Scope};
+use crate::config::Scope;
 
 /// Failed attempts a client address may make within [`WINDOW`].
 pub const MAX_FAILURES: u32 = 10;
@@ -122,64 +123,68 @@ fn refuse(status: StatusCode, message: &str) -> Response {
     response
 }
 
-/// The bearer token of `request`: `None` without an Authorization header,
-/// `Some(Err)` for one that is not `Bearer <token>`.
-fn bearer(request: &Request) -> Option<Result<&str, ()>> {
-    let value = request.headers().get(header::AUTHORIZATION)?;
-    Some(
-        value
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                let (scheme, token) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .filter(|t| !t.is_empty())
-            .ok_or(()),
-    )
+/// The bearer token of `request`, if it presents one: another scheme
+/// (`Basic` from a proxy), an empty or non-UTF-8 value is no token.
+fn bearer(request: &Request) -> Option<&str> {
+    let value = request
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The address failures are counted under: an IPv4 address, or the /64 of
+/// an IPv6 one (a host has a whole /64 to rotate through).
+pub fn limited(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
+        }
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
 }
 
 /// The middleware: checks the token and the scope, then passes the request
-/// on with its [`Caller`].
+/// on with its [`Caller`]. Without `tokens_file` a presented token is
+/// ignored (nothing to check it against; writes are refused anyway).
 pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: Next) -> Response {
     let access = api.config.borrow().http_access.clone();
     let ip = request
         .extensions()
         .get::<Peer>()
-        .map(|p| p.0.ip())
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        .map_or(IpAddr::from([0, 0, 0, 0]), |p| limited(p.0.ip()));
     let now = Instant::now();
     let mut caller = Caller::default();
-    if let Some(presented) = bearer(&request) {
-        if let Some(left) = api.failures.blocked(ip, now) {
-            let mut response = refuse(
-                StatusCode::TOO_MANY_REQUESTS,
-                &format!(
-                    "too many failed attempts from {ip}: try again in {} s",
-                    left.as_secs() + 1
-                ),
-            );
-            if let Ok(v) = HeaderValue::from_str(&(left.as_secs() + 1).to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return response;
-        }
-        let verified: Option<&ApiToken> = match (&presented, &access.tokens) {
-            (Ok(secret), Some(tokens)) => tokens.verify(secret),
-            _ => None,
-        };
-        match verified {
+    if let (Some(presented), Some(tokens)) = (bearer(&request), &access.tokens) {
+        // A valid token is served even from an address that is refused:
+        // others' guesses from the same address (a NAT, a proxy, a local
+        // user) must not lock out a scraper or an operator.
+        match tokens.verify(presented) {
             Some(token) => caller.token = Some((token.name.clone(), token.scope)),
             None => {
+                if let Some(left) = api.failures.blocked(ip, now) {
+                    let secs = left.as_secs() + 1;
+                    let mut response = refuse(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        &format!("too many failed attempts from {ip}: try again in {secs} s"),
+                    );
+                    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                        response.headers_mut().insert(header::RETRY_AFTER, v);
+                    }
+                    return response;
+                }
                 if api.failures.failed(ip, now) {
                     tracing::warn!(client = %ip, path = request.uri().path(), "http: a request with a token that matches none refused (401); more from this address within a minute are not logged");
                 }
-                let why = if access.tokens.is_none() {
-                    "this listener has no tokens (no [http] tokens_file): send no Authorization header"
-                } else {
-                    "unknown token: Authorization: Bearer <token> with a token of [http] tokens_file"
-                };
-                return refuse(StatusCode::UNAUTHORIZED, why);
+                return refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "unknown token: Authorization: Bearer <token> with a token of [http] tokens_file",
+                );
             }
         }
     }
@@ -222,6 +227,7 @@ pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: 
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -265,5 +271,16 @@ mod tests {
         assert_eq!(f.blocked(b, t0), None, "another address is not blocked");
         assert_eq!(f.blocked(a, t0 + WINDOW), None, "a new window");
         assert!(f.failed(a, t0 + WINDOW), "counted afresh");
+    }
+
+    #[test]
+    fn ipv6_failures_count_per_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(limited(a), limited(b));
+        assert_ne!(limited(a), limited(other));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(limited(mapped), IpAddr::from([10, 0, 0, 1]));
     }
 }

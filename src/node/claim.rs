@@ -671,6 +671,10 @@ impl Node {
             ClaimOutcome::Failed(_) => "error",
         };
         self.count_claim(&due.state.job().name, result);
+        // Scheduled claims only: a manual run is claimed while its job is
+        // paused, and says nothing of the pause.
+        self.metrics
+            .claim_result(due.state.job().name.as_str(), result);
         decision_ms
     }
 
@@ -752,7 +756,7 @@ impl Node {
             if won.redelivered {
                 tracing::warn!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(won.occurrence), "its holder died before recording its run: running it again (delivery = at_least_once)");
             } else {
-                tracing::info!(job = %job.name, fence = won.fence, missed = %won.occurrence, "catching up a missed occurrence");
+                tracing::info!(job = %job.name, fence = won.fence, missed = %Rfc3339(won.occurrence), "catching up a missed occurrence");
             }
             self.after_manual_run(state, won.fence, at.give_up_at, stop)
                 .await;
@@ -939,7 +943,6 @@ impl Node {
                 result: result.into(),
             })
             .inc();
-        self.metrics.claim_result(job.as_str(), result);
     }
 
     fn ticket(&self, won: &Won, decision_ms: u64) -> RunTicket {

@@ -833,7 +833,7 @@ impl Node {
                     let node = self.clone();
                     self.life
                         .handlers
-                        .spawn(async move { node.seed_job_metrics().await });
+                        .spawn(async move { node.follow_job_metrics().await });
                     self.catch_up_on_return().await;
                     return;
                 }

@@ -560,16 +560,12 @@ impl Node {
             .start_lateness
             .get_or_create(&Metrics::job(job.name.as_str()))
             .observe(lateness.max(0) as f64 / 1000.0);
-        let running = self
-            .metrics
-            .job_running
-            .get_or_create_owned(&Metrics::job(job.name.as_str()));
-        running.set(1);
+        let running = self.metrics.running(job.name.as_str());
         let finished = self
             .runner
             .run(spec, self.guard.process.as_ref(), Box::pin(stop))
             .await;
-        running.set(0);
+        drop(running);
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.
         state.run_is_over();

@@ -2,7 +2,8 @@
 //! the systemd watchdog ping (withheld while the scheduler is stuck),
 //! `STATUS=` lines, the job and lease gauges, and a store ping that keeps
 //! `/healthz` fresh; and the per-job "last run" gauges read from the
-//! store's history once at start ([`Node::seed_job_metrics`]).
+//! store's history at start and every few minutes
+//! ([`Node::follow_job_metrics`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,13 +13,17 @@ use tokio::time::Instant;
 
 use super::{Node, claim};
 use crate::config::JobName;
-use crate::store::{LAST_RUNS_AT_ONCE, Outcome, RunRecord};
+use crate::store::{LAST_RUNS_AT_ONCE, Outcome, RunRecord, bounded};
 
 /// Job histories read at start to find the last success of jobs whose
 /// newest run failed: at most this many jobs, each its newest
-/// [`SEED_DEPTH`] runs.
-const SEED_JOBS: usize = 1000;
-const SEED_DEPTH: u32 = 100;
+/// [`SEED_DEPTH`] runs (records carry output tails: kept small).
+const SEED_JOBS: usize = 200;
+const SEED_DEPTH: u32 = 20;
+/// How often the newest run of every job is read again, so that a node
+/// that does not hold a job still exports its last success (a holder that
+/// dies takes its own series with it).
+pub(super) const SEED_EVERY: Duration = Duration::from_secs(300);
 
 /// The scheduler is stuck when its last heartbeat (ms since the node's
 /// epoch) is older than two maximal sleeps plus slack: the systemd watchdog
@@ -43,48 +48,60 @@ fn seed_from(metrics: &crate::metrics::Metrics, run: &RunRecord) {
 }
 
 impl Node {
-    /// Reads, once the store is prepared, what the history knows of each
-    /// job's last run and last success into `cronlease_job_last_*`, so a
-    /// node that restarted (or never ran the job) exports what the cluster
-    /// did: the newest run of every job in one read, then, for jobs whose
-    /// newest run was not a success, their recent history (at most
-    /// [`SEED_JOBS`] jobs, [`SEED_DEPTH`] runs each). Best effort: a store
-    /// error leaves the gauges to the node's own runs, with a DEBUG line.
-    pub(super) async fn seed_job_metrics(self: Arc<Self>) {
+    /// Keeps `cronlease_job_last_*` fed from the store's history, so that
+    /// every node exports what the cluster did, not only its own runs (a
+    /// node that restarted, or never ran the job): once the store is
+    /// prepared, the newest run of every job, and for jobs whose newest run
+    /// was not a success their recent history (at most [`SEED_JOBS`] jobs,
+    /// [`SEED_DEPTH`] runs each); then the newest runs again every
+    /// [`SEED_EVERY`]. Best effort, outside the node's store health: a read
+    /// that fails is a DEBUG line, and the gauges keep what they had.
+    pub(super) async fn follow_job_metrics(self: Arc<Self>) {
+        let mut first = true;
+        loop {
+            self.seed_job_metrics(first).await;
+            first = false;
+            tokio::select! {
+                () = self.life.claims.cancelled() => return,
+                () = tokio::time::sleep(SEED_EVERY) => {}
+            }
+        }
+    }
+
+    async fn seed_job_metrics(&self, deep: bool) {
         let jobs: Vec<JobName> = self.states().iter().map(|s| s.job().name.clone()).collect();
         let budget = self.settings.op_timeout * 4;
-        let last = match self
-            .call("history", budget, self.store.last_runs(&jobs))
-            .await
-        {
+        let last = match bounded(budget, self.store.last_runs(&jobs)).await {
             Ok(last) => last,
             Err(e) => {
-                tracing::debug!("last runs not read at start: {e}");
+                tracing::debug!("the jobs' last runs not read for their gauges: {e}");
                 return;
             }
         };
         let mut failing = Vec::new();
         for (job, run) in jobs.iter().zip(last) {
-            match run {
-                Some(run) if run.outcome == Outcome::Ok => seed_from(&self.metrics, &run),
-                Some(_) => failing.push(job.clone()),
-                None => {}
+            if let Some(run) = run {
+                seed_from(&self.metrics, &run);
+                if run.outcome != Outcome::Ok {
+                    failing.push(job.clone());
+                }
             }
+        }
+        if !deep {
+            return;
         }
         failing.truncate(SEED_JOBS);
         for page in failing.chunks(LAST_RUNS_AT_ONCE) {
             let reads = page.iter().map(|job| {
-                self.call(
-                    "history",
+                bounded(
                     self.settings.op_timeout,
                     self.store.history(Some(job), SEED_DEPTH),
                 )
             });
             for read in futures_util::future::join_all(reads).await {
                 match read {
-                    // Oldest first, so the newest run sets the last-run gauges.
-                    Ok(runs) => runs.iter().rev().for_each(|r| seed_from(&self.metrics, r)),
-                    Err(e) => tracing::debug!("a job's history not read at start: {e}"),
+                    Ok(runs) => runs.iter().for_each(|r| seed_from(&self.metrics, r)),
+                    Err(e) => tracing::debug!("a job's history not read for its gauges: {e}"),
                 }
             }
         }

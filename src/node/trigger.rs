@@ -230,10 +230,8 @@ impl Node {
             crate::config::Misfire::Skip,
             state.as_ref().map_or(0, |s| s.fence_floor()),
         );
-        let age = id
-            .age(self.wall.now())
-            .map(|d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string())
-            .unwrap_or_default();
+        // Whole seconds since the request, a number in JSON logs.
+        let age_s = id.age(self.wall.now()).map(|d| d.as_secs());
         let expiry = humantime::format_duration(self.settings.trigger_expiry);
         // A claim whose answer was lost is asked again saying so: a win it
         // had is answered again, and recorded, instead of being left unrun
@@ -290,7 +288,7 @@ impl Node {
                         .await;
                 }
                 self.metrics.triggers_expired.inc();
-                tracing::warn!(job = %name, trigger = %id, fence = won.fence, age = %age, "a manual run's request expired: no node ran it within cluster.trigger_expiry ({expiry}); recorded as expired, not run");
+                tracing::warn!(job = %name, trigger = %id, fence = won.fence, age_s, "a manual run's request expired: no node ran it within cluster.trigger_expiry ({expiry}); recorded as expired, not run");
             }
             Some((ClaimOutcome::Lost(lost), _)) if !lost.trigger_gone => {
                 // A run of the job in progress: no fence to record it with.
@@ -303,7 +301,7 @@ impl Node {
                     .await;
                 if let Ok(true) = withdrawn {
                     self.metrics.triggers_expired.inc();
-                    tracing::warn!(job = %name, trigger = %id, age = %age, "a manual run's request expired while a run of the job went on: withdrawn after cluster.trigger_expiry ({expiry}), not run");
+                    tracing::warn!(job = %name, trigger = %id, age_s, "a manual run's request expired while a run of the job went on: withdrawn after cluster.trigger_expiry ({expiry}), not run");
                 }
             }
             // Taken meanwhile, or no answer: looked at again next time.

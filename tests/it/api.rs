@@ -15,6 +15,11 @@ use crate::support::{Backend, wait_until};
 /// the response (head and body).
 fn call(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    call_with(port, method, path, &auth)
+}
+
+/// `method path` with `headers` (each ending in CRLF).
+fn call_with(port: u16, method: &str, path: &str, auth: &str) -> (u16, String) {
     let text = http_request(
         port,
         &format!(
@@ -69,9 +74,19 @@ fn without_tokens_the_api_is_read_only_and_says_so() {
     let (code, write) = call(port, "POST", "/api/status", None);
     assert_eq!(code, 403, "{write}");
     assert!(write.contains("this API is read-only"), "{write}");
-    let (code, bad) = call(port, "GET", "/api/status", Some("clt_guess"));
-    assert_eq!(code, 401, "{bad}");
-    assert!(bad.contains("has no tokens"), "{bad}");
+    // No tokens to check one against: a presented token, another scheme
+    // (a proxy's Basic) or a malformed header is no token, never a 401.
+    for auth in [
+        "Authorization: Bearer clt_guess\r\n",
+        "Authorization: Basic dXNlcjpwYXNz\r\n",
+        "Authorization: Bearer\r\n",
+        "Authorization: Bearer caf\u{e9}\r\n",
+    ] {
+        let (code, text) = call_with(port, "GET", "/api/status", auth);
+        assert_eq!(code, 200, "{auth:?}: {text}");
+    }
+    let (code, write) = call(port, "POST", "/api/status", Some("clt_guess"));
+    assert_eq!(code, 403, "{write}");
     c.stop_all();
     assert!(
         c.log("n1").contains("read-only: no http.tokens_file"),
@@ -126,6 +141,15 @@ fn tokens_scopes_reload_and_rate_limit() {
     assert!(text.contains("scope is read"), "{text}");
     let (code, text) = call(port, "POST", "/api/status", None);
     assert_eq!(code, 401, "{text}");
+    // Another scheme is no token: refused where one is needed, not counted.
+    let (code, text) = call_with(
+        port,
+        "GET",
+        "/api/status",
+        "Authorization: Basic dXNlcjpwYXNz\r\n",
+    );
+    assert_eq!(code, 401, "{text}");
+    assert_eq!(call(port, "HEAD", "/api/status", None).0, 401);
     // An operate token passes; there is no write on this path (405).
     assert_eq!(call(port, "POST", "/api/status", Some(&operator)).0, 405);
 
@@ -142,7 +166,7 @@ fn tokens_scopes_reload_and_rate_limit() {
     assert_eq!(call(port, "GET", "/api/status", Some(&reader)).0, 401);
 
     // Failures from one address: MAX_FAILURES answered 401, then 429 for
-    // the rest of the minute, a good token included (unread).
+    // unknown tokens for the rest of the minute; a good token still reads.
     let mut codes = Vec::new();
     for _ in 0..12 {
         codes.push(call(port, "GET", "/api/status", Some("clt_wrong")).0);
@@ -152,9 +176,10 @@ fn tokens_scopes_reload_and_rate_limit() {
         (8..=10).contains(&refused) && codes.ends_with(&[429, 429]),
         "{codes:?}"
     );
-    let (code, text) = call(port, "GET", "/api/status", Some(&later));
+    let (code, text) = call(port, "GET", "/api/status", Some("clt_wrong"));
     assert_eq!(code, 429, "{text}");
     assert!(text.to_lowercase().contains("retry-after:"), "{text}");
+    assert_eq!(call(port, "GET", "/api/status", Some(&later)).0, 200);
     // Without a token nothing is counted or refused that way.
     assert_eq!(call(port, "GET", "/healthz", None).0, 200);
 
@@ -205,8 +230,20 @@ fn https_with_the_configured_certificate_and_a_bad_key_refused_at_check() {
         !other.status.success(),
         "a client trusting another CA refuses it"
     );
-    let (code, plain) = call(port, "GET", "/healthz", None);
-    assert_eq!(code, 0, "no plain HTTP on an HTTPS listener: {plain}");
+    // Plain HTTP reaches the listener and gets no HTTP answer.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("listening");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        assert!(
+            !String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+            "no plain HTTP on an HTTPS listener: {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
     c.stop_all();
 
     // A key that is not one: `check` names the file and the line (exit 78).
