@@ -8,7 +8,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::cluster::Cluster;
-use crate::service::http_request;
+use crate::service::{http_request, status_of};
 use crate::support::{Backend, wait_until};
 
 /// `method path` with `token` (if any) as a bearer token: the status code,
@@ -26,12 +26,7 @@ fn call_with(port: u16, method: &str, path: &str, auth: &str) -> (u16, String) {
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
         ),
     );
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, text)
+    (status_of(&text), text)
 }
 
 /// A new token from `cronlease token NAME --scope SCOPE`: its secret and

@@ -136,12 +136,25 @@ pub(crate) fn http_get(port: u16, path: &str) -> (u16, String) {
         port,
         &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
     );
-    let code = text
-        .split_whitespace()
+    (status_of(&text), text)
+}
+
+/// The status code of a response's text (0: no answer).
+pub(crate) fn status_of(text: &str) -> u16 {
+    text.split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, text)
+        .unwrap_or(0)
+}
+
+/// Sets `log.format = "json"` in `nodes`' configs.
+fn log_json(c: &Cluster, nodes: &[&str]) {
+    for n in nodes {
+        let cfg = std::fs::read_to_string(c.config(n))
+            .unwrap()
+            .replace("[log]\n", "[log]\nformat = \"json\"\n");
+        std::fs::write(c.config(n), cfg).unwrap();
+    }
 }
 
 /// Sends `request` as is and reads until the server closes (at most 10 s);
@@ -648,11 +661,8 @@ fn user_needs_a_root_daemon() {
 fn json_logs_and_one_event_per_claim_outcome_change() {
     let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = \"echo hello $CRONLEASE_FENCE\"\n";
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    log_json(&c, &["n1", "n2"]);
     for n in ["n1", "n2"] {
-        let cfg = std::fs::read_to_string(c.config(n))
-            .unwrap()
-            .replace("[log]\n", "[log]\nformat = \"json\"\n");
-        std::fs::write(c.config(n), cfg).unwrap();
         c.start(n);
     }
     std::thread::sleep(Duration::from_secs(6));
@@ -698,12 +708,7 @@ fn json_logs_and_one_event_per_claim_outcome_change() {
 fn json_logs_are_typed_and_every_line_is_json_the_guards_and_a_panics_too() {
     let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/sh\", \"-c\", \"echo \\\"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE $(date +%s.%N)\\\" >> '{out}'\"]\n[[job]]\nname = \"fails\"\nschedule = \"* * * * * *\"\ncommand = \"exit 3\"\n";
     let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
-    for n in ["n1", "n2"] {
-        let cfg = std::fs::read_to_string(c.config(n))
-            .unwrap()
-            .replace("[log]\n", "[log]\nformat = \"json\"\n");
-        std::fs::write(c.config(n), cfg).unwrap();
-    }
+    log_json(&c, &["n1", "n2"]);
     c.start("n1");
     c.wait_for("three runs", Duration::from_secs(15), |l| l.len() >= 3);
     // The daemon dies; its guard hands over and says so.
