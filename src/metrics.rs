@@ -341,8 +341,7 @@ impl Metrics {
     pub fn run_finished(&self, job: &str, finished_at: f64, took: f64, ok: bool) {
         // One update at a time: a history read racing a run of ours must
         // not set an older value over a newer one.
-        let mut touched = self.touched();
-        touched.insert(job.to_string());
+        let _one_at_a_time = self.touch(job);
         let label = Metrics::job(job);
         let last = self.job_last_run.get_or_create(&label);
         if finished_at >= last.get() {
@@ -365,7 +364,7 @@ impl Metrics {
             "won" | "caught_up" | "lost" => 0,
             _ => return,
         };
-        self.touched().insert(job.to_string());
+        drop(self.touch(job));
         self.job_paused
             .get_or_create(&Metrics::job(job))
             .set(paused);
@@ -374,10 +373,20 @@ impl Metrics {
     /// `cronlease_job_running` of `job` at 1 until the answer is dropped
     /// (the run's process is over, or its task ended some other way).
     pub fn running(&self, job: &str) -> Running {
-        self.touched().insert(job.to_string());
+        drop(self.touch(job));
         let gauge = self.job_running.get_or_create_owned(&Metrics::job(job));
         gauge.set(1);
         Running(gauge)
+    }
+
+    /// Notes that `job` has per-job gauges (allocating only the first
+    /// time: this is on every claim's path); answers the held lock.
+    fn touch(&self, job: &str) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        let mut touched = self.touched();
+        if !touched.contains(job) {
+            touched.insert(job.to_string());
+        }
+        touched
     }
 
     fn touched(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {

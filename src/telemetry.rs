@@ -138,7 +138,7 @@ fn install_journald(filter: EnvFilter, layer: tracing_journald::Layer) -> Sink {
         .try_init()
         .is_ok()
     {
-        let _ = RELOAD.set(Box::new(move |f| {
+        let _ = RELOAD.set(reloader(move |f| {
             handle.reload(f).map_err(|e| e.to_string())
         }));
     }

@@ -137,8 +137,15 @@ pub fn redact_secrets(message: &str) -> String {
     clean
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// `bytes` as lower-case hex digits (digests, signatures).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 fn token_name(name: &str) -> Result<(), String> {

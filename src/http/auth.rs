@@ -153,14 +153,20 @@ pub fn limited(ip: IpAddr) -> IpAddr {
 /// on with its [`Caller`]. Without `tokens_file` a presented token is
 /// ignored (nothing to check it against; writes are refused anyway).
 pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: Next) -> Response {
-    let access = api.config.borrow().http_access.clone();
+    // What this request needs of the current configuration (a reload
+    // replaces it): the tokens (shared) and one flag, no copy of the rest.
+    let (tokens, read_requires_token) = {
+        let config = api.config.borrow();
+        let access = &config.http_access;
+        (access.tokens.clone(), access.read_requires_token)
+    };
     let ip = request
         .extensions()
         .get::<Peer>()
         .map_or(IpAddr::from([0, 0, 0, 0]), |p| limited(p.0.ip()));
     let now = Instant::now();
     let mut caller = Caller::default();
-    if let (Some(presented), Some(tokens)) = (bearer(&request), &access.tokens) {
+    if let (Some(presented), Some(tokens)) = (bearer(&request), &tokens) {
         // A valid token is served even from an address that is refused:
         // others' guesses from the same address (a NAT, a proxy, a local
         // user) must not lock out a scraper or an operator.
@@ -189,11 +195,7 @@ pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: 
         }
     }
     let scope = caller.token.as_ref().map(|(_, s)| *s);
-    match need(
-        request.method(),
-        request.uri().path(),
-        access.read_requires_token,
-    ) {
+    match need(request.method(), request.uri().path(), read_requires_token) {
         Need::Nothing => {}
         Need::Read if scope.is_some() => {}
         Need::Read => {
@@ -202,7 +204,7 @@ pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: 
                 "a token is needed to read (http.require_token_for_read): Authorization: Bearer <token>",
             );
         }
-        Need::Operate if access.tokens.is_none() => {
+        Need::Operate if tokens.is_none() => {
             return refuse(
                 StatusCode::FORBIDDEN,
                 "this API is read-only: it takes writes only with [http] tokens_file and a token of scope operate; use the cronlease CLI",

@@ -39,6 +39,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, Semaphore, watch};
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 mod auth;
@@ -154,35 +155,30 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, stop: CancellationToken
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let Some(tls) = tls else {
-                return serve_connection(
-                    TokioIo::new(stream),
-                    service,
-                    probe,
-                    head_within,
-                    lifetime,
-                    stop,
-                )
-                .await;
+            let io = match tls {
+                None => Either::Left(stream),
+                // The handshake within the time a request head gets.
+                Some(tls) => match tokio::time::timeout(head_within, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => Either::Right(stream),
+                    Ok(Err(e)) => {
+                        tracing::debug!(client = %peer, "http listener: TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(client = %peer, "http listener: TLS handshake timed out");
+                        return;
+                    }
+                },
             };
-            // The handshake within the time a request head gets.
-            match tokio::time::timeout(head_within, tls.accept(stream)).await {
-                Ok(Ok(stream)) => {
-                    serve_connection(
-                        TokioIo::new(stream),
-                        service,
-                        probe,
-                        head_within,
-                        lifetime,
-                        stop,
-                    )
-                    .await
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(client = %peer, "http listener: TLS handshake failed: {e}")
-                }
-                Err(_) => tracing::debug!(client = %peer, "http listener: TLS handshake timed out"),
-            }
+            serve_connection(
+                TokioIo::new(io),
+                service,
+                probe,
+                head_within,
+                lifetime,
+                stop,
+            )
+            .await;
         });
     }
 }

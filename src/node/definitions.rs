@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{Command, Hook, Job, JobName};
+use crate::config::{Command, Hook, Job, JobName, hex};
 use crate::store::{DefinitionsBeat, NodeRecord};
 
 /// The version of the digest's encoding: a node writing another one says
@@ -382,15 +382,6 @@ fn parse_pages(pages: &[Option<String>]) -> HashMap<u64, u64> {
         }
     }
     out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 #[cfg(test)]

@@ -681,13 +681,8 @@ impl Node {
                 .run_duration
                 .get_or_create(&Metrics::job(job.name.as_str()))
                 .observe(took);
-            self.metrics.run_finished(
-                job.name.as_str(),
-                record.finished_at.timestamp_millis() as f64 / 1000.0,
-                took,
-                record.outcome == Outcome::Ok,
-            );
         }
+        super::service::feed_job_gauges(&self.metrics, &record);
         if let Some(ms) = record.cpu_ms {
             self.metrics
                 .run_cpu

@@ -33,8 +33,9 @@ pub(super) fn scheduler_stuck(beat: u64, now_ms: u64) -> bool {
     now_ms.saturating_sub(beat) > stale_after
 }
 
-/// Feeds a run of the store's history to the per-job gauges.
-fn seed_from(metrics: &crate::metrics::Metrics, run: &RunRecord) {
+/// Feeds a finished run (one of ours, or one of the store's history) to
+/// the per-job gauges; a skipped occurrence is not a run.
+pub(super) fn feed_job_gauges(metrics: &crate::metrics::Metrics, run: &RunRecord) {
     if run.outcome == Outcome::Skipped {
         return;
     }
@@ -81,7 +82,7 @@ impl Node {
         let mut failing = Vec::new();
         for (job, run) in jobs.iter().zip(last) {
             if let Some(run) = run {
-                seed_from(&self.metrics, &run);
+                feed_job_gauges(&self.metrics, &run);
                 if run.outcome != Outcome::Ok {
                     failing.push(job.clone());
                 }
@@ -100,7 +101,7 @@ impl Node {
             });
             for read in futures_util::future::join_all(reads).await {
                 match read {
-                    Ok(runs) => runs.iter().for_each(|r| seed_from(&self.metrics, r)),
+                    Ok(runs) => runs.iter().for_each(|r| feed_job_gauges(&self.metrics, r)),
                     Err(e) => tracing::debug!("a job's history not read for its gauges: {e}"),
                 }
             }

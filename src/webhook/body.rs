@@ -110,8 +110,7 @@ pub fn signature(secret: &[u8], unix: i64, body: &[u8]) -> String {
     mac.update(b".");
     mac.update(body);
     let sum = mac.finalize().into_bytes();
-    let hex: String = sum.iter().map(|b| format!("{b:02x}")).collect();
-    format!("t={unix},v1={hex}")
+    format!("t={unix},v1={}", crate::config::hex(&sum))
 }
 
 #[cfg(test)]
