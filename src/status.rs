@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::{Config, JobName};
-use crate::store::{LockStatus, Owner, RunRecord, Store, StoreError, TriggerId, bounded};
+use crate::store::{
+    LockStatus, NodeRecord, Owner, RunRecord, RunningRun, Store, StoreError, TriggerId, bounded,
+};
 
 /// One job's line of `status`.
 #[derive(Debug, Clone, Serialize)]
@@ -35,10 +37,57 @@ pub struct JobStatus {
     pub next_fire: Option<DateTime<Utc>>,
     /// A manual run's request no node has taken yet.
     pub pending_trigger: Option<PendingTrigger>,
+    /// The runs of this job going now, as the live nodes' last beats say
+    /// (docs/protocol.md, "Running now"), the longest-running first.
+    pub running: Vec<RunGoing>,
     /// Live nodes that say another live node defines this job otherwise
     /// (docs/protocol.md, "Job definitions across nodes"): empty when every
     /// live node that has it agrees.
     pub defined_otherwise_on: Vec<String>,
+}
+
+/// A run going now on a live node.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunGoing {
+    pub node: String,
+    pub owner: String,
+    pub fence: u64,
+    pub occurrence: DateTime<Utc>,
+    /// By the node's clock.
+    pub started_at: DateTime<Utc>,
+    /// From `started_at` to when this was gathered (this host's clock).
+    pub elapsed_ms: u64,
+    /// `scheduled` (its occurrence), `manual` (`cronlease trigger`),
+    /// `retry`, `redelivery` or `catch_up` (of an occurrence missed while
+    /// paused).
+    pub kind: &'static str,
+    /// Which try of its occurrence it is.
+    pub attempt: u32,
+    /// The request it runs (all but `scheduled`).
+    pub trigger: Option<TriggerId>,
+}
+
+impl RunGoing {
+    fn of(node: &NodeRecord, run: &RunningRun, now: DateTime<Utc>) -> RunGoing {
+        let kind = match run.trigger {
+            None => "scheduled",
+            Some(id) if id.retry_of().is_some() => "retry",
+            Some(id) if id.redelivery_of().is_some() => "redelivery",
+            Some(id) if id.resumed_at().is_some() => "catch_up",
+            Some(_) => "manual",
+        };
+        RunGoing {
+            node: node.node.clone(),
+            owner: node.owner.clone(),
+            fence: run.fence,
+            occurrence: run.occurrence,
+            started_at: run.started_at,
+            elapsed_ms: u64::try_from((now - run.started_at).num_milliseconds()).unwrap_or(0),
+            kind,
+            attempt: run.attempt,
+            trigger: run.trigger,
+        }
+    }
 }
 
 /// A pending manual run's request (`cronlease trigger`), with its age, or
@@ -80,6 +129,19 @@ pub async fn gather(
             .map(|n| (n.owner.clone(), n.clock_offset_ms))
             .collect()
     });
+    let now = Utc::now();
+    let mut running: HashMap<&str, Vec<RunGoing>> = HashMap::new();
+    for n in nodes.iter().flatten() {
+        for run in &n.running {
+            running
+                .entry(run.job.as_str())
+                .or_default()
+                .push(RunGoing::of(n, run, now));
+        }
+    }
+    for runs in running.values_mut() {
+        runs.sort_by(|a, b| (a.started_at, &a.owner).cmp(&(b.started_at, &b.owner)));
+    }
     let mut otherwise: HashMap<&str, Vec<String>> = HashMap::new();
     for n in nodes.iter().flatten() {
         for job in n.definitions.iter().flat_map(|d| &d.differ) {
@@ -97,7 +159,9 @@ pub async fn gather(
     for lock in locks {
         by_job.insert(lock.job.clone(), Some(lock));
     }
-    let now = Utc::now();
+    for job in running.keys() {
+        by_job.entry(job.to_string()).or_insert(None);
+    }
     let mut pending: HashMap<String, PendingTrigger> = bounded(call, store.pending_triggers())
         .await?
         .into_iter()
@@ -157,6 +221,7 @@ pub async fn gather(
             last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
             last_run,
             pending_trigger: pending.remove(&job),
+            running: running.remove(job.as_str()).unwrap_or_default(),
             defined_otherwise_on: otherwise.remove(job.as_str()).unwrap_or_default(),
             job,
         });

@@ -74,6 +74,29 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
         &table,
     );
     for r in &rows {
+        for going in &r.running {
+            let attempt = match going.attempt {
+                1 => String::new(),
+                k => format!(", attempt {k}"),
+            };
+            let trigger = going
+                .trigger
+                .map(|id| format!(" (trigger {id})"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "RUNNING: {} on {} (fence {}, {} run of {}{attempt}{trigger}) since {}, for {}",
+                r.job,
+                going.node,
+                going.fence,
+                going.kind.replace('_', "-"),
+                rfc3339(going.occurrence),
+                rfc3339(going.started_at),
+                humantime::format_duration(Duration::from_secs(going.elapsed_ms / 1000)),
+            );
+        }
+    }
+    for r in &rows {
         if let Some(p) = r.pending_trigger.as_ref().filter(|p| p.redelivered) {
             let _ = writeln!(
                 out,

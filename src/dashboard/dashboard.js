@@ -43,6 +43,17 @@ function flags(r) {
   return out.length ? out : ["-"];
 }
 
+// The Running cell: each run going now (node, for how long, what kind),
+// from the live nodes' last beats.
+function running(r) {
+  const runs = r.running || [];
+  if (!runs.length) return ["-"];
+  return runs.map((g, i) => el("span", {
+    class: "running",
+    title: `fence ${g.fence}, occurrence ${time(g.occurrence)}, started ${time(g.started_at)}` + (g.trigger ? `, trigger ${g.trigger}` : ""),
+  }, (i ? " " : "") + `on ${g.node} for ${Math.round(g.elapsed_ms / 1000)} s` + (g.kind === "scheduled" ? "" : ` (${g.kind.replace("_", "-")}${g.attempt > 1 ? " " + g.attempt : ""})`)));
+}
+
 function renderJobs(rows) {
   const body = document.querySelector("#jobs tbody");
   body.replaceChildren(...rows.map((r) => {
@@ -57,6 +68,7 @@ function renderJobs(rows) {
       el("td", {}, alive),
       el("td", { class: "fence" }, r.fence),
       el("td", {}, r.holder ? (r.lease_remaining_ms / 1000).toFixed(1) + " s" : "-"),
+      el("td", { class: "running" }, ...running(r)),
       el("td", {}, ...flags(r)),
       el("td", {}, last),
       el("td", {}, time(r.last_occurrence)),

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::Placement;
-use crate::store::{Heartbeat, NodeRecord};
+use crate::store::{Heartbeat, NodeRecord, RunningRun, registry::RUNNING_IN_A_BEAT};
 
 use super::Node;
 use super::definitions::JobDigests;
@@ -35,6 +35,21 @@ const MIN_BEAT: Duration = Duration::from_millis(50);
 pub(super) fn beat_timing(margin: Duration) -> (Duration, Duration) {
     let every = (margin * 3 / 8).max(MIN_BEAT);
     (every, margin + (margin / 3).max(MIN_BEAT))
+}
+
+/// A run noted going ([`Node::run_going`]); dropped when its process is
+/// over.
+pub(super) struct RunningNow<'a> {
+    node: &'a Node,
+    key: (String, u64),
+}
+
+impl Drop for RunningNow<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.node.members.running.lock() {
+            running.remove(&self.key);
+        }
+    }
 }
 
 impl Node {
@@ -211,7 +226,31 @@ impl Node {
             jobs_held: u32::try_from(held).unwrap_or(u32::MAX),
             ttl,
             definitions: self.definitions_beat(),
+            running: self.running_now(),
         }
+    }
+
+    /// The runs going on this node, the longest-running first, at most
+    /// [`RUNNING_IN_A_BEAT`].
+    fn running_now(&self) -> Vec<RunningRun> {
+        let Ok(running) = self.members.running.lock() else {
+            return Vec::new();
+        };
+        let mut now: Vec<RunningRun> = running.values().cloned().collect();
+        now.sort_by(|a, b| (a.started_at, &a.job).cmp(&(b.started_at, &b.job)));
+        now.truncate(RUNNING_IN_A_BEAT);
+        now
+    }
+
+    /// Notes `run` going on this node until the answer is dropped (its
+    /// process is over), for the beats: `status` shows it from the
+    /// registry.
+    pub(super) fn run_going(&self, run: RunningRun) -> RunningNow<'_> {
+        let key = (run.job.clone(), run.fence);
+        if let Ok(mut running) = self.members.running.lock() {
+            running.insert(key.clone(), run);
+        }
+        RunningNow { node: self, key }
     }
 
     /// The live nodes as of this node's last heartbeat.

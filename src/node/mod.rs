@@ -416,6 +416,9 @@ struct Membership {
     /// Bumped by each job set applied: a digest computed for an older one
     /// is dropped.
     definitions_of: AtomicU64,
+    /// The runs going on this node, by job and fence, for its beats
+    /// ([`membership::RunningNow`]).
+    running: Mutex<BTreeMap<(String, u64), crate::store::RunningRun>>,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -566,6 +569,7 @@ impl Node {
                 beaten_at: Mutex::new(None),
                 definitions: Mutex::new(definitions::Comparison::default()),
                 definitions_of: AtomicU64::new(0),
+                running: Mutex::new(BTreeMap::new()),
             },
             triggers: trigger::InFlight::default(),
         })

@@ -561,11 +561,19 @@ impl Node {
             .get_or_create(&Metrics::job(job.name.as_str()))
             .observe(lateness.max(0) as f64 / 1000.0);
         let running = self.metrics.running(job.name.as_str());
+        let going = self.run_going(crate::store::RunningRun {
+            job: job.name.to_string(),
+            fence: ticket.fence,
+            occurrence: ticket.occurrence,
+            started_at: self.wall.now(),
+            trigger: ticket.trigger,
+            attempt: ticket.attempt(),
+        });
         let finished = self
             .runner
             .run(spec, self.guard.process.as_ref(), Box::pin(stop))
             .await;
-        drop(running);
+        drop((running, going));
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.
         state.run_is_over();

@@ -52,7 +52,7 @@ use serde::Serialize;
 
 use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
 pub use outbox::{Outbox, Parcel};
-pub use registry::{DefinitionsBeat, Heartbeat, NodeRecord, Registry};
+pub use registry::{DefinitionsBeat, Heartbeat, NodeRecord, Registry, RunningRun};
 pub use rule::{
     Decision, LockRow, claim_row, claim_rows, clears_running, decide, ends_a_run, trigger_row,
 };

@@ -49,6 +49,33 @@ pub struct Heartbeat {
     /// What it says of its job definitions (`None`: nothing, as a version
     /// before 0.x said nothing).
     pub definitions: Option<DefinitionsBeat>,
+    /// The runs going on it now, the longest-running first, at most
+    /// [`RUNNING_IN_A_BEAT`].
+    pub running: Vec<RunningRun>,
+}
+
+/// The most running runs a beat carries (the longest-running ones): a beat
+/// stays a few tens of KiB, within what every store takes in one write.
+pub const RUNNING_IN_A_BEAT: usize = 256;
+
+/// A run going on a node, as its beats say (docs/protocol.md, "Running
+/// now"): `status`, `/api/status` and the dashboard read it from the
+/// registry, so it is as fresh as the node's last beat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningRun {
+    pub job: String,
+    pub fence: u64,
+    /// The occurrence it runs (a manual run's: the job's last one).
+    #[serde(with = "chrono::serde::ts_milliseconds")]
+    pub occurrence: DateTime<Utc>,
+    #[serde(with = "chrono::serde::ts_milliseconds")]
+    pub started_at: DateTime<Utc>,
+    /// A manual run's, a retry's or a redelivery's request; `None` for a
+    /// scheduled occurrence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<super::TriggerId>,
+    /// Which try of its occurrence it is (1 but for a retry).
+    pub attempt: u32,
 }
 
 /// What a beat says of the node's job definitions (docs/protocol.md, "Job
@@ -94,6 +121,10 @@ pub struct NodeRecord {
     /// page of per-job digests.
     #[serde(serialize_with = "definitions_summary")]
     pub definitions: Option<DefinitionsBeat>,
+    /// The runs going on it as its last beat said (`status` shows them by
+    /// job; `nodes` does not).
+    #[serde(skip)]
+    pub running: Vec<RunningRun>,
 }
 
 /// A record's definitions as `nodes --json` and `/api/nodes` show them.
@@ -132,6 +163,7 @@ impl NodeRecord {
             clock_offset_ms: None,
             jobs_held: 0,
             definitions: None,
+            running: Vec::new(),
         }
     }
 }
@@ -214,6 +246,8 @@ pub(crate) struct BeatData {
     pub last_seen: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub definitions: Option<DefinitionsBeat>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<RunningRun>,
 }
 
 #[cfg(any(
@@ -233,6 +267,7 @@ impl From<&Heartbeat> for BeatData {
             ttl_ms: super::duration_ms(beat.ttl),
             last_seen: None,
             definitions: beat.definitions.clone(),
+            running: beat.running.clone(),
         }
     }
 }
@@ -277,6 +312,7 @@ impl BeatData {
             clock_offset_ms: self.clock_offset_ms,
             jobs_held: self.jobs_held,
             definitions: self.definitions,
+            running: self.running,
         }
     }
 }
@@ -311,6 +347,14 @@ mod tests {
                 differ: vec!["x".into()],
                 differ_count: 1,
             }),
+            running: vec![RunningRun {
+                job: "backup".into(),
+                fence: 9,
+                occurrence: from_ms(60_000),
+                started_at: from_ms(60_012),
+                trigger: super::super::TriggerId::parse("0000019a2b3c4d5e"),
+                attempt: 2,
+            }],
         };
         let stored = BeatData::from(&beat).to_json();
         let read = BeatData::parse(stored.as_bytes()).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
@@ -326,6 +370,7 @@ mod tests {
                 clock_offset_ms: Some(-7),
                 jobs_held: 3,
                 definitions: beat.definitions.clone(),
+                running: beat.running.clone(),
             })
         );
         assert!(BeatData::parse(b"{\"node\": 3}").is_none());

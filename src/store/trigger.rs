@@ -267,6 +267,15 @@ impl Serialize for TriggerId {
     }
 }
 
+/// The serialized form read back (a node's running runs in its registry
+/// record): what [`TriggerId::parse`] reads.
+impl<'de> serde::Deserialize<'de> for TriggerId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        TriggerId::parse(&s).ok_or_else(|| serde::de::Error::custom("not a trigger id"))
+    }
+}
+
 /// A pending request's name where a store lists them by name (ZooKeeper's
 /// `triggers/` children, etcd's `trigger/` keys): `<job>~<id>`.
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]

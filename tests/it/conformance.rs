@@ -10,7 +10,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
     ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner, Parcel, Renewal,
-    RunRecord, Store, StoreError, TriggerAnswer, TriggerId, Won, from_ms,
+    RunRecord, RunningRun, Store, StoreError, TriggerAnswer, TriggerId, Won, from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -1736,6 +1736,7 @@ fn beat(owner: &str, ttl_ms: u64, offset: Option<i64>, held: u32) -> Heartbeat {
         jobs_held: held,
         ttl: Duration::from_millis(ttl_ms),
         definitions: None,
+        running: Vec::new(),
     }
 }
 
@@ -1777,6 +1778,48 @@ pub async fn a_beat_carries_its_definitions(h: &Harness) {
     older.definitions = None;
     a.heartbeat(&older).await.unwrap();
     definitions_listed(&reader, "web-1#a1", None).await;
+}
+
+/// The runs a beat says are going are what every reader of the registry
+/// gets back, on its own and in a claim batch, to the millisecond and with
+/// their requests; the next beat's list replaces it whole.
+pub async fn a_beat_carries_its_running_runs(h: &Harness) {
+    let (a, reader) = (h.store().await, h.store().await);
+    let run = |job: &str, fence: u64, trigger: Option<TriggerId>, attempt: u32| RunningRun {
+        job: job.into(),
+        fence,
+        occurrence: occ(-60),
+        started_at: occ(-59) + chrono::Duration::milliseconds(123),
+        trigger,
+        attempt,
+    };
+    let mut first = beat("web-1#r1", 30_000, None, 2);
+    first.running = vec![
+        run("nightly-backup", 41, None, 1),
+        run("report", 7, Some(TriggerId::retry(occ(-61), 2)), 2),
+    ];
+    a.heartbeat(&first).await.unwrap();
+    running_listed(&reader, "web-1#r1", &first.running).await;
+    let mut second = first.clone();
+    second.running = vec![run("manual", 3, Some(TriggerId::new()), 1)];
+    let (claimed, nodes) = a
+        .claim_beating(&[req("going", "web-1#r1", 1, 30_000)], &second)
+        .await
+        .unwrap();
+    won(claimed.outcomes.into_iter().next().unwrap());
+    let nodes = nodes.expect("the beat went through with the claim");
+    assert_eq!(nodes[0].running, second.running, "{nodes:?}");
+    running_listed(&reader, "web-1#r1", &second.running).await;
+    let mut idle = second.clone();
+    idle.running = Vec::new();
+    a.heartbeat(&idle).await.unwrap();
+    running_listed(&reader, "web-1#r1", &[]).await;
+}
+
+async fn running_listed(reader: &Arc<dyn Store>, owner: &str, want: &[RunningRun]) {
+    let nodes = reader.nodes().await.unwrap();
+    let n = nodes.iter().find(|n| n.owner == owner).unwrap();
+    assert_eq!(n.running, want, "{nodes:?}");
 }
 
 async fn definitions_listed(reader: &Arc<dyn Store>, owner: &str, want: Option<&DefinitionsBeat>) {
@@ -1962,6 +2005,7 @@ macro_rules! conformance {
                 renewals_together_each_on_its_own,
                 node_registry_lists_live_nodes_until_their_beats_stop,
                 a_beat_carries_its_definitions,
+                a_beat_carries_its_running_runs,
                 a_claim_batch_carries_the_heartbeat,
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
                 a_paused_job_is_refused_until_resumed,

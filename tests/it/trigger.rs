@@ -627,3 +627,136 @@ fn a_request_no_node_takes_is_listed_cancelled_and_expires() {
     // A fresh request is accepted again.
     assert!(cli(&["trigger", "stuck"]).status.success());
 }
+
+/// Running now (docs/protocol.md): a run going on a node is in `status
+/// --json` (node, fence, occurrence, start, elapsed, manual or scheduled,
+/// attempt, its request) and a `RUNNING:` line of `status`, from the node's
+/// beats, while it goes, and gone once it has ended; a scheduled run shows
+/// as one. The refusal of a trigger while it runs points at `status`, which
+/// now shows it.
+#[test]
+fn a_running_run_is_shown_by_status_until_it_ends() {
+    let jobs = r#"
+[[job]]
+name = "long"
+schedule = "0 0 0 1 1 *"
+command = "echo \"$CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_TRIGGER\" > '{out}.long'; sleep 4"
+
+[[job]]
+name = "every"
+schedule = "*/5 * * * * *"
+command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE\" > '{out}.every'; sleep 3"
+"#;
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    assert!(c.cli("n1", &["migrate"]).status.success());
+    c.start("n1");
+    c.start("n2");
+    let asked = c.cli("n1", &["trigger", "long"]);
+    assert!(asked.status.success(), "{}", text(&asked));
+    let id = accepted_id(&asked).expect("the request's id");
+    let marker = format!("{}.long", c.out.display());
+    let started = wait_until(
+        "the manual run to start",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let line = std::fs::read_to_string(&marker).ok()?;
+            let fields: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+            (fields.len() == 3).then_some(fields)
+        },
+    );
+    let going = |job: &str| -> Vec<serde_json::Value> {
+        c.cli_json("n1", &["status"])
+            .ok()
+            .and_then(|rows| {
+                rows.as_array()?
+                    .iter()
+                    .find(|r| r["job"] == job)
+                    .map(|r| r["running"].as_array().cloned().unwrap_or_default())
+            })
+            .unwrap_or_default()
+    };
+    let runs = wait_until(
+        "status to show the manual run",
+        Duration::from_secs(5),
+        || c.report(),
+        || Some(going("long")).filter(|r| !r.is_empty()),
+    );
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    assert_eq!(run["node"], started[1].as_str(), "{run}");
+    assert_eq!(run["fence"].as_u64(), started[0].parse().ok(), "{run}");
+    assert_eq!(run["kind"], "manual", "{run}");
+    assert_eq!(run["attempt"], 1, "{run}");
+    assert_eq!(run["trigger"], id.as_str(), "{run}");
+    assert!(
+        run["owner"]
+            .as_str()
+            .unwrap()
+            .starts_with(started[1].as_str()),
+        "{run}"
+    );
+    assert!(run["elapsed_ms"].as_u64().unwrap() < 4_500, "{run}");
+    let at = chrono::DateTime::parse_from_rfc3339(run["started_at"].as_str().unwrap()).unwrap();
+    assert!(
+        (chrono::Utc::now() - at.to_utc()).num_seconds() < 5,
+        "{run}"
+    );
+    let table = text(&c.cli("n2", &["status"]));
+    let said = format!(
+        "RUNNING: long on {} (fence {}, manual run of",
+        started[1], started[0]
+    );
+    assert!(table.contains(&said), "{said}\n{table}");
+    assert!(table.contains(&format!("(trigger {id})")), "{table}");
+    let refused = c.cli("n1", &["trigger", "long"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("`cronlease status` shows it"),
+        "{}",
+        text(&refused)
+    );
+
+    // A scheduled run: its kind, no request.
+    let every = format!("{}.every", c.out.display());
+    let _ = std::fs::remove_file(&every);
+    let scheduled = wait_until(
+        "a scheduled run shown going",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let line = std::fs::read_to_string(&every).ok()?;
+            let fence: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            going("every").into_iter().find(|r| r["fence"] == fence)
+        },
+    );
+    assert_eq!(scheduled["kind"], "scheduled", "{scheduled}");
+    assert!(scheduled["trigger"].is_null(), "{scheduled}");
+
+    // Once it has ended: gone, by the next beat.
+    wait_until(
+        "the manual run to end and leave status",
+        Duration::from_secs(10),
+        || c.report(),
+        || going("long").is_empty().then_some(()),
+    );
+    wait_until(
+        "the manual run's record",
+        Duration::from_secs(5),
+        || c.report(),
+        || {
+            history_of(&c, "long")
+                .iter()
+                .any(|r| r["outcome"] == "ok")
+                .then_some(())
+        },
+    );
+    c.stop_all();
+}
+
+fn history_of(c: &Cluster, job: &str) -> Vec<serde_json::Value> {
+    c.cli_json("n1", &["history", job])
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}

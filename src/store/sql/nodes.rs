@@ -3,7 +3,7 @@
 use super::*;
 
 /// The columns of a node registry row, as `nodes` reads them.
-pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions";
+pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions, running_runs";
 
 #[async_trait]
 impl Registry for SqlStore {
@@ -82,7 +82,7 @@ impl SqlStore {
             .iter()
             .map(|r| -> Result<NodeRecord, sqlx::Error> {
                 let expires_at: i64 = r.try_get(5)?;
-                let now: i64 = r.try_get(9)?;
+                let now: i64 = r.try_get(10)?;
                 // JSON of what the beat said of its definitions; an
                 // unreadable one (a hand edit) says nothing.
                 let definitions: Option<String> = r.try_get(8)?;
@@ -96,6 +96,11 @@ impl SqlStore {
                     clock_offset_ms: r.try_get(6)?,
                     jobs_held: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
                     definitions: definitions.and_then(|d| serde_json::from_str(&d).ok()),
+                    // Likewise the runs going on it.
+                    running: r
+                        .try_get::<Option<String>, _>(9)?
+                        .and_then(|d| serde_json::from_str(&d).ok())
+                        .unwrap_or_default(),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -115,7 +120,7 @@ impl SqlStore {
         let now = self.file_clock_now()?;
         sqlx::query(self.sql(
             format!(
-                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?){}",
+                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?){}",
                 self.dialect.upsert_node
             ),
             now,
@@ -131,6 +136,11 @@ impl SqlStore {
             beat.definitions
                 .as_ref()
                 .and_then(|d| serde_json::to_string(d).ok()),
+        )
+        .bind(
+            (!beat.running.is_empty())
+                .then(|| serde_json::to_string(&beat.running).ok())
+                .flatten(),
         )
         .execute(&mut *conn)
         .await?;
