@@ -745,18 +745,11 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE\" > '{o
         Duration::from_secs(5),
         || c.report(),
         || {
-            history_of(&c, "long")
+            crate::cluster::history(&c, "long")
                 .iter()
                 .any(|r| r["outcome"] == "ok")
                 .then_some(())
         },
     );
     c.stop_all();
-}
-
-fn history_of(c: &Cluster, job: &str) -> Vec<serde_json::Value> {
-    c.cli_json("n1", &["history", job])
-        .ok()
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
 }
