@@ -135,6 +135,20 @@ pub enum Commands {
         #[arg(long, conflicts_with = "wait")]
         cancel: bool,
     },
+    /// Stop the job's running run, on whichever node runs it (kill_grace as
+    /// for a timeout), recorded `cancelled` with who and why; without one,
+    /// withdraw its pending manual run. Exit 0 once every run asked for was
+    /// cancelled
+    Cancel {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The job
+        #[arg(value_parser = JobName::parse)]
+        job: JobName,
+        /// Why, kept in the run's record (one line, at most 500 bytes)
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+    },
     /// Pause jobs cluster-wide: no node claims an occurrence until resume
     Pause(PauseArgs),
     /// Resume paused jobs

@@ -166,6 +166,8 @@ pub enum StopReason {
     LeaseLost { grace: Duration },
     /// The daemon is shutting down and the grace period is over.
     Shutdown,
+    /// `cronlease cancel` (or the API) asked for it ([`crate::cancel`]).
+    Cancelled,
 }
 
 impl StopReason {
@@ -181,6 +183,10 @@ impl StopReason {
             StopReason::Shutdown => {
                 tracing::warn!(job = %job.name, fence, "shutdown grace over: stopping the run");
                 (Outcome::Killed, job.kill_grace)
+            }
+            StopReason::Cancelled => {
+                tracing::warn!(job = %job.name, fence, "cancelled: stopping the run (SIGKILL in {:?})", job.kill_grace);
+                (Outcome::Cancelled, job.kill_grace)
             }
         }
     }

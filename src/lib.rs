@@ -17,9 +17,10 @@
 //!   the daemon dies; [`cgroup`]: a cgroup per run where systemd delegated
 //!   the daemon's; [`units`]: runs as transient systemd units.
 //! - [`app`]: the commands (`run`, `check`, `status`, `nodes`, `history`,
-//!   `pause`, `resume`, `migrate`, `step-down`, `logs`, `drill`,
+//!   `trigger`, `cancel`, `pause`, `resume`, `migrate`, `step-down`, `logs`, `drill`,
 //!   `import-crontab`) behind the thin `main`; [`cli`]: their clap definitions.
-//! - [`drill`]: the failover drill as a command, with its verdict.
+//! - [`drill`]: the failover drill as a command, with its verdict;
+//!   [`cancel`]: a request to stop a run, left in the store for its node.
 //! - [`crontab`]: `import-crontab`, a crontab's lines as `[[job]]` TOML.
 //! - [`pidfile`]: the locked pid file and finding the daemon it names.
 //! - [`telemetry`] sets up logging; [`metrics`] counts; [`http`] serves the
@@ -35,6 +36,7 @@
 
 pub mod app;
 pub mod backoff;
+pub mod cancel;
 pub mod cgroup;
 pub mod cli;
 pub mod config;

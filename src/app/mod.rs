@@ -22,9 +22,11 @@ use crate::pidfile::{self, PidFile};
 use crate::store::{self, StoreError};
 use crate::{drill, guard, http, launch, telemetry};
 
+mod cancel;
 mod daemon;
 mod operate;
 mod reports;
+use cancel::*;
 use daemon::*;
 use operate::*;
 use reports::*;
@@ -92,6 +94,11 @@ pub fn main(cli: Cli) -> ExitCode {
             cancel: true,
             ..
         } => with_runtime(|| cancel_trigger(config.config, job)),
+        Commands::Cancel {
+            config,
+            job,
+            reason,
+        } => with_runtime(|| cancel(config.config, job, reason)),
         Commands::Pause(args) => with_runtime(|| set_paused(args, true)),
         Commands::Resume(args) => with_runtime(|| set_paused(args, false)),
         Commands::Migrate(c) => with_runtime(|| migrate(c.config)),

@@ -266,7 +266,7 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
         Ok(store::TriggerAnswer::Pending(pending)) if pending == id => {}
         Ok(store::TriggerAnswer::Running { holder }) => {
             eprintln!(
-                "cronlease: refused: a run of {job} is in progress{} (overlap); trigger it again once it has ended (`cronlease status` shows it)",
+                "cronlease: refused: a run of {job} is in progress{} (overlap); trigger it again once it has ended (`cronlease status` shows it; `cronlease cancel {job}` stops it)",
                 holder.map_or(String::new(), |h| format!(
                     " on {}",
                     store::Owner::node_of(&config::one_line(&h))

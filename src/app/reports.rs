@@ -85,7 +85,7 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "RUNNING: {} on {} (fence {}, {} run of {}{attempt}{trigger}) since {}, for {}",
+                "RUNNING: {} on {} (fence {}, {} run of {}{attempt}{trigger}) since {}, for {}; `cronlease cancel {}` stops it",
                 r.job,
                 going.node,
                 going.fence,
@@ -93,6 +93,7 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
                 rfc3339(going.occurrence),
                 rfc3339(going.started_at),
                 humantime::format_duration(Duration::from_secs(going.elapsed_ms / 1000)),
+                r.job,
             );
         }
     }

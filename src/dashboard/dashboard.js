@@ -20,7 +20,7 @@ function time(t) {
 }
 
 function outcomeClass(o) {
-  return ["ok", "skipped", "failed", "timeout", "not_started", "killed", "lease_lost"].includes(o) ? "o-" + o : "o-other";
+  return ["ok", "skipped", "failed", "timeout", "not_started", "killed", "lease_lost", "cancelled"].includes(o) ? "o-" + o : "o-other";
 }
 
 // The Paused cell: PAUSED and a pending manual run's request, with its age.
@@ -118,7 +118,7 @@ function renderTimeline(runs) {
     }
     return el("div", { class: "lane", "data-node": node }, el("div", { class: "name" }, node), track);
   });
-  const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped"], ["manual", "manual run (trigger)"]]
+  const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped"], ["o-cancelled", "cancelled"], ["manual", "manual run (trigger)"]]
     .map(([c, t]) => el("span", {}, el("i", { class: "swatch " + c }), t)));
   box.replaceChildren(...lanes, legend);
   document.getElementById("timeline-range").textContent =

@@ -19,6 +19,7 @@ use crate::config::Placement;
 use crate::store::{Heartbeat, NodeRecord, RunningRun, registry::RUNNING_IN_A_BEAT};
 
 use super::Node;
+use super::cancel::CancelSlot;
 use super::definitions::JobDigests;
 
 /// The shortest heartbeat period, whatever the margin.
@@ -42,6 +43,8 @@ pub(super) fn beat_timing(margin: Duration) -> (Duration, Duration) {
 pub(super) struct RunningNow<'a> {
     node: &'a Node,
     key: (String, u64),
+    /// Thrown by a cancel request ([`super::cancel`]).
+    pub(super) slot: Arc<CancelSlot>,
 }
 
 impl Drop for RunningNow<'_> {
@@ -236,7 +239,7 @@ impl Node {
         let Ok(running) = self.members.running.lock() else {
             return Vec::new();
         };
-        let mut now: Vec<RunningRun> = running.values().cloned().collect();
+        let mut now: Vec<RunningRun> = running.values().map(|(run, _)| run.clone()).collect();
         now.sort_by(|a, b| (a.started_at, &a.job).cmp(&(b.started_at, &b.job)));
         now.truncate(RUNNING_IN_A_BEAT);
         now
@@ -247,10 +250,31 @@ impl Node {
     /// registry.
     pub(super) fn run_going(&self, run: RunningRun) -> RunningNow<'_> {
         let key = (run.job.clone(), run.fence);
+        let slot = Arc::new(CancelSlot::default());
         if let Ok(mut running) = self.members.running.lock() {
-            running.insert(key.clone(), run);
+            running.insert(key.clone(), (run, slot.clone()));
         }
-        RunningNow { node: self, key }
+        RunningNow {
+            node: self,
+            key,
+            slot,
+        }
+    }
+
+    /// Whether a run is going on this node.
+    pub(super) fn has_runs_going(&self) -> bool {
+        self.members
+            .running
+            .lock()
+            .is_ok_and(|running| !running.is_empty())
+    }
+
+    /// The stop switch of `job`'s run at `fence`, if it is going here.
+    pub(super) fn cancel_slot(&self, job: &str, fence: u64) -> Option<Arc<CancelSlot>> {
+        let running = self.members.running.lock().ok()?;
+        running
+            .get(&(job.to_string(), fence))
+            .map(|(_, slot)| slot.clone())
     }
 
     /// The live nodes as of this node's last heartbeat.

@@ -29,6 +29,7 @@
 //! then its [`JobRuntime`].
 
 mod batch;
+mod cancel;
 mod catch_up;
 mod claim;
 pub mod clock;
@@ -418,7 +419,7 @@ struct Membership {
     definitions_of: AtomicU64,
     /// The runs going on this node, by job and fence, for its beats
     /// ([`membership::RunningNow`]).
-    running: Mutex<BTreeMap<(String, u64), crate::store::RunningRun>>,
+    running: Mutex<BTreeMap<(String, u64), cancel::Going>>,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -722,6 +723,10 @@ impl Node {
         self.life
             .handlers
             .spawn(async move { node.settle_owed().await });
+        let node = self.clone();
+        self.life
+            .handlers
+            .spawn(async move { node.watch_cancels().await });
         shutdown.cancelled().await;
         self.shut_down().await;
         self.life.root.cancel();

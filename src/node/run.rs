@@ -547,10 +547,20 @@ impl Node {
                 )
                 .await;
         }
+        let going = self.run_going(crate::store::RunningRun {
+            job: job.name.to_string(),
+            fence: ticket.fence,
+            occurrence: ticket.occurrence,
+            started_at: self.wall.now(),
+            trigger: ticket.trigger,
+            attempt: ticket.attempt(),
+        });
+        let slot = going.slot.clone();
         let stop = async {
             tokio::select! {
                 grace = self.watchdog(state) => StopReason::LeaseLost { grace },
                 () = self.life.kill_runs.cancelled() => StopReason::Shutdown,
+                () = slot.cancelled() => StopReason::Cancelled,
             }
         };
         let lateness = (self.wall.now() - ticket.due()).num_milliseconds();
@@ -561,19 +571,19 @@ impl Node {
             .get_or_create(&Metrics::job(job.name.as_str()))
             .observe(lateness.max(0) as f64 / 1000.0);
         let running = self.metrics.running(job.name.as_str());
-        let going = self.run_going(crate::store::RunningRun {
-            job: job.name.to_string(),
-            fence: ticket.fence,
-            occurrence: ticket.occurrence,
-            started_at: self.wall.now(),
-            trigger: ticket.trigger,
-            attempt: ticket.attempt(),
-        });
-        let finished = self
+        let mut finished = self
             .runner
             .run(spec, self.guard.process.as_ref(), Box::pin(stop))
             .await;
         drop((running, going));
+        if finished.outcome == Outcome::Cancelled
+            && let Some(asked) = slot.asked()
+        {
+            if !finished.output.is_empty() && !finished.output.ends_with('\n') {
+                finished.output.push('\n');
+            }
+            finished.output.push_str(&asked.said());
+        }
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.
         state.run_is_over();

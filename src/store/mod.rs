@@ -283,6 +283,9 @@ pub enum Outcome {
     /// Not started within its `starting_deadline` (the record's output
     /// says why); never run late.
     Missed,
+    /// Stopped by `cronlease cancel` (or the API): who and why follow the
+    /// output in the record. Not a failure: no `on_failure`, no retry.
+    Cancelled,
     /// A manual run's request no node took within `cluster.trigger_expiry`:
     /// claimed by the node that found it expired, recorded, never run.
     Expired,
@@ -304,6 +307,7 @@ impl Outcome {
             Outcome::Skipped => "skipped",
             Outcome::Expired => "expired",
             Outcome::Missed => "missed",
+            Outcome::Cancelled => "cancelled",
             Outcome::Unknown(raw) => raw,
         }
     }
@@ -335,6 +339,7 @@ impl Outcome {
             "not_started" => Outcome::NotStarted,
             "skipped" => Outcome::Skipped,
             "expired" => Outcome::Expired,
+            "cancelled" => Outcome::Cancelled,
             other => Outcome::Unknown(other.chars().take(64).collect()),
         }
     }

@@ -97,6 +97,7 @@ impl Runner for VirtualRunner {
             reason = stop => match reason {
                 StopReason::LeaseLost { .. } => Outcome::LeaseLost,
                 StopReason::Shutdown => Outcome::Killed,
+                StopReason::Cancelled => Outcome::Cancelled,
             },
         };
         let finished_at = spec.clock.now();

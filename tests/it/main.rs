@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api;
+mod cancel;
 mod cli;
 mod clock;
 mod cluster;

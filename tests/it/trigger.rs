@@ -581,6 +581,11 @@ fn a_request_no_node_takes_is_listed_cancelled_and_expires() {
     assert!(text(&cancel).contains("withdrawn"), "{}", text(&cancel));
     let twice = cli(&["trigger", "--cancel", "stuck"]);
     assert_eq!(twice.status.code(), Some(1), "{}", text(&twice));
+    // `cancel`, with no run going, withdraws a pending request the same way.
+    assert!(cli(&["trigger", "stuck"]).status.success());
+    let cancel = cli(&["cancel", "stuck"]);
+    assert!(cancel.status.success(), "{}", text(&cancel));
+    assert!(text(&cancel).contains("withdrawn"), "{}", text(&cancel));
     assert!(!text(&cli(&["status"])).contains("PENDING TRIGGER"));
 
     // Expiry: a daemon without the job withdraws it after 3 s.
