@@ -210,13 +210,15 @@ fn https_with_the_configured_certificate_and_a_bad_key_refused_at_check() {
     };
     let url = format!("https://127.0.0.1:{port}/healthz");
     let ca = format!("{d}/ca.pem");
+    // `ok` once the store answered (before that, 503 `store not
+    // answering`, which curl without -f takes for a success too).
     let ok = wait_until(
         "an HTTPS answer",
         Duration::from_secs(15),
         || c.report(),
         || {
             let out = curl(&["--cacert", &ca, &url]);
-            out.status.success().then_some(out)
+            (out.status.success() && out.stdout == b"ok\n").then_some(out)
         },
     );
     assert_eq!(String::from_utf8_lossy(&ok.stdout), "ok\n");
