@@ -44,19 +44,29 @@ impl CancelRequest {
         }
     }
 
-    /// The parcel that leaves it for `owner`, the daemon running the run.
+    /// The parcel that leaves it for `owner`, the daemon running the run:
+    /// its id ends with `~`, so no request's id is the prefix of another's
+    /// (`JOB~4~` of `JOB~41~`).
     pub fn parcel(&self, owner: &str) -> Parcel {
         Parcel {
-            id: format!("{}{}~{}", prefix_for(owner), self.job, self.fence),
+            id: format!("{}{}~{}~", prefix_for(owner), self.job, self.fence),
             // A struct of strings and numbers always serializes.
             body: serde_json::to_string(self).unwrap_or_default(),
         }
     }
 
     /// A parcel's request; `None` for one that is not (a hand edit, a
-    /// newer version's shape).
+    /// newer version's shape, a job name no job has). Whoever wrote it, its
+    /// `by` and reason come back on one line and within their limits, as
+    /// [`CancelRequest::new`] makes them: they go into log lines and the
+    /// run's record.
     pub fn of(parcel: &Parcel) -> Option<CancelRequest> {
-        serde_json::from_str(&parcel.body).ok()
+        let read: CancelRequest = serde_json::from_str(&parcel.body).ok()?;
+        let job = JobName::parse(&read.job).ok()?;
+        Some(CancelRequest {
+            at: read.at,
+            ..CancelRequest::new(&job, read.fence, &read.by, read.reason.as_deref())
+        })
     }
 
     /// What the run's record says after its output: who stopped it, why.
@@ -68,13 +78,15 @@ impl CancelRequest {
     }
 }
 
-/// The outbox prefix of the requests for `owner`: `cancel~`, then 16 hex
+/// The outbox prefix of the requests for `owner`: `~cancel~`, then 16 hex
 /// digits of its SHA-256 (an owner's name may hold characters a parcel id
-/// cannot), then `~`.
+/// cannot), then `~`. It starts with `~`, which no webhook's name (whose
+/// deliveries are parcels `NAME~...`) can: a webhook named `cancel` takes
+/// none of them.
 pub fn prefix_for(owner: &str) -> String {
     let digest = Sha256::digest(owner.as_bytes());
     let hex = crate::config::hex(&digest[..8]);
-    format!("cancel~{hex}~")
+    format!("~cancel~{hex}~")
 }
 
 /// The node's own prefix.
@@ -125,7 +137,12 @@ mod tests {
         let parcel = asked.parcel("web-2#9f3a11c0");
         assert!(Parcel::id_is_valid(&parcel.id), "{}", parcel.id);
         assert!(parcel.id.starts_with(&prefix_for("web-2#9f3a11c0")));
-        assert!(parcel.id.ends_with("~nightly.backup-2~41"), "{}", parcel.id);
+        assert!(
+            parcel.id.ends_with("~nightly.backup-2~41~"),
+            "{}",
+            parcel.id
+        );
+        assert!(parcel.id.starts_with("~cancel~"), "{}", parcel.id);
         assert_ne!(prefix_for("web-2#9f3a11c0"), prefix_for("web-2#9f3a11c1"));
         let read = CancelRequest::of(&parcel).unwrap();
         assert_eq!(read.reason.as_deref(), Some("wrong input"));
@@ -148,6 +165,24 @@ mod tests {
             })
             .is_none()
         );
+        // Another writer's body is made one line and cut as ours is; a job
+        // name no job has is no request.
+        let raw = r#"{"job":"j","fence":2,"by":"a\nb","reason":"x\u001b[2Jy","at":0}"#;
+        let read = CancelRequest::of(&Parcel {
+            id: "x".into(),
+            body: raw.into(),
+        })
+        .unwrap();
+        assert_eq!(
+            (read.by.as_str(), read.reason.as_deref()),
+            ("a b", Some("x [2Jy"))
+        );
+        let bad = r#"{"job":"a b","fence":2,"by":"x","at":0}"#;
+        let none = CancelRequest::of(&Parcel {
+            id: "x".into(),
+            body: bad.into(),
+        });
+        assert!(none.is_none());
     }
 
     #[test]

@@ -34,6 +34,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod actions;
 pub mod app;
 pub mod backoff;
 pub mod cancel;

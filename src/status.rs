@@ -55,7 +55,8 @@ pub struct RunGoing {
     pub occurrence: DateTime<Utc>,
     /// By the node's clock.
     pub started_at: DateTime<Utc>,
-    /// From `started_at` to when this was gathered (this host's clock).
+    /// How long it had run at the node's last beat (its monotonic clock;
+    /// up to a heartbeat period behind).
     pub elapsed_ms: u64,
     /// `scheduled` (its occurrence), `manual` (`cronlease trigger`),
     /// `retry`, `redelivery` or `catch_up` (of an occurrence missed while
@@ -68,7 +69,7 @@ pub struct RunGoing {
 }
 
 impl RunGoing {
-    fn of(node: &NodeRecord, run: &RunningRun, now: DateTime<Utc>) -> RunGoing {
+    fn of(node: &NodeRecord, run: &RunningRun) -> RunGoing {
         let kind = match run.trigger {
             None => "scheduled",
             Some(id) if id.retry_of().is_some() => "retry",
@@ -82,7 +83,7 @@ impl RunGoing {
             fence: run.fence,
             occurrence: run.occurrence,
             started_at: run.started_at,
-            elapsed_ms: u64::try_from((now - run.started_at).num_milliseconds()).unwrap_or(0),
+            elapsed_ms: run.elapsed_ms,
             kind,
             attempt: run.attempt,
             trigger: run.trigger,
@@ -136,7 +137,7 @@ pub async fn gather(
             running
                 .entry(run.job.as_str())
                 .or_default()
-                .push(RunGoing::of(n, run, now));
+                .push(RunGoing::of(n, run));
         }
     }
     for runs in running.values_mut() {

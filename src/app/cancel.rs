@@ -1,13 +1,12 @@
-//! `cronlease cancel`: stops the job's runs going now, on whichever node
-//! runs each (a request per run that its node takes from the store's
-//! outbox: [`crate::cancel`]), and waits for their records; withdraws the
-//! job's pending request instead when no run is going.
+//! `cronlease cancel`: asks the job's runs going now to stop, on whichever
+//! node runs each ([`crate::actions::cancel`]), and waits for their
+//! records; withdraws the job's pending request instead when no run is
+//! going.
 
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::cancel::CancelRequest;
-use crate::store::Parcel;
+use crate::actions::{Cancel, CancelAsked};
 
 /// How often the records of the runs asked for are looked for.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
@@ -21,49 +20,40 @@ pub(super) async fn cancel(path: PathBuf, job: JobName, reason: Option<String>) 
         Ok(both) => both,
         Err(code) => return code,
     };
-    let nodes = match within(&config, store.nodes()).await {
-        Ok(nodes) => nodes,
-        Err(e) => return store_failure(&e),
-    };
     let by = crate::cancel::who_am_i();
-    // Per fence: the owner running it, its node, the request.
-    let asked: BTreeMap<u64, (String, String, CancelRequest)> = nodes
-        .iter()
-        .flat_map(|n| {
-            n.running.iter().filter(|r| r.job == job.as_str()).map(|r| {
-                let request = CancelRequest::new(&job, r.fence, &by, reason.as_deref());
-                (r.fence, (n.owner.clone(), n.node.clone(), request))
-            })
-        })
-        .collect();
-    if asked.is_empty() {
-        let pending = match within(&config, store.pending_triggers()).await {
-            Ok(pending) => pending,
-            Err(e) => return store_failure(&e),
-        };
-        if pending.iter().any(|(j, _)| j == job.as_str()) {
-            return cancel_trigger(path, job).await;
+    let asked = match crate::actions::cancel(&config, store.as_ref(), &job, &by, reason.as_deref())
+        .await
+    {
+        Ok(Cancel::Asked(asked)) => asked,
+        Ok(Cancel::Withdrawal(crate::actions::Withdrawal::NonePending)) => {
+            eprintln!(
+                "cronlease: no run of {job} is going (as the live nodes' last beats say) and no request of it is pending: nothing to cancel"
+            );
+            return ExitCode::FAILURE;
         }
-        eprintln!(
-            "cronlease: no run of {job} is going (as the live nodes' last beats say) and no request of it is pending: nothing to cancel"
+        Ok(Cancel::Withdrawal(w @ crate::actions::Withdrawal::Withdrawn(_))) => {
+            println!("{}", w.message(&job));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Cancel::Withdrawal(w)) => {
+            eprintln!("cronlease: {}", w.message(&job));
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            return store_failure_with(&e, "; the cancel may or may not have been asked for");
+        }
+    };
+    for a in &asked {
+        println!(
+            "{job}: cancel of its run on {} (fence {}) asked by {by}",
+            a.node, a.fence
         );
-        return ExitCode::FAILURE;
-    }
-    let parcels: Vec<Parcel> = asked
-        .values()
-        .map(|(owner, _, request)| request.parcel(owner))
-        .collect();
-    if let Err(e) = within(&config, store.hand_over(&parcels)).await {
-        return store_failure_with(&e, "the cancel may or may not have been asked for");
-    }
-    for (fence, (_, node, _)) in &asked {
-        println!("{job}: cancel of its run on {node} (fence {fence}) asked by {by}");
     }
     let grace = config
         .job(job.as_str())
         .map_or(Duration::ZERO, |j| j.kill_grace);
     let deadline = tokio::time::Instant::now() + grace + RECORD_WAIT;
-    let mut left = asked;
+    let mut left: BTreeMap<u64, CancelAsked> = asked.into_iter().map(|a| (a.fence, a)).collect();
     let mut all_cancelled = true;
     while !left.is_empty() {
         if tokio::time::Instant::now() >= deadline {
@@ -75,9 +65,9 @@ pub(super) async fn cancel(path: PathBuf, job: JobName, reason: Option<String>) 
             continue;
         };
         for run in runs {
-            if left.remove(&run.fence).is_none() {
+            let Some(asked) = left.remove(&run.fence) else {
                 continue;
-            }
+            };
             let exit = run
                 .exit_code
                 .map_or(String::new(), |c| format!(" (exit code {c})"));
@@ -92,6 +82,8 @@ pub(super) async fn cancel(path: PathBuf, job: JobName, reason: Option<String>) 
                     "{job}: its run on {} (fence {}) ended {}{exit} before the cancel reached it",
                     run.node, run.fence, run.outcome
                 );
+                // Not left in the store for that node's next look.
+                let _ = crate::actions::take_back(&config, store.as_ref(), &asked).await;
             }
         }
     }
@@ -109,22 +101,17 @@ async fn not_recorded(
     config: &Config,
     store: &dyn store::Store,
     job: &JobName,
-    left: &BTreeMap<u64, (String, String, CancelRequest)>,
+    left: &BTreeMap<u64, CancelAsked>,
 ) -> ExitCode {
-    let taker = store::Owner::from_raw(format!("cancel#{}", std::process::id()));
-    for (fence, (owner, node, request)) in left {
-        let id = request.parcel(owner).id;
-        let taken_back = matches!(
-            within(config, store.take_handed_over(&taker, &id, 1)).await,
-            Ok(back) if !back.is_empty()
-        );
-        let what = if taken_back {
-            "nobody took the request (taken back)"
-        } else {
-            "its node took the request"
+    for (fence, asked) in left {
+        let what = match crate::actions::take_back(config, store, asked).await {
+            Ok(true) => "nobody took the request (taken back)".to_string(),
+            Ok(false) => "its node took the request".to_string(),
+            Err(e) => format!("the request could not be taken back ({e})"),
         };
         eprintln!(
-            "cronlease: no record of {job}'s run on {node} (fence {fence}) yet: {what}; `cronlease status` shows whether it is still going"
+            "cronlease: no record of {job}'s run on {} (fence {fence}) yet: {what}; `cronlease status` shows whether it is still going",
+            asked.node
         );
     }
     ExitCode::FAILURE

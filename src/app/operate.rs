@@ -243,87 +243,24 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
         return no_such_configured_job(name.as_str(), &path);
     };
     let job = job.name.clone();
-    // The request is stamped with the store's time, not this host's: nodes,
-    // held to the store's clock, judge its age (`cluster.trigger_expiry`).
-    let made = within(&config, store.clock())
-        .await
-        .unwrap_or_else(|_| Utc::now());
-    let id = store::TriggerId::made_at(made);
-    // A request whose answer was lost (a timeout, a failover) may have been
-    // recorded: asked again with the same id, it is found pending as ours.
-    let mut answer = within(&config, store.request_trigger(&job, id)).await;
-    for _ in 0..2 {
-        match &answer {
-            Err(e) if e.is_unreachable() => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                answer = within(&config, store.request_trigger(&job, id)).await;
-            }
-            _ => break,
-        }
-    }
-    match answer {
-        Ok(store::TriggerAnswer::Accepted) => {}
-        Ok(store::TriggerAnswer::Pending(pending)) if pending == id => {}
-        Ok(store::TriggerAnswer::Running { holder }) => {
-            eprintln!(
-                "cronlease: refused: a run of {job} is in progress{} (overlap); trigger it again once it has ended (`cronlease status` shows it; `cronlease cancel {job}` stops it)",
-                holder.map_or(String::new(), |h| format!(
-                    " on {}",
-                    store::Owner::node_of(&config::one_line(&h))
-                ))
-            );
+    let id = match crate::actions::trigger(&config, store.as_ref(), &job, None).await {
+        Ok(Ok(id)) => id,
+        Ok(Err(refused)) => {
+            eprintln!("cronlease: refused: {}", refused.message(&job));
             return ExitCode::FAILURE;
         }
-        Ok(store::TriggerAnswer::Pending(pending)) if pending.redelivery_of().is_some() => {
-            eprintln!(
-                "cronlease: refused: a run of {job} that a dead daemon had claimed and not started is pending (trigger {pending}); one node runs it now, and `cronlease trigger --cancel {job}` withdraws it"
-            );
-            return ExitCode::FAILURE;
-        }
-        Ok(store::TriggerAnswer::Pending(pending)) if pending.resumed_at().is_some() => {
-            eprintln!(
-                "cronlease: refused: {job} was just resumed, and the catch-up of the occurrence it missed while paused is pending (trigger {pending}); a node takes it within a second: trigger it again then"
-            );
-            return ExitCode::FAILURE;
-        }
-        Ok(store::TriggerAnswer::Pending(pending)) if pending.retry_of().is_some() => {
-            let (attempt, due) = pending.retry_of().unwrap_or((0, Utc::now()));
-            eprintln!(
-                "cronlease: refused: attempt {attempt} of a failed run of {job} is pending (trigger {pending}, due at {}); one node runs it then, and `cronlease trigger --cancel {job}` withdraws it (ending the attempts)",
-                rfc3339(due)
-            );
-            return ExitCode::FAILURE;
-        }
-        Ok(store::TriggerAnswer::Pending(pending)) => {
-            eprintln!(
-                "cronlease: refused: a manual run of {job} was requested already (trigger {pending}{}) and has not started yet; it runs once a node takes it, expires after cluster.trigger_expiry, and `cronlease trigger --cancel {job}` withdraws it",
-                request_age(pending).map_or(String::new(), |age| format!(", {age} ago"))
-            );
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
+        Err(crate::actions::Unanswered { trigger, error }) => {
             let more = format!(
-                "; trigger {id} of {job} may have been recorded: `cronlease history {job}` shows whether it ran"
+                "; trigger {trigger} of {job} may have been recorded: `cronlease history {job}` shows whether it ran"
             );
-            return store_failure_with(&e, &more);
+            return store_failure_with(&error, &more);
         }
-    }
+    };
     println!("trigger {id}: requested a run of {job} on one node of the cluster");
     if !wait {
         return ExitCode::SUCCESS;
     }
     wait_for_trigger(&config, store.as_ref(), &job, id).await
-}
-
-/// How long ago request `id` was made, for people (`None` for an id that
-/// carries no time).
-pub(super) fn request_age(id: store::TriggerId) -> Option<String> {
-    if id.daemons_attempt().is_some() {
-        // Its time is when it is due, not when it was made.
-        return None;
-    }
-    let age = id.age(Utc::now())?;
-    Some(humantime::format_duration(Duration::from_secs(age.as_secs())).to_string())
 }
 
 /// `trigger --cancel`: withdraws the job's pending request, if there is one
@@ -333,37 +270,23 @@ pub(super) async fn cancel_trigger(path: PathBuf, job: JobName) -> ExitCode {
         Ok(both) => both,
         Err(code) => return code,
     };
-    let pending = match within(&config, store.pending_triggers()).await {
-        Ok(p) => p,
-        Err(e) => return store_failure(&e),
-    };
-    let Some((_, id)) = pending.into_iter().find(|(j, _)| j == job.as_str()) else {
-        eprintln!("cronlease: no manual run of {job} is pending");
-        return ExitCode::FAILURE;
-    };
-    match within(&config, store.withdraw_trigger(&job, id)).await {
-        Ok(true) => {
-            match id.daemons_attempt() {
-                Some(_) if id.redelivery_of().is_some() => println!(
-                    "trigger {id}: withdrawn; the run of {job} a dead daemon had claimed and not started will not run (its claim is recorded not_started)"
-                ),
-                None if id.resumed_at().is_some() => println!(
-                    "trigger {id}: withdrawn; the occurrence {job} missed while it was paused is not caught up now (the next one runs as usual)"
-                ),
-                Some((attempt, _)) => println!(
-                    "trigger {id}: withdrawn; attempt {attempt} of {job}'s failed run will not run, and its attempts end (nothing more is recorded or announced for that occurrence)"
-                ),
-                None => println!(
-                    "trigger {id}: withdrawn{}; {job} was not run for it",
-                    request_age(id).map_or(String::new(), |age| format!(" (requested {age} ago)"))
-                ),
-            }
+    withdrawal(&config, store.as_ref(), &job).await
+}
+
+/// Withdraws `job`'s pending request and says so: exit 0 when withdrawn.
+pub(super) async fn withdrawal(
+    config: &Config,
+    store: &dyn store::Store,
+    job: &JobName,
+) -> ExitCode {
+    use crate::actions::Withdrawal;
+    match crate::actions::withdraw(config, store, job).await {
+        Ok(w @ Withdrawal::Withdrawn(_)) => {
+            println!("{}", w.message(job));
             ExitCode::SUCCESS
         }
-        Ok(false) => {
-            eprintln!(
-                "cronlease: trigger {id} of {job} was taken by a node meanwhile: `cronlease history {job}` shows its run"
-            );
+        Ok(w) => {
+            eprintln!("cronlease: {}", w.message(job));
             ExitCode::FAILURE
         }
         Err(e) => store_failure(&e),
@@ -489,19 +412,10 @@ pub(super) async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> Exi
         );
         return ExitCode::SUCCESS;
     }
-    // Which of them were paused, and their last claimed occurrences, before
-    // the resume: only those catch up (below).
-    let before = if paused {
-        Vec::new()
-    } else {
-        match within(&config, store.status()).await {
-            Ok(rows) => rows,
-            Err(e) => return store_failure(&e),
-        }
+    let said = match crate::actions::set_paused(&config, store.as_ref(), &jobs, paused).await {
+        Ok(said) => said,
+        Err(e) => return store_failure(&e),
     };
-    if let Err(e) = within(&config, store.set_paused(&jobs, paused)).await {
-        return store_failure(&e);
-    }
     let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
     if paused {
         println!(
@@ -511,72 +425,13 @@ pub(super) async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> Exi
         return ExitCode::SUCCESS;
     }
     println!("resumed {}", names.join(", "));
-    catch_up_after_resume(&config, store.as_ref(), &jobs, &before).await
-}
-
-/// Catch-up on resume (docs/protocol.md, "Catch-up on resume"): for each
-/// job that was paused (`before`: the lock rows read before the resume),
-/// has `misfire = "run_once"`, and whose latest occurrence was not claimed
-/// (missed while paused) but may still start (its start window, the first
-/// half of its gap), a resume's request ([`store::TriggerId::resumed`],
-/// stamped with the store's clock, as nodes judge it) tells the nodes to
-/// claim that occurrence at once, by its own claim rule: once across the
-/// cluster. A job never claimed has nothing to catch up; older missed
-/// occurrences are not run. A request that could not be left fails with
-/// the store's exit code (the jobs stay resumed; the next occurrence runs
-/// as usual).
-async fn catch_up_after_resume(
-    config: &Config,
-    store: &dyn store::Store,
-    jobs: &[JobName],
-    before: &[store::LockStatus],
-) -> ExitCode {
-    let now = within(config, store.clock())
-        .await
-        .unwrap_or_else(|_| Utc::now());
     let mut code = ExitCode::SUCCESS;
-    for name in jobs {
-        let Some(job) = config.job(name.as_str()) else {
-            continue;
-        };
-        if job.misfire != config::Misfire::RunOnce {
-            continue;
-        }
-        let Some(next) = job.schedule.next_after(now) else {
-            continue;
-        };
-        let Some(latest) = job.schedule.previous_before(next) else {
-            continue;
-        };
-        let was = before.iter().find(|r| r.job == name.as_str());
-        let missed = was.is_some_and(|r| r.paused && r.last_occurrence.is_some_and(|c| c < latest));
-        if !missed {
-            continue;
-        }
-        let when = rfc3339(latest);
-        if !crate::node::catch_up_open(job, latest, Some(next), now) {
-            println!(
-                "{name}: its {when} occurrence was missed while it was paused and is past its start window (or the first half of its gap): not run; the next runs at {}",
-                rfc3339(next)
-            );
-            continue;
-        }
-        let id = store::TriggerId::resumed(now);
-        match within(config, store.request_trigger(name, id)).await {
-            Ok(store::TriggerAnswer::Accepted) => println!(
-                "{name}: its {when} occurrence, missed while it was paused, runs now on one node"
-            ),
-            Ok(store::TriggerAnswer::Pending(_)) => println!(
-                "{name}: its {when} occurrence was missed while it was paused; another request of {name} is pending (`cronlease status`), so it is not caught up now"
-            ),
-            Ok(store::TriggerAnswer::Running { .. }) => println!(
-                "{name}: its {when} occurrence was missed while it was paused; a run of {name} is in progress, so it is not caught up"
-            ),
-            Err(e) => {
-                eprintln!(
-                    "cronlease: {name} is resumed, but the catch-up of its {when} occurrence could not be requested; the next occurrence runs as usual"
-                );
-                code = store_failure(&e);
+    for catch_up in said {
+        match &catch_up.failed {
+            None => println!("{}", catch_up.message),
+            Some(e) => {
+                eprintln!("cronlease: {}", catch_up.message);
+                code = store_failure(e);
             }
         }
     }

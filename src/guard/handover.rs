@@ -305,10 +305,14 @@ pub(super) fn hand_over(
         owe(owed_dir.as_deref(), &records, &taken);
         owed = true;
         let released = released?;
-        // A store that answered the release takes the records too: once
-        // more (idempotent: a write that timed out and did commit, as one
-        // 1.4 s disk stall in CI did, leaves one record).
-        if recorded.is_err() {
+        // A write that timed out may have committed (as one 1.4 s disk
+        // stall in CI did): the store then took every hand-back request,
+        // which it takes only once the records ended the claims' running
+        // marks. So written once more (idempotent: one record per job and
+        // fence) when the store answered the release and took them all; a
+        // refused request means the records are not there, and written now
+        // they would say the claim was handed back, which it was not.
+        if recorded.is_err() && taken.len() == again.len() {
             recorded = record().await;
         }
         // Claims the daemon won and never heard of (killed with the answer

@@ -59,8 +59,11 @@ pub fn need(method: &Method, path: &str, read_requires_token: bool) -> Need {
     if method != Method::GET && method != Method::HEAD {
         return Need::Operate;
     }
-    let open =
-        path == "/healthz" || path == "/" || path.starts_with("/assets/") || path == "/api/whoami";
+    let open = path == "/healthz"
+        || path == "/"
+        || path.starts_with("/assets/")
+        || path == "/api/whoami"
+        || path == "/api/openapi.json";
     if open || !read_requires_token {
         Need::Nothing
     } else {

@@ -33,7 +33,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -43,8 +43,10 @@ use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 mod auth;
+mod write;
 
 pub use auth::{Caller, MAX_FAILURES, Need, Peer, WINDOW, need};
+pub use write::{ENDPOINTS, Endpoint, openapi};
 
 use crate::config::{Config, JobName};
 use crate::metrics::Metrics;
@@ -233,6 +235,19 @@ fn routes(api: Arc<Api>) -> Router {
         .route("/api/nodes", get(nodes))
         .route("/api/history", get(history))
         .route("/api/whoami", get(whoami))
+        .route("/api/openapi.json", get(write::openapi_json))
+        .route("/api/jobs/{job}", get(write::job_page))
+        .route(
+            "/api/jobs/{job}/trigger",
+            post(write::trigger).delete(write::withdraw),
+        )
+        .route(
+            "/api/jobs/{job}/triggers/{id}",
+            get(write::trigger_progress),
+        )
+        .route("/api/jobs/{job}/pause", post(write::pause))
+        .route("/api/jobs/{job}/resume", post(write::resume))
+        .route("/api/jobs/{job}/cancel", post(write::cancel))
         .fallback(not_found);
     guarded(router, api)
 }
@@ -354,7 +369,7 @@ async fn not_found() -> Response {
     text(
         StatusCode::NOT_FOUND,
         "text/plain; charset=utf-8",
-        "not found: try /, /metrics, /healthz, /api/status, /api/nodes, /api/history or /api/whoami\n".into(),
+        "not found: try /, /metrics, /healthz, /api/status, /api/nodes, /api/history, /api/jobs/JOB, /api/whoami or /api/openapi.json\n".into(),
     )
 }
 

@@ -2,7 +2,7 @@
 //! runs are going, the node takes the requests left for it in the store's
 //! outbox ([`crate::cancel`]) every [`LOOK_EVERY`] and stops each run asked
 //! for, which its supervisor then records `cancelled` with who asked and
-//! why. An idle node asks the store nothing.
+//! why. A node idle for [`LINGER`] asks the store nothing.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,8 +17,17 @@ use crate::store::outbox::TAKE_AT_MOST;
 /// run is stopped within this and a store round trip of the request.
 pub(super) const LOOK_EVERY: Duration = Duration::from_millis(500);
 
+/// How long a node goes on looking once its last run ended: a request made
+/// from a beat that still showed the run (up to a beat period old), or
+/// while the run was ending, is taken and dropped, not left in the store.
+const LINGER: Duration = Duration::from_secs(5);
+
 /// A run going on this node, and its stop switch.
-pub(super) type Going = (crate::store::RunningRun, Arc<CancelSlot>);
+pub(super) type Going = (
+    crate::store::RunningRun,
+    tokio::time::Instant,
+    Arc<CancelSlot>,
+);
 
 /// A running run's stop switch, and the request that threw it.
 #[derive(Default)]
@@ -54,12 +63,15 @@ impl Node {
         let prefix = crate::cancel::prefix_of(&self.owner);
         let mut tick = tokio::time::interval(LOOK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut going_at: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 () = self.life.claims.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if !self.has_runs_going() {
+            if self.has_runs_going() {
+                going_at = Some(tokio::time::Instant::now());
+            } else if going_at.is_none_or(|at| at.elapsed() > LINGER) {
                 continue;
             }
             let Ok(parcels) = self

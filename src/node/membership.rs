@@ -239,7 +239,13 @@ impl Node {
         let Ok(running) = self.members.running.lock() else {
             return Vec::new();
         };
-        let mut now: Vec<RunningRun> = running.values().map(|(run, _)| run.clone()).collect();
+        let mut now: Vec<RunningRun> = running
+            .values()
+            .map(|(run, started, _)| RunningRun {
+                elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                ..run.clone()
+            })
+            .collect();
         now.sort_by(|a, b| (a.started_at, &a.job).cmp(&(b.started_at, &b.job)));
         now.truncate(RUNNING_IN_A_BEAT);
         now
@@ -252,7 +258,7 @@ impl Node {
         let key = (run.job.clone(), run.fence);
         let slot = Arc::new(CancelSlot::default());
         if let Ok(mut running) = self.members.running.lock() {
-            running.insert(key.clone(), (run, slot.clone()));
+            running.insert(key.clone(), (run, Instant::now(), slot.clone()));
         }
         RunningNow {
             node: self,
@@ -274,7 +280,7 @@ impl Node {
         let running = self.members.running.lock().ok()?;
         running
             .get(&(job.to_string(), fence))
-            .map(|(_, slot)| slot.clone())
+            .map(|(_, _, slot)| slot.clone())
     }
 
     /// The live nodes as of this node's last heartbeat.

@@ -554,6 +554,7 @@ impl Node {
             started_at: self.wall.now(),
             trigger: ticket.trigger,
             attempt: ticket.attempt(),
+            elapsed_ms: 0,
         });
         let slot = going.slot.clone();
         let stop = async {

@@ -76,6 +76,10 @@ pub struct RunningRun {
     pub trigger: Option<super::TriggerId>,
     /// Which try of its occurrence it is (1 but for a retry).
     pub attempt: u32,
+    /// How long it had run at the beat, by the node's monotonic clock (no
+    /// two hosts' clocks compared).
+    #[serde(default)]
+    pub elapsed_ms: u64,
 }
 
 /// What a beat says of the node's job definitions (docs/protocol.md, "Job
@@ -246,8 +250,27 @@ pub(crate) struct BeatData {
     pub last_seen: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub definitions: Option<DefinitionsBeat>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Read leniently: a list this version cannot read shows no run, and
+    /// never hides the node.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "lenient_runs"
+    )]
     pub running: Vec<RunningRun>,
+}
+
+/// A record's running runs, or none when they are not ones this version
+/// reads (a newer shape, a hand edit): the record itself is still listed.
+#[cfg(any(
+    feature = "redis",
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "memory"
+))]
+fn lenient_runs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RunningRun>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(value).unwrap_or_default())
 }
 
 #[cfg(any(
@@ -354,6 +377,7 @@ mod tests {
                 started_at: from_ms(60_012),
                 trigger: super::super::TriggerId::parse("0000019a2b3c4d5e"),
                 attempt: 2,
+                elapsed_ms: 1_234,
             }],
         };
         let stored = BeatData::from(&beat).to_json();
@@ -378,5 +402,11 @@ mod tests {
         let old = br#"{"node":"a","version":"0.9","started_at":1,"ttl_ms":1500}"#;
         let read = BeatData::parse(old).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
         assert!(read.is_some_and(|r| r.definitions.is_none()));
+        // A list of runs this version cannot read: the node is still
+        // listed, with none.
+        let odd =
+            br#"{"node":"a","version":"9","started_at":1,"ttl_ms":1500,"running":[{"job":3}]}"#;
+        let read = BeatData::parse(odd).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
+        assert!(read.is_some_and(|r| r.running.is_empty()));
     }
 }

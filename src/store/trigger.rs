@@ -39,16 +39,48 @@ impl TriggerId {
         Self::manual(at, random)
     }
 
+    /// A manual run's id made at `at` for a client's request id `key` (the
+    /// write API's `request_id`): its low bits come from the key, so a
+    /// request asked again finds its first asking by them
+    /// ([`TriggerId::of_request`]), whenever that was made.
+    pub fn for_request(at: DateTime<Utc>, key: &str) -> Self {
+        Self::manual(at, Self::request_bits(key))
+    }
+
+    /// A manual run's low bits for request id `key`.
+    fn request_bits(key: &str) -> i64 {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(key.as_bytes());
+        let mut low = [0u8; 8];
+        low.copy_from_slice(&digest[..8]);
+        Self::low_bits(i64::from_le_bytes(low))
+    }
+
+    /// Whether this id was made for the client's request id `key`
+    /// ([`TriggerId::for_request`]): an operator's manual run whose low
+    /// bits are the key's (1 in 2^20 of other ids match by chance).
+    pub fn of_request(self, key: &str) -> bool {
+        let mask = (1 << TRIGGER_RANDOM_BITS) - 1;
+        self.is_operators()
+            && self.resumed_at().is_none()
+            && (self.0 & mask) == Self::request_bits(key)
+    }
+
     /// A manual run's id of time `at` and low bits `random`; bits that
     /// would read as a retry's, a redelivery's or a resume's mark
     /// ([`TriggerId::retry`], [`TriggerId::redelivery`],
     /// [`TriggerId::resumed`]) are changed.
-    fn manual(at: DateTime<Utc>, mut random: i64) -> Self {
+    fn manual(at: DateTime<Utc>, random: i64) -> Self {
+        TriggerId(((time_bits(at) << TRIGGER_RANDOM_BITS) | Self::low_bits(random)).max(1))
+    }
+
+    /// `random`'s low bits as a manual run's id has them.
+    fn low_bits(mut random: i64) -> i64 {
         random &= (1 << TRIGGER_RANDOM_BITS) - 1;
         if Self::marked(random >> RETRY_ATTEMPT_BITS) {
             random ^= 1 << (TRIGGER_RANDOM_BITS - 1);
         }
-        TriggerId(((time_bits(at) << TRIGGER_RANDOM_BITS) | random).max(1))
+        random
     }
 
     /// Whether `mark` (the 16 bits above an id's low 4) is one a retry's,
@@ -303,6 +335,21 @@ pub(crate) fn pending_from_entries<'a>(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_request_id_names_its_trigger_whenever_it_was_made() {
+        let first = TriggerId::for_request(from_ms(1_790_000_000_000), "deploy-42");
+        let again = TriggerId::for_request(from_ms(1_790_000_060_000), "deploy-42");
+        assert_ne!(first, again);
+        assert!(first.of_request("deploy-42") && again.of_request("deploy-42"));
+        assert!(!first.of_request("deploy-43"));
+        assert!(first.is_operators());
+        assert_eq!(first.requested_at(), Some(from_ms(1_790_000_000_000)));
+        // Neither a random id nor a daemon's own request reads as one.
+        let due = from_ms(1_790_000_000_000);
+        assert!(!TriggerId::retry(due, 2).of_request("deploy-42"));
+        assert!(!TriggerId::resumed(due).of_request("deploy-42"));
+    }
 
     #[test]
     fn a_retry_request_carries_its_attempt_and_due_time_and_a_manual_one_never_reads_as_one() {

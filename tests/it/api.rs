@@ -254,3 +254,267 @@ fn https_with_the_configured_certificate_and_a_bad_key_refused_at_check() {
         "{stderr}"
     );
 }
+
+/// `method path` with `token` and a JSON `body`: the status code and the
+/// answer's JSON (`null` when it is none).
+fn call_json(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let text = http_request(
+        port,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    let json = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (status_of(&text), json)
+}
+
+/// The write API (docs/api.md) does what the CLI does, by the same code:
+/// a trigger (202 with the run to poll; asked again with its request id,
+/// the same request, also once it ran), a refusal while a run goes (409),
+/// cancel (202; the run recorded `cancelled` by the token's name with the
+/// reason), pause and resume (as `status` shows), withdrawal; a read token
+/// cannot write (403), an unknown job is 404, a bad body 400; the job's
+/// page shows the output tail to `operate` tokens only; the OpenAPI
+/// document lists every endpoint, and each answers.
+#[test]
+fn the_write_api_triggers_cancels_pauses_and_resumes_as_the_cli_does() {
+    let (reader, reader_table) = token("dashboard", "read");
+    let (operator, operator_table) = token("deploy-bot", "operate");
+    let port = crate::support::free_port();
+    let jobs = r#"
+[[job]]
+name = "short"
+schedule = "0 0 0 1 1 *"
+command = "echo short-output"
+
+[[job]]
+name = "long"
+schedule = "0 0 0 1 1 *"
+kill_grace = "2s"
+command = "echo long-output; sleep 30"
+"#;
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        Some(jobs),
+        &format!("[http]\nlisten = \"127.0.0.1:{port}\"\ntokens_file = \"tokens.toml\"\n"),
+    );
+    let tokens = c.dir.path().join("tokens.toml");
+    std::fs::write(&tokens, format!("{reader_table}\n{operator_table}")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    assert!(c.cli("n1", &["migrate"]).status.success());
+    c.start("n1");
+    wait_listening(&c, port);
+    let op = Some(operator.as_str());
+
+    // Who may write, and what is refused before the store is asked.
+    let (code, _) = call_json(port, "POST", "/api/jobs/short/trigger", Some(&reader), "");
+    assert_eq!(code, 403);
+    let (code, body) = call_json(port, "POST", "/api/jobs/nope/trigger", op, "");
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = call_json(port, "POST", "/api/jobs/short/trigger", op, "{\"when\":1}");
+    assert_eq!(code, 400, "{body}");
+
+    // A trigger with a request id, asked again: the same request.
+    let ask = r#"{"request_id": "deploy-7"}"#;
+    let (code, first) = call_json(port, "POST", "/api/jobs/short/trigger", op, ask);
+    assert_eq!(code, 202, "{first}");
+    let id = first["trigger"].as_str().unwrap().to_string();
+    assert_eq!(first["poll"], format!("/api/jobs/short/triggers/{id}"));
+    let (code, again) = call_json(port, "POST", "/api/jobs/short/trigger", op, ask);
+    assert_eq!(
+        (code, again["trigger"].as_str()),
+        (202, Some(id.as_str())),
+        "{again}"
+    );
+    let ended = wait_until(
+        "the manual run's record through the API",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let (_, p) = call_json(
+                port,
+                "GET",
+                &format!("/api/jobs/short/triggers/{id}"),
+                op,
+                "",
+            );
+            (p["state"] == "ended").then_some(p)
+        },
+    );
+    assert_eq!(ended["run"]["outcome"], "ok", "{ended}");
+    let (code, after) = call_json(port, "POST", "/api/jobs/short/trigger", op, ask);
+    assert_eq!(
+        (code, after["trigger"].as_str()),
+        (202, Some(id.as_str())),
+        "ran once: {after}"
+    );
+    let runs = crate::cluster::history(&c, "short");
+    assert_eq!(runs.len(), 1, "one run for one request id: {runs:?}");
+
+    // A long run: refused while it goes, then cancelled by the token.
+    let (code, long) = call_json(port, "POST", "/api/jobs/long/trigger", op, "");
+    assert_eq!(code, 202, "{long}");
+    let long_id = long["trigger"].as_str().unwrap().to_string();
+    wait_until(
+        "the job's page to show the run going",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let (_, page) = call_json(port, "GET", "/api/jobs/long", Some(&reader), "");
+            (!page["status"]["running"].as_array()?.is_empty()).then_some(())
+        },
+    );
+    let (code, refused) = call_json(port, "POST", "/api/jobs/long/trigger", op, "");
+    assert_eq!(
+        (code, refused["refused"].as_str()),
+        (409, Some("running")),
+        "{refused}"
+    );
+    let (code, asked) = call_json(
+        port,
+        "POST",
+        "/api/jobs/long/cancel",
+        op,
+        r#"{"reason": "api test"}"#,
+    );
+    assert_eq!(code, 202, "{asked}");
+    assert_eq!(asked["asked"][0]["node"], "n1", "{asked}");
+    let cancelled = wait_until(
+        "the cancelled record",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            let (_, p) = call_json(
+                port,
+                "GET",
+                &format!("/api/jobs/long/triggers/{long_id}"),
+                op,
+                "",
+            );
+            (p["state"] == "ended").then_some(p)
+        },
+    );
+    assert_eq!(cancelled["run"]["outcome"], "cancelled", "{cancelled}");
+    let output = cancelled["run"]["output"].as_str().unwrap_or_default();
+    assert!(
+        output.contains("long-output")
+            && output.ends_with("cancelled by token deploy-bot: api test\n"),
+        "{output:?}"
+    );
+    // The job's page: output tails to operate tokens only; durations.
+    let (_, seen_op) = call_json(port, "GET", "/api/jobs/long", op, "");
+    let (_, seen_read) = call_json(port, "GET", "/api/jobs/long", Some(&reader), "");
+    assert!(
+        seen_op["runs"][0]["output"]
+            .as_str()
+            .unwrap()
+            .contains("long-output"),
+        "{seen_op}"
+    );
+    assert_eq!(seen_read["runs"][0]["output"], "", "{seen_read}");
+    assert!(
+        seen_read["runs"][0]["duration_ms"].as_i64().is_some(),
+        "{seen_read}"
+    );
+    assert_eq!(
+        seen_read["definition_digest"].as_str().map(str::len),
+        Some(16),
+        "{seen_read}"
+    );
+    // Once the node's beat says it is over: nothing to cancel.
+    wait_until(
+        "the run to leave the job's page",
+        Duration::from_secs(5),
+        || c.report(),
+        || {
+            let (_, page) = call_json(port, "GET", "/api/jobs/long", Some(&reader), "");
+            page["status"]["running"]
+                .as_array()?
+                .is_empty()
+                .then_some(())
+        },
+    );
+    let (code, nothing) = call_json(port, "POST", "/api/jobs/long/cancel", op, "");
+    assert_eq!(code, 409, "{nothing}");
+
+    // Pause and resume, as status shows.
+    let paused = |want: bool| {
+        let rows = c.cli_json("n1", &["status"]).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["job"] == "short" && r["paused"] == want)
+    };
+    let (code, body) = call_json(
+        port,
+        "POST",
+        "/api/jobs/short/pause",
+        op,
+        r#"{"reason": "maintenance"}"#,
+    );
+    assert_eq!(
+        (code, body["paused"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+    assert!(paused(true));
+    let (code, body) = call_json(port, "POST", "/api/jobs/short/resume", op, "");
+    assert_eq!(
+        (code, body["paused"].as_bool()),
+        (200, Some(false)),
+        "{body}"
+    );
+    assert!(paused(false));
+
+    // Withdrawal (the CLI's code, tested with `trigger --cancel`): none
+    // pending here.
+    let (code, none) = call_json(port, "DELETE", "/api/jobs/short/trigger", op, "");
+    assert_eq!(code, 409, "{none}");
+    assert!(
+        none["error"]
+            .as_str()
+            .unwrap()
+            .contains("no manual run of short is pending"),
+        "{none}"
+    );
+
+    // The OpenAPI document lists every endpoint; each is routed.
+    let (code, doc) = call_json(port, "GET", "/api/openapi.json", None, "");
+    assert_eq!(code, 200, "{doc}");
+    for e in cronlease::http::ENDPOINTS {
+        assert!(
+            doc["paths"][e.path][e.method].is_object(),
+            "{} {}",
+            e.method,
+            e.path
+        );
+        let path = e.path.replace("{job}", "short").replace("{id}", &id);
+        let (code, body) = call_json(port, &e.method.to_uppercase(), &path, op, "");
+        assert_ne!(code, 404, "{} {path}: {body}", e.method);
+        assert_ne!(code, 405, "{} {path}: {body}", e.method);
+    }
+    c.stop_all();
+    let log = c.log("n1");
+    assert!(
+        log.contains("paused through the API") && log.contains("by=token deploy-bot"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&operator) && !log.contains(&reader),
+        "a token in the log"
+    );
+}

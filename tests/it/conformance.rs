@@ -1792,6 +1792,7 @@ pub async fn a_beat_carries_its_running_runs(h: &Harness) {
         started_at: occ(-59) + chrono::Duration::milliseconds(123),
         trigger,
         attempt,
+        elapsed_ms: 61_877,
     };
     let mut first = beat("web-1#r1", 30_000, None, 2);
     first.running = vec![

@@ -636,8 +636,8 @@ fn a_request_no_node_takes_is_listed_cancelled_and_expires() {
 /// Running now (docs/protocol.md): a run going on a node is in `status
 /// --json` (node, fence, occurrence, start, elapsed, manual or scheduled,
 /// attempt, its request) and a `RUNNING:` line of `status`, from the node's
-/// beats, while it goes, and gone once it has ended; a scheduled run shows
-/// as one. The refusal of a trigger while it runs points at `status`, which
+/// beats, while it goes (a minute, so no stall ends it early), and gone
+/// once it has ended (cancelled); a scheduled run shows as one. The refusal of a trigger while it runs points at `status`, which
 /// now shows it.
 #[test]
 fn a_running_run_is_shown_by_status_until_it_ends() {
@@ -645,7 +645,7 @@ fn a_running_run_is_shown_by_status_until_it_ends() {
 [[job]]
 name = "long"
 schedule = "0 0 0 1 1 *"
-command = "echo \"$CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_TRIGGER\" > '{out}.long'; sleep 4"
+command = "echo \"$CRONLEASE_FENCE $CRONLEASE_NODE $CRONLEASE_TRIGGER\" > '{out}.long'; sleep 60"
 
 [[job]]
 name = "every"
@@ -701,7 +701,7 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE\" > '{o
             .starts_with(started[1].as_str()),
         "{run}"
     );
-    assert!(run["elapsed_ms"].as_u64().unwrap() < 4_500, "{run}");
+    assert!(run["elapsed_ms"].as_u64().unwrap() < 60_000, "{run}");
     let at = chrono::DateTime::parse_from_rfc3339(run["started_at"].as_str().unwrap()).unwrap();
     assert!(
         (chrono::Utc::now() - at.to_utc()).num_seconds() < 5,
@@ -738,7 +738,10 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE\" > '{o
     assert_eq!(scheduled["kind"], "scheduled", "{scheduled}");
     assert!(scheduled["trigger"].is_null(), "{scheduled}");
 
-    // Once it has ended: gone, by the next beat.
+    // Once it has ended (cancelled: it would go on for a minute): gone,
+    // by the next beat.
+    let cancel = c.cli("n2", &["cancel", "long"]);
+    assert!(cancel.status.success(), "{}", text(&cancel));
     wait_until(
         "the manual run to end and leave status",
         Duration::from_secs(10),
@@ -752,7 +755,7 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE\" > '{o
         || {
             crate::cluster::history(&c, "long")
                 .iter()
-                .any(|r| r["outcome"] == "ok")
+                .any(|r| r["outcome"] == "cancelled")
                 .then_some(())
         },
     );
