@@ -266,6 +266,17 @@ fn job_of(api: &Api, name: &str, configured: bool) -> Result<(JobName, Arc<Confi
     Ok((job, config))
 }
 
+/// A write's job, configuration and body ([`job_of`], [`body_of`]).
+fn write_of(
+    api: &Api,
+    name: &str,
+    configured: bool,
+    body: &Bytes,
+) -> Result<(JobName, Arc<Config>, WriteBody), Refusal> {
+    let (job, config) = job_of(api, name, configured)?;
+    Ok((job, config, body_of(body)?))
+}
+
 fn body_of(bytes: &Bytes) -> Result<WriteBody, Refusal> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(WriteBody::default());
@@ -296,12 +307,8 @@ pub(super) async fn trigger(
     caller: Option<axum::Extension<Caller>>,
     body: Bytes,
 ) -> Response {
-    let (job, config) = match job_of(&api, &name, true) {
-        Ok(both) => both,
-        Err(refused) => return refused.answer(),
-    };
-    let body = match body_of(&body) {
-        Ok(b) => b,
+    let (job, config, body) = match write_of(&api, &name, true, &body) {
+        Ok(all) => all,
         Err(refused) => return refused.answer(),
     };
     let request = body.request_id.as_deref().filter(|r| !r.is_empty());
@@ -417,12 +424,8 @@ async fn set_paused(
     body: Bytes,
     paused: bool,
 ) -> Response {
-    let (job, config) = match job_of(&api, &name, true) {
-        Ok(both) => both,
-        Err(refused) => return refused.answer(),
-    };
-    let body = match body_of(&body) {
-        Ok(b) => b,
+    let (job, config, body) = match write_of(&api, &name, true, &body) {
+        Ok(all) => all,
         Err(refused) => return refused.answer(),
     };
     let jobs = [job.clone()];
@@ -450,12 +453,8 @@ pub(super) async fn cancel(
     caller: Option<axum::Extension<Caller>>,
     body: Bytes,
 ) -> Response {
-    let (job, config) = match job_of(&api, &name, false) {
-        Ok(both) => both,
-        Err(refused) => return refused.answer(),
-    };
-    let body = match body_of(&body) {
-        Ok(b) => b,
+    let (job, config, body) = match write_of(&api, &name, false, &body) {
+        Ok(all) => all,
         Err(refused) => return refused.answer(),
     };
     let by = who(&caller);

@@ -3,11 +3,11 @@
 //! recorded `cancelled` with who asked and why, and gone from `status`;
 //! nothing going is refused; a pending request is withdrawn instead.
 
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::cluster::{Cluster, history};
 use crate::support::{Backend, wait_until};
+use crate::trigger::text;
 
 /// `long` runs only when triggered and would take 30 s; it notes its start
 /// and a SIGTERM it got.
@@ -19,13 +19,12 @@ kill_grace = "3s"
 command = "trap 'echo term >> \"{out}.term\"; exit 143' TERM; echo \"$CRONLEASE_FENCE $CRONLEASE_NODE\" > '{out}.long'; sleep 30 & wait"
 "#;
 
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+/// `job`'s runs going as `status --json` on `node` shows them (`None`
+/// while it cannot be read).
+pub(crate) fn running(c: &Cluster, node: &str, job: &str) -> Option<Vec<serde_json::Value>> {
+    let rows = c.cli_json(node, &["status"]).ok()?;
+    let row = rows.as_array()?.iter().find(|r| r["job"] == job)?;
+    row["running"].as_array().cloned()
 }
 
 fn a_running_run_is_cancelled_on_its_node_with_who_and_why(backend: Backend) {
@@ -59,15 +58,7 @@ fn a_running_run_is_cancelled_on_its_node_with_who_and_why(backend: Backend) {
         "status to show the run",
         Duration::from_secs(5),
         || c.report(),
-        || {
-            let rows = c.cli_json(other, &["status"]).ok()?;
-            let row = rows
-                .as_array()?
-                .iter()
-                .find(|r| r["job"] == "long")?
-                .clone();
-            (!row["running"].as_array()?.is_empty()).then_some(())
-        },
+        || (!running(&c, other, "long")?.is_empty()).then_some(()),
     );
     let asked_at = Instant::now();
     let cancel = c.cli(other, &["cancel", "long", "--reason", "wrong input\nfile"]);
@@ -115,15 +106,7 @@ fn a_running_run_is_cancelled_on_its_node_with_who_and_why(backend: Backend) {
         "status to show it no more",
         Duration::from_secs(5),
         || c.report(),
-        || {
-            let rows = c.cli_json(other, &["status"]).ok()?;
-            let row = rows
-                .as_array()?
-                .iter()
-                .find(|r| r["job"] == "long")?
-                .clone();
-            row["running"].as_array()?.is_empty().then_some(())
-        },
+        || running(&c, other, "long")?.is_empty().then_some(()),
     );
     eprintln!(
         "{backend:?}: cancel asked to record read back in {} ms",

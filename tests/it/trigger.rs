@@ -86,7 +86,7 @@ fn accepted_id(out: &Output) -> Option<String> {
     (out.status.code() == Some(0)).then(|| id.to_string())
 }
 
-fn text(out: &Output) -> String {
+pub(crate) fn text(out: &Output) -> String {
     format!(
         "exit {:?}\nstdout: {}\nstderr: {}",
         out.status.code(),
@@ -670,17 +670,7 @@ command = "echo \"$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE\" > '{o
             (fields.len() == 3).then_some(fields)
         },
     );
-    let going = |job: &str| -> Vec<serde_json::Value> {
-        c.cli_json("n1", &["status"])
-            .ok()
-            .and_then(|rows| {
-                rows.as_array()?
-                    .iter()
-                    .find(|r| r["job"] == job)
-                    .map(|r| r["running"].as_array().cloned().unwrap_or_default())
-            })
-            .unwrap_or_default()
-    };
+    let going = |job: &str| crate::cancel::running(&c, "n1", job).unwrap_or_default();
     let runs = wait_until(
         "status to show the manual run",
         Duration::from_secs(5),
