@@ -54,6 +54,72 @@ function running(r) {
   }, (i ? " " : "") + `on ${g.node} for ${Math.round(g.elapsed_ms / 1000)} s` + (g.kind === "scheduled" ? "" : ` (${g.kind.replace("_", "-")}${g.attempt > 1 ? " " + g.attempt : ""})`)));
 }
 
+// The token for this tab (sessionStorage: gone with the tab), sent as a
+// header on every request, never a cookie: another site cannot make this
+// browser act with it.
+const TOKEN_KEY = "cronlease-token";
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+function headers() {
+  const t = token();
+  return t ? { Authorization: "Bearer " + t } : {};
+}
+
+// The job's action buttons: run now, pause or resume, cancel (a run going
+// or a request pending).
+function actions(r) {
+  const button = (action, label, title) =>
+    el("button", { type: "button", "data-action": action, "data-job": r.job, title }, label);
+  const out = [button("trigger", "Run now", "run it once now on one node")];
+  out.push(r.paused ? button("resume", "Resume", "resume it cluster-wide") : button("pause", "Pause", "pause it cluster-wide"));
+  if ((r.running || []).length || r.pending_trigger) out.push(button("cancel", "Cancel", "stop its running run (or withdraw its pending request)"));
+  return out;
+}
+
+// An action's answer, said in the notice line.
+function notice(text, bad) {
+  const n = document.getElementById("notice");
+  n.textContent = text;
+  n.className = "notice" + (bad ? " bad" : "");
+  n.hidden = false;
+}
+
+async function act(action, job) {
+  const reason = document.getElementById("reason").value.trim();
+  const body = JSON.stringify(reason ? { reason } : {});
+  try {
+    const res = await fetch(`/api/jobs/${encodeURIComponent(job)}/${action}`, {
+      method: "POST", cache: "no-store", body,
+      headers: { ...headers(), "Content-Type": "application/json" },
+    });
+    const type = res.headers.get("content-type") || "";
+    const answer = type.includes("application/json") ? await res.json() : { error: (await res.text()).trim() };
+    if (!res.ok) {
+      notice(`${action} ${job}: refused (${res.status}): ${answer.error || res.statusText}`, true);
+      return;
+    }
+    const said = action === "trigger" ? `requested (trigger ${answer.trigger})`
+      : action === "cancel" ? (answer.asked ? `asked ${answer.asked.map((a) => a.node + " (fence " + a.fence + ")").join(", ")} to stop its run` : answer.message)
+      : action === "pause" ? "paused" : ["resumed", ...(answer.catch_up || [])].join("; ");
+    notice(`${action} ${job}: ${said}`, false);
+  } catch (e) {
+    notice(`${action} ${job}: ${e.message}`, true);
+  }
+}
+
+// Who this tab acts as (`/api/whoami` with its token).
+async function whoami() {
+  const who = document.getElementById("who");
+  try {
+    const me = await fetchJson("/api/whoami");
+    who.textContent = me.token ? `token ${me.token} (${me.scope})` : `no token; writes: ${me.writes}`;
+  } catch (e) {
+    who.textContent = e.message;
+  }
+  document.getElementById("forget-token").hidden = !token();
+}
+
 function renderJobs(rows) {
   const body = document.querySelector("#jobs tbody");
   body.replaceChildren(...rows.map((r) => {
@@ -72,7 +138,8 @@ function renderJobs(rows) {
       el("td", {}, ...flags(r)),
       el("td", {}, last),
       el("td", {}, time(r.last_occurrence)),
-      el("td", {}, time(r.next_fire)));
+      el("td", {}, time(r.next_fire)),
+      el("td", { class: "actions" }, ...actions(r)));
   }));
 }
 
@@ -132,7 +199,7 @@ async function fetchJson(path) {
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), TIMEOUT_MS);
   try {
-    const res = await fetch(path, { cache: "no-store", signal: abort.signal });
+    const res = await fetch(path, { cache: "no-store", signal: abort.signal, headers: headers() });
     const type = res.headers.get("content-type") || "";
     const body = type.includes("application/json") ? await res.json() : { error: (await res.text()).trim() };
     if (!res.ok) throw new Error(body.error || res.statusText);
@@ -168,4 +235,21 @@ async function refresh() {
   setTimeout(refresh, REFRESH_MS);
 }
 
+document.getElementById("access").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const input = document.getElementById("token");
+  if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  whoami();
+});
+document.getElementById("forget-token").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  whoami();
+});
+document.querySelector("#jobs tbody").addEventListener("click", (e) => {
+  const b = e.target.closest("button[data-action]");
+  if (b) act(b.dataset.action, b.dataset.job);
+});
+
+whoami();
 refresh();

@@ -31,7 +31,7 @@ fn call_with(port: u16, method: &str, path: &str, auth: &str) -> (u16, String) {
 
 /// A new token from `cronlease token NAME --scope SCOPE`: its secret and
 /// its `[[token]]` table.
-fn token(name: &str, scope: &str) -> (String, String) {
+pub(crate) fn token(name: &str, scope: &str) -> (String, String) {
     let out = std::process::Command::new(crate::support::binary())
         .args(["token", name, "--scope", scope])
         .output()

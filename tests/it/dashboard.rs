@@ -335,3 +335,104 @@ fn the_page_loads_nothing_from_elsewhere_and_the_listener_is_bounded() {
     assert!(!text.contains("\"output\":\"tick"), "{text}");
     c.stop_all();
 }
+
+/// The dashboard's actions, clicked in headless Chromium through
+/// chromedriver: without a token a click is refused (and nothing runs);
+/// with an `operate` token entered once, "Run now" starts the job (its
+/// row shows it running on the node), and "Cancel" with a reason stops it,
+/// recorded `cancelled` by the token's name with that reason.
+#[test]
+fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
+    let (secret, table) = crate::api::token("clicker", "operate");
+    let port = free_port();
+    let jobs = "[[job]]\nname = \"long\"\nschedule = \"0 0 0 1 1 *\"\nkill_grace = \"2s\"\ncommand = \"echo started; sleep 60\"\n";
+    let mut c = Cluster::new(
+        Backend::Sqlite,
+        Some(jobs),
+        &format!("[http]\nlisten = \"127.0.0.1:{port}\"\ntokens_file = \"tokens.toml\"\n"),
+    );
+    let tokens = c.dir.path().join("tokens.toml");
+    std::fs::write(&tokens, table).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    assert!(c.cli("n1", &["migrate"]).status.success());
+    c.start("n1");
+    crate::support::wait_until(
+        "the listener, healthy",
+        Duration::from_secs(15),
+        || c.report(),
+        || (http_get(port, "/healthz").0 == 200).then_some(()),
+    );
+    let browser = crate::webdriver::Driver::start();
+    browser.goto(&format!("http://127.0.0.1:{port}/"));
+    let long = "button[data-job=\"long\"]";
+    browser.wait_for(
+        "the page with long's buttons",
+        Duration::from_secs(15),
+        |b| {
+            (b.script("return document.body.dataset.loaded") == "yes")
+                .then(|| b.find(&format!("{long}[data-action=\"trigger\"]")))
+                .flatten()
+        },
+    );
+
+    // No token: refused, said, nothing run.
+    browser.click(&format!("{long}[data-action=\"trigger\"]"));
+    let refused = browser.wait_for("the refusal", Duration::from_secs(10), |b| {
+        Some(b.text("#notice")).filter(|t| t.contains("refused"))
+    });
+    assert!(refused.contains("(401)"), "{refused}");
+    assert!(crate::cluster::history(&c, "long").is_empty());
+
+    // The token, once; then Run now.
+    browser.type_into("#token", &secret);
+    browser.click("#use-token");
+    browser.wait_for("the token in use", Duration::from_secs(10), |b| {
+        b.text("#who")
+            .contains("token clicker (operate)")
+            .then_some(())
+    });
+    browser.click(&format!("{long}[data-action=\"trigger\"]"));
+    let said = browser.wait_for("the request said", Duration::from_secs(10), |b| {
+        Some(b.text("#notice")).filter(|t| t.contains("requested (trigger"))
+    });
+    assert!(said.starts_with("trigger long:"), "{said}");
+    browser.wait_for("long shown running on n1", Duration::from_secs(15), |b| {
+        b.text("tr[data-job=\"long\"] td.running")
+            .contains("on n1")
+            .then_some(())
+    });
+
+    // Cancel, with a reason.
+    browser.type_into("#reason", "from the browser");
+    let cancel = format!("{long}[data-action=\"cancel\"]");
+    browser.wait_for("the cancel button", Duration::from_secs(10), |b| {
+        b.find(&cancel)
+    });
+    browser.click(&cancel);
+    let asked = browser.wait_for("the cancel said", Duration::from_secs(10), |b| {
+        Some(b.text("#notice")).filter(|t| t.starts_with("cancel long:"))
+    });
+    assert!(asked.contains("asked n1 (fence"), "{asked}");
+    browser.wait_for(
+        "the cancelled run on the page",
+        Duration::from_secs(15),
+        |b| {
+            b.text("tr[data-job=\"long\"]")
+                .contains("cancelled")
+                .then_some(())
+        },
+    );
+    let runs = crate::cluster::history(&c, "long");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["outcome"], "cancelled", "{runs:?}");
+    let output = runs[0]["output"].as_str().unwrap_or_default();
+    assert!(
+        output.ends_with("cancelled by token clicker: from the browser\n"),
+        "{output:?}"
+    );
+    drop(browser);
+    c.stop_all();
+}

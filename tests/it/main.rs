@@ -44,5 +44,6 @@ mod service;
 mod stall;
 mod support;
 mod trigger;
+mod webdriver;
 mod webhook;
 mod zookeeper;
