@@ -113,7 +113,10 @@ async function whoami() {
   const who = document.getElementById("who");
   try {
     const me = await fetchJson("/api/whoami");
-    who.textContent = me.token ? `token ${me.token} (${me.scope})` : `no token; writes: ${me.writes}`;
+    who.textContent = me.token ? `token ${me.token} (${me.scope})`
+      : me.writes.startsWith("no") ? "read-only: this listener has no [http] tokens_file"
+      : "no token: actions need one of scope operate";
+    who.title = me.writes;
   } catch (e) {
     who.textContent = e.message;
   }
@@ -143,14 +146,38 @@ function renderJobs(rows) {
   }));
 }
 
+// The nodes this page has seen live, by name: a node gone from the
+// registry stays listed, greyed, with when it was last seen, for
+// GONE_SHOWN_MS (a restarted node's new owner replaces it at once).
+const GONE_SHOWN_MS = 10 * 60 * 1000;
+const seenNodes = new Map();
+
 function renderNodes(nodes) {
-  const body = document.querySelector("#nodes tbody");
-  body.replaceChildren(...nodes.map((n) => el("tr", { "data-node": n.node },
-    el("td", {}, n.node), el("td", {}, n.owner), el("td", {}, n.version),
-    el("td", {}, time(n.started_at)), el("td", {}, time(n.last_seen)),
+  const now = Date.now();
+  const live = new Set(nodes.map((n) => n.node));
+  for (const n of nodes) seenNodes.set(n.node, { record: n, at: now });
+  for (const [name, seen] of seenNodes) {
+    if (!live.has(name) && now - seen.at > GONE_SHOWN_MS) seenNodes.delete(name);
+  }
+  const gone = [...seenNodes.entries()].filter(([name]) => !live.has(name)).map(([, seen]) => seen);
+  const row = (n, goneAt) => el("tr", { "data-node": n.node, class: goneAt ? "gone" : "" },
+    el("td", {}, n.node + (goneAt ? " (gone)" : "")), el("td", {}, n.owner), el("td", {}, n.version),
+    el("td", {}, time(n.started_at)),
+    el("td", { class: "last-seen" }, goneAt ? `${time(n.last_seen)}; no heartbeat since ${time(new Date(goneAt).toISOString())}` : time(n.last_seen)),
     el("td", {}, n.clock_offset_ms == null ? "-" : `${n.clock_offset_ms >= 0 ? "+" : ""}${n.clock_offset_ms} ms`),
-    el("td", {}, n.jobs_held),
-    el("td", { class: "definitions" }, n.definitions ? n.definitions.digest + (n.definitions.differ_count ? ` (${n.definitions.differ_count} differ)` : "") : "-"))));
+    el("td", {}, goneAt ? "-" : n.jobs_held),
+    el("td", { class: "definitions" }, n.definitions ? n.definitions.digest + (n.definitions.differ_count ? ` (${n.definitions.differ_count} differ)` : "") : "-"));
+  const body = document.querySelector("#nodes tbody");
+  body.replaceChildren(...nodes.map((n) => row(n, null)), ...gone.map((g) => row(g.record, g.at)));
+}
+
+// A colour per node name (stable across refreshes), for the runs' marks in
+// the job lanes.
+const NODE_COLOURS = ["#3b5bdb", "#e8590c", "#2b8a3e", "#ae3ec9", "#1098ad", "#d6336c", "#5c940d", "#862e9c"];
+function nodeColour(node) {
+  let h = 0;
+  for (const c of node) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  return NODE_COLOURS[h % NODE_COLOURS.length];
 }
 
 function renderTimeline(runs) {
@@ -165,29 +192,41 @@ function renderTimeline(runs) {
   const from = Math.min(...starts);
   const to = Math.max(Date.now(), ...ends);
   const span = Math.max(to - from, 1000);
-  const byNode = new Map();
+  // One lane per job, so a failing job shows beside a long one; each run
+  // marked with its node's colour.
+  const byJob = new Map();
   for (const r of runs) {
-    if (!byNode.has(r.node)) byNode.set(r.node, []);
-    byNode.get(r.node).push(r);
+    if (!byJob.has(r.job)) byJob.set(r.job, []);
+    byJob.get(r.job).push(r);
   }
-  const lanes = [...byNode.keys()].sort().map((node) => {
+  const lanes = [...byJob.keys()].sort().map((job) => {
     const track = el("div", { class: "track" });
-    for (const r of byNode.get(node)) {
+    for (const r of byJob.get(job)) {
       const s = Date.parse(r.started_at), e = Date.parse(r.finished_at);
       const bar = el("div", {
         class: "run " + outcomeClass(r.outcome) + (r.trigger && !(r.attempt > 1) ? " manual" : ""),
-        title: `${r.job} fence ${r.fence} ${r.outcome} (${r.attempt > 1 ? "attempt " + r.attempt + " of occurrence " + time(r.occurrence) : r.trigger ? "manual run, trigger " + r.trigger : "occurrence " + time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}${r.cpu_ms != null ? ", CPU " + r.cpu_ms + " ms" : ""}${r.memory_peak != null ? ", peak memory " + (r.memory_peak / 1048576).toFixed(1) + " MiB" : ""}`,
-        "data-job": r.job, "data-fence": r.fence,
+        title: `${r.job} fence ${r.fence} on ${r.node}: ${r.outcome} (${r.attempt > 1 ? "attempt " + r.attempt + " of occurrence " + time(r.occurrence) : r.trigger ? "manual run, trigger " + r.trigger : "occurrence " + time(r.occurrence)}, ${Math.max(e - s, 0)} ms)${r.takeover ? ", takeover" : ""}${r.cpu_ms != null ? ", CPU " + r.cpu_ms + " ms" : ""}${r.memory_peak != null ? ", peak memory " + (r.memory_peak / 1048576).toFixed(1) + " MiB" : ""}`,
+        "data-job": r.job, "data-fence": r.fence, "data-node": r.node,
       });
+      bar.style.borderTop = "3px solid " + nodeColour(r.node);
       bar.style.left = ((s - from) / span * 100).toFixed(3) + "%";
       bar.style.width = (Math.max(e - s, 0) / span * 100).toFixed(3) + "%";
       track.append(bar);
     }
-    return el("div", { class: "lane", "data-node": node }, el("div", { class: "name" }, node), track);
+    return el("div", { class: "lane", "data-job": job }, el("div", { class: "name" }, job), track);
   });
+  const nodes = [...new Set(runs.map((r) => r.node))].sort();
+  // Colours set through the style object: the page's CSP allows no style
+  // attribute.
+  const mark = (n) => {
+    const i = el("i", { class: "swatch" });
+    i.style.background = nodeColour(n);
+    return el("span", { class: "node-mark", "data-node": n }, i, n);
+  };
+  const nodeLegend = el("div", { class: "legend muted" }, "nodes: ", ...nodes.map(mark));
   const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped"], ["o-cancelled", "cancelled"], ["manual", "manual run (trigger)"]]
     .map(([c, t]) => el("span", {}, el("i", { class: "swatch " + c }), t)));
-  box.replaceChildren(...lanes, legend);
+  box.replaceChildren(...lanes, legend, nodeLegend);
   document.getElementById("timeline-range").textContent =
     `last ${runs.length} runs, ${time(new Date(from).toISOString())} to ${time(new Date(to).toISOString())}`;
 }

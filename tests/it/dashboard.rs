@@ -73,14 +73,30 @@ fn cell(dom: &str, job: &str, class: &str) -> Option<String> {
     Some(text.to_string())
 }
 
-/// Node lanes of the timeline.
-fn lanes(dom: &str) -> Vec<String> {
-    dom.match_indices("<div class=\"lane\" data-node=\"")
+/// The nodes of `job`'s runs in its timeline lane (one lane per job, each
+/// run marked with its node).
+fn lanes(dom: &str, job: &str) -> Vec<String> {
+    let Some(at) = dom.find(&format!("<div class=\"lane\" data-job=\"{job}\">")) else {
+        return Vec::new();
+    };
+    let lane = &dom[at..];
+    // Up to the next lane, or the legends after the last one.
+    let end = ["<div class=\"lane\"", "<div class=\"legend"]
+        .iter()
+        .filter_map(|m| lane[1..].find(m).map(|e| e + 1))
+        .min()
+        .unwrap_or(lane.len());
+    let lane = &lane[..end];
+    let mut nodes: Vec<String> = lane
+        .match_indices(" data-node=\"")
         .filter_map(|(i, m)| {
-            let rest = &dom[i + m.len()..];
+            let rest = &lane[i + m.len()..];
             Some(rest[..rest.find('"')?].to_string())
         })
-        .collect()
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
 }
 
 fn cluster() -> (Cluster, Vec<u16>) {
@@ -204,9 +220,9 @@ fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
         },
     );
     assert!(cell(&page, "report", "holder").is_some(), "{page}");
-    assert!(lanes(&page).contains(&holder), "{page}");
+    assert!(lanes(&page, "tick").contains(&holder), "{page}");
     assert!(
-        page.contains("<tr data-node=\"n2\">"),
+        page.contains("<tr data-node=\"n2\" class=\"\">"),
         "live nodes lack n2: {page}"
     );
 
@@ -223,7 +239,7 @@ fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
             let d = dom(port_of(peer));
             let new = cell(&d, "tick", "holder")?;
             let fence: u64 = cell(&d, "tick", "fence")?.parse().ok()?;
-            let lanes = lanes(&d);
+            let lanes = lanes(&d, "tick");
             (new != holder
                 && new != "-"
                 && fence > fence_before
@@ -245,7 +261,7 @@ fn the_dashboard_shows_jobs_holders_and_a_takeover_in_a_real_browser() {
             .to_string()
     });
     let out = browser(
-        &["--window-size=1280,720", &format!("--screenshot={shot}")],
+        &["--window-size=1600,720", &format!("--screenshot={shot}")],
         &format!("http://127.0.0.1:{}/", port_of(peer)),
     );
     assert!(
@@ -340,7 +356,9 @@ fn the_page_loads_nothing_from_elsewhere_and_the_listener_is_bounded() {
 /// chromedriver: without a token a click is refused (and nothing runs);
 /// with an `operate` token entered once, "Run now" starts the job (its
 /// row shows it running on the node), and "Cancel" with a reason stops it,
-/// recorded `cancelled` by the token's name with that reason.
+/// recorded `cancelled` by the token's name with that reason; a node
+/// that dies while the page is open stays listed, greyed, with when it was
+/// last seen.
 #[test]
 fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
     let (secret, table) = crate::api::token("clicker", "operate");
@@ -357,8 +375,17 @@ fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
+    // n2 on a port of its own.
+    let cfg = std::fs::read_to_string(c.config("n2")).unwrap();
+    let other = free_port();
+    std::fs::write(
+        c.config("n2"),
+        cfg.replace(&format!(":{port}\""), &format!(":{other}\"")),
+    )
+    .unwrap();
     assert!(c.cli("n1", &["migrate"]).status.success());
     c.start("n1");
+    c.start("n2");
     crate::support::wait_until(
         "the listener, healthy",
         Duration::from_secs(15),
@@ -399,9 +426,9 @@ fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
         Some(b.text("#notice")).filter(|t| t.contains("requested (trigger"))
     });
     assert!(said.starts_with("trigger long:"), "{said}");
-    browser.wait_for("long shown running on n1", Duration::from_secs(15), |b| {
+    browser.wait_for("long shown running", Duration::from_secs(15), |b| {
         b.text("tr[data-job=\"long\"] td.running")
-            .contains("on n1")
+            .contains("on n")
             .then_some(())
     });
 
@@ -415,7 +442,10 @@ fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
     let asked = browser.wait_for("the cancel said", Duration::from_secs(10), |b| {
         Some(b.text("#notice")).filter(|t| t.starts_with("cancel long:"))
     });
-    assert!(asked.contains("asked n1 (fence"), "{asked}");
+    assert!(
+        asked.contains("to stop its run") && asked.contains("(fence"),
+        "{asked}"
+    );
     browser.wait_for(
         "the cancelled run on the page",
         Duration::from_secs(15),
@@ -432,6 +462,19 @@ fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
     assert!(
         output.ends_with("cancelled by token clicker: from the browser\n"),
         "{output:?}"
+    );
+
+    // A node that dies stays listed, greyed, with when it was last seen.
+    browser.wait_for("n2 listed live", Duration::from_secs(10), |b| {
+        b.find("#nodes tr[data-node=\"n2\"]:not(.gone)")
+    });
+    c.signal("n2", nix::sys::signal::Signal::SIGKILL);
+    let gone = browser.wait_for("n2 greyed", Duration::from_secs(15), |b| {
+        Some(b.text("#nodes tr.gone[data-node=\"n2\"]")).filter(|t| !t.is_empty())
+    });
+    assert!(
+        gone.contains("n2 (gone)") && gone.contains("no heartbeat since"),
+        "{gone}"
     );
     drop(browser);
     c.stop_all();
