@@ -132,7 +132,7 @@ function renderJobs(rows) {
     const last = r.last_run ? el("span", { class: r.last_run.outcome === "ok" ? "ok" : "bad" },
       `${r.last_run.outcome}${r.last_run.exit_code != null ? " (" + r.last_run.exit_code + ")" : ""} on ${r.last_run.node}`) : "-";
     return el("tr", { "data-job": r.job },
-      el("td", {}, r.job + (r.configured ? "" : " (not configured here)")),
+      el("td", {}, el("a", { href: "#job=" + encodeURIComponent(r.job), class: "job-link" }, r.job), r.configured ? "" : " (not configured here)"),
       el("td", { class: "holder" }, r.holder_node || "-"),
       el("td", {}, alive),
       el("td", { class: "fence" }, r.fence),
@@ -250,10 +250,52 @@ async function fetchJson(path) {
   }
 }
 
+// The job page (`#job=NAME`): `/api/jobs/NAME`, its runs' durations as a
+// chart, and a run's output tail (sent to operate tokens only).
+function pageJob() {
+  const m = location.hash.match(/^#job=(.+)$/);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+let shownOutput = null;
+function renderJobPage(page) {
+  const s = page.status;
+  document.getElementById("job-title").textContent = page.job;
+  const going = (s.running || []).map((g) => `running on ${g.node} for ${Math.round(g.elapsed_ms / 1000)} s`);
+  document.getElementById("job-summary").textContent = [
+    s.holder_node ? "held by " + s.holder_node : "not held",
+    s.paused ? "PAUSED" : null, ...going,
+    s.pending_trigger ? "request pending: trigger " + s.pending_trigger.id : null,
+    "fence " + s.fence, "next fire " + time(s.next_fire),
+    "definition " + (page.definition_digest || "not configured here"),
+  ].filter(Boolean).join(" · ");
+  const runs = page.runs || [];
+  const longest = Math.max(1, ...runs.map((r) => r.duration_ms));
+  document.getElementById("job-chart").replaceChildren(...runs.slice().reverse().map((r) => {
+    const bar = el("div", { class: "bar " + outcomeClass(r.outcome), title: `fence ${r.fence} on ${r.node}: ${r.outcome}, ${r.duration_ms} ms` });
+    bar.style.height = Math.max(2, r.duration_ms / longest * 100).toFixed(1) + "%";
+    return bar;
+  }));
+  document.querySelector("#job-runs tbody").replaceChildren(...runs.map((r) => el("tr", { "data-fence": r.fence },
+    el("td", {}, r.fence), el("td", {}, r.node),
+    el("td", { class: r.outcome === "ok" ? "ok" : "bad" }, r.outcome + (r.exit_code != null ? ` (${r.exit_code})` : "")),
+    el("td", {}, time(r.started_at)), el("td", {}, r.duration_ms + " ms"),
+    el("td", {}, r.cpu_ms == null ? "-" : r.cpu_ms + " ms"),
+    el("td", {}, r.memory_peak == null ? "-" : (r.memory_peak / 1048576).toFixed(1) + " MiB"),
+    el("td", {}, r.attempt > 1 ? "attempt " + r.attempt : r.trigger ? "manual" : "scheduled"),
+    el("td", {}, el("button", { type: "button", "data-output": r.fence }, "show")))));
+  const chosen = runs.find((r) => r.fence === shownOutput) || runs[0];
+  document.getElementById("job-output-of").textContent = chosen ? `(fence ${chosen.fence})` : "";
+  document.getElementById("job-output").textContent = !chosen ? "no runs yet"
+    : chosen.output ? chosen.output : "(empty, or shown to a token of scope operate only)";
+}
+
 // Each part is drawn from its own answer: one failing endpoint leaves the
 // others current and is named in the header.
 async function refresh() {
-  const parts = [
+  const job = pageJob();
+  document.getElementById("overview").hidden = job !== null;
+  document.getElementById("job-page").hidden = job === null;
+  const parts = job !== null ? [["/api/jobs/" + encodeURIComponent(job), renderJobPage]] : [
     ["/api/status", renderJobs],
     ["/api/nodes", renderNodes],
     ["/api/history?limit=" + TIMELINE_RUNS, renderTimeline],
@@ -271,8 +313,10 @@ async function refresh() {
     document.getElementById("updated").textContent = "updated " + time(new Date().toISOString());
     document.body.dataset.loaded = "yes";
   }
-  setTimeout(refresh, REFRESH_MS);
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(refresh, REFRESH_MS);
 }
+let refreshTimer = null;
 
 document.getElementById("access").addEventListener("submit", (e) => {
   e.preventDefault();
@@ -288,6 +332,18 @@ document.getElementById("forget-token").addEventListener("click", () => {
 document.querySelector("#jobs tbody").addEventListener("click", (e) => {
   const b = e.target.closest("button[data-action]");
   if (b) act(b.dataset.action, b.dataset.job);
+});
+
+document.querySelector("#job-runs tbody").addEventListener("click", (e) => {
+  const b = e.target.closest("button[data-output]");
+  if (b) {
+    shownOutput = Number(b.dataset.output);
+    refresh();
+  }
+});
+window.addEventListener("hashchange", () => {
+  shownOutput = null;
+  refresh();
 });
 
 whoami();

@@ -356,9 +356,10 @@ fn the_page_loads_nothing_from_elsewhere_and_the_listener_is_bounded() {
 /// chromedriver: without a token a click is refused (and nothing runs);
 /// with an `operate` token entered once, "Run now" starts the job (its
 /// row shows it running on the node), and "Cancel" with a reason stops it,
-/// recorded `cancelled` by the token's name with that reason; a node
-/// that dies while the page is open stays listed, greyed, with when it was
-/// last seen.
+/// recorded `cancelled` by the token's name with that reason; the job's
+/// page shows its runs, their durations and the output tail; a node that
+/// dies while the page is open stays listed, greyed, with when it was last
+/// seen.
 #[test]
 fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
     let (secret, table) = crate::api::token("clicker", "operate");
@@ -463,6 +464,21 @@ fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
         output.ends_with("cancelled by token clicker: from the browser\n"),
         "{output:?}"
     );
+
+    // The job page: its runs, the duration chart, the output tail (the
+    // token has scope operate).
+    browser.click("tr[data-job=\"long\"] a.job-link");
+    let tail = browser.wait_for("the job page's output tail", Duration::from_secs(10), |b| {
+        Some(b.text("#job-output")).filter(|t| t.contains("cancelled by token clicker"))
+    });
+    assert!(tail.contains("started"), "{tail}");
+    assert_eq!(browser.text("#job-title"), "long");
+    assert!(browser.find("#job-chart .bar.o-cancelled").is_some());
+    assert!(browser.text("#job-runs tbody").contains("cancelled"));
+    browser.click("a[href=\"#\"]");
+    browser.wait_for("the overview again", Duration::from_secs(10), |b| {
+        (b.script("return document.getElementById('overview').hidden") == false).then_some(())
+    });
 
     // A node that dies stays listed, greyed, with when it was last seen.
     browser.wait_for("n2 listed live", Duration::from_secs(10), |b| {
