@@ -63,7 +63,7 @@ impl Refused {
                 due_at,
             } => format!(
                 "attempt {attempt} of a failed run of {job} is pending (trigger {trigger}, due at {}); one node runs it then, and `cronlease trigger --cancel {job}` withdraws it (ending the attempts)",
-                due_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                due_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             ),
             Refused::Pending { trigger } => format!(
                 "a manual run of {job} was requested already (trigger {trigger}{}) and has not started yet; it runs once a node takes it, expires after cluster.trigger_expiry, and `cronlease trigger --cancel {job}` withdraws it",
@@ -97,7 +97,8 @@ pub const REQUEST_ID_MEMORY: Duration = Duration::from_secs(24 * 3600);
 /// `trigger`: records a manual run's request of `job` (a configured job)
 /// in the store, stamped with the store's time; a node claims and runs it.
 /// With a client's request id (`request`), asking again is answered as the
-/// first asking was: the request pending, or its run in history within
+/// first asking was: the request pending, its run going, or its run among
+/// the job's kept history (`store.history_limit` runs) within
 /// [`REQUEST_ID_MEMORY`], is the same request, not another run. An answer
 /// that did not come (a timeout, a failover) is asked again with the same
 /// id, twice.
@@ -115,11 +116,16 @@ pub async fn trigger(
         None => TriggerId::made_at(made),
     };
     if let Some(key) = request {
+        // Its run among the job's kept history: a read that fails is an
+        // answer that did not come, never a second run.
         let keep = config.store.history_limit.max(1);
-        if let Ok(runs) = within(config, store.history(Some(job), keep)).await
-            && let Some(ran) = runs.iter().filter_map(|r| r.trigger).find(|t| {
-                t.of_request(key) && t.age(made).is_some_and(|age| age < REQUEST_ID_MEMORY)
-            })
+        let runs = within(config, store.history(Some(job), keep))
+            .await
+            .map_err(|error| Unanswered { trigger: id, error })?;
+        if let Some(ran) = runs
+            .iter()
+            .filter_map(|r| r.trigger)
+            .find(|t| t.of_request(key) && t.age(made).is_some_and(|age| age < REQUEST_ID_MEMORY))
         {
             return Ok(Ok(ran));
         }
@@ -141,9 +147,23 @@ pub async fn trigger(
         {
             return Ok(Ok(pending));
         }
-        Ok(TriggerAnswer::Running { holder }) => Refused::Running {
-            node: holder.map(|h| store::Owner::node_of(&config::one_line(&h)).to_string()),
-        },
+        Ok(TriggerAnswer::Running { holder }) => {
+            // Asked again while its first asking's run goes: that run, as
+            // the live nodes' beats show it.
+            if let Some(key) = request
+                && let Ok(nodes) = within(config, store.nodes()).await
+                && let Some(going) = nodes
+                    .iter()
+                    .flat_map(|n| &n.running)
+                    .filter(|r| r.job == job.as_str())
+                    .find_map(|r| r.trigger.filter(|t| t.of_request(key)))
+            {
+                return Ok(Ok(going));
+            }
+            Refused::Running {
+                node: holder.map(|h| store::Owner::node_of(&config::one_line(&h)).to_string()),
+            }
+        }
         Ok(TriggerAnswer::Pending(pending)) if pending.redelivery_of().is_some() => {
             Refused::Redelivery { trigger: pending }
         }

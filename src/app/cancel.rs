@@ -39,9 +39,7 @@ pub(super) async fn cancel(path: PathBuf, job: JobName, reason: Option<String>) 
             eprintln!("cronlease: {}", w.message(&job));
             return ExitCode::FAILURE;
         }
-        Err(e) => {
-            return store_failure_with(&e, "; the cancel may or may not have been asked for");
-        }
+        Err(e) => return store_failure(&e),
     };
     for a in &asked {
         println!(

@@ -240,7 +240,14 @@ async function fetchJson(path) {
   try {
     const res = await fetch(path, { cache: "no-store", signal: abort.signal, headers: headers() });
     const type = res.headers.get("content-type") || "";
-    const body = type.includes("application/json") ? await res.json() : { error: (await res.text()).trim() };
+        const body = type.includes("application/json") ? await res.json() : { error: (await res.text()).trim() };
+    if (res.status === 401 && token()) {
+      // Revoked (or the tokens file reloaded without it): dropped, so the
+      // refreshes do not go on failing with it.
+      sessionStorage.removeItem(TOKEN_KEY);
+      notice("the token was refused (401) and is forgotten: enter a valid one", true);
+      whoami();
+    }
     if (!res.ok) throw new Error(body.error || res.statusText);
     return body;
   } catch (e) {
@@ -318,11 +325,22 @@ async function refresh() {
 }
 let refreshTimer = null;
 
-document.getElementById("access").addEventListener("submit", (e) => {
+// A token is kept only once the listener knows it: a mistyped one would
+// be refused at every refresh, and count against this address's limit of
+// failed attempts.
+document.getElementById("access").addEventListener("submit", async (e) => {
   e.preventDefault();
   const input = document.getElementById("token");
-  if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  const typed = input.value.trim();
   input.value = "";
+  if (!typed) return;
+  const res = await fetch("/api/whoami", { cache: "no-store", headers: { Authorization: "Bearer " + typed } });
+  if (res.ok) {
+    sessionStorage.setItem(TOKEN_KEY, typed);
+    notice("token accepted", false);
+  } else {
+    notice(`token refused (${res.status}): ` + ((await res.text()).trim() || res.statusText), true);
+  }
   whoami();
 });
 document.getElementById("forget-token").addEventListener("click", () => {

@@ -2,7 +2,8 @@
 //! request passes [`authorize`], which checks the bearer token it presents
 //! (if any) against `[http] tokens_file`, and what the route needs:
 //!
-//! - nothing: `/healthz`, the dashboard's page and assets, `/api/whoami`;
+//! - nothing: `/healthz`, the dashboard's page and assets, `/api/whoami`,
+//!   `/api/openapi.json`;
 //! - `read`: `/metrics` and `/api/*` with `require_token_for_read`, else
 //!   nothing;
 //! - `operate`: any write (a method other than GET and HEAD). Without

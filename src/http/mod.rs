@@ -2,7 +2,7 @@
 //! routes on hyper's HTTP/1.1 server.
 //!
 //! - `/metrics` (OpenMetrics text) and `/healthz` (200, or 503 with why);
-//! - `/` the read-only dashboard: an HTML page, its script and its style,
+//! - `/` the dashboard: an HTML page, its script and its style,
 //!   all compiled into the binary; a Content-Security-Policy lets the page
 //!   talk to this listener only, so it works offline and sends nothing
 //!   elsewhere;
@@ -10,13 +10,15 @@
 //!   --json`), `/api/history?job=J&limit=N` (`history --json`), all without
 //!   the runs' output tails: job output stays with `cronlease logs`, which
 //!   needs the store's credentials; `/api/whoami`: the caller's token and
-//!   whether this listener takes writes.
+//!   whether this listener takes writes;
+//! - the write API and a job's page under `/api/jobs/` and
+//!   `/api/openapi.json` ([`write`]).
 //!
 //! Every request passes [`auth`]'s tokens and scopes first; with
 //! `tls_cert_file` the listener speaks HTTPS only (rustls).
 //!
-//! Bounded: request heads of at most 16 KiB read within 5 s, GET and HEAD
-//! only, at most 64 connections at once, each ended (gracefully) after
+//! Bounded: request heads of at most 16 KiB read within 5 s, at most 64
+//! connections at once, each ended (gracefully) after
 //! 60 s. Beyond those 64, 16 more are kept for the probes: one request
 //! each, within 2 s, to `/healthz` or `/metrics` only, so idle browser tabs
 //! or a scanner holding every connection cannot fail a health check. The
@@ -388,11 +390,17 @@ fn json<T: serde::Serialize>(result: Result<T, StoreError>) -> Response {
 }
 
 async fn status(State(api): State<Arc<Api>>) -> Response {
+    json(status_rows(&api).await)
+}
+
+/// `/api/status`'s rows: the snapshot if it is under [`SNAPSHOT_AGE`],
+/// else read again (one reader at a time).
+async fn status_rows(api: &Api) -> Result<serde_json::Value, StoreError> {
     let mut reading = api.reading.lock().await;
     if let Some((at, rows)) = reading.as_ref()
         && at.elapsed() < SNAPSHOT_AGE
     {
-        return json(Ok(rows.clone()));
+        return Ok(rows.clone());
     }
     let config = api.config.borrow().clone();
     let rows = crate::status::gather(&config, api.store.as_ref(), config.store.call_budget())
@@ -406,7 +414,7 @@ async fn status(State(api): State<Arc<Api>>) -> Response {
     if let Ok(rows) = &rows {
         *reading = Some((tokio::time::Instant::now(), rows.clone()));
     }
-    json(rows)
+    rows
 }
 
 async fn nodes(State(api): State<Arc<Api>>) -> Response {

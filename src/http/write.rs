@@ -2,8 +2,8 @@
 //! pause, resume and cancel through the same code as the CLI
 //! ([`crate::actions`]), answered as JSON with the HTTP status of the CLI's
 //! exit meaning; `GET /api/jobs/{job}` and a manual run's progress; the
-//! OpenAPI document built from [`ENDPOINTS`], the table every route here
-//! is listed in. Writes need a token of scope `operate` ([`super::auth`]).
+//! OpenAPI document built from [`ENDPOINTS`], the table of the API's
+//! routes. Writes need a token of scope `operate` ([`super::auth`]).
 
 use std::sync::Arc;
 
@@ -22,6 +22,10 @@ use crate::store::{ShownRecord, TriggerId, bounded};
 /// Runs shown on a job's page, and at most asked for.
 const JOB_RUNS: u32 = 20;
 
+/// How long a request may be neither pending, running nor recorded and
+/// still be answered `taken`: from its claim to the beat that shows its run.
+const TAKEN_UNSEEN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One endpoint of the API: method, path, who may call it, what it does.
 pub struct Endpoint {
     pub method: &'static str,
@@ -37,8 +41,9 @@ const STORE_DOWN: (u16, &str) = (503, "the store did not answer: {\"error\"}");
 const NO_JOB: (u16, &str) = (404, "no such job in this node's configuration: {\"error\"}");
 const BAD: (u16, &str) = (400, "a malformed job name, id or body: {\"error\"}");
 
-/// Every endpoint of the listener: what `/api/openapi.json` says, and what
-/// the test of the document checks the router against.
+/// Every endpoint of the JSON API (the listener also serves `/`,
+/// `/assets/*`, `/metrics` and `/healthz`, in docs/api.md): what
+/// `/api/openapi.json` says; the test of the document calls each entry.
 pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         method: "get",
@@ -289,6 +294,20 @@ fn body_of(bytes: &Bytes) -> Result<WriteBody, Refusal> {
     })
 }
 
+/// A write's reason as logged: one line, at most
+/// [`crate::cancel::MAX_REASON`] bytes.
+fn reason_of(body: &WriteBody) -> String {
+    let mut reason = crate::config::one_line(body.reason.as_deref().unwrap_or_default());
+    if reason.len() > crate::cancel::MAX_REASON {
+        let mut end = crate::cancel::MAX_REASON;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
+}
+
 /// Who made a write: the token's name.
 fn who(caller: &Option<axum::Extension<Caller>>) -> String {
     match caller.as_ref().and_then(|c| c.0.token.as_ref()) {
@@ -314,7 +333,7 @@ pub(super) async fn trigger(
     let request = body.request_id.as_deref().filter(|r| !r.is_empty());
     match actions::trigger(&config, api.store.as_ref(), &job, request).await {
         Ok(Ok(id)) => {
-            tracing::info!(job = %job, trigger = %id, by = %who(&caller), "manual run requested through the API");
+            tracing::info!(job = %job, trigger = %id, by = %who(&caller), reason = %reason_of(&body), "manual run requested through the API");
             answer(
                 StatusCode::ACCEPTED,
                 json!({"job": job, "trigger": id, "poll": format!("/api/jobs/{job}/triggers/{id}")}),
@@ -346,6 +365,7 @@ pub(super) async fn trigger_progress(
     };
     let budget = config.store.call_budget();
     let store = api.store.as_ref();
+    let _reading = api.reading.lock().await;
     let runs = match bounded(
         budget,
         store.history(Some(&job), config.store.history_limit.max(1)),
@@ -366,34 +386,67 @@ pub(super) async fn trigger_progress(
         Ok(p) => p,
         Err(e) => return store_down(&e),
     };
-    let state = if pending.iter().any(|(j, p)| j == job.as_str() && *p == id) {
-        "pending"
-    } else {
-        "taken"
+    if pending.iter().any(|(j, p)| j == job.as_str() && *p == id) {
+        return answer(
+            StatusCode::OK,
+            json!({"trigger": id, "state": "pending", "run": null}),
+        );
+    }
+    // Taken: its run goes on a node (as its beats say), or it was claimed
+    // moments ago (a beat within a second shows it). Otherwise the id is
+    // none this API can follow: withdrawn, expired, its record trimmed from
+    // history, or never made.
+    let going = match bounded(budget, store.nodes()).await {
+        Ok(nodes) => nodes
+            .iter()
+            .flat_map(|n| &n.running)
+            .any(|r| r.job == job.as_str() && r.trigger == Some(id)),
+        Err(e) => return store_down(&e),
     };
-    answer(
-        StatusCode::OK,
-        json!({"trigger": id, "state": state, "run": null}),
+    // Made by the store's clock: a little in this host's future is fresh too.
+    let fresh = id.requested_at().is_some_and(|at| {
+        chrono::Utc::now() - at < chrono::TimeDelta::from_std(TAKEN_UNSEEN).unwrap_or_default()
+    });
+    if going || fresh {
+        return answer(
+            StatusCode::OK,
+            json!({"trigger": id, "state": "taken", "run": null}),
+        );
+    }
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "trigger {id} of {job} is neither pending, nor running, nor in its history: withdrawn, expired, trimmed from history or never made"
+        ),
     )
 }
 
-pub(super) async fn withdraw(State(api): State<Arc<Api>>, Path(name): Path<String>) -> Response {
+pub(super) async fn withdraw(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Response {
     let (job, config) = match job_of(&api, &name, false) {
         Ok(both) => both,
         Err(refused) => return refused.answer(),
     };
-    withdrawal(
-        &job,
-        actions::withdraw(&config, api.store.as_ref(), &job).await,
-    )
+    let done = actions::withdraw(&config, api.store.as_ref(), &job).await;
+    withdrawal(&job, done, &caller)
 }
 
-fn withdrawal(job: &JobName, done: Result<Withdrawal, crate::store::StoreError>) -> Response {
+fn withdrawal(
+    job: &JobName,
+    done: Result<Withdrawal, crate::store::StoreError>,
+    caller: &Option<axum::Extension<Caller>>,
+) -> Response {
     match done {
-        Ok(w @ Withdrawal::Withdrawn(id)) => answer(
-            StatusCode::OK,
-            json!({"job": job, "withdrawn": id, "message": w.message(job)}),
-        ),
+        Ok(w @ Withdrawal::Withdrawn(id)) => {
+            tracing::warn!(job = %job, trigger = %id, by = %who(caller), "pending request withdrawn through the API");
+            answer(
+                StatusCode::OK,
+                json!({"job": job, "withdrawn": id, "message": w.message(job)}),
+            )
+        }
         Ok(w) => error(StatusCode::CONFLICT, w.message(job)),
         Err(e) => store_down(&e),
     }
@@ -431,15 +484,16 @@ async fn set_paused(
     let jobs = [job.clone()];
     match actions::set_paused(&config, api.store.as_ref(), &jobs, paused).await {
         Ok(said) => {
-            let reason = body
-                .reason
-                .as_deref()
-                .map(crate::config::one_line)
-                .unwrap_or_default();
-            tracing::warn!(job = %job, by = %who(&caller), reason = %reason, "{} through the API", if paused { "paused" } else { "resumed" });
+            tracing::warn!(job = %job, by = %who(&caller), reason = %reason_of(&body), "{} through the API", if paused { "paused" } else { "resumed" });
             let catch_up: Vec<&str> = said.iter().map(|c| c.message.as_str()).collect();
+            // Resumed, but a catch-up could not be asked for: the CLI's
+            // store failure, as a 503 that says the job is resumed.
+            let status = match said.iter().any(|c| c.failed.is_some()) {
+                true => StatusCode::SERVICE_UNAVAILABLE,
+                false => StatusCode::OK,
+            };
             answer(
-                StatusCode::OK,
+                status,
                 json!({"job": job, "paused": paused, "catch_up": catch_up}),
             )
         }
@@ -468,13 +522,15 @@ pub(super) async fn cancel(
     .await
     {
         Ok(Cancel::Asked(asked)) => {
+            let fences: Vec<u64> = asked.iter().map(|a| a.fence).collect();
+            tracing::warn!(job = %job, by = %by, reason = %reason_of(&body), ?fences, "cancel asked through the API");
             answer(StatusCode::ACCEPTED, json!({"job": job, "asked": asked}))
         }
         Ok(Cancel::Withdrawal(Withdrawal::NonePending)) => error(
             StatusCode::CONFLICT,
             format!("no run of {job} is going and no request of it is pending: nothing to cancel"),
         ),
-        Ok(Cancel::Withdrawal(w)) => withdrawal(&job, Ok(w)),
+        Ok(Cancel::Withdrawal(w)) => withdrawal(&job, Ok(w), &caller),
         Err(e) => store_down(&e),
     }
 }
@@ -505,20 +561,24 @@ pub(super) async fn job_page(
         Err(refused) => return refused.answer(),
     };
     let budget = config.store.call_budget();
-    let rows = match crate::status::gather(&config, api.store.as_ref(), budget).await {
+    // The status row from `/api/status`'s snapshot (one store read per
+    // second however many pages are open), under its one-reader lock.
+    let rows = match super::status_rows(&api).await {
         Ok(rows) => rows,
         Err(e) => return store_down(&e),
     };
-    let Some(mut row) = rows.into_iter().find(|r| r.job == job.as_str()) else {
+    let Some(row) = rows
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["job"] == job.as_str()))
+        .cloned()
+    else {
         return error(
             StatusCode::NOT_FOUND,
             format!("no job named {job} here nor in the store"),
         );
     };
     let with_output = operates(&caller);
-    if let Some(last) = row.last_run.as_mut().filter(|_| !with_output) {
-        last.output.clear();
-    }
+    let _reading = api.reading.lock().await;
     let runs = match bounded(budget, api.store.history(Some(&job), JOB_RUNS)).await {
         Ok(runs) => runs,
         Err(e) => return store_down(&e),

@@ -356,6 +356,18 @@ command = "echo long-output; sleep 30"
         },
     );
     assert_eq!(ended["run"]["outcome"], "ok", "{ended}");
+    // An id that is neither pending, running nor recorded: 404, never
+    // `taken` forever.
+    let old =
+        cronlease::store::TriggerId::made_at(chrono::Utc::now() - chrono::TimeDelta::hours(1));
+    let (code, unknown) = call_json(
+        port,
+        "GET",
+        &format!("/api/jobs/short/triggers/{old}"),
+        op,
+        "",
+    );
+    assert_eq!(code, 404, "{unknown}");
     let (code, after) = call_json(port, "POST", "/api/jobs/short/trigger", op, ask);
     assert_eq!(
         (code, after["trigger"].as_str()),

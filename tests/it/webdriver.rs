@@ -121,7 +121,7 @@ impl Driver {
     fn session_call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
         let answer = self.call(method, &format!("/session/{}{path}", self.session), body);
         assert!(
-            answer["value"]["error"].is_null(),
+            answer.is_object() && answer["value"]["error"].is_null(),
             "{method} {path}: {answer}"
         );
         answer["value"].clone()
