@@ -44,6 +44,16 @@ pub(crate) fn token(name: &str, scope: &str) -> (String, String) {
     (secret.to_string(), table.to_string())
 }
 
+/// Writes the cluster's `tokens.toml` (owner-only, as `check` wants it)
+/// with `tables`; its path.
+pub(crate) fn tokens_file(c: &Cluster, tables: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let tokens = c.dir.path().join("tokens.toml");
+    std::fs::write(&tokens, tables).unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    tokens
+}
+
 /// Waits until the node listens and is healthy (its store answered).
 fn wait_listening(c: &Cluster, port: u16) {
     wait_until(
@@ -99,12 +109,7 @@ fn tokens_scopes_reload_and_rate_limit() {
         Backend::Sqlite,
         "tokens_file = \"tokens.toml\"\nrequire_token_for_read = true",
     );
-    let tokens = c.dir.path().join("tokens.toml");
-    std::fs::write(&tokens, format!("{reader_table}\n{operator_table}")).unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let tokens = tokens_file(&c, &format!("{reader_table}\n{operator_table}"));
     c.start("n1");
     wait_listening(&c, port);
 
@@ -309,12 +314,7 @@ command = "echo long-output; sleep 30"
         Some(jobs),
         &format!("[http]\nlisten = \"127.0.0.1:{port}\"\ntokens_file = \"tokens.toml\"\n"),
     );
-    let tokens = c.dir.path().join("tokens.toml");
-    std::fs::write(&tokens, format!("{reader_table}\n{operator_table}")).unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    tokens_file(&c, &format!("{reader_table}\n{operator_table}"));
     assert!(c.cli("n1", &["migrate"]).status.success());
     c.start("n1");
     wait_listening(&c, port);

@@ -370,12 +370,7 @@ fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
         Some(jobs),
         &format!("[http]\nlisten = \"127.0.0.1:{port}\"\ntokens_file = \"tokens.toml\"\n"),
     );
-    let tokens = c.dir.path().join("tokens.toml");
-    std::fs::write(&tokens, table).unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    crate::api::tokens_file(&c, &table);
     // n2 on a port of its own.
     let cfg = std::fs::read_to_string(c.config("n2")).unwrap();
     let other = free_port();
