@@ -3,7 +3,10 @@
 //! pending request, `pause`/`resume` (with the catch-up on resume) and
 //! `cancel`'s requests. Each answers what happened as a value, with the
 //! sentence people read; the CLI prints it with its exit code, the API
-//! answers it as JSON with the HTTP status of the same meaning.
+//! answers it as JSON with the HTTP status of the same meaning. Each one
+//! made (a trigger or withdrawal accepted, a pause or resume, runs asked to
+//! stop; not a refusal) is recorded in the store's audit
+//! ([`crate::store::audit`]) with who acted ([`Actor`]) and why.
 
 use std::time::Duration;
 
@@ -12,7 +15,7 @@ use serde::Serialize;
 
 use crate::cancel::CancelRequest;
 use crate::config::{self, Config, JobName};
-use crate::store::{self, Store, StoreError, TriggerAnswer, TriggerId, bounded};
+use crate::store::{self, Act, AuditEntry, Store, StoreError, TriggerAnswer, TriggerId, bounded};
 
 /// Runs a store call within the configured budget.
 async fn within<T>(
@@ -20,6 +23,109 @@ async fn within<T>(
     call: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     bounded(config.store.call_budget(), call).await
+}
+
+/// Who acts, and why: kept in the audit with what they did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// `user@host` for the CLI, `token NAME` for the API.
+    pub by: String,
+    /// Why, as they said it.
+    pub reason: Option<String>,
+}
+
+impl Actor {
+    /// The user running this command, on this host
+    /// ([`crate::cancel::who_am_i`]).
+    pub fn cli(reason: Option<&str>) -> Actor {
+        Actor::new(&crate::cancel::who_am_i(), reason)
+    }
+
+    /// `by` (made one line and cut, as the audit keeps it) and a reason
+    /// (none when blank).
+    pub fn new(by: &str, reason: Option<&str>) -> Actor {
+        Actor {
+            by: crate::cancel::one_line(by, store::audit::MAX_BY),
+            reason: reason
+                .map(|r| crate::cancel::one_line(r, store::audit::MAX_REASON))
+                .filter(|r| !r.is_empty()),
+        }
+    }
+}
+
+/// Records in the audit that `actor` did `act` to `job` (`detail`: what
+/// it did), stamped with the store's clock. The action stands whatever
+/// this answers: a failed write is logged as a warning (the CLI shows it on
+/// standard error) and answered.
+pub async fn record(
+    config: &Config,
+    store: &dyn Store,
+    job: &JobName,
+    act: Act,
+    actor: &Actor,
+    detail: &str,
+) -> Result<AuditEntry, StoreError> {
+    let at = within(config, store.clock())
+        .await
+        .unwrap_or_else(|_| Utc::now());
+    let entry = AuditEntry::new(job, at, act, &actor.by, actor.reason.as_deref(), detail);
+    let keep = config.store.history_limit.max(1);
+    match within(config, store.record_action(&entry, keep)).await {
+        Ok(()) => Ok(entry),
+        Err(e) => {
+            not_kept(job.as_str(), act, &entry.by, &e);
+            Err(e)
+        }
+    }
+}
+
+/// [`record`] of one action on each of many jobs (`pause --all`): the
+/// store's clock read once, [`RECORD_AT_ONCE`] writes at a time; a failed
+/// write is logged as [`record`] logs it.
+async fn record_each(
+    config: &Config,
+    store: &dyn Store,
+    act: Act,
+    actor: &Actor,
+    done: &[(&JobName, String)],
+) {
+    let at = within(config, store.clock())
+        .await
+        .unwrap_or_else(|_| Utc::now());
+    let keep = config.store.history_limit.max(1);
+    let entries: Vec<AuditEntry> = done
+        .iter()
+        .map(|(job, detail)| {
+            AuditEntry::new(job, at, act, &actor.by, actor.reason.as_deref(), detail)
+        })
+        .collect();
+    for chunk in entries.chunks(RECORD_AT_ONCE) {
+        let written = futures_util::future::join_all(
+            chunk
+                .iter()
+                .map(|entry| within(config, store.record_action(entry, keep))),
+        )
+        .await;
+        for (entry, answer) in chunk.iter().zip(written) {
+            if let Err(e) = answer {
+                not_kept(&entry.job, act, &entry.by, &e);
+            }
+        }
+    }
+}
+
+/// Audit writes [`record_each`] has going at once.
+const RECORD_AT_ONCE: usize = 16;
+
+/// The WARN of an action done whose audit entry was not written.
+fn not_kept(job: &str, act: Act, by: &str, e: &StoreError) {
+    tracing::warn!(
+        job = %job,
+        action = %act,
+        by = %by,
+        error = %e,
+        "the {act} of {job} is done, but it could not be kept in the store's audit"
+    );
 }
 
 /// Why a manual run's request was refused.
@@ -107,6 +213,7 @@ pub async fn trigger(
     store: &dyn Store,
     job: &JobName,
     request: Option<&str>,
+    actor: &Actor,
 ) -> Result<Result<TriggerId, Refused>, Unanswered> {
     let made = within(config, store.clock())
         .await
@@ -141,10 +248,28 @@ pub async fn trigger(
         }
     }
     let refused = match answer {
-        Ok(TriggerAnswer::Accepted) => return Ok(Ok(id)),
+        Ok(TriggerAnswer::Accepted) => {
+            let _ = record(
+                config,
+                store,
+                job,
+                Act::Trigger,
+                actor,
+                &format!("trigger {id}"),
+            )
+            .await;
+            return Ok(Ok(id));
+        }
         Ok(TriggerAnswer::Pending(pending))
             if pending == id || request.is_some_and(|key| pending.of_request(key)) =>
         {
+            // Our own request, recorded by an asking whose answer was lost:
+            // accepted now, so kept in the audit (asked again with a request
+            // id, it was kept when first accepted).
+            if pending == id {
+                let detail = format!("trigger {id}");
+                let _ = record(config, store, job, Act::Trigger, actor, &detail).await;
+            }
             return Ok(Ok(pending));
         }
         Ok(TriggerAnswer::Running { holder }) => {
@@ -228,17 +353,25 @@ pub async fn withdraw(
     config: &Config,
     store: &dyn Store,
     job: &JobName,
+    actor: &Actor,
 ) -> Result<Withdrawal, StoreError> {
     let pending = within(config, store.pending_triggers()).await?;
     let Some((_, id)) = pending.into_iter().find(|(j, _)| j == job.as_str()) else {
         return Ok(Withdrawal::NonePending);
     };
-    Ok(
-        match within(config, store.withdraw_trigger(job, id)).await? {
-            true => Withdrawal::Withdrawn(id),
-            false => Withdrawal::TakenMeanwhile(id),
-        },
+    if !within(config, store.withdraw_trigger(job, id)).await? {
+        return Ok(Withdrawal::TakenMeanwhile(id));
+    }
+    let _ = record(
+        config,
+        store,
+        job,
+        Act::Withdraw,
+        actor,
+        &format!("trigger {id}"),
     )
+    .await;
+    Ok(Withdrawal::Withdrawn(id))
 }
 
 /// What a resume did about a job's occurrence missed while it was paused
@@ -261,6 +394,7 @@ pub async fn set_paused(
     store: &dyn Store,
     jobs: &[JobName],
     paused: bool,
+    actor: &Actor,
 ) -> Result<Vec<CatchUp>, StoreError> {
     // Which of them were paused, and their last claimed occurrences, before
     // the resume: only those catch up.
@@ -269,10 +403,31 @@ pub async fn set_paused(
         false => within(config, store.status()).await?,
     };
     within(config, store.set_paused(jobs, paused)).await?;
-    if paused {
-        return Ok(Vec::new());
-    }
-    Ok(catch_up_after_resume(config, store, jobs, &before).await)
+    let said = match paused {
+        true => Vec::new(),
+        false => catch_up_after_resume(config, store, jobs, &before).await,
+    };
+    let act = if paused { Act::Pause } else { Act::Resume };
+    // A pause of a paused job is recorded too: who meant it to be paused,
+    // and why, is what people look for.
+    let done: Vec<(&JobName, String)> = jobs
+        .iter()
+        .map(|job| {
+            let was = before.iter().find(|r| r.job == job.as_str());
+            let detail = match (paused, was) {
+                (false, Some(r)) if !r.paused => "it was not paused".to_string(),
+                (false, None) => "it was not paused".to_string(),
+                _ => said
+                    .iter()
+                    .find(|c| c.job == job.as_str() && c.failed.is_none())
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default(),
+            };
+            (job, detail)
+        })
+        .collect();
+    record_each(config, store, act, actor, &done).await;
+    Ok(said)
 }
 
 /// Catch-up on resume (docs/protocol.md, "Catch-up on resume"): for each
@@ -390,8 +545,7 @@ pub async fn cancel(
     config: &Config,
     store: &dyn Store,
     job: &JobName,
-    by: &str,
-    reason: Option<&str>,
+    actor: &Actor,
 ) -> Result<Cancel, StoreError> {
     let nodes = within(config, store.nodes()).await?;
     let asked: Vec<CancelAsked> = nodes
@@ -404,15 +558,23 @@ pub async fn cancel(
                     node: n.node.clone(),
                     owner: n.owner.clone(),
                     fence: r.fence,
-                    request: CancelRequest::new(job, r.fence, by, reason),
+                    request: CancelRequest::new(job, r.fence, &actor.by, actor.reason.as_deref()),
                 })
         })
         .collect();
     if asked.is_empty() {
-        return withdraw(config, store, job).await.map(Cancel::Withdrawal);
+        return withdraw(config, store, job, actor)
+            .await
+            .map(Cancel::Withdrawal);
     }
     let parcels: Vec<store::Parcel> = asked.iter().map(|a| a.request.parcel(&a.owner)).collect();
     within(config, store.hand_over(&parcels)).await?;
+    let runs: Vec<String> = asked
+        .iter()
+        .map(|a| format!("fence {} on {}", a.fence, a.node))
+        .collect();
+    let detail = format!("asked to stop: {}", runs.join(", "));
+    let _ = record(config, store, job, Act::Cancel, actor, &detail).await;
     Ok(Cancel::Asked(asked))
 }
 

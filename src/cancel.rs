@@ -109,7 +109,7 @@ pub fn who_am_i() -> String {
 }
 
 /// `text` on one line (control characters as spaces), at most `max` bytes.
-fn one_line(text: &str, max: usize) -> String {
+pub(crate) fn one_line(text: &str, max: usize) -> String {
     let mut out: String = text
         .trim()
         .chars()

@@ -66,6 +66,10 @@ pub struct PauseArgs {
     /// Every job of the configuration
     #[arg(long)]
     pub all: bool,
+    /// Why, kept in the store's audit with who did it (one line, at most
+    /// 500 bytes)
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -96,19 +100,23 @@ pub enum Commands {
         #[arg(long)]
         json: bool,
     },
-    /// List recorded runs, newest first
+    /// List recorded runs, newest first, then who paused, resumed,
+    /// triggered or cancelled the jobs, and why (the audit)
     History {
         #[command(flatten)]
         config: ConfigArg,
         /// Only this job's runs
         #[arg(value_parser = JobName::parse)]
         job: Option<JobName>,
-        /// At most this many runs
+        /// At most this many runs (and audit entries)
         #[arg(long, default_value_t = 20, value_name = "N")]
         limit: u32,
-        /// Print JSON instead of a table
+        /// Print JSON instead of a table (the runs; with --actions, the audit)
         #[arg(long)]
         json: bool,
+        /// Only the audit: who paused, resumed, triggered or cancelled, and why
+        #[arg(long)]
+        actions: bool,
     },
     /// Print the output tail a run left in history (the job's newest run by default)
     Logs {
@@ -134,6 +142,10 @@ pub enum Commands {
         /// Withdraw the job's pending request instead (one no node has taken)
         #[arg(long, conflicts_with = "wait")]
         cancel: bool,
+        /// Why, kept in the store's audit with who asked (one line, at
+        /// most 500 bytes)
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
     /// Stop the job's running run, on whichever node runs it (kill_grace as
     /// for a timeout), recorded `cancelled` with who and why; without one,
@@ -145,7 +157,8 @@ pub enum Commands {
         /// The job
         #[arg(value_parser = JobName::parse)]
         job: JobName,
-        /// Why, kept in the run's record (one line, at most 500 bytes)
+        /// Why, kept in the run's record and the store's audit (one line,
+        /// at most 500 bytes)
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
     },

@@ -1,6 +1,7 @@
 //! What `status --json` prints and the dashboard's `/api/status` serves:
-//! one row per job, gathered from the store's locks, its node registry and
-//! each job's newest history record (one place, so the two never differ).
+//! one row per job, gathered from the store's locks, its node registry,
+//! each job's newest history record and the audit's newest entries (one
+//! place, so the two never differ).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -10,8 +11,13 @@ use serde::Serialize;
 
 use crate::config::{Config, JobName};
 use crate::store::{
-    LockStatus, NodeRecord, Owner, RunRecord, RunningRun, Store, StoreError, TriggerId, bounded,
+    Act, AuditEntry, LockStatus, NodeRecord, Owner, RunRecord, RunningRun, Store, StoreError,
+    TriggerId, bounded,
 };
+
+/// The audit's newest entries across the cluster a status reads: each
+/// job's last action is its newest among them.
+pub const STATUS_ACTIONS: u32 = 256;
 
 /// One job's line of `status`.
 #[derive(Debug, Clone, Serialize)]
@@ -30,6 +36,14 @@ pub struct JobStatus {
     pub fence: u64,
     /// Paused cluster-wide by `cronlease pause`.
     pub paused: bool,
+    /// A paused job's newest `pause` in the audit: who paused it, when and
+    /// why (`None` when not paused, or not among the audit's newest
+    /// [`STATUS_ACTIONS`] entries).
+    pub paused_by: Option<AuditEntry>,
+    /// The job's newest entry in the audit (among the cluster's newest
+    /// [`STATUS_ACTIONS`]): who last paused, resumed, triggered or
+    /// cancelled it, and why.
+    pub last_action: Option<AuditEntry>,
     pub last_occurrence: Option<DateTime<Utc>>,
     pub last_run: Option<RunRecord>,
     /// The job's next scheduled instant after now, by this node's
@@ -203,9 +217,29 @@ pub async fn gather(
         .flatten()
         .map(|r| (r.job.clone(), r))
         .collect();
+    // Unknown (not failed) when the audit cannot be read: a store an older
+    // version migrated has none until this one migrates it.
+    let mut actions: HashMap<String, Vec<AuditEntry>> = HashMap::new();
+    for entry in bounded(call, store.actions(None, STATUS_ACTIONS))
+        .await
+        .unwrap_or_default()
+    {
+        actions.entry(entry.job.clone()).or_default().push(entry);
+    }
     let mut rows = Vec::with_capacity(by_job.len());
     for (job, lock) in by_job {
         let last_run = last_runs.remove(&job);
+        let paused = lock.as_ref().is_some_and(|l| l.paused);
+        // Newest first, as the store answers them.
+        let acted = actions.remove(&job).unwrap_or_default();
+        // The newest pause since the last resume (a pause whose entry was
+        // not written leaves none, never an older pauser).
+        let paused_by = acted
+            .iter()
+            .take_while(|a| a.action != Act::Resume)
+            .find(|a| a.action == Act::Pause)
+            .filter(|_| paused)
+            .cloned();
         let configured = config.job(&job);
         let holder = lock.as_ref().and_then(|l| l.holder.clone());
         let live_entry = holder.as_ref().zip(live.as_ref());
@@ -218,7 +252,9 @@ pub async fn gather(
             holder,
             lease_remaining_ms: lock.as_ref().map_or(0, |l| l.lease_remaining_ms),
             fence: lock.as_ref().map_or(0, |l| l.fence),
-            paused: lock.as_ref().is_some_and(|l| l.paused),
+            paused,
+            paused_by,
+            last_action: acted.into_iter().next(),
             last_occurrence: lock.as_ref().and_then(|l| l.last_occurrence),
             last_run,
             pending_trigger: pending.remove(&job),

@@ -20,10 +20,8 @@ pub(super) async fn cancel(path: PathBuf, job: JobName, reason: Option<String>) 
         Ok(both) => both,
         Err(code) => return code,
     };
-    let by = crate::cancel::who_am_i();
-    let asked = match crate::actions::cancel(&config, store.as_ref(), &job, &by, reason.as_deref())
-        .await
-    {
+    let actor = crate::actions::Actor::cli(reason.as_deref());
+    let asked = match crate::actions::cancel(&config, store.as_ref(), &job, &actor).await {
         Ok(Cancel::Asked(asked)) => asked,
         Ok(Cancel::Withdrawal(crate::actions::Withdrawal::NonePending)) => {
             eprintln!(
@@ -43,8 +41,8 @@ pub(super) async fn cancel(path: PathBuf, job: JobName, reason: Option<String>) 
     };
     for a in &asked {
         println!(
-            "{job}: cancel of its run on {} (fence {}) asked by {by}",
-            a.node, a.fence
+            "{job}: cancel of its run on {} (fence {}) asked by {}",
+            a.node, a.fence, actor.by
         );
     }
     let grace = config

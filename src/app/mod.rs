@@ -80,20 +80,23 @@ pub fn main(cli: Cli) -> ExitCode {
             job,
             limit,
             json,
-        } => with_runtime(|| history(config.config, job, limit, json)),
+            actions,
+        } => with_runtime(|| history(config.config, job, limit, json, actions)),
         Commands::Logs { config, job, fence } => with_runtime(|| logs(config.config, job, fence)),
         Commands::Trigger {
             config,
             job,
             wait,
             cancel: false,
-        } => with_runtime(|| trigger(config.config, job, wait)),
+            reason,
+        } => with_runtime(|| trigger(config.config, job, wait, reason)),
         Commands::Trigger {
             config,
             job,
             cancel: true,
+            reason,
             ..
-        } => with_runtime(|| cancel_trigger(config.config, job)),
+        } => with_runtime(|| cancel_trigger(config.config, job, reason)),
         Commands::Cancel {
             config,
             job,

@@ -234,7 +234,12 @@ pub(super) const TRIGGER_STORE_PATIENCE: Duration = Duration::from_secs(30);
 /// the store, where a node claims and runs it. Exit 1 when refused (a run
 /// of the job in progress, or another request still pending); with
 /// `--wait`, 0 when the run ended `ok` and 1 otherwise.
-pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCode {
+pub(super) async fn trigger(
+    path: PathBuf,
+    name: JobName,
+    wait: bool,
+    reason: Option<String>,
+) -> ExitCode {
     let (config, store) = match config_and_store(&path).await {
         Ok(both) => both,
         Err(code) => return code,
@@ -243,7 +248,8 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
         return no_such_configured_job(name.as_str(), &path);
     };
     let job = job.name.clone();
-    let id = match crate::actions::trigger(&config, store.as_ref(), &job, None).await {
+    let actor = crate::actions::Actor::cli(reason.as_deref());
+    let id = match crate::actions::trigger(&config, store.as_ref(), &job, None, &actor).await {
         Ok(Ok(id)) => id,
         Ok(Err(refused)) => {
             eprintln!("cronlease: refused: {}", refused.message(&job));
@@ -265,12 +271,17 @@ pub(super) async fn trigger(path: PathBuf, name: JobName, wait: bool) -> ExitCod
 
 /// `trigger --cancel`: withdraws the job's pending request, if there is one
 /// (the job need not be in this configuration: it may have been removed).
-pub(super) async fn cancel_trigger(path: PathBuf, job: JobName) -> ExitCode {
+pub(super) async fn cancel_trigger(
+    path: PathBuf,
+    job: JobName,
+    reason: Option<String>,
+) -> ExitCode {
     let (config, store) = match config_and_store(&path).await {
         Ok(both) => both,
         Err(code) => return code,
     };
-    withdrawal(&config, store.as_ref(), &job).await
+    let actor = crate::actions::Actor::cli(reason.as_deref());
+    withdrawal(&config, store.as_ref(), &job, &actor).await
 }
 
 /// Withdraws `job`'s pending request and says so: exit 0 when withdrawn.
@@ -278,9 +289,10 @@ pub(super) async fn withdrawal(
     config: &Config,
     store: &dyn store::Store,
     job: &JobName,
+    actor: &crate::actions::Actor,
 ) -> ExitCode {
     use crate::actions::Withdrawal;
-    match crate::actions::withdraw(config, store, job).await {
+    match crate::actions::withdraw(config, store, job, actor).await {
         Ok(w @ Withdrawal::Withdrawn(_)) => {
             println!("{}", w.message(job));
             ExitCode::SUCCESS
@@ -412,10 +424,12 @@ pub(super) async fn set_paused(args: crate::cli::PauseArgs, paused: bool) -> Exi
         );
         return ExitCode::SUCCESS;
     }
-    let said = match crate::actions::set_paused(&config, store.as_ref(), &jobs, paused).await {
-        Ok(said) => said,
-        Err(e) => return store_failure(&e),
-    };
+    let actor = crate::actions::Actor::cli(args.reason.as_deref());
+    let said =
+        match crate::actions::set_paused(&config, store.as_ref(), &jobs, paused, &actor).await {
+            Ok(said) => said,
+            Err(e) => return store_failure(&e),
+        };
     let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
     if paused {
         println!(

@@ -137,6 +137,17 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
             );
         }
     }
+    let now = Utc::now();
+    for r in &rows {
+        // Who paused a paused job, however long ago; otherwise the last
+        // action of the day.
+        let (label, entry) = match (&r.paused_by, &r.last_action) {
+            (Some(p), _) => ("PAUSED", p),
+            (None, Some(a)) if now - a.at < chrono::Duration::hours(24) => ("LAST ACTION", a),
+            _ => continue,
+        };
+        let _ = writeln!(out, "{label}: {}", said_action(entry, now));
+    }
     for r in rows.iter().filter(|r| !r.defined_otherwise_on.is_empty()) {
         let _ = writeln!(
             out,
@@ -263,6 +274,7 @@ pub(super) async fn history(
     job: Option<JobName>,
     limit: u32,
     json: bool,
+    only_actions: bool,
 ) -> ExitCode {
     let config = match load_config(&path) {
         Ok(c) => c,
@@ -273,13 +285,29 @@ pub(super) async fn history(
         Ok(s) => s,
         Err(e) => return store_failure(&e),
     };
-    let runs = match within(&config, store.history(job.as_ref(), limit)).await {
-        Ok(r) => r,
-        Err(e) => return store_failure(&e),
+    let runs = match only_actions {
+        true => Vec::new(),
+        false => match within(&config, store.history(job.as_ref(), limit)).await {
+            Ok(r) => r,
+            Err(e) => return store_failure(&e),
+        },
+    };
+    // The audit is not needed for the runs' JSON; below the runs' table,
+    // one that cannot be read is a warning, not a failure.
+    let actions = match (only_actions, json) {
+        (false, true) => Vec::new(),
+        _ => match within(&config, store.actions(job.as_ref(), limit)).await {
+            Ok(a) => a,
+            Err(e) if only_actions => return store_failure(&e),
+            Err(e) => {
+                eprintln!("cronlease: warning: the audit cannot be read: {e}");
+                Vec::new()
+            }
+        },
     };
     if let Some(job) = &job {
         // A job removed from the configuration still has its history.
-        if runs.is_empty() && config.job(job.as_str()).is_none() {
+        if runs.is_empty() && actions.is_empty() && config.job(job.as_str()).is_none() {
             eprintln!(
                 "cronlease: no such job {job:?}: not in {} and no history in the store (`cronlease check` lists the jobs)",
                 path.display()
@@ -288,6 +316,13 @@ pub(super) async fn history(
         }
     }
     let mut out = std::io::stdout().lock();
+    if only_actions {
+        match json {
+            true => print_json(&mut out, &actions),
+            false => print_actions(&mut out, &actions),
+        }
+        return ExitCode::SUCCESS;
+    }
     if json {
         let shown: Vec<store::ShownRecord> = runs.into_iter().map(Into::into).collect();
         print_json(&mut out, &shown);
@@ -357,7 +392,63 @@ pub(super) async fn history(
         ],
         &table,
     );
+    if !actions.is_empty() {
+        let _ = writeln!(out, "\nACTIONS (the audit; `--actions` lists only these):");
+        print_actions(&mut out, &actions);
+    }
     ExitCode::SUCCESS
+}
+
+/// The audit as a table, newest first.
+fn print_actions(out: &mut impl Write, actions: &[store::AuditEntry]) {
+    let table: Vec<Vec<String>> = actions
+        .iter()
+        .map(|a| {
+            vec![
+                rfc3339(a.at),
+                a.job.clone(),
+                a.action.to_string(),
+                a.by.clone(),
+                if a.reason.is_empty() {
+                    "-".into()
+                } else {
+                    a.reason.clone()
+                },
+                if a.detail.is_empty() {
+                    "-".into()
+                } else {
+                    a.detail.clone()
+                },
+            ]
+        })
+        .collect();
+    print_table(
+        out,
+        &["AT", "JOB", "ACTION", "BY", "REASON", "DETAIL"],
+        &table,
+    );
+}
+
+/// An audit entry on one line: `JOB ACTION by WHO at T (AGO ago): WHY
+/// [DETAIL]`.
+fn said_action(a: &store::AuditEntry, now: DateTime<Utc>) -> String {
+    let ago = (now - a.at).to_std().unwrap_or_default();
+    let ago = humantime::format_duration(Duration::from_secs(ago.as_secs()));
+    let why = match a.reason.as_str() {
+        "" => " (no reason given)".to_string(),
+        reason => format!(": {reason}"),
+    };
+    let detail = match a.detail.as_str() {
+        "" => String::new(),
+        d => format!(" [{d}]"),
+    };
+    format!(
+        "{} {} by {} at {} ({ago} ago){why}{detail}",
+        a.job,
+        a.action,
+        a.by,
+        rfc3339(a.at)
+    )
 }
 
 /// Bytes as MiB with one decimal (`12.5MiB`).

@@ -23,10 +23,20 @@ function outcomeClass(o) {
   return ["ok", "skipped", "failed", "timeout", "not_started", "killed", "lease_lost", "cancelled"].includes(o) ? "o-" + o : "o-other";
 }
 
-// The Paused cell: PAUSED and a pending manual run's request, with its age.
+// An audit entry in words: "pause by alice@web-1 at 12:00:03: disk full".
+function saidAction(a) {
+  return `${a.action} by ${a.by} at ${time(a.at)}` + (a.reason ? `: ${a.reason}` : " (no reason given)");
+}
+
+// The Paused cell: PAUSED (by whom, and why, from the audit) and a pending
+// manual run's request, with its age.
 function flags(r) {
   const out = [];
-  if (r.paused) out.push(el("span", { class: "paused" }, "PAUSED"));
+  if (r.paused) {
+    const by = r.paused_by;
+    out.push(el("span", { class: "paused", title: by ? saidAction(by) : "paused (who paused it is not among the audit's newest entries)" },
+      by ? `PAUSED by ${by.by}` : "PAUSED"));
+  }
   const p = r.pending_trigger;
   if (p) {
     if (out.length) out.push(" ");
@@ -270,7 +280,7 @@ function renderJobPage(page) {
   const going = (s.running || []).map((g) => `running on ${g.node} for ${Math.round(g.elapsed_ms / 1000)} s`);
   document.getElementById("job-summary").textContent = [
     s.holder_node ? "held by " + s.holder_node : "not held",
-    s.paused ? "PAUSED" : null, ...going,
+    s.paused ? (s.paused_by ? "PAUSED: " + saidAction(s.paused_by) : "PAUSED") : null, ...going,
     s.pending_trigger ? "request pending: trigger " + s.pending_trigger.id : null,
     "fence " + s.fence, "next fire " + time(s.next_fire),
     "definition " + (page.definition_digest || "not configured here"),
@@ -290,6 +300,11 @@ function renderJobPage(page) {
     el("td", {}, r.memory_peak == null ? "-" : (r.memory_peak / 1048576).toFixed(1) + " MiB"),
     el("td", {}, r.attempt > 1 ? "attempt " + r.attempt : r.trigger ? "manual" : "scheduled"),
     el("td", {}, el("button", { type: "button", "data-output": r.fence }, "show")))));
+  const acted = page.actions || [];
+  document.querySelector("#job-actions tbody").replaceChildren(...(acted.length ? acted.map((a) => el("tr", {},
+    el("td", {}, time(a.at)), el("td", {}, a.action), el("td", {}, a.by),
+    el("td", {}, a.reason || "-"), el("td", {}, a.detail || "-")))
+    : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, "nobody has paused, resumed, triggered or cancelled it yet"))]));
   const chosen = runs.find((r) => r.fence === shownOutput) || runs[0];
   document.getElementById("job-output-of").textContent = chosen ? `(fence ${chosen.fence})` : "";
   document.getElementById("job-output").textContent = !chosen ? "no runs yet"

@@ -9,7 +9,8 @@
 //! - `/api/status` (what `status --json` prints), `/api/nodes` (`nodes
 //!   --json`), `/api/history?job=J&limit=N` (`history --json`), all without
 //!   the runs' output tails: job output stays with `cronlease logs`, which
-//!   needs the store's credentials; `/api/whoami`: the caller's token and
+//!   needs the store's credentials; `/api/actions?job=J&limit=N` (`history
+//!   --actions --json`: the audit); `/api/whoami`: the caller's token and
 //!   whether this listener takes writes;
 //! - the write API and a job's page under `/api/jobs/` and
 //!   `/api/openapi.json` ([`write`]).
@@ -236,6 +237,7 @@ fn routes(api: Arc<Api>) -> Router {
         .route("/api/status", get(status))
         .route("/api/nodes", get(nodes))
         .route("/api/history", get(history))
+        .route("/api/actions", get(actions))
         .route("/api/whoami", get(whoami))
         .route("/api/openapi.json", get(write::openapi_json))
         .route("/api/jobs/{job}", get(write::job_page))
@@ -429,28 +431,66 @@ struct HistoryQuery {
     limit: Option<u32>,
 }
 
+/// A `?job=NAME&limit=N` query of `path` read: the job, and the limit
+/// within 1 ..= [`HISTORY_MAX`]; or the 400's text, which says what was
+/// expected.
+fn job_and_limit(
+    path: &str,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Result<(Option<JobName>, u32), String> {
+    let Ok(Query(query)) = query else {
+        return Err(format!(
+            "expected {path}?job=NAME&limit=N (both optional)\n"
+        ));
+    };
+    let job = query
+        .job
+        .as_deref()
+        .map(JobName::parse)
+        .transpose()
+        .map_err(|e| format!("job: {}\n", crate::config::one_line(&e)))?;
+    let limit = query.limit.unwrap_or(HISTORY_DEFAULT).clamp(1, HISTORY_MAX);
+    Ok((job, limit))
+}
+
+/// A bad query's answer.
+fn bad_query(text_of: String) -> Response {
+    text(
+        StatusCode::BAD_REQUEST,
+        "text/plain; charset=utf-8",
+        text_of,
+    )
+}
+
+/// The audit (docs/api.md): who paused, resumed, triggered or cancelled a
+/// job, and why, newest first.
+async fn actions(
+    State(api): State<Arc<Api>>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Response {
+    let (job, limit) = match job_and_limit("/api/actions", query) {
+        Ok(both) => both,
+        Err(why) => return bad_query(why),
+    };
+    let _reading = api.reading.lock().await;
+    let config = api.config.borrow().clone();
+    json(
+        bounded(
+            config.store.call_budget(),
+            api.store.actions(job.as_ref(), limit),
+        )
+        .await,
+    )
+}
+
 async fn history(
     State(api): State<Arc<Api>>,
     query: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> Response {
-    let Ok(Query(query)) = query else {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "text/plain; charset=utf-8",
-            "expected /api/history?job=NAME&limit=N (both optional)\n".into(),
-        );
+    let (job, limit) = match job_and_limit("/api/history", query) {
+        Ok(both) => both,
+        Err(why) => return bad_query(why),
     };
-    let job = match query.job.as_deref().map(JobName::parse).transpose() {
-        Ok(job) => job,
-        Err(e) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "text/plain; charset=utf-8",
-                format!("job: {}\n", crate::config::one_line(&e)),
-            );
-        }
-    };
-    let limit = query.limit.unwrap_or(HISTORY_DEFAULT).clamp(1, HISTORY_MAX);
     let _reading = api.reading.lock().await;
     let config = api.config.borrow().clone();
     let runs = bounded(

@@ -75,11 +75,18 @@ pub const ENDPOINTS: &[Endpoint] = &[
     },
     Endpoint {
         method: "get",
+        path: "/api/actions",
+        scope: "read",
+        summary: "What `cronlease history --actions --json` prints: the audit, who paused, resumed, triggered or cancelled a job and why, newest first (query: job, limit)",
+        answers: &[(200, "an array of audit entries"), BAD, STORE_DOWN],
+    },
+    Endpoint {
+        method: "get",
         path: "/api/jobs/{job}",
         scope: "read",
-        summary: "One job: its status row (holder, running runs, pending request, pause), its definition digest, and its last 20 runs with durations and accounting; output tails for a token of scope operate",
+        summary: "One job: its status row (holder, running runs, pending request, pause, last action), its definition digest, its last 20 runs with durations and accounting (output tails for a token of scope operate) and its last 20 audit entries",
         answers: &[
-            (200, "{job, definition_digest, status, runs}"),
+            (200, "{job, definition_digest, status, runs, actions}"),
             BAD,
             NO_JOB,
             STORE_DOWN,
@@ -89,7 +96,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
         method: "post",
         path: "/api/jobs/{job}/trigger",
         scope: "operate",
-        summary: "Run the job once now on one node (`cronlease trigger`); body {\"request_id\"} makes asking again answer the same request",
+        summary: "Run the job once now on one node (`cronlease trigger`); body {\"reason\", \"request_id\"}: a request id makes asking again answer the same request",
         answers: &[
             (
                 202,
@@ -115,7 +122,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
         method: "delete",
         path: "/api/jobs/{job}/trigger",
         scope: "operate",
-        summary: "Withdraw the job's pending request (`cronlease trigger --cancel`)",
+        summary: "Withdraw the job's pending request (`cronlease trigger --cancel`); body {\"reason\"}",
         answers: &[
             (200, "{withdrawn, message}"),
             (409, "{error}: none pending, or taken meanwhile"),
@@ -211,7 +218,7 @@ pub fn openapi() -> Value {
             "schemas": {"WriteBody": {
                 "type": "object",
                 "properties": {
-                    "reason": {"type": "string", "description": "why (kept with a cancelled run's record, logged by the node for the others)"},
+                    "reason": {"type": "string", "description": "why: kept in the job's audit with the token's name (and in a cancelled run's record); one line, at most 500 bytes"},
                     "request_id": {"type": "string", "description": "the client's id of this request: asking again with it is answered as the first asking was (trigger)"}
                 }
             }}
@@ -316,6 +323,11 @@ fn who(caller: &Option<axum::Extension<Caller>>) -> String {
     }
 }
 
+/// Who made a write and why, as the audit keeps it.
+fn actor(caller: &Option<axum::Extension<Caller>>, body: &WriteBody) -> actions::Actor {
+    actions::Actor::new(&who(caller), body.reason.as_deref())
+}
+
 fn store_down(e: &crate::store::StoreError) -> Response {
     error(StatusCode::SERVICE_UNAVAILABLE, e)
 }
@@ -331,7 +343,15 @@ pub(super) async fn trigger(
         Err(refused) => return refused.answer(),
     };
     let request = body.request_id.as_deref().filter(|r| !r.is_empty());
-    match actions::trigger(&config, api.store.as_ref(), &job, request).await {
+    match actions::trigger(
+        &config,
+        api.store.as_ref(),
+        &job,
+        request,
+        &actor(&caller, &body),
+    )
+    .await
+    {
         Ok(Ok(id)) => {
             tracing::info!(job = %job, trigger = %id, by = %who(&caller), reason = %reason_of(&body), "manual run requested through the API");
             answer(
@@ -425,12 +445,13 @@ pub(super) async fn withdraw(
     State(api): State<Arc<Api>>,
     Path(name): Path<String>,
     caller: Option<axum::Extension<Caller>>,
+    body: Bytes,
 ) -> Response {
-    let (job, config) = match job_of(&api, &name, false) {
-        Ok(both) => both,
+    let (job, config, body) = match write_of(&api, &name, false, &body) {
+        Ok(all) => all,
         Err(refused) => return refused.answer(),
     };
-    let done = actions::withdraw(&config, api.store.as_ref(), &job).await;
+    let done = actions::withdraw(&config, api.store.as_ref(), &job, &actor(&caller, &body)).await;
     withdrawal(&job, done, &caller)
 }
 
@@ -482,7 +503,15 @@ async fn set_paused(
         Err(refused) => return refused.answer(),
     };
     let jobs = [job.clone()];
-    match actions::set_paused(&config, api.store.as_ref(), &jobs, paused).await {
+    match actions::set_paused(
+        &config,
+        api.store.as_ref(),
+        &jobs,
+        paused,
+        &actor(&caller, &body),
+    )
+    .await
+    {
         Ok(said) => {
             tracing::warn!(job = %job, by = %who(&caller), reason = %reason_of(&body), "{} through the API", if paused { "paused" } else { "resumed" });
             let catch_up: Vec<&str> = said.iter().map(|c| c.message.as_str()).collect();
@@ -512,15 +541,7 @@ pub(super) async fn cancel(
         Err(refused) => return refused.answer(),
     };
     let by = who(&caller);
-    match actions::cancel(
-        &config,
-        api.store.as_ref(),
-        &job,
-        &by,
-        body.reason.as_deref(),
-    )
-    .await
-    {
+    match actions::cancel(&config, api.store.as_ref(), &job, &actor(&caller, &body)).await {
         Ok(Cancel::Asked(asked)) => {
             let fences: Vec<u64> = asked.iter().map(|a| a.fence).collect();
             tracing::warn!(job = %job, by = %by, reason = %reason_of(&body), ?fences, "cancel asked through the API");
@@ -592,6 +613,10 @@ pub(super) async fn job_page(
             run
         })
         .collect();
+    // A store not migrated to the audit yet (a rollout) has none to show.
+    let actions = bounded(budget, api.store.actions(Some(&job), JOB_RUNS))
+        .await
+        .unwrap_or_default();
     let digest = config.job(job.as_str()).map(|j| {
         format!(
             "{:016x}",
@@ -600,6 +625,6 @@ pub(super) async fn job_page(
     });
     answer(
         StatusCode::OK,
-        json!({"job": job, "definition_digest": digest, "status": row, "runs": runs}),
+        json!({"job": job, "definition_digest": digest, "status": row, "runs": runs, "actions": actions}),
     )
 }

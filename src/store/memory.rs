@@ -25,9 +25,9 @@ use tokio::time::Instant;
 
 use super::registry::{BeatData, FORGET_AFTER, Heartbeat, NodeRecord, Registry, sorted};
 use super::{
-    ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks, Outbox, Owner,
-    Parcel, RECORD_FORMAT, Renewal, RunRecord, SchemaNotice, Store, StoreError, TriggerAnswer,
-    TriggerId, claim_rows, clears_running, duration_ms, from_ms, to_ms, trigger_row,
+    Audit, AuditEntry, ClaimOutcome, ClaimRequest, Claimed, History, LockRow, LockStatus, Locks,
+    Outbox, Owner, Parcel, RECORD_FORMAT, Renewal, RunRecord, SchemaNotice, Store, StoreError,
+    TriggerAnswer, TriggerId, claim_rows, clears_running, duration_ms, from_ms, to_ms, trigger_row,
 };
 use crate::config::JobName;
 
@@ -94,6 +94,8 @@ struct State {
     format: i64,
     /// The outbox: parcels by id.
     outbox: BTreeMap<String, String>,
+    /// The audit: per job, its entries by id (oldest first).
+    audit: BTreeMap<String, BTreeMap<String, AuditEntry>>,
 }
 
 /// One store call, as [`MemoryStore::call_log`] lists it.
@@ -446,6 +448,38 @@ impl History for MemoryStore {
             .take(limit as usize)
             .map(|(_, r)| r.clone())
             .collect())
+    }
+}
+
+#[async_trait]
+impl Audit for MemoryStore {
+    async fn record_action(&self, entry: &AuditEntry, keep: u32) -> Result<(), StoreError> {
+        let mut s = self.count("record_action", 1)?;
+        let kept = s.audit.entry(entry.job.clone()).or_default();
+        kept.insert(entry.id.clone(), entry.clone());
+        while kept.len() > keep.max(1) as usize {
+            kept.pop_first();
+        }
+        Ok(())
+    }
+
+    async fn actions(
+        &self,
+        job: Option<&JobName>,
+        limit: u32,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let s = self.count("actions", 0)?;
+        let mut entries: Vec<AuditEntry> = match job {
+            Some(job) => s
+                .audit
+                .get(job.as_str())
+                .into_iter()
+                .flat_map(|kept| kept.values().cloned())
+                .collect(),
+            None => s.audit.values().flat_map(|k| k.values().cloned()).collect(),
+        };
+        super::audit::newest_first(&mut entries, limit);
+        Ok(entries)
     }
 }
 

@@ -17,12 +17,14 @@
 //! for tests, held to the same suite. Which one runs is decided at run time from the
 //! URL by [`connect`] from one table of backends by scheme; a backend left
 //! out of the build answers with a clear "not built in" error. A store is
-//! four concerns, [`Locks`] (claims, leases, the clock), [`History`]
-//! (finished runs), [`Registry`] (the live nodes) and [`Outbox`] (what a
-//! node hands over to a peer); [`Store`] is all four, what a backend
+//! five concerns, [`Locks`] (claims, leases, the clock), [`History`]
+//! (finished runs), [`Registry`] (the live nodes), [`Outbox`] (what a
+//! node hands over to a peer) and [`Audit`] (who acted on a job, and why);
+//! [`Store`] is all five, what a backend
 //! implements. Every backend is checked by the same conformance
 //! suite in `tests/it/conformance.rs`.
 
+pub mod audit;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod cas;
 #[cfg(feature = "etcd")]
@@ -51,6 +53,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 
 use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
+pub use audit::{Act, Audit, AuditEntry};
 pub use outbox::{Outbox, Parcel};
 pub use registry::{DefinitionsBeat, Heartbeat, NodeRecord, Registry, RunningRun};
 pub use rule::{
@@ -762,10 +765,10 @@ pub fn in_job_order(jobs: &[JobName], runs: Vec<RunRecord>) -> Vec<Option<RunRec
 }
 
 /// A whole store, what a backend is: its locks, its history, the node
-/// registry and the outbox.
-pub trait Store: Locks + History + Registry + Outbox {}
+/// registry, the outbox and the audit.
+pub trait Store: Locks + History + Registry + Outbox + Audit {}
 
-impl<T: Locks + History + Registry + Outbox + ?Sized> Store for T {}
+impl<T: Locks + History + Registry + Outbox + Audit + ?Sized> Store for T {}
 
 /// A store call, failed with [`StoreError::Timeout`] after `limit`: what
 /// bounds every call a command or the guard makes.

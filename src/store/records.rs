@@ -157,6 +157,8 @@ pub(crate) enum Kind {
     Runs,
     /// Parcels handed over ([`crate::store::outbox`]).
     Outbox,
+    /// Operators' actions ([`crate::store::audit`]): `{audit dir}/<job>/<id>`.
+    Audit,
 }
 
 /// Where a store keeps each kind of record: `{root}{dir}/{name}`, one place
@@ -167,7 +169,7 @@ pub(crate) enum Kind {
 pub(crate) struct Layout {
     root: String,
     /// Per [`Kind`], in its order.
-    dirs: [&'static str; 6],
+    dirs: [&'static str; 7],
 }
 
 impl Layout {
@@ -176,7 +178,9 @@ impl Layout {
     pub fn etcd(prefix: &str) -> Self {
         Layout {
             root: prefix.to_string(),
-            dirs: ["lock", "lease", "node", "trigger", "runs", "outbox"],
+            dirs: [
+                "lock", "lease", "node", "trigger", "runs", "outbox", "audit",
+            ],
         }
     }
 
@@ -185,7 +189,9 @@ impl Layout {
     pub fn zookeeper(base: &str) -> Self {
         Layout {
             root: format!("{base}/"),
-            dirs: ["locks", "leases", "nodes", "triggers", "runs", "outbox"],
+            dirs: [
+                "locks", "leases", "nodes", "triggers", "runs", "outbox", "audit",
+            ],
         }
     }
 
@@ -214,6 +220,11 @@ impl Layout {
     /// The prefix of a job's runs (an etcd range): `{runs dir}/<job>/`.
     pub fn runs_prefix(&self, job: &str) -> String {
         format!("{}/", self.of(Kind::Runs, job))
+    }
+
+    /// An audit entry: `{audit dir}/<job>/<id>` (ids sort by time).
+    pub fn audit(&self, job: &str, id: &str) -> String {
+        format!("{}/{id}", self.of(Kind::Audit, job))
     }
 
     /// A run's record: the fence zero-padded to 20 digits, so a job's runs
@@ -250,6 +261,8 @@ mod tests {
         assert_eq!(zk.dir(Kind::Node), "/ch/cronlease/nodes");
         assert_eq!(zk.of(Kind::Runs, "j"), "/ch/cronlease/runs/j");
         assert_eq!(zk.under("clock"), "/ch/cronlease/clock");
+        assert_eq!(zk.audit("j", "1-a"), "/ch/cronlease/audit/j/1-a");
+        assert_eq!(etcd.audit("j", "1-a"), "cronlease:audit/j/1-a");
         assert_eq!(zk.run("j", 7), "/ch/cronlease/runs/j/00000000000000000007");
     }
 

@@ -43,11 +43,14 @@ use super::{
 use crate::config::{JobName, Misfire, StoreConfig, StoreUrl, TlsFiles, one_line};
 
 mod args;
+mod audit;
 mod nodes;
 mod outbox;
 mod scan;
 use args::*;
 pub(crate) use args::{format_key, triggers_key};
+#[cfg(feature = "redlock")]
+pub(crate) use audit::{audit_args, audit_key, read_audit};
 #[cfg(any(feature = "redlock", feature = "fuzzing"))]
 pub(crate) use nodes::nodes_from_reply;
 #[cfg(feature = "redlock")]
@@ -68,6 +71,7 @@ pub(crate) static TRIGGER: &str = include_str!("redis/trigger.lua");
 pub(crate) static WITHDRAW: &str = include_str!("redis/withdraw.lua");
 pub(crate) static FORMAT: &str = include_str!("redis/format.lua");
 pub(crate) static OUTBOX: &str = include_str!("redis/outbox.lua");
+pub(crate) static AUDIT: &str = include_str!("redis/audit.lua");
 
 /// The Redis implementation of [`crate::store::Store`].
 pub struct RedisStore {
@@ -87,6 +91,7 @@ pub struct RedisStore {
     trigger: Script,
     withdraw: Script,
     outbox: Script,
+    audit: Script,
     warned_persistence: AtomicBool,
     schema_notice: SchemaNotice,
 }
@@ -169,13 +174,15 @@ impl RedisStore {
             trigger: Script::new(TRIGGER),
             withdraw: Script::new(WITHDRAW),
             outbox: Script::new(OUTBOX),
+            audit: Script::new(AUDIT),
             warned_persistence: AtomicBool::new(false),
             schema_notice: SchemaNotice::default(),
         }
     }
 
-    fn scripts(&self) -> [&Script; 9] {
+    fn scripts(&self) -> [&Script; 10] {
         [
+            &self.audit,
             &self.outbox,
             &self.claim,
             &self.renew,

@@ -491,6 +491,39 @@ command = "echo long-output; sleep 30"
         "{body}"
     );
     assert!(paused(false));
+    // Each write is in the audit with the token's name and the reason:
+    // `/api/actions`, the job's page and `history --actions` alike.
+    let (code, audit) = call_json(port, "GET", "/api/actions?job=short", Some(&reader), "");
+    assert_eq!(code, 200, "{audit}");
+    let said: Vec<(&str, &str, &str)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap(),
+                a["by"].as_str().unwrap(),
+                a["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        said,
+        [
+            ("resume", "token deploy-bot", ""),
+            ("pause", "token deploy-bot", "maintenance"),
+            ("trigger", "token deploy-bot", ""),
+        ],
+        "one trigger for one request id, asked three times: {audit}"
+    );
+    assert_eq!(audit[2]["detail"], format!("trigger {id}"), "{audit}");
+    let (_, page) = call_json(port, "GET", "/api/jobs/short", Some(&reader), "");
+    assert_eq!(page["actions"], audit, "{page}");
+    let (_, long_audit) = call_json(port, "GET", "/api/actions?job=long", Some(&reader), "");
+    assert_eq!(long_audit[0]["action"], "cancel", "{long_audit}");
+    assert_eq!(long_audit[0]["reason"], "api test", "{long_audit}");
+    let cli = c.cli_json("n1", &["history", "--actions"]).unwrap();
+    assert_eq!(cli.as_array().map(Vec::len), Some(5), "{cli}");
 
     // Withdrawal (the CLI's code, tested with `trigger --cancel`): none
     // pending here.

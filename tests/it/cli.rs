@@ -204,10 +204,31 @@ fn migrate_then_status_on_each_store() {
             v[0]["paused"].clone()
         };
         assert_eq!(paused(&config), false, "an unknown name pauses nothing");
-        let out = cronlease(&["pause", "tick"], &config);
+        let out = cronlease(&["pause", "tick", "--reason", "disk\nfull"], &config);
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {out:?}");
         assert!(String::from_utf8_lossy(&out.stdout).starts_with("paused tick"));
         assert_eq!(paused(&config), true, "{backend:?}");
+        // Who paused it and why: in status (JSON and text), from the audit.
+        let out = cronlease(&["status", "--json"], &config);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let by = &v[0]["paused_by"];
+        assert_eq!(
+            (by["action"].as_str(), by["reason"].as_str()),
+            (Some("pause"), Some("disk full")),
+            "{backend:?}: {v}"
+        );
+        let who = by["by"].as_str().unwrap().to_string();
+        assert!(who.contains('@'), "user@host: {who}");
+        assert_eq!(v[0]["last_action"], *by, "{v}");
+        let out = cronlease(&["status"], &config);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.lines().any(
+                |l| l.starts_with(&format!("PAUSED: tick pause by {who} at "))
+                    && l.ends_with(": disk full")
+            ),
+            "{backend:?}: {text}"
+        );
         let out = cronlease(&["status"], &config);
         let table = String::from_utf8_lossy(&out.stdout);
         let header: Vec<&str> = table
@@ -221,9 +242,43 @@ fn migrate_then_status_on_each_store() {
         assert!(header.contains(&"PAUSED"), "{table}");
         let row = table.lines().find(|l| l.starts_with("tick")).unwrap();
         assert!(row.split_whitespace().any(|c| c == "yes"), "{table}");
-        let out = cronlease(&["resume", "--all"], &config);
+        let out = cronlease(&["resume", "--all", "--reason", "disk freed"], &config);
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {out:?}");
         assert_eq!(paused(&config), false, "{backend:?}");
+        // Both in history's audit, newest first; below the runs' table too.
+        let out = cronlease(&["history", "tick", "--actions", "--json"], &config);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let said: Vec<(&str, &str, &str)> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["action"].as_str().unwrap(),
+                    a["by"].as_str().unwrap(),
+                    a["reason"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            said,
+            [
+                ("resume", who.as_str(), "disk freed"),
+                ("pause", who.as_str(), "disk full")
+            ],
+            "{backend:?}: {v}"
+        );
+        let out = cronlease(&["history", "tick"], &config);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let below = text.split("ACTIONS").nth(1).unwrap_or_default();
+        assert!(
+            below.contains("resume") && below.contains("disk freed"),
+            "{backend:?}: {text}"
+        );
+        let out = cronlease(&["status", "--json"], &config);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v[0]["paused_by"], serde_json::Value::Null, "{v}");
+        assert_eq!(v[0]["last_action"]["action"], "resume", "{v}");
         // No daemon ran: the registry is empty, and says so.
         let out = cronlease(&["nodes"], &config);
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {out:?}");

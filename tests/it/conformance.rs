@@ -9,8 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
-    ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner, Parcel, Renewal,
-    RunRecord, RunningRun, Store, StoreError, TriggerAnswer, TriggerId, Won, from_ms,
+    Act, AuditEntry, ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner,
+    Parcel, Renewal, RunRecord, RunningRun, Store, StoreError, TriggerAnswer, TriggerId, Won,
+    from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -1817,6 +1818,95 @@ pub async fn a_beat_carries_its_running_runs(h: &Harness) {
     running_listed(&reader, "web-1#r1", &[]).await;
 }
 
+/// The audit: every entry written is read back by any handle as it was
+/// written (who, why, what, when), newest first, once however often it was
+/// written, per job or of every job, cut to the limit asked; a job keeps
+/// its newest `keep` entries, and one without any answers none.
+pub async fn the_audit_keeps_each_action_once_newest_first(h: &Harness) {
+    let (a, reader) = (h.store().await, h.store().await);
+    let at = |ms: i64| occ(-600) + TimeDelta::milliseconds(ms);
+    let (backup, report) = (job("nightly-backup"), job("report"));
+    let entry = |j: &JobName, ms: i64, act: Act, by: &str, reason: Option<&str>, detail: &str| {
+        AuditEntry::new(j, at(ms), act, by, reason, detail)
+    };
+    let pause = entry(&backup, 0, Act::Pause, "alice@web-1", Some("disk full"), "");
+    let trigger = entry(
+        &backup,
+        1_250,
+        Act::Trigger,
+        "token ops",
+        None,
+        "trigger 0x1f",
+    );
+    let report_cancel = entry(
+        &report,
+        1_500,
+        Act::Cancel,
+        "bob@web-2",
+        Some("stuck"),
+        "asked to stop: fence 7 on web-2",
+    );
+    let resume = entry(
+        &backup,
+        2_001,
+        Act::Resume,
+        "alice@web-1",
+        Some("disk freed, ünïcode"),
+        "it was not paused",
+    );
+    for e in [&pause, &trigger, &report_cancel, &resume, &trigger] {
+        a.record_action(e, 10).await.unwrap();
+    }
+    let of_backup = reader.actions(Some(&backup), 10).await.unwrap();
+    assert_eq!(
+        of_backup,
+        vec![resume.clone(), trigger.clone(), pause.clone()]
+    );
+    let all = reader.actions(None, 10).await.unwrap();
+    assert_eq!(
+        all,
+        vec![
+            resume.clone(),
+            report_cancel.clone(),
+            trigger.clone(),
+            pause.clone()
+        ]
+    );
+    assert_eq!(
+        reader.actions(None, 2).await.unwrap(),
+        vec![resume.clone(), report_cancel.clone()]
+    );
+    assert_eq!(
+        reader.actions(Some(&backup), 1).await.unwrap(),
+        vec![resume.clone()]
+    );
+    assert!(
+        reader
+            .actions(Some(&job("never-acted-on")), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Kept: the job's newest three; the other job's entries untouched.
+    let withdraw = entry(
+        &backup,
+        3_000,
+        Act::Withdraw,
+        "token ops",
+        None,
+        "trigger 0x20",
+    );
+    a.record_action(&withdraw, 3).await.unwrap();
+    assert_eq!(
+        reader.actions(Some(&backup), 10).await.unwrap(),
+        vec![withdraw, resume, trigger]
+    );
+    assert_eq!(
+        reader.actions(Some(&report), 10).await.unwrap(),
+        vec![report_cancel]
+    );
+}
+
 async fn running_listed(reader: &Arc<dyn Store>, owner: &str, want: &[RunningRun]) {
     let nodes = reader.nodes().await.unwrap();
     let n = nodes.iter().find(|n| n.owner == owner).unwrap();
@@ -2007,6 +2097,7 @@ macro_rules! conformance {
                 node_registry_lists_live_nodes_until_their_beats_stop,
                 a_beat_carries_its_definitions,
                 a_beat_carries_its_running_runs,
+                the_audit_keeps_each_action_once_newest_first,
                 a_claim_batch_carries_the_heartbeat,
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
                 a_paused_job_is_refused_until_resumed,

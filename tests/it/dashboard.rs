@@ -470,6 +470,16 @@ fn dashboard_actions_trigger_and_cancel_a_run_by_clicks_in_a_real_browser() {
     assert_eq!(browser.text("#job-title"), "long");
     assert!(browser.find("#job-chart .bar.o-cancelled").is_some());
     assert!(browser.text("#job-runs tbody").contains("cancelled"));
+    // Its audit: who triggered and who cancelled it, with the reason.
+    let acted = browser.wait_for("the job page's actions", Duration::from_secs(10), |b| {
+        Some(b.text("#job-actions tbody")).filter(|t| t.contains("cancel"))
+    });
+    assert!(
+        acted.contains("token clicker")
+            && acted.contains("from the browser")
+            && acted.contains("trigger"),
+        "{acted}"
+    );
     browser.click("a[href=\"#\"]");
     browser.wait_for("the overview again", Duration::from_secs(10), |b| {
         (b.script("return document.getElementById('overview').hidden") == false).then_some(())

@@ -71,6 +71,7 @@ use super::{
 };
 use crate::config::{EtcdTarget, JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles, one_line};
 
+mod audit;
 mod clocks;
 mod history;
 mod lock;

@@ -37,6 +37,7 @@ use super::{
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, TlsFiles};
 
+mod audit;
 mod batch;
 mod claim;
 mod history;

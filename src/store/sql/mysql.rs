@@ -49,6 +49,7 @@ pub static DIALECT: Dialect = Dialect {
             12,
             include_str!("../../../migrations/mysql/0012_running_runs.sql"),
         ),
+        (13, include_str!("../../../migrations/mysql/0013_audit.sql")),
     ],
 };
 

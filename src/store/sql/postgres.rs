@@ -68,6 +68,10 @@ pub static DIALECT: Dialect = Dialect {
             12,
             include_str!("../../../migrations/postgres/0012_running_runs.sql"),
         ),
+        (
+            13,
+            include_str!("../../../migrations/postgres/0013_audit.sql"),
+        ),
     ],
 };
 

@@ -114,7 +114,7 @@ impl SqlStore {
         // schema table still lists their version: apply the scripts again
         // (they create only what is missing) instead of failing every call.
         let mut tables_present = true;
-        for table in ["lock_info", "job_runs", "nodes", "outbox"] {
+        for table in ["lock_info", "job_runs", "nodes", "outbox", "audit"] {
             let present = if self.dialect.name == "postgres" {
                 // A failed statement would abort the migration's transaction.
                 let probe = format!(

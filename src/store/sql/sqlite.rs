@@ -78,6 +78,10 @@ pub static DIALECT: Dialect = Dialect {
             12,
             include_str!("../../../migrations/sqlite/0012_running_runs.sql"),
         ),
+        (
+            13,
+            include_str!("../../../migrations/sqlite/0013_audit.sql"),
+        ),
     ],
 };
 

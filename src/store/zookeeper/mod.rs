@@ -66,6 +66,7 @@ use super::{
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, ZkTarget, one_line};
 
+mod audit;
 mod history;
 mod lock;
 mod nodes;
@@ -263,6 +264,7 @@ impl Locks for ZkStore {
             self.paths.dir(Kind::Node),
             self.paths.dir(Kind::Trigger),
             self.paths.dir(Kind::Outbox),
+            self.paths.dir(Kind::Audit),
         ];
         for dir in dirs {
             self.timed(client.mkdir(&dir, &persistent)).await?;

@@ -47,6 +47,7 @@ use super::{
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 
+mod audit;
 mod claim;
 mod history;
 mod masters;
@@ -91,6 +92,7 @@ pub struct RedlockStore {
     trigger: Script,
     withdraw: Script,
     outbox: Script,
+    audit: Script,
     /// Keep restarted masters out of quorums; off only through a test's
     /// failpoint, to show what it prevents.
     quarantine: bool,
@@ -162,6 +164,7 @@ impl RedlockStore {
             trigger: Script::new(super::TRIGGER),
             withdraw: Script::new(WITHDRAW),
             outbox: Script::new(super::OUTBOX),
+            audit: Script::new(super::AUDIT),
             quarantine: true,
             schema_notice: SchemaNotice::default(),
         })
@@ -175,8 +178,9 @@ impl RedlockStore {
         self
     }
 
-    fn scripts(&self) -> [&Script; 10] {
+    fn scripts(&self) -> [&Script; 11] {
         [
+            &self.audit,
             &self.outbox,
             &self.lease,
             &self.write,
