@@ -192,6 +192,17 @@ pub fn newest_first(entries: &mut Vec<AuditEntry>, limit: u32) {
     entries.truncate(limit as usize);
 }
 
+/// The WARN of a write whose entry was kept but whose job's oldest
+/// entries could not be deleted (the next write of the job trims).
+pub(crate) fn trim_failed(store: &str, job: &str, error: &dyn std::fmt::Display) {
+    tracing::warn!(
+        store = %store,
+        job = %job,
+        error = %error,
+        "the audit's oldest entries of a job could not be deleted; the next entry's write tries again"
+    );
+}
+
 /// The audit half of a store.
 #[async_trait]
 pub trait Audit: Send + Sync + 'static {

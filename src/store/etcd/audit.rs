@@ -21,12 +21,7 @@ impl Audit for EtcdStore {
         ))
         .await?;
         if let Err(e) = self.trim_audit(&client, &entry.job, keep).await {
-            tracing::warn!(
-                store = %self.url.redacted(),
-                job = %entry.job,
-                error = %e,
-                "the audit's oldest entries of a job could not be deleted; the next entry's write tries again"
-            );
+            audit::trim_failed(self.url.redacted(), &entry.job, &e);
         }
         Ok(())
     }

@@ -126,12 +126,7 @@ impl SqlStore {
             })
             .await;
         if let Err(e) = trimmed {
-            tracing::warn!(
-                store = %self.url.redacted(),
-                job = %job,
-                error = %self.err(e),
-                "the audit's oldest entries of a job could not be deleted; the next entry's write tries again"
-            );
+            audit::trim_failed(self.url.redacted(), job, &self.err(e));
         }
     }
 }

@@ -31,12 +31,7 @@ impl Audit for ZkStore {
         )
         .await?;
         if let Err(e) = self.trim_audit(&client, &dir, keep).await {
-            tracing::warn!(
-                store = %self.url.redacted(),
-                job = %entry.job,
-                error = %e,
-                "the audit's oldest entries of a job could not be deleted; the next entry's write tries again"
-            );
+            audit::trim_failed(self.url.redacted(), &entry.job, &e);
         }
         Ok(())
     }
