@@ -194,6 +194,13 @@ pub fn newest_first(entries: &mut Vec<AuditEntry>, limit: u32) {
 
 /// The WARN of a write whose entry was kept but whose job's oldest
 /// entries could not be deleted (the next write of the job trims).
+#[cfg(any(
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "postgres",
+    feature = "zookeeper",
+    feature = "etcd"
+))]
 pub(crate) fn trim_failed(store: &str, job: &str, error: &dyn std::fmt::Display) {
     tracing::warn!(
         store = %store,
