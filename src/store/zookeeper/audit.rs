@@ -30,7 +30,7 @@ impl Audit for ZkStore {
             zk::Error::NodeExists,
         )
         .await?;
-        if let Err(e) = self.trim_audit(&client, &dir, keep).await {
+        if let Err(e) = self.trim_children(&client, &dir, keep).await {
             audit::trim_failed(self.url.redacted(), &entry.job, &e);
         }
         Ok(())
@@ -110,34 +110,5 @@ impl Audit for ZkStore {
         }
         audit::newest_first(&mut entries, limit);
         Ok(entries)
-    }
-}
-
-impl ZkStore {
-    /// Deletes the entries of the job's audit directory `dir` older than
-    /// its newest `keep`.
-    async fn trim_audit(
-        &self,
-        client: &zk::Client,
-        dir: &str,
-        keep: u32,
-    ) -> Result<(), StoreError> {
-        let mut names = self.timed(client.list_children(dir)).await?;
-        let keep = keep.max(1) as usize;
-        if names.len() <= keep {
-            return Ok(());
-        }
-        names.sort_unstable();
-        let surplus = names.len() - keep;
-        let deleted = futures_util::future::join_all(names[..surplus].iter().map(|n| {
-            let path = format!("{dir}/{n}");
-            async move {
-                self.idempotent(client.delete(&path, None), zk::Error::NoNode)
-                    .await
-            }
-        }))
-        .await;
-        deleted.into_iter().collect::<Result<Vec<()>, _>>()?;
-        Ok(())
     }
 }

@@ -39,23 +39,8 @@ impl History for ZkStore {
         created.into_iter().collect::<Result<Vec<()>, _>>()?;
         self.end_running_marks(client, runs).await?;
         for job in jobs {
-            let mut names = self
-                .timed(client.list_children(&self.paths.of(Kind::Runs, job)))
+            self.trim_children(client, &self.paths.of(Kind::Runs, job), keep)
                 .await?;
-            if names.len() <= keep.max(1) as usize {
-                continue;
-            }
-            names.sort_unstable();
-            let surplus = names.len() - keep.max(1) as usize;
-            let deleted = futures_util::future::join_all(names[..surplus].iter().map(|n| {
-                let path = format!("{}/{n}", self.paths.of(Kind::Runs, job));
-                async move {
-                    self.idempotent(client.delete(&path, None), zk::Error::NoNode)
-                        .await
-                }
-            }))
-            .await;
-            deleted.into_iter().collect::<Result<Vec<()>, _>>()?;
         }
         Ok(())
     }
@@ -83,6 +68,33 @@ impl History for ZkStore {
 }
 
 impl ZkStore {
+    /// Deletes the children of `dir` before its newest `keep` (by name:
+    /// runs by fence, audit entries by id), each delete idempotent.
+    pub(super) async fn trim_children(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        keep: u32,
+    ) -> Result<(), StoreError> {
+        let mut names = self.timed(client.list_children(dir)).await?;
+        let keep = keep.max(1) as usize;
+        if names.len() <= keep {
+            return Ok(());
+        }
+        names.sort_unstable();
+        let surplus = names.len() - keep;
+        let deleted = futures_util::future::join_all(names[..surplus].iter().map(|n| {
+            let path = format!("{dir}/{n}");
+            async move {
+                self.idempotent(client.delete(&path, None), zk::Error::NoNode)
+                    .await
+            }
+        }))
+        .await;
+        deleted.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(())
+    }
+
     pub(super) async fn ensure_run_dir(
         &self,
         client: &zk::Client,
