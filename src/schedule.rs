@@ -18,10 +18,21 @@
 //!   repeated hour runs once, at its first (summer-time) instant. A job with a
 //!   wildcard or stepped hour fires on both passes, because real time goes on:
 //!   `*/30 * * * *` gives 02:00 CEST, 02:30 CEST, 02:00 CET, 02:30 CET.
+//!
+//! # Jitter
+//!
+//! A job's `jitter` moves each of its occurrences later by a delay derived
+//! from the job's name alone (as Jenkins' `H`), so every node agrees on the
+//! moved instant without talking, and jobs of one pattern spread out. The
+//! name gives a point `p` in [0, 1) (SHA-256, [`jitter_point`]); an
+//! occurrence `t` whose next scheduled one is `t + gap` moves to
+//! `t + floor(p × min(jitter, gap))` in whole seconds, so it stays before
+//! the next one and the order of occurrences never changes.
 
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use chrono_tz::Tz;
@@ -53,13 +64,49 @@ pub enum ScheduleError {
     UnknownZone { zone: String },
 }
 
-/// A validated cron schedule in a time zone.
+/// A validated cron schedule in a time zone, with its jitter if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
     /// Shared by every schedule of the same pattern ([`shared_cron`]).
     cron: Arc<Cron>,
     zone: Tz,
     expr: String,
+    jitter: Option<Jitter>,
+}
+
+/// A job's jitter: the longest delay, and the job's point in [0, 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Jitter {
+    /// Whole seconds, at least 1.
+    max_secs: i64,
+    /// The point as a fraction of 2^64 ([`jitter_point`]).
+    point: u64,
+}
+
+impl Jitter {
+    /// The delay of an occurrence whose next one is `gap` seconds later
+    /// (`None`: it has no next one): less than both `max_secs` and `gap`.
+    fn delay(&self, gap: Option<i64>) -> TimeDelta {
+        let bound = gap.map_or(self.max_secs, |g| g.min(self.max_secs)).max(0);
+        // p × bound, floored: below bound, since p < 1.
+        let secs = (u128::from(self.point) * bound as u128) >> 64;
+        TimeDelta::seconds(secs as i64)
+    }
+}
+
+/// The point in [0, 1), as a fraction of 2^64, where a job named `job`
+/// falls within its jitter: the first 8 bytes of SHA-256 over a fixed tag
+/// and the name. The same on every host, version and platform; it is part
+/// of the protocol (docs/protocol.md, "Jitter").
+pub fn jitter_point(job: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"cronlease jitter v1\0");
+    h.update(job.as_bytes());
+    let sum = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&sum[..8]);
+    u64::from_be_bytes(first)
 }
 
 /// The parsed `pattern`, shared with every schedule already holding it:
@@ -139,6 +186,7 @@ impl Schedule {
             cron,
             zone,
             expr: trimmed.to_string(),
+            jitter: None,
         };
         // croner gives up after a bounded search: the pattern names a date
         // that does not exist (Feb 30, Apr 31).
@@ -163,8 +211,76 @@ impl Schedule {
         self.zone
     }
 
+    /// The same schedule with each occurrence moved by the jitter of a job
+    /// named `job` of at most `max` (whole seconds; under a second is none).
+    pub fn with_jitter(mut self, job: &str, max: Duration) -> Self {
+        let max_secs = i64::try_from(max.as_secs()).unwrap_or(i64::MAX);
+        self.jitter = (max_secs > 0).then(|| Jitter {
+            max_secs,
+            point: jitter_point(job),
+        });
+        self
+    }
+
+    /// The longest delay jitter adds, if any.
+    pub fn jitter(&self) -> Option<Duration> {
+        self.jitter
+            .map(|j| Duration::from_secs(j.max_secs.unsigned_abs()))
+    }
+
     /// The first occurrence strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let Some(jitter) = self.jitter else {
+            return self.cron_after(t);
+        };
+        // Occurrences before the last scheduled instant at or before `t`
+        // moved to before it; that one may have moved past `t`.
+        let moved = |at: DateTime<Utc>, next: Option<DateTime<Utc>>| {
+            at + jitter.delay(next.map(|n| (n - at).num_seconds()))
+        };
+        if let Some(last) = self.cron_before(t, true) {
+            let next = self.cron_after(last);
+            let at = moved(last, next);
+            if at > t {
+                return Some(at);
+            }
+            let first = next?;
+            return Some(moved(first, self.cron_after(first)));
+        }
+        let first = self.cron_after(t)?;
+        Some(moved(first, self.cron_after(first)))
+    }
+
+    /// The last occurrence strictly before `t`.
+    pub fn previous_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let Some(jitter) = self.jitter else {
+            return self.cron_before(t, false);
+        };
+        // Moved occurrences keep their order and stay before the next
+        // scheduled instant: the last one before `t` comes from the last
+        // scheduled instant before `t`, or the one before that.
+        let last = self.cron_before(t, false)?;
+        let gap =
+            |at: DateTime<Utc>, next: Option<DateTime<Utc>>| next.map(|n| (n - at).num_seconds());
+        let at = last + jitter.delay(gap(last, self.cron_after(last)));
+        if at < t {
+            return Some(at);
+        }
+        let before = self.cron_before(last, false)?;
+        Some(before + jitter.delay(gap(before, Some(last))))
+    }
+
+    /// The scheduled instant `occurrence` was moved from by the jitter
+    /// (itself without jitter).
+    pub fn unjittered(&self, occurrence: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match self.jitter {
+            None => Some(occurrence),
+            Some(_) => self.cron_before(occurrence, true),
+        }
+    }
+
+    /// The first scheduled instant (jitter aside) strictly after `t`.
+    fn cron_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let start = whole_second(t).with_timezone(&self.zone);
         self.cron
             .find_next_occurrence(&start, false)
@@ -172,12 +288,13 @@ impl Schedule {
             .map(|d| d.with_timezone(&Utc))
     }
 
-    /// The last occurrence strictly before `t`.
-    pub fn previous_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    /// The last scheduled instant (jitter aside) before `t`, or at `t` if
+    /// `inclusive`.
+    fn cron_before(&self, t: DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
         // An instant with a fraction lies after its whole second, which may
         // itself be an occurrence.
         let floor = whole_second(t);
-        let inclusive = floor < t;
+        let inclusive = inclusive || floor < t;
         self.cron
             .find_previous_occurrence(&floor.with_timezone(&self.zone), inclusive)
             .ok()
@@ -386,6 +503,119 @@ mod tests {
             let all = s.upcoming(utc("2026-10-24T20:00:00Z"), 200);
             assert!(all.windows(2).all(|w| w[0] < w[1]), "{expr}");
         }
+    }
+
+    /// Every jittered occurrence after `from` and before `from + span`,
+    /// worked out apart from `next_after`: each scheduled instant plus
+    /// p × min(jitter, gap).
+    fn jittered_by_hand(
+        expr: &str,
+        zone: &str,
+        job: &str,
+        jitter: i64,
+        from: DateTime<Utc>,
+        span: TimeDelta,
+    ) -> Vec<DateTime<Utc>> {
+        let plain = Schedule::parse(expr, zone).unwrap();
+        let p = jitter_point(job) as f64 / 2f64.powi(64);
+        let mut out = Vec::new();
+        // Start a whole jitter early: an earlier instant may move past `from`.
+        let mut at = plain.next_after(from - TimeDelta::seconds(jitter + 1));
+        while let Some(t) = at.filter(|t| *t < from + span) {
+            let next = plain.next_after(t).unwrap();
+            let bound = jitter.min((next - t).num_seconds());
+            out.push(t + TimeDelta::seconds((p * bound as f64).floor() as i64));
+            at = Some(next);
+        }
+        out.retain(|t| *t > from);
+        out
+    }
+
+    #[test]
+    fn jitter_moves_each_occurrence_by_the_names_point_within_the_gap() {
+        let from = utc("2026-03-28T00:00:00Z");
+        for (expr, zone, job, jitter, hours) in [
+            ("0 * * * *", "UTC", "hourly-report", 1800, 72),
+            ("0 9,10 * * *", "UTC", "twice-a-morning", 7200, 72),
+            ("*/10 * * * * *", "UTC", "often", 300, 3),
+            ("*/30 * * * *", "Europe/Berlin", "through-dst", 3600, 72),
+            ("* * * * * *", "UTC", "every-second", 60, 1),
+        ] {
+            let s = Schedule::parse(expr, zone)
+                .unwrap()
+                .with_jitter(job, Duration::from_secs(jitter as u64));
+            assert_eq!(s.jitter(), Some(Duration::from_secs(jitter as u64)));
+            let span = TimeDelta::hours(hours);
+            let expected = jittered_by_hand(expr, zone, job, jitter, from, span);
+            let got = s.upcoming(from, expected.len());
+            assert_eq!(got, expected, "{expr} {job}");
+            // Each stays before the next scheduled instant: order kept.
+            assert!(got.windows(2).all(|w| w[0] < w[1]), "{expr}");
+            for t in &got {
+                let base = s.unjittered(*t).unwrap();
+                assert!(*t - base < TimeDelta::seconds(jitter), "{expr}");
+                let plain = Schedule::parse(expr, zone).unwrap();
+                assert!(plain.next_after(base).unwrap() > *t, "{expr}");
+            }
+            // next_after and previous_before agree with that list from any
+            // instant, fractions included.
+            let mut t = from + TimeDelta::seconds(jitter + 1);
+            while t < from + span - TimeDelta::seconds(jitter + 1) {
+                let after = got.iter().find(|o| **o > t).copied();
+                let before = got.iter().rev().find(|o| **o < t).copied();
+                if after.is_some() {
+                    assert_eq!(s.next_after(t), after, "{expr} after {t}");
+                }
+                if got.first().is_some_and(|f| *f < t) {
+                    assert_eq!(s.previous_before(t), before, "{expr} before {t}");
+                }
+                t += span / 97;
+            }
+        }
+        // An every-second job has no room to move.
+        let s = Schedule::parse("* * * * * *", "UTC")
+            .unwrap()
+            .with_jitter("x", Duration::from_secs(60));
+        assert_eq!(s.next_after(from), Some(from + TimeDelta::seconds(1)));
+    }
+
+    #[test]
+    fn jitter_is_the_same_everywhere_and_spreads_jobs() {
+        // Pinned: nodes of any version must agree on the moved instant.
+        assert_eq!(jitter_point("backup"), jitter_point("backup"));
+        let s = Schedule::parse("0 * * * *", "UTC")
+            .unwrap()
+            .with_jitter("backup", Duration::from_secs(3600));
+        let first = s.next_after(utc("2026-01-01T00:00:00Z")).unwrap();
+        assert_eq!(
+            first,
+            utc("2026-01-01T00:00:00Z")
+                + TimeDelta::seconds(((u128::from(jitter_point("backup")) * 3600) >> 64) as i64)
+        );
+        // python3: hashlib.sha256(b"cronlease jitter v1\0backup").hexdigest()[:16]
+        assert_eq!(
+            format!("{:016x}", jitter_point("backup")),
+            "7ccfc4e200565f29"
+        );
+        // 600 hourly jobs over the hour: every 10-minute slice gets some,
+        // none gets twice its share.
+        let mut slices = [0u32; 6];
+        for i in 0..600 {
+            let s = Schedule::parse("0 * * * *", "UTC")
+                .unwrap()
+                .with_jitter(&format!("job-{i}"), Duration::from_secs(3600));
+            let at = s.next_after(utc("2026-01-01T00:00:00Z")).unwrap();
+            let delay = (at - s.unjittered(at).unwrap()).num_seconds();
+            assert!((0..3600).contains(&delay), "{delay}");
+            slices[(delay / 600) as usize] += 1;
+        }
+        assert!(slices.iter().all(|n| (50..200).contains(n)), "{slices:?}");
+        // Zero is no jitter.
+        let s = Schedule::parse("0 * * * *", "UTC")
+            .unwrap()
+            .with_jitter("backup", Duration::ZERO);
+        assert_eq!(s.jitter(), None);
+        assert_eq!(s, Schedule::parse("0 * * * *", "UTC").unwrap());
     }
 
     #[test]

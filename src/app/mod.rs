@@ -245,9 +245,12 @@ fn check(path: &Path, next: usize) -> ExitCode {
     );
     let now = Utc::now();
     for job in &config.jobs {
+        let jitter = job.schedule.jitter().map_or_else(String::new, |j| {
+            format!("  jitter {}", humantime::format_duration(j))
+        });
         let _ = writeln!(
             out,
-            "{}  {:?} ({})  {}",
+            "{}  {:?} ({}){jitter}  {}",
             job.name,
             job.schedule.expr(),
             job.schedule.zone(),
@@ -255,9 +258,18 @@ fn check(path: &Path, next: usize) -> ExitCode {
         );
         for t in job.schedule.upcoming(now, next) {
             let local = t.with_timezone(&job.schedule.zone());
+            // A jittered time names the scheduled one it was moved from.
+            let moved = match job.schedule.unjittered(t) {
+                Some(at) if job.schedule.jitter().is_some() => format!(
+                    "  scheduled {} +{}",
+                    at.with_timezone(&job.schedule.zone()).format("%H:%M:%S"),
+                    humantime::format_duration((t - at).to_std().unwrap_or_default())
+                ),
+                _ => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "  {}  ({})",
+                "  {}  ({}){moved}",
                 rfc3339(t),
                 local.format("%Y-%m-%d %H:%M:%S %Z")
             );

@@ -10,7 +10,7 @@ pub(super) fn validate_job(
     rj: &RawJob,
     base: &Path,
     seen: &mut HashMap<String, String>,
-    runner: RunnerChoice,
+    defaults: &JobDefaults,
     errors: &mut Vec<ConfigError>,
 ) -> Option<Job> {
     let before = errors.len();
@@ -40,8 +40,15 @@ pub(super) fn validate_job(
     {
         errors.push(src.at(z, e.to_string()));
     }
+    let jitter = match &rj.jitter {
+        Some(v) => jitter(src, v, "jitter", errors),
+        None => Some(defaults.jitter),
+    };
     let schedule = match Schedule::parse(rj.schedule.get_ref(), zone) {
-        Ok(s) => Some(s),
+        Ok(s) => match (&name, jitter) {
+            (Some(name), Some(jitter)) => Some(s.with_jitter(name.as_str(), jitter)),
+            _ => None,
+        },
         Err(crate::schedule::ScheduleError::UnknownZone { .. }) => None,
         Err(e) => {
             errors.push(src.at(&rj.schedule, e.to_string()));
@@ -121,7 +128,7 @@ pub(super) fn validate_job(
     // Checked whatever else is wrong: `check` reports every mistake.
     let retry = rj.retry.as_ref().and_then(|r| retry(src, r, errors));
     let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
-    let identity = identity(src, rj, runner, errors);
+    let identity = identity(src, rj, defaults.runner, errors);
     let isolation = isolation(src, rj, base, errors);
     if errors.len() > before {
         return None;
@@ -252,6 +259,62 @@ fn retry(src: &Source, r: &Spanned<RawRetry>, errors: &mut Vec<ConfigError>) -> 
         max_backoff: max_backoff?,
         on,
     })
+}
+
+/// What `[jobs]` in the main file gives every job that does not say.
+pub(super) struct JobDefaults {
+    /// `jobs.runner`.
+    pub runner: RunnerChoice,
+    /// `jobs.default_jitter` (zero: none).
+    pub jitter: Duration,
+}
+
+/// A `jitter` (or `jobs.default_jitter`): whole seconds, zero for none, at
+/// most [`MAX_DURATION`] (the gap to the next occurrence bounds it anyway).
+pub(super) fn jitter(
+    src: &Source,
+    v: &Spanned<String>,
+    what: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Duration> {
+    let text = v.get_ref().trim();
+    if text == "0" {
+        return Some(Duration::ZERO);
+    }
+    match humantime::parse_duration(text) {
+        Ok(d) if d > MAX_DURATION => {
+            errors.push(src.at(
+                v,
+                format!(
+                    "{what} {:?} is too long: at most {}",
+                    v.get_ref(),
+                    humantime::format_duration(MAX_DURATION)
+                ),
+            ));
+            None
+        }
+        Ok(d) if d.subsec_nanos() != 0 => {
+            errors.push(src.at(
+                v,
+                format!(
+                    "{what} {:?} is not a whole number of seconds (occurrences fall on whole seconds)",
+                    v.get_ref()
+                ),
+            ));
+            None
+        }
+        Ok(d) => Some(d),
+        Err(e) => {
+            errors.push(src.at(
+                v,
+                format!(
+                    "invalid duration {:?} for {what}: {e} (expected e.g. \"30s\", \"5m\", \"0s\" for none)",
+                    v.get_ref()
+                ),
+            ));
+            None
+        }
+    }
 }
 
 /// The shortest `starting_deadline`.

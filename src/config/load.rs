@@ -261,12 +261,20 @@ fn load_jobs(
     base: &Path,
     errors: &mut Vec<ConfigError>,
 ) -> (Vec<Job>, Vec<PathBuf>) {
-    let runner = raw.jobs.runner.unwrap_or_default();
+    let defaults = JobDefaults {
+        runner: raw.jobs.runner.unwrap_or_default(),
+        jitter: raw
+            .jobs
+            .default_jitter
+            .as_ref()
+            .and_then(|v| jitter(src, v, "jobs.default_jitter", errors))
+            .unwrap_or(Duration::ZERO),
+    };
     let mut jobs = Vec::new();
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut job_files = vec![path.to_path_buf()];
     for rj in &raw.job {
-        if let Some(job) = validate_job(src, rj, base, &mut seen, runner, errors) {
+        if let Some(job) = validate_job(src, rj, base, &mut seen, &defaults, errors) {
             jobs.push(job);
         }
     }
@@ -310,7 +318,8 @@ fn load_jobs(
                 };
                 if let Some(jf) = parse_toml::<RawJobFile>(&jsrc, errors) {
                     for rj in &jf.job {
-                        if let Some(job) = validate_job(&jsrc, rj, base, &mut seen, runner, errors)
+                        if let Some(job) =
+                            validate_job(&jsrc, rj, base, &mut seen, &defaults, errors)
                         {
                             jobs.push(job);
                         }

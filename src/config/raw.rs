@@ -87,6 +87,7 @@ pub struct RawCluster {
 pub struct RawJobs {
     pub dir: Option<Spanned<String>>,
     pub runner: Option<super::RunnerChoice>,
+    pub default_jitter: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -122,6 +123,7 @@ pub struct RawJob {
     pub name: Spanned<String>,
     pub schedule: Spanned<String>,
     pub timezone: Option<Spanned<String>>,
+    pub jitter: Option<Spanned<String>>,
     /// A string (`/bin/sh -c`) or an array (argv); checked in validation.
     pub command: Spanned<toml::Value>,
     pub timeout: Option<Spanned<String>>,

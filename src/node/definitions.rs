@@ -3,7 +3,7 @@
 //! (docs/protocol.md, "Job definitions across nodes").
 //!
 //! - Each job's definition (what changes when it runs: schedule, zone,
-//!   command, timeout, kill grace, misfire, overlap, starting deadline,
+//!   jitter, command, timeout, kill grace, misfire, overlap, starting deadline,
 //!   delivery, env, working directory, user, output tail, hooks, retry)
 //!   has a 64-bit digest, SHA-256 over a tagged encoding of those fields:
 //!   the same on every host and version that writes the same encoding
@@ -58,6 +58,8 @@ pub fn job_digest(job: &Job) -> JobDigest {
     let expr: Vec<&str> = job.schedule.expr().split_whitespace().collect();
     put("schedule", expr.join(" ").to_ascii_lowercase().as_bytes());
     put("zone", job.schedule.zone().name().as_bytes());
+    // Only when set: the digests of jobs without it are as before.
+    put_duration(&mut put, "jitter", job.schedule.jitter());
     put_command(&mut put, "command", Some(&job.command));
     put_duration(&mut put, "timeout", job.timeout);
     put_duration(&mut put, "kill_grace", Some(job.kill_grace));
@@ -440,6 +442,13 @@ mod tests {
         let mut timeout = x.clone();
         timeout.timeout = Some(Duration::from_secs(3));
         assert_ne!(job_digest(&x), job_digest(&timeout));
+        // Jitter moves the instants: two hosts must agree on it.
+        let mut jittered = x.clone();
+        jittered.schedule = jittered.schedule.with_jitter("x", Duration::from_secs(3));
+        assert_ne!(job_digest(&x), job_digest(&jittered));
+        let mut none = x.clone();
+        none.schedule = none.schedule.with_jitter("x", Duration::ZERO);
+        assert_eq!(job_digest(&x), job_digest(&none));
     }
 
     #[test]

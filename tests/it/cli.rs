@@ -71,6 +71,81 @@ fn check_prints_next_fire_times_without_a_store() {
     );
 }
 
+/// `check --next` shows each time as jitter moved it, and where from;
+/// `jobs.default_jitter` applies where a job does not say, `jitter = "0s"`
+/// opts out; a jitter that is not whole seconds is refused at its place.
+#[test]
+fn check_shows_jittered_times_and_refuses_a_bad_jitter() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cronlease.toml");
+    let text = "node = \"cli\"\n[store]\nurl = \"sqlite://x.db\"\n[jobs]\ndefault_jitter = \"1h\"\n\
+        [[job]]\nname = \"spread-a\"\nschedule = \"0 * * * *\"\ncommand = \"true\"\n\
+        [[job]]\nname = \"spread-b\"\nschedule = \"0 * * * *\"\njitter = \"10m\"\ncommand = \"true\"\n\
+        [[job]]\nname = \"plain\"\nschedule = \"0 * * * *\"\njitter = \"0s\"\ncommand = \"true\"\n";
+    std::fs::write(&config, text).unwrap();
+    let out = cronlease(&["check", "--next", "3"], &config);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let section = |job: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("{job}  ")))
+            .take(4)
+            .map(str::to_string)
+            .collect()
+    };
+    // python3: p = int(hashlib.sha256(b"cronlease jitter v1\0" + name).hexdigest()[:16], 16)
+    // delay = p * bound >> 64: spread-a 712 s of 3600, spread-b 132 s of 600.
+    for (job, jitter, at, moved) in [
+        ("spread-a", "  jitter 1h  ", ":11:52Z", "+11m 52s"),
+        ("spread-b", "  jitter 10m  ", ":02:12Z", "+2m 12s"),
+    ] {
+        let lines = section(job);
+        assert_eq!(lines.len(), 4, "{stdout}");
+        assert!(lines[0].contains(jitter), "{stdout}");
+        for l in &lines[1..] {
+            assert!(l.starts_with("  20") && l.contains(at), "{job}: {l}");
+            assert!(l.contains(":00:00 ") && l.ends_with(moved), "{job}: {l}");
+        }
+    }
+    let plain = section("plain");
+    assert!(!plain[0].contains("jitter"), "{stdout}");
+    assert!(
+        plain[1..]
+            .iter()
+            .all(|l| l.contains(":00:00Z") && !l.contains("scheduled")),
+        "{stdout}"
+    );
+
+    std::fs::write(
+        &config,
+        text.replace("\"10m\"", "\"1500ms\"")
+            .replace("\"1h\"", "\"soon\""),
+    )
+    .unwrap();
+    let out = cronlease(&["check"], &config);
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let path = config.display().to_string();
+    assert!(
+        stderr.contains(&format!(
+            "{path}:5:18: invalid duration \"soon\" for jobs.default_jitter"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{path}:13:10: jitter \"1500ms\" is not a whole number of seconds"
+        )),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn config_from_the_environment_variable() {
     let dir = tempfile::tempdir().unwrap();
