@@ -1,10 +1,18 @@
-//! Idle footprint: memory and CPU of one daemon holding `--jobs` jobs that do
-//! not fire while it is measured (yearly schedules), on the embedded SQLite
-//! store. Prints RSS and PSS (shared pages split among the processes that
-//! map them: the guard is the daemon's own binary) of the daemon and its
-//! guard, and CPU seconds per hour, measured over `--seconds` after a warm-up.
+//! Idle footprint: memory, CPU and store traffic of one daemon holding
+//! `--jobs` jobs that do not fire while it is measured (yearly schedules),
+//! on the embedded SQLite store unless `--stores` says. Prints RSS and PSS
+//! (shared pages split among the processes that map them: the guard is the
+//! daemon's own binary) of the daemon and its guard, CPU seconds per hour
+//! and as a share of one core, and store calls per second by op (the
+//! daemon's own `/metrics`, `cronlease_store_call_seconds_count`), measured
+//! over `--seconds` after a warm-up; then, for `--fsync-seconds`, the
+//! daemon's and guard's `fsync`/`fdatasync` calls per second counted by
+//! `strace -c` (on SQLite each is a committed write; `0` skips it).
+//! `CRONLEASE_BENCH_BIN` runs another build of the binary, for a
+//! before/after table.
 //!
-//! cargo bench --bench idle -- [--jobs 100] [--seconds 120] [--stores sqlite]
+//! cargo bench --all-features --bench idle -- [--jobs 100] [--seconds 120]
+//! [--fsync-seconds 20] [--stores sqlite,redis]
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,7 +25,55 @@ mod common;
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// Store calls so far, by op, from the daemon's `/metrics`.
+fn calls(port: u16) -> BTreeMap<String, f64> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("cronlease_store_call_seconds_count{op=\""))
+        .filter_map(|l| {
+            let (op, rest) = l.split_once('"')?;
+            let n = rest.rsplit(' ').next()?.parse().ok()?;
+            Some((op.to_string(), n))
+        })
+        .collect()
+}
+
+/// `fsync` and `fdatasync` calls of `pids` (threads included) over
+/// `seconds`, per second, counted by `strace -c`; None without strace.
+fn syncs_per_second(pids: &[i32], seconds: u64) -> Option<f64> {
+    let mut cmd = std::process::Command::new("strace");
+    cmd.args(["-f", "-c", "-e", "trace=fsync,fdatasync"]);
+    for pid in pids {
+        cmd.arg("-p").arg(pid.to_string());
+    }
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_secs(seconds));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .ok()?;
+    let out = child.wait_with_output().ok()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    // The summary's rows: % time, seconds, usecs/call, calls, [errors,] name.
+    let n: u64 = text
+        .lines()
+        .filter(|l| l.ends_with("fsync") || l.ends_with("fdatasync"))
+        .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+        .sum();
+    Some(n as f64 / seconds as f64)
+}
 
 /// CPU time of a process: utime + stime, in clock ticks.
 fn cpu_ticks(pid: i32) -> u64 {
@@ -54,6 +110,9 @@ fn main() {
     let seconds: u64 = common::arg("--seconds", "120")
         .parse()
         .expect("--seconds N");
+    let fsync_seconds: u64 = common::arg("--fsync-seconds", "20")
+        .parse()
+        .expect("--fsync-seconds N");
     let stores = if std::env::args().any(|a| a == "--stores") {
         common::stores()
     } else {
@@ -71,9 +130,13 @@ fn main() {
     .parse()
     .unwrap();
     println!(
-        "| store | jobs | daemon RSS | daemon PSS | guard RSS | guard PSS | CPU (daemon + guard) | measured over |"
+        "binary: {}",
+        std::env::var("CRONLEASE_BENCH_BIN").unwrap_or_else(|_| "this build".into())
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| store | jobs | daemon RSS | daemon PSS | guard RSS | guard PSS | CPU (daemon + guard) | CPU share | store calls/s | by op | fsyncs/s | measured over |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|");
     for backend in stores {
         let job_file: String = (0..jobs)
             .map(|i| {
@@ -82,25 +145,53 @@ fn main() {
                 )
             })
             .collect();
-        let mut c = cluster::Cluster::new(backend, Some(&job_file), "");
+        let port = support::free_port();
+        let mut c = cluster::Cluster::new(
+            backend,
+            Some(&job_file),
+            &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+        );
         c.start("n1");
         std::thread::sleep(Duration::from_secs(5));
         let tree = c.tree("n1");
         let (daemon, guard) = (tree[0], tree.get(1).copied().unwrap_or(tree[0]));
         let before: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
+        let calls_before = calls(port);
+        let started = Instant::now();
         std::thread::sleep(Duration::from_secs(seconds));
         let after: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
-        let cpu_per_hour = (after - before) as f64 / hz * 3600.0 / seconds as f64;
+        let calls_after = calls(port);
+        let took = started.elapsed().as_secs_f64();
+        let cpu_per_hour = (after - before) as f64 / hz * 3600.0 / took;
         let (rss_d, rss_g) = (rss(daemon), rss(guard));
         let (pss_d, pss_g) = (pss(daemon), pss(guard));
+        let syncs = if fsync_seconds > 0 {
+            syncs_per_second(&[daemon, guard], fsync_seconds)
+                .map_or_else(|| "no strace".to_string(), |n| format!("{n:.2}"))
+        } else {
+            "-".to_string()
+        };
         c.stop_all();
+        let rate = |op: &str| {
+            (calls_after.get(op).copied().unwrap_or(0.0)
+                - calls_before.get(op).copied().unwrap_or(0.0))
+                / took
+        };
+        let all: f64 = calls_after.keys().map(|op| rate(op)).sum();
+        let by_op: Vec<String> = calls_after
+            .keys()
+            .filter(|op| rate(op) > 0.0)
+            .map(|op| format!("{op} {:.2}", rate(op)))
+            .collect();
         let mib = |kib: u64| kib as f64 / 1024.0;
         println!(
-            "| {backend:?} | {jobs} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB | {cpu_per_hour:.2} s/hour | {seconds} s |",
+            "| {backend:?} | {jobs} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB | {cpu_per_hour:.2} s/hour | {:.3} % | {all:.2} | {} | {syncs} | {seconds} s |",
             mib(rss_d),
             mib(pss_d),
             mib(rss_g),
-            mib(pss_g)
+            mib(pss_g),
+            cpu_per_hour / 3600.0 * 100.0,
+            by_op.join(", ")
         );
     }
 }

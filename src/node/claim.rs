@@ -235,7 +235,12 @@ impl Node {
                 self.beat.epoch.elapsed().as_millis() as u64,
                 Ordering::Relaxed,
             );
-            let wake = match self.next_instant() {
+            let next = self.next_instant();
+            self.beat.next_due_ms.store(
+                next.map_or(i64::MAX, |at| at.timestamp_millis()),
+                Ordering::Relaxed,
+            );
+            let wake = match next {
                 Some(at) => self.instant_of(at).min(Instant::now() + MAX_SLEEP),
                 None => Instant::now() + MAX_SLEEP,
             };

@@ -23,19 +23,28 @@ use super::cancel::CancelSlot;
 use super::definitions::JobDigests;
 
 /// The shortest heartbeat period, whatever the margin.
-const MIN_BEAT: Duration = Duration::from_millis(50);
+pub(super) const MIN_BEAT: Duration = Duration::from_secs(1);
 
 /// How often a node with lease margin `margin` beats, and how long each
-/// beat keeps its record alive: 3/8 of the margin (at least [`MIN_BEAT`]),
-/// and the margin plus a third, so two beats may be lost or late before the
-/// record ends (with a margin of 150 ms or more). Not a third: batches come
-/// at whole seconds, and with the default 1 s margin three periods of
-/// 333 ms put a beat on its own 1 ms before each batch, which then carried
-/// none (measured: 3.0 beats on their own per second with a job every
-/// second); with 375 ms the batch comes 250 ms after the second one.
+/// beat keeps its record alive: 3/8 of the margin, at least [`MIN_BEAT`]
+/// (a second: what an idle node costs the store is one call a period,
+/// since the look for manual runs rides in the beat); and the longer of
+/// the margin and two periods, plus a third of the margin (at least
+/// 50 ms), so two beats may be lost or late before the record ends. Not a
+/// third of the margin: batches come at whole seconds, and three periods
+/// of 333 ms put a beat on its own 1 ms before each batch, which then
+/// carried none.
+///
+/// Nothing waits for a record to end but the listing itself (`nodes`, the
+/// live count, `spread`'s view): takeover goes by the locks' running marks
+/// and head start, and a crashed daemon's guard deletes its record at
+/// once; so the period is what the registry's readers need, a second.
 pub(super) fn beat_timing(margin: Duration) -> (Duration, Duration) {
     let every = (margin * 3 / 8).max(MIN_BEAT);
-    (every, margin + (margin / 3).max(MIN_BEAT))
+    (
+        every,
+        margin.max(every * 2) + (margin / 3).max(Duration::from_millis(50)),
+    )
 }
 
 /// A run noted going ([`Node::run_going`]); dropped when its process is
@@ -84,19 +93,23 @@ impl Node {
         }
     }
 
-    /// One heartbeat on its own, now.
+    /// One heartbeat on its own, now, reading the pending manual runs'
+    /// requests in the same call for the trigger watcher.
     pub(super) async fn beat_once(&self) {
         let beat = self.heartbeat();
         let sent = Instant::now();
-        if let Ok(nodes) = self
+        if let Ok((nodes, pending)) = self
             .call(
                 "heartbeat",
                 self.settings.op_timeout,
-                self.store.heartbeat(&beat),
+                self.store.heartbeat_looking(&beat),
             )
             .await
         {
             self.beaten(nodes, sent);
+            if let Some(pending) = pending {
+                self.looks.deliver(pending);
+            }
         }
     }
 
@@ -454,16 +467,28 @@ mod tests {
     }
 
     #[test]
-    fn a_record_outlives_two_lost_beats_and_ends_within_two_margins() {
-        for margin_ms in [150u64, 300, 1_000, 60_000] {
+    fn a_record_outlives_two_lost_beats_and_an_idle_node_beats_once_a_second_at_most() {
+        for margin_ms in [150u64, 300, 1_000, 5_000, 60_000] {
             let margin = Duration::from_millis(margin_ms);
             let (every, ttl) = beat_timing(margin);
+            assert!(every >= MIN_BEAT, "{margin:?}: beats every {every:?}");
             assert!(
                 every <= margin.max(MIN_BEAT),
                 "{margin:?}: beats every {every:?}"
             );
-            assert!(ttl >= every * 2, "{margin:?}: {ttl:?} vs {every:?}");
-            assert!(ttl <= margin * 2, "{margin:?}: lives {ttl:?}");
+            assert!(
+                ttl >= every * 2 + Duration::from_millis(50),
+                "{margin:?}: {ttl:?} vs {every:?}"
+            );
+            assert!(
+                ttl <= (margin * 2).max(every * 2 + margin),
+                "{margin:?}: lives {ttl:?}"
+            );
         }
+        let ms = |d: Duration| d.as_millis();
+        let (every, ttl) = beat_timing(Duration::from_secs(1));
+        assert_eq!((ms(every), ms(ttl)), (1_000, 2_333));
+        let (every, ttl) = beat_timing(Duration::from_secs(5));
+        assert_eq!((ms(every), ms(ttl)), (1_875, 6_666));
     }
 }

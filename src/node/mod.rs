@@ -339,6 +339,8 @@ pub struct Node {
     members: Membership,
     /// Manual runs' requests being claimed now ([`trigger`]).
     triggers: trigger::InFlight,
+    /// Pending requests read by a heartbeat, for the trigger watcher.
+    looks: trigger::Looks,
 }
 
 /// The node's settings, from its configuration.
@@ -391,6 +393,9 @@ struct SchedulerBeat {
     epoch: Instant,
     /// When the scheduler last woke (ms since `epoch`).
     last: AtomicU64,
+    /// The earliest next occurrence of any job as the scheduler last saw
+    /// it (Unix ms; `i64::MAX`: none), for the trigger watcher's pace.
+    next_due_ms: std::sync::atomic::AtomicI64,
 }
 
 /// Claims, renewals and history writes, batched (see [`batch`]).
@@ -557,6 +562,7 @@ impl Node {
             beat: SchedulerBeat {
                 epoch: Instant::now(),
                 last: AtomicU64::new(0),
+                next_due_ms: std::sync::atomic::AtomicI64::new(i64::MAX),
             },
             batch: Batchers {
                 claims: Batcher::new(Duration::ZERO),
@@ -573,6 +579,7 @@ impl Node {
                 running: Mutex::new(BTreeMap::new()),
             },
             triggers: trigger::InFlight::default(),
+            looks: trigger::Looks::default(),
         })
     }
 
@@ -587,8 +594,9 @@ impl Node {
     }
 
     /// Why this node is not healthy (`/healthz`), if it is not: its clock is
-    /// out of bounds, the store has not answered within a lease margin, or
-    /// store calls are failing.
+    /// out of bounds, the store has not answered within a heartbeat period
+    /// and a lease margin ([`Node::quiet_limit`]), or store calls are
+    /// failing.
     pub fn health_problem(&self) -> Option<String> {
         if let Some(clock) = self.clock.problem() {
             return Some(clock);
@@ -596,11 +604,18 @@ impl Node {
         let answered = self
             .health
             .last_ok()
-            .is_some_and(|t| t.elapsed() <= self.settings.margin);
+            .is_some_and(|t| t.elapsed() <= self.quiet_limit());
         if !answered {
             return Some("store not answering".to_string());
         }
         (!self.health.is_up()).then(|| "store calls failing".to_string())
+    }
+
+    /// How long the store may be quiet before `/healthz` fails: a
+    /// heartbeat period (an idle node's one call a period) and a margin.
+    pub(super) fn quiet_limit(&self) -> Duration {
+        let (every, _) = membership::beat_timing(self.settings.margin);
+        every + self.settings.margin
     }
 
     /// Applies the settings of a reloaded configuration that take effect

@@ -133,7 +133,8 @@ impl Node {
 
     /// The service's own tick: systemd watchdog pings (only while every job
     /// loop is alive), `STATUS=` lines and gauges, and a store ping when the
-    /// store has been quiet for half a margin and `/healthz` is served.
+    /// store has been quiet for a beat period and half a margin (the beats
+    /// failed to go) and `/healthz` is served.
     pub(super) async fn supervise_service(self: Arc<Self>) {
         let mut tick = self
             .notifier
@@ -172,7 +173,7 @@ impl Node {
                 && self
                     .health
                     .last_ok()
-                    .is_none_or(|t| t.elapsed() >= self.settings.margin / 2)
+                    .is_none_or(|t| t.elapsed() >= self.quiet_limit() - self.settings.margin / 2)
             {
                 let _ = self
                     .call("ping", self.settings.op_timeout, self.store.ping())

@@ -1,7 +1,11 @@
 //! Manual runs (`cronlease trigger`, docs/protocol.md "Manual runs"): the
-//! node looks for pending requests every [`POLL`] and claims each one of a
-//! job it runs through the same batcher, and the same atomic step, as an
-//! occurrence ([`crate::store::ClaimRequest::manual`]).
+//! node looks for pending requests once a heartbeat period, in the same
+//! call as its heartbeat when that goes on its own
+//! ([`crate::store::Registry::heartbeat_looking`]: an idle node makes one
+//! call a period), on its own otherwise, and at the time a retry it saw is
+//! due; it claims each one of a job it runs through the same batcher, and
+//! the same atomic step, as an occurrence
+//! ([`crate::store::ClaimRequest::manual`]).
 //!
 //! The store decides: a request is won by exactly one node, only while no
 //! run of the job is in progress, with a fence of its own; it never moves
@@ -33,9 +37,13 @@ use super::{JobState, Node, Standing};
 use crate::exec::Finished;
 use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, TriggerId, lock};
 
-/// How often a node looks for pending requests: with the claim's round trip
-/// and the start, a request runs within a second of being made.
-pub(super) const POLL: Duration = Duration::from_millis(250);
+/// How often a node looks for requests while some job is due within
+/// [`BUSY_WITHIN`]: a request handed back by a crashed daemon's guard (a
+/// redelivery) must start within its occurrence's window, a second for a
+/// job every second, so such a node looks as often as it used to.
+const BUSY_LOOK: Duration = Duration::from_millis(250);
+/// A node with an occurrence due within this is busy ([`BUSY_LOOK`]).
+const BUSY_WITHIN: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
 /// How long a resume's request waits for a node that has its job: a
 /// catch-up is over by the first half of the gap anyway, and a pending
 /// request holds up the job's other requests (`trigger`, a retry's).
@@ -65,30 +73,79 @@ impl InFlight {
     }
 }
 
+/// The pending requests a heartbeat read ([`Node::beat_once`]), handed to
+/// [`Node::watch_triggers`].
+#[derive(Default)]
+pub(super) struct Looks {
+    pending: std::sync::Mutex<Option<Vec<(String, TriggerId)>>>,
+    ready: tokio::sync::Notify,
+}
+
+impl Looks {
+    /// A heartbeat read `pending`: the watcher takes it at once.
+    pub(super) fn deliver(&self, pending: Vec<(String, TriggerId)>) {
+        *lock(&self.pending) = Some(pending);
+        self.ready.notify_one();
+    }
+
+    fn take(&self) -> Option<Vec<(String, TriggerId)>> {
+        lock(&self.pending).take()
+    }
+}
+
 impl Node {
-    /// Looks for pending requests until claiming stops, and claims those of
-    /// this node's jobs.
+    /// Takes the pending requests until claiming stops, and claims those of
+    /// this node's jobs: those a heartbeat read (an idle node's beat goes
+    /// on its own once a period, [`Node::beat_once`]), else read here once
+    /// a period has passed without them (beats riding in claim batches),
+    /// and again when a retry seen waiting is due.
     pub(super) async fn watch_triggers(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (every, _) = super::membership::beat_timing(self.settings.margin);
+        let mut looked: Option<Instant> = None;
+        let mut retry_due: Option<Instant> = None;
         loop {
-            tokio::select! {
+            // Idle, an eighth later than the beat due then: the beat's look
+            // comes first whenever the beat goes on its own.
+            let next_due = self
+                .beat
+                .next_due_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let busy = next_due.saturating_sub(self.wall.now().timestamp_millis())
+                <= BUSY_WITHIN.num_milliseconds();
+            let period = if busy { BUSY_LOOK } else { every + every / 8 };
+            let due = looked.map_or_else(Instant::now, |at| at + period);
+            let wake = retry_due.map_or(due, |r| r.min(due));
+            let delivered = tokio::select! {
                 () = self.life.claims.cancelled() => return,
-                _ = tick.tick() => {}
-            }
+                () = self.looks.ready.notified() => self.looks.take(),
+                () = tokio::time::sleep_until(wake) => None,
+            };
+            let pending = match delivered {
+                Some(pending) => pending,
+                None if Instant::now() < wake => continue,
+                None if !self.ready_to_claim() => {
+                    (looked, retry_due) = (Some(Instant::now()), None);
+                    continue;
+                }
+                None => {
+                    let read = self
+                        .call(
+                            "pending_triggers",
+                            self.settings.op_timeout,
+                            self.store.pending_triggers(),
+                        )
+                        .await;
+                    (looked, retry_due) = (Some(Instant::now()), None);
+                    match read {
+                        Ok(pending) => pending,
+                        Err(_) => continue,
+                    }
+                }
+            };
+            (looked, retry_due) = (Some(Instant::now()), None);
             if !self.ready_to_claim() {
                 continue;
             }
-            let Ok(pending) = self
-                .call(
-                    "pending_triggers",
-                    self.settings.op_timeout,
-                    self.store.pending_triggers(),
-                )
-                .await
-            else {
-                continue;
-            };
             let now = self.wall.now();
             for (job, id) in pending {
                 // A resume's request: the occurrence missed while paused is
@@ -108,11 +165,14 @@ impl Node {
                     continue;
                 }
                 if let Some((_, due)) = id.daemons_attempt() {
-                    // A retry waits for its time; one whose occurrence's
-                    // next is due, a redelivered first run past its
-                    // starting window, or one nobody took within
-                    // `cluster.trigger_expiry`, ends unrun.
+                    // A retry waits for its time (looked for again then);
+                    // one whose occurrence's next is due, a redelivered
+                    // first run past its starting window, or one nobody
+                    // took within `cluster.trigger_expiry`, ends unrun.
                     if due > now {
+                        let wait = (due - now).to_std().unwrap_or_default();
+                        let at = Instant::now() + wait;
+                        retry_due = Some(retry_due.map_or(at, |r| r.min(at)));
                         continue;
                     }
                     // A job this node does not run: only its expiry, below.

@@ -364,10 +364,7 @@ impl Locks for MemoryStore {
 
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let s = self.count("pending_triggers", 0)?;
-        Ok(s.locks
-            .iter()
-            .filter_map(|(job, l)| Some((job.clone(), TriggerId::from_stored(l.trigger?)?)))
-            .collect())
+        Ok(pending_in(&s))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -527,6 +524,17 @@ impl Registry for MemoryStore {
         Ok(live_nodes(&s, now))
     }
 
+    /// Under the one lock, as one `heartbeat` call.
+    async fn heartbeat_looking(
+        &self,
+        beat: &Heartbeat,
+    ) -> Result<super::registry::Looked, StoreError> {
+        let now = self.now_ms();
+        let mut s = self.count("heartbeat", 1)?;
+        beat_in(&mut s, beat, now);
+        Ok((live_nodes(&s, now), Some(pending_in(&s))))
+    }
+
     /// Under the one lock, as one `claim` call (`beat` set in the log).
     async fn claim_beating(
         &self,
@@ -555,6 +563,14 @@ impl Registry for MemoryStore {
         s.nodes.remove(owner.as_str());
         Ok(())
     }
+}
+
+/// The pending requests in `s`, sorted by job.
+fn pending_in(s: &State) -> Vec<(String, TriggerId)> {
+    s.locks
+        .iter()
+        .filter_map(|(job, l)| Some((job.clone(), TriggerId::from_stored(l.trigger?)?)))
+        .collect()
 }
 
 /// Decides `requests` on the locks of `s`, at `now`, with the shared batch

@@ -179,6 +179,14 @@ pub trait Registry: Send + Sync + 'static {
     /// record, this one included, sorted by node and owner.
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError>;
 
+    /// [`Registry::heartbeat`], and in the same call the pending manual
+    /// runs' requests ([`super::Locks::pending_triggers`]): what an idle
+    /// node asks once a beat period, so a beat on its own and the look for
+    /// requests are one call (docs/protocol.md, "Node registry", says how
+    /// each store sends them). The requests are `None` when the beat went
+    /// through but their read did not (the node then asks on its own).
+    async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<Looked, StoreError>;
+
     /// Every live record, sorted by node and owner.
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
 
@@ -222,6 +230,26 @@ pub(crate) async fn claim_alongside<S: super::Locks + Registry + ?Sized>(
         tracing::debug!("the heartbeat sent with a claim batch failed: {e}");
     }
     Ok((claimed?, nodes.ok()))
+}
+
+/// What a [`Registry::heartbeat_looking`] answers: the live records, and
+/// the pending requests (job, id) sorted by job, if they were read.
+pub type Looked = (Vec<NodeRecord>, Option<Vec<(String, super::TriggerId)>>);
+
+/// [`Registry::heartbeat_looking`] for a store whose connection carries
+/// requests side by side (a multiplexed Redis connection, etcd's gRPC
+/// channel, a ZooKeeper session): both requests sent at once, so one round
+/// trip; the beat's failure is the call's.
+#[cfg(any(feature = "redis", feature = "zookeeper", feature = "etcd"))]
+pub(crate) async fn beat_beside_look<S: super::Locks + Registry + ?Sized>(
+    store: &S,
+    beat: &Heartbeat,
+) -> Result<Looked, StoreError> {
+    let (nodes, pending) = tokio::join!(store.heartbeat(beat), store.pending_triggers());
+    if let Err(e) = &pending {
+        tracing::debug!("the look for manual runs sent with a heartbeat failed: {e}");
+    }
+    Ok((nodes?, pending.ok()))
 }
 
 /// A record's fields as key-value stores keep them (JSON); the instants

@@ -1986,6 +1986,35 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
         (again[0].clock_offset_ms, again[0].jobs_held),
         (Some(12), 5)
     );
+    // A beat that looks: the record refreshed as by `heartbeat`, and the
+    // pending requests read in the same call (an idle node's one call).
+    let made = TriggerId::made_at(Utc::now() - TimeDelta::minutes(1));
+    assert_eq!(
+        a.request_trigger(&job("looked-for"), made).await.unwrap(),
+        TriggerAnswer::Accepted
+    );
+    let (nodes, requests) = b
+        .heartbeat_looking(&beat("web-1#b1", 30_000, Some(13), 6))
+        .await
+        .unwrap();
+    let owners: Vec<&str> = nodes.iter().map(|n| n.owner.as_str()).collect();
+    assert_eq!(owners, ["web-1#b1", "web-2#a1"], "{nodes:?}");
+    assert_eq!(
+        (nodes[0].clock_offset_ms, nodes[0].jobs_held),
+        (Some(13), 6)
+    );
+    let requests = requests.expect("the requests were read with the beat");
+    assert_eq!(pending(&requests, "looked-for"), [made], "{requests:?}");
+    assert!(
+        requests.windows(2).all(|w| w[0].0 <= w[1].0),
+        "{requests:?}"
+    );
+    assert!(a.withdraw_trigger(&job("looked-for"), made).await.unwrap());
+    let (_, requests) = b
+        .heartbeat_looking(&beat("web-1#b1", 30_000, Some(12), 5))
+        .await
+        .unwrap();
+    assert!(pending(&requests.unwrap(), "looked-for").is_empty());
     // Leaving deletes only the leaver's record; leaving twice is fine.
     b.leave(&Owner::from_raw("web-1#b1")).await.unwrap();
     b.leave(&Owner::from_raw("web-1#b1")).await.unwrap();

@@ -226,10 +226,11 @@ fn crashed_daemon_hands_over(backend: Backend) {
         }
         if *death == Death::Host {
             // Nobody deletes a dead host's record: it expires on the store's
-            // clock a margin and a third after its last beat, and `nodes`
-            // must have dropped it within two margins of the kill.
+            // clock its life after its last beat (two beat periods of a
+            // second and a third of the margin), and `nodes` must have
+            // dropped it within that and half a second of the kill.
             assert!(
-                *left_registry < Duration::from_secs_f64(2.0 * MARGIN),
+                *left_registry < Duration::from_secs_f64(2.0 + MARGIN / 3.0 + 0.5),
                 "{what}: a dead host left the registry after {left_registry:?}\n{report}"
             );
         }
@@ -248,8 +249,8 @@ fn crashed_daemon_hands_over(backend: Backend) {
                 );
                 // The guard took the owner out of the registry too, well
                 // before its record would have expired (a margin and more).
-                // 900 ms: its record would expire a margin and a third
-                // after its last beat, some 960 ms after the kill at the soonest (a CI
+                // 900 ms: its record would expire its life (2.33 s) after
+                // its last beat, 1.3 s after the kill at the soonest (a CI
                 // run under load saw 729 ms).
                 assert!(
                     *left_registry < Duration::from_millis(900),

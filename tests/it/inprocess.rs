@@ -427,6 +427,54 @@ async fn a_follower_claims_after_the_holders_lead() {
     b.stop().await;
 }
 
+/// An idle node (default 1 s margin) asks the store once a second: its
+/// heartbeat, which reads the pending manual runs in the same call. A run
+/// requested meanwhile starts within that second, found by the next beat
+/// without a call of its own; a retry waits for its time, not for a beat.
+#[tokio::test(start_paused = true)]
+async fn an_idle_node_makes_one_store_call_a_second_and_still_finds_a_manual_run() {
+    use cronlease::store::{Locks, TriggerId};
+    let w = World::new(VirtualRunner::default());
+    let yearly =
+        "[[job]]\nname = \"yearly\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start("a", yearly);
+    w.until(t(5.0)).await;
+    let from = w.store.call_log().len();
+    w.until(t(65.0)).await;
+    let ops = |calls: &[cronlease::store::memory::Call]| {
+        let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in calls {
+            *ops.entry(c.op).or_default() += 1;
+        }
+        ops
+    };
+    let idle = ops(&w.store.call_log()[from..]);
+    assert_eq!(idle, BTreeMap::from([("heartbeat", 60)]), "60 s idle");
+
+    let from = w.store.call_log().len();
+    let job = cronlease::config::JobName::parse("yearly").unwrap();
+    w.until(t(65.3)).await;
+    let answer = w
+        .store
+        .connection()
+        .request_trigger(&job, TriggerId::made_at(t(65.3)))
+        .await
+        .unwrap();
+    assert_eq!(answer, cronlease::store::TriggerAnswer::Accepted);
+    w.until(t(70.0)).await;
+    let runs = w.runner.runs();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let waited = ms(runs[0].started - t(65.3));
+    assert!(
+        (0..=1_010).contains(&waited),
+        "started {waited} ms after the request"
+    );
+    let after = ops(&w.store.call_log()[from..]);
+    assert_eq!(after.get("pending_triggers"), None, "{after:?}");
+    assert_eq!(after.get("claim"), Some(&1), "{after:?}");
+    a.stop().await;
+}
+
 /// The delay jitter gives the job `name` within `bound` seconds, worked
 /// out here from docs/protocol.md ("Jitter"), not by the crate.
 fn jitter_delay_ms(name: &str, bound: u64) -> i64 {
@@ -649,7 +697,7 @@ async fn a_resumed_job_runs_the_occurrence_it_missed_while_paused_at_once() {
     let p = of("p");
     assert_eq!(p.len(), 3, "{runs:?}");
     assert_eq!(p[0], (10_000, 10_000), "{runs:?}");
-    // 12:00:20, within a second of the resume (the 250 ms look and a claim).
+    // 12:00:20, within a second of the resume (the next beat's look, a claim).
     assert_eq!(p[1].0, 20_000, "{runs:?}");
     assert!((21_500..22_500).contains(&p[1].1), "{runs:?}");
     assert_eq!(p[2], (30_000, 30_000), "{runs:?}");

@@ -64,6 +64,11 @@ impl Registry for EtcdStore {
         Ok(self.beat_answered(beat, read, sent))
     }
 
+    /// Both requests at once: one round trip.
+    async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
+        registry::beat_beside_look(self, beat).await
+    }
+
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let client = self.client().await?;
         let prefix = self.keys.of(Kind::Node, "");

@@ -45,6 +45,11 @@ impl Registry for RedisStore {
         Ok(nodes_from_reply(&reply))
     }
 
+    /// Both requests at once: one round trip.
+    async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
+        registry::beat_beside_look(self, beat).await
+    }
+
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let args = registry_args("list", "", None);
         let reply: Vec<String> = self

@@ -514,18 +514,8 @@ impl Locks for SqlStore {
     }
 
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
-        let rows = sqlx::query(self.queries.pending_triggers.clone())
-            .fetch_all(&self.pool())
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| {
-                let job: String = r.try_get(0).ok()?;
-                let id: i64 = r.try_get(1).ok()?;
-                Some((job, TriggerId::from_stored(id)?))
-            })
-            .collect())
+        let mut conn = self.pool().acquire().await.map_err(|e| self.err(e))?;
+        self.pending_on(&mut conn).await.map_err(|e| self.err(e))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

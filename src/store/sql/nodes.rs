@@ -20,6 +20,31 @@ impl Registry for SqlStore {
         .map_err(|e| self.err(e))
     }
 
+    /// The beat's statements, then the read of the requests, on one
+    /// connection in one call.
+    async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
+        self.retrying(|| async {
+            let mut conn = self.pool().acquire().await?;
+            let nodes = match self.beat_on(&mut conn, beat, true).await {
+                Ok(nodes) => nodes,
+                Err(e) => {
+                    conn.close_on_drop();
+                    return Err(e);
+                }
+            };
+            let pending = match self.pending_on(&mut conn).await {
+                Ok(pending) => Some(pending),
+                Err(e) => {
+                    tracing::debug!("the look for manual runs sent with a heartbeat failed: {e}");
+                    None
+                }
+            };
+            Ok((nodes, pending))
+        })
+        .await
+        .map_err(|e| self.err(e))
+    }
+
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         self.retrying(|| async {
             let mut conn = self.pool().acquire().await?;
@@ -63,6 +88,24 @@ impl Registry for SqlStore {
 }
 
 impl SqlStore {
+    /// The pending requests, read on `conn`, sorted by job.
+    pub(super) async fn pending_on(
+        &self,
+        conn: &mut AnyConnection,
+    ) -> Result<Vec<(String, TriggerId)>, sqlx::Error> {
+        let rows = sqlx::query(self.queries.pending_triggers.clone())
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let job: String = r.try_get(0).ok()?;
+                let id: i64 = r.try_get(1).ok()?;
+                Some((job, TriggerId::from_stored(id)?))
+            })
+            .collect())
+    }
+
     /// The live registry rows, read on `conn` at the store's `now`.
     pub(super) async fn live_nodes(
         &self,

@@ -42,6 +42,11 @@ impl Registry for ZkStore {
         self.live_nodes(&client, stat.mtime, true).await
     }
 
+    /// Both requests at once: one round trip.
+    async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
+        registry::beat_beside_look(self, beat).await
+    }
+
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let client = self.client().await?;
         let now = self.tick(&client).await?;

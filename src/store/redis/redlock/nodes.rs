@@ -14,6 +14,11 @@ impl Registry for RedlockStore {
         .await
     }
 
+    /// Both requests at once: one round trip.
+    async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
+        registry::beat_beside_look(self, beat).await
+    }
+
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         self.registry_call(crate::store::redis::registry_args("list", "", None))
             .await
