@@ -37,6 +37,18 @@ use super::{JobState, Node, Standing};
 use crate::exec::Finished;
 use crate::store::{ClaimOutcome, ClaimRequest, Outcome, StoreError, TriggerId, lock};
 
+/// The next notice of a request from the store; never, without any (a
+/// subscription that ended for good is dropped after one last look).
+async fn next_notice(notices: &mut Option<tokio::sync::mpsc::Receiver<()>>) {
+    let closed = match notices.as_mut() {
+        Some(rx) => rx.recv().await.is_none(),
+        None => std::future::pending::<bool>().await,
+    };
+    if closed {
+        *notices = None;
+    }
+}
+
 /// How often a node looks for requests while some job is due within
 /// [`BUSY_WITHIN`]: a request handed back by a crashed daemon's guard (a
 /// redelivery) must start within its occurrence's window, a second for a
@@ -98,9 +110,12 @@ impl Node {
     /// this node's jobs: those a heartbeat read (an idle node's beat goes
     /// on its own once a period, [`Node::beat_once`]), else read here once
     /// a period has passed without them (beats riding in claim batches),
-    /// and again when a retry seen waiting is due.
+    /// at once when the store sends a notice of a request
+    /// ([`crate::store::Locks::notices`]), and again when a retry seen
+    /// waiting is due.
     pub(super) async fn watch_triggers(self: Arc<Self>) {
         let (every, _) = super::membership::beat_timing(self.settings.margin);
+        let mut notices = self.store.clone().notices(self.life.claims.child_token());
         let mut looked: Option<Instant> = None;
         let mut retry_due: Option<Instant> = None;
         loop {
@@ -115,14 +130,19 @@ impl Node {
             let period = if busy { BUSY_LOOK } else { every + every / 8 };
             let due = looked.map_or_else(Instant::now, |at| at + period);
             let wake = retry_due.map_or(due, |r| r.min(due));
+            let mut noticed = false;
             let delivered = tokio::select! {
                 () = self.life.claims.cancelled() => return,
                 () = self.looks.ready.notified() => self.looks.take(),
+                () = next_notice(&mut notices) => {
+                    noticed = true;
+                    None
+                }
                 () = tokio::time::sleep_until(wake) => None,
             };
             let pending = match delivered {
                 Some(pending) => pending,
-                None if Instant::now() < wake => continue,
+                None if !noticed && Instant::now() < wake => continue,
                 None if !self.ready_to_claim() => {
                     (looked, retry_due) = (Some(Instant::now()), None);
                     continue;

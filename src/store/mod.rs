@@ -31,6 +31,13 @@ mod cas;
 pub mod etcd;
 #[cfg(feature = "memory")]
 pub mod memory;
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "zookeeper",
+    feature = "etcd"
+))]
+mod notices;
 pub mod outbox;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod records;
@@ -51,6 +58,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
 pub use audit::{Act, Audit, AuditEntry};
@@ -653,6 +661,23 @@ pub trait Locks: Send + Sync + 'static {
         job: &JobName,
         id: TriggerId,
     ) -> Result<TriggerAnswer, StoreError>;
+
+    /// A notice each time a request is written ([`Locks::request_trigger`]:
+    /// a manual run, a resume's catch-up, a retry, a redelivery), pushed by
+    /// the store where it can push (Redis pub/sub, PostgreSQL
+    /// LISTEN/NOTIFY), until `stop`: the node then looks for requests at
+    /// once rather than at its next heartbeat. `None` where the store
+    /// cannot. Notices coalesce (one waiting at most); one is also sent each
+    /// time the subscription is made again, for what was written while it
+    /// was down; and the heartbeats still look, so a notice lost (a writer
+    /// of an older version, a subscription refused) costs latency only.
+    fn notices(
+        self: Arc<Self>,
+        stop: CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        let _ = stop;
+        None
+    }
 
     /// The pending manual runs' requests: (job, id), sorted by job. Asked by
     /// every node a few times a second, so kept cheap (an index, a set, a

@@ -650,6 +650,45 @@ impl Locks for RedisStore {
         Ok(())
     }
 
+    /// A subscription to the channel `trigger.lua` publishes each accepted
+    /// request on (named as the requests' hash, `{prefix}triggers`), on a
+    /// connection of its own; through Sentinel none (the beats look).
+    fn notices(
+        self: std::sync::Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        let client = match &self.link {
+            Link::Direct { client, .. } => client.clone(),
+            #[cfg(feature = "sentinel")]
+            Link::Sentinel(_) => return None,
+        };
+        let channel = triggers_key(&self.prefix);
+        let url = self.url.clone();
+        Some(super::notices::follow(
+            self.url.redacted().to_string(),
+            stop,
+            move |tx| {
+                let (client, channel, url) = (client.clone(), channel.clone(), url.clone());
+                async move {
+                    use futures_util::StreamExt;
+                    let why = |e: redis::RedisError| url.scrub(&e.to_string());
+                    let mut pubsub = client.get_async_pubsub().await.map_err(why)?;
+                    pubsub.subscribe(&channel).await.map_err(why)?;
+                    if !super::notices::notify(&tx) {
+                        return Ok(());
+                    }
+                    let mut messages = pubsub.on_message();
+                    while messages.next().await.is_some() {
+                        if !super::notices::notify(&tx) {
+                            return Ok(());
+                        }
+                    }
+                    Ok(())
+                }
+            },
+        ))
+    }
+
     async fn request_trigger(
         &self,
         job: &JobName,

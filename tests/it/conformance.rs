@@ -2023,6 +2023,49 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
     assert_eq!(owners, ["web-2#a1"], "{left:?}");
 }
 
+/// Where the store pushes notices of requests (PostgreSQL, Redis,
+/// ZooKeeper, etcd: docs/protocol.md, "Manual runs"), a subscription sends
+/// one once it is made and one for a request another handle writes, and
+/// closes when stopped; the other stores have none (their nodes' beats
+/// look for requests).
+pub async fn a_request_is_announced_where_the_store_can(h: &Harness) {
+    let (a, b) = (h.store().await, h.store().await);
+    let announcing = matches!(
+        h.backend,
+        Backend::Postgres | Backend::Redis | Backend::ZooKeeper | Backend::Etcd
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let Some(mut notices) = a.clone().notices(stop.clone()) else {
+        assert!(!announcing, "{:?} announces requests", h.backend);
+        return;
+    };
+    assert!(
+        announcing,
+        "{:?} has notices the docs do not list",
+        h.backend
+    );
+    let within = Duration::from_secs(10);
+    let subscribed = tokio::time::timeout(within, notices.recv()).await;
+    assert_eq!(subscribed, Ok(Some(())), "a notice once subscribed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while notices.try_recv().is_ok() {}
+    for name in ["announced-1", "announced-2"] {
+        let id = TriggerId::made_at(Utc::now());
+        assert_eq!(
+            b.request_trigger(&job(name), id).await.unwrap(),
+            TriggerAnswer::Accepted
+        );
+        let noticed = tokio::time::timeout(within, notices.recv()).await;
+        assert_eq!(noticed, Ok(Some(())), "a notice of {name}'s request");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        while notices.try_recv().is_ok() {}
+    }
+    stop.cancel();
+    let closed =
+        tokio::time::timeout(within, async { while notices.recv().await.is_some() {} }).await;
+    assert!(closed.is_ok(), "the notices end when stopped");
+}
+
 /// A claim batch carries the node's heartbeat: the claims are decided as
 /// `claim` decides them, in request order, and the beat's record is written
 /// with them, so the batch answers with the live nodes (its own included);
@@ -2128,6 +2171,7 @@ macro_rules! conformance {
                 a_beat_carries_its_running_runs,
                 the_audit_keeps_each_action_once_newest_first,
                 a_claim_batch_carries_the_heartbeat,
+                a_request_is_announced_where_the_store_can,
                 an_idle_holder_keeps_an_occurrence_only_for_its_head_start,
                 a_paused_job_is_refused_until_resumed,
                 a_manual_run_is_claimed_once_and_keeps_the_schedule,

@@ -835,6 +835,49 @@ impl Locks for EtcdStore {
         }
     }
 
+    /// A watch on the requests' keys (puts only), on the store's client.
+    fn notices(
+        self: Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        let prefix = self.keys.of(Kind::Trigger, "");
+        let store = self.clone();
+        Some(super::notices::follow(
+            self.url.redacted().to_string(),
+            stop,
+            move |tx| {
+                let (store, prefix) = (store.clone(), prefix.clone());
+                async move {
+                    let client = store.client().await.map_err(|e| e.to_string())?;
+                    let options = WatchOptions::new()
+                        .with_range(prefix_end(prefix.as_bytes()))
+                        .with_filters([WatchFilterType::NoDelete]);
+                    let mut watch = client.watch_client();
+                    let mut stream = watch
+                        .watch(prefix.as_str(), Some(options))
+                        .await
+                        .map_err(|e| store.url.scrub(&e.to_string()))?;
+                    if !super::notices::notify(&tx) {
+                        return Ok(());
+                    }
+                    while let Some(answer) = stream
+                        .message()
+                        .await
+                        .map_err(|e| store.url.scrub(&e.to_string()))?
+                    {
+                        if answer.canceled() {
+                            return Err("the watch was cancelled".into());
+                        }
+                        if !answer.events().is_empty() && !super::notices::notify(&tx) {
+                            return Ok(());
+                        }
+                    }
+                    Ok(())
+                }
+            },
+        ))
+    }
+
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let client = self.client().await?;
         let root = self.keys.of(Kind::Trigger, "");

@@ -82,6 +82,9 @@ pub struct Dialect {
     /// four runs this way, 23 ms in one run with `IN` over 1,000 values);
     /// None: `IN (?, ?, ...)` in chunks.
     pub json_names: Option<&'static str>,
+    /// A statement that tells listeners a request was written (channel,
+    /// job), sent in the request's transaction: PostgreSQL's `pg_notify`.
+    pub notify: Option<&'static str>,
     /// Migrations, in version order.
     pub migrations: &'static [(i64, &'static str)],
 }
@@ -244,6 +247,57 @@ impl SqlStore {
             file_clock,
             schema_notice: SchemaNotice::default(),
         })
+    }
+
+    /// The channel accepted requests are announced on (PostgreSQL).
+    pub(super) fn notice_channel(&self) -> String {
+        format!("{}triggers", self.prefix)
+    }
+
+    #[cfg(feature = "postgres")]
+    fn listen(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        let (connect_url, url, channel) = (
+            self.connect_url.clone(),
+            self.url.clone(),
+            self.notice_channel(),
+        );
+        Some(super::notices::follow(
+            self.url.redacted().to_string(),
+            stop,
+            move |tx| {
+                let (connect_url, url, channel) =
+                    (connect_url.clone(), url.clone(), channel.clone());
+                async move {
+                    let why = |e: sqlx::Error| url.scrub(&e.to_string());
+                    let mut listener = sqlx::postgres::PgListener::connect(&connect_url)
+                        .await
+                        .map_err(why)?;
+                    listener.listen(&channel).await.map_err(why)?;
+                    if !super::notices::notify(&tx) {
+                        return Ok(());
+                    }
+                    loop {
+                        // `None`: the connection was lost and is made again
+                        // by the next call; a notice covers what it missed.
+                        let _notice = listener.try_recv().await.map_err(why)?;
+                        if !super::notices::notify(&tx) {
+                            return Ok(());
+                        }
+                    }
+                }
+            },
+        ))
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn listen(
+        &self,
+        _: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        None
     }
 
     fn err(&self, e: sqlx::Error) -> StoreError {
@@ -511,6 +565,17 @@ impl Locks for SqlStore {
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() > 0)
+    }
+
+    /// PostgreSQL: `LISTEN` on the channel each accepted request is
+    /// announced on (`pg_notify` in its transaction), on a connection of its
+    /// own; MySQL/MariaDB and SQLite have no such thing (the beats look).
+    fn notices(
+        self: std::sync::Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        self.dialect.notify?;
+        self.listen(stop)
     }
 
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {

@@ -19,6 +19,7 @@ pub static DIALECT: Dialect = Dialect {
     numbered_params: false,
     json_lock_rows: None,
     json_names: None,
+    notify: None,
     migrations: &[
         (1, include_str!("../../../migrations/mysql/0001_init.sql")),
         (

@@ -19,6 +19,7 @@ pub static DIALECT: Dialect = Dialect {
         "json_to_recordset(?::json) AS r(lock_name TEXT, owner TEXT, fence BIGINT, expires_at BIGINT, last_occurrence BIGINT, modified_at BIGINT, running BIGINT, trigger_id BIGINT, last_trigger BIGINT)",
     ),
     json_names: Some("SELECT json_array_elements_text(?::json)"),
+    notify: Some("SELECT pg_notify(?, ?)"),
     migrations: &[
         (
             1,

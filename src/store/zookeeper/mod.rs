@@ -440,6 +440,40 @@ impl Locks for ZkStore {
         Ok(withdrawn)
     }
 
+    /// A child watch on the requests' directory, armed again after each
+    /// change (a ZooKeeper watch fires once), on the store's session.
+    fn notices(
+        self: Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        let dir = self.paths.dir(Kind::Trigger);
+        let store = self.clone();
+        Some(super::notices::follow(
+            self.url.redacted().to_string(),
+            stop,
+            move |tx| {
+                let (store, dir) = (store.clone(), dir.clone());
+                async move {
+                    let client = store.client().await.map_err(|e| e.to_string())?;
+                    loop {
+                        let (_, watcher) = store
+                            .timed(client.list_and_watch_children(&dir))
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        // Armed: a request written before it is looked for now.
+                        if !super::notices::notify(&tx) {
+                            return Ok(());
+                        }
+                        let event = watcher.changed().await;
+                        if event.event_type == zk::EventType::Session {
+                            return Err(format!("session {:?}", event.session_state));
+                        }
+                    }
+                }
+            },
+        ))
+    }
+
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
         let client = self.client().await?;
         let names = match self
