@@ -96,6 +96,30 @@ pub struct RedisStore {
     schema_notice: SchemaNotice,
 }
 
+/// Subscribes on `client` to `channel` and sends a notice once subscribed
+/// and one per message, until the subscription ends (`Ok`) or fails.
+pub(crate) async fn subscribe_notices(
+    client: &Client,
+    channel: &str,
+    url: &StoreUrl,
+    tx: &tokio::sync::mpsc::Sender<()>,
+) -> Result<(), String> {
+    use futures_util::StreamExt;
+    let why = |e: redis::RedisError| url.scrub(&e.to_string());
+    let mut pubsub = client.get_async_pubsub().await.map_err(why)?;
+    pubsub.subscribe(channel).await.map_err(why)?;
+    if !super::notices::notify(tx) {
+        return Ok(());
+    }
+    let mut messages = pubsub.on_message();
+    while messages.next().await.is_some() {
+        if !super::notices::notify(tx) {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 /// How the store reaches its master.
 enum Link {
     /// One server at a fixed address (`redis://`, `rediss://`).
@@ -652,38 +676,29 @@ impl Locks for RedisStore {
 
     /// A subscription to the channel `trigger.lua` publishes each accepted
     /// request on (named as the requests' hash, `{prefix}triggers`), on a
-    /// connection of its own; through Sentinel none (the beats look).
+    /// connection of its own; through Sentinel on the master the sentinels
+    /// name when it is made (a failover that drops it makes it again).
     fn notices(
         self: std::sync::Arc<Self>,
         stop: tokio_util::sync::CancellationToken,
     ) -> Option<tokio::sync::mpsc::Receiver<()>> {
-        let client = match &self.link {
-            Link::Direct { client, .. } => client.clone(),
-            #[cfg(feature = "sentinel")]
-            Link::Sentinel(_) => return None,
-        };
-        let channel = triggers_key(&self.prefix);
-        let url = self.url.clone();
+        let store = self.clone();
         Some(super::notices::follow(
             self.url.redacted().to_string(),
             stop,
             move |tx| {
-                let (client, channel, url) = (client.clone(), channel.clone(), url.clone());
+                let store = store.clone();
                 async move {
-                    use futures_util::StreamExt;
-                    let why = |e: redis::RedisError| url.scrub(&e.to_string());
-                    let mut pubsub = client.get_async_pubsub().await.map_err(why)?;
-                    pubsub.subscribe(&channel).await.map_err(why)?;
-                    if !super::notices::notify(&tx) {
-                        return Ok(());
-                    }
-                    let mut messages = pubsub.on_message();
-                    while messages.next().await.is_some() {
-                        if !super::notices::notify(&tx) {
-                            return Ok(());
-                        }
-                    }
-                    Ok(())
+                    let client = match &store.link {
+                        Link::Direct { client, .. } => client.clone(),
+                        #[cfg(feature = "sentinel")]
+                        Link::Sentinel(master) => master
+                            .client()
+                            .await
+                            .map_err(|e| store.url.scrub(&e.to_string()))?,
+                    };
+                    let channel = triggers_key(&store.prefix);
+                    subscribe_notices(&client, &channel, &store.url, &tx).await
                 }
             },
         ))

@@ -2023,7 +2023,7 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
     assert_eq!(owners, ["web-2#a1"], "{left:?}");
 }
 
-/// Where the store pushes notices of requests (PostgreSQL, Redis,
+/// Where the store pushes notices of requests (PostgreSQL, Redis, Sentinel,
 /// ZooKeeper, etcd: docs/protocol.md, "Manual runs"), a subscription sends
 /// one once it is made and one for a request another handle writes, and
 /// closes when stopped; the other stores have none (their nodes' beats
@@ -2032,7 +2032,7 @@ pub async fn a_request_is_announced_where_the_store_can(h: &Harness) {
     let (a, b) = (h.store().await, h.store().await);
     let announcing = matches!(
         h.backend,
-        Backend::Postgres | Backend::Redis | Backend::ZooKeeper | Backend::Etcd
+        Backend::Postgres | Backend::Redis | Backend::Sentinel | Backend::ZooKeeper | Backend::Etcd
     );
     let stop = tokio_util::sync::CancellationToken::new();
     let Some(mut notices) = a.clone().notices(stop.clone()) else {

@@ -335,7 +335,7 @@ fn unix_now() -> f64 {
 }
 
 crate::per_store!(
-    [sqlite, postgres, redis, redlock, zookeeper, etcd];
+    [sqlite, postgres, redis, sentinel, redlock, zookeeper, etcd];
     twenty_at_once_each_accepted_request_runs_once
 );
 

@@ -106,6 +106,12 @@ impl Master {
         Ok(c)
     }
 
+    /// A client of the master the sentinels name now (for a subscription
+    /// of its own).
+    pub(super) async fn client(&self) -> RedisResult<redis::Client> {
+        self.sentinels.lock().await.async_get_client().await
+    }
+
     /// Drops the master's connection: the next call asks the sentinels.
     pub(super) fn forget(&self) {
         *lock(&self.current) = None;
