@@ -2,7 +2,8 @@
 //! runs are going, the node takes the requests left for it in the store's
 //! outbox ([`crate::cancel`]) every [`LOOK_EVERY`] and stops each run asked
 //! for, which its supervisor then records `cancelled` with who asked and
-//! why. A node idle for [`LINGER`] asks the store nothing.
+//! why. A node idle for [`LINGER`] asks the store nothing, and does not
+//! wake until a run starts.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -65,6 +66,14 @@ impl Node {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut going_at: Option<tokio::time::Instant> = None;
         loop {
+            if !self.has_runs_going() && going_at.is_none_or(|at| at.elapsed() > LINGER) {
+                // Idle: nothing to look for until a run starts.
+                tokio::select! {
+                    () = self.life.claims.cancelled() => return,
+                    () = self.members.run_started.notified() => {}
+                }
+                tick.reset();
+            }
             tokio::select! {
                 () = self.life.claims.cancelled() => return,
                 _ = tick.tick() => {}

@@ -273,6 +273,7 @@ impl Node {
         if let Ok(mut running) = self.members.running.lock() {
             running.insert(key.clone(), (run, Instant::now(), slot.clone()));
         }
+        self.members.run_started.notify_one();
         RunningNow {
             node: self,
             key,

@@ -425,6 +425,9 @@ struct Membership {
     /// The runs going on this node, by job and fence, for its beats
     /// ([`membership::RunningNow`]).
     running: Mutex<BTreeMap<(String, u64), cancel::Going>>,
+    /// Told each time a run starts: wakes the cancel watcher of an idle
+    /// node ([`cancel`]).
+    run_started: tokio::sync::Notify,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -577,6 +580,7 @@ impl Node {
                 definitions: Mutex::new(definitions::Comparison::default()),
                 definitions_of: AtomicU64::new(0),
                 running: Mutex::new(BTreeMap::new()),
+                run_started: tokio::sync::Notify::new(),
             },
             triggers: trigger::InFlight::default(),
             looks: trigger::Looks::default(),

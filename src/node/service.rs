@@ -143,7 +143,10 @@ impl Node {
                 (w / 3).min(Duration::from_secs(5))
             });
         if self.settings.keep_health_fresh {
-            tick = tick.min(self.settings.margin / 2);
+            // The ping goes once the store was quiet for a beat period and
+            // half a margin: checked each beat period.
+            let (every, _) = super::membership::beat_timing(self.settings.margin);
+            tick = tick.min(every);
         }
         let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

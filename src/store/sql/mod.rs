@@ -106,6 +106,10 @@ pub struct SqlStore {
     file_clock: Option<FileClock>,
     /// What the last migration found: a newer schema it may use ([`super::newer_schema`]).
     schema_notice: SchemaNotice,
+    /// When this handle's heartbeat last deleted long-dead registry rows:
+    /// once a minute is enough (they are a minute dead already), and each
+    /// time is a statement more per beat (on SQLite a write).
+    forgot_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// A SQLite database file and its (device, inode) when this store opened it.
@@ -246,7 +250,19 @@ impl SqlStore {
             op_timeout: config.op_timeout,
             file_clock,
             schema_notice: SchemaNotice::default(),
+            forgot_at: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Whether this beat should delete long-dead registry rows (once a
+    /// minute per handle), noting that it does.
+    pub(super) fn forget_due(&self) -> bool {
+        let mut at = crate::store::lock(&self.forgot_at);
+        let due = at.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+        if due {
+            *at = Some(std::time::Instant::now());
+        }
+        due
     }
 
     /// The channel accepted requests are announced on (PostgreSQL).

@@ -10,7 +10,7 @@ impl Registry for SqlStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         self.retrying(|| async {
             let mut conn = self.pool().acquire().await?;
-            let nodes = self.beat_on(&mut conn, beat, true).await;
+            let nodes = self.beat_on(&mut conn, beat, self.forget_due()).await;
             if nodes.is_err() {
                 conn.close_on_drop();
             }
@@ -25,7 +25,7 @@ impl Registry for SqlStore {
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
         self.retrying(|| async {
             let mut conn = self.pool().acquire().await?;
-            let nodes = match self.beat_on(&mut conn, beat, true).await {
+            let nodes = match self.beat_on(&mut conn, beat, self.forget_due()).await {
                 Ok(nodes) => nodes,
                 Err(e) => {
                     conn.close_on_drop();
