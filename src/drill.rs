@@ -67,7 +67,7 @@ pub enum DrillError {
     )]
     NothingHeld { node: String, of: String },
     #[error(
-        "{count} live daemons call themselves node {node} in the node registry: the drill cannot tell which one it disturbs; give each host its own `node` (a daemon killed a moment ago leaves its record for up to a margin and a third: then retry)"
+        "{count} live daemons call themselves node {node} in the node registry: the drill cannot tell which one it disturbs; give each host its own `node` (a daemon killed a moment ago leaves its record for up to its life, 2.33 s at the default margin: then retry)"
     )]
     SameNodeName { node: String, count: usize },
     #[error(

@@ -533,46 +533,49 @@ mod tests {
 
     #[test]
     fn jitter_moves_each_occurrence_by_the_names_point_within_the_gap() {
-        let from = utc("2026-03-28T00:00:00Z");
-        for (expr, zone, job, jitter, hours) in [
-            ("0 * * * *", "UTC", "hourly-report", 1800, 72),
-            ("0 9,10 * * *", "UTC", "twice-a-morning", 7200, 72),
-            ("*/10 * * * * *", "UTC", "often", 300, 3),
-            ("*/30 * * * *", "Europe/Berlin", "through-dst", 3600, 72),
-            ("* * * * * *", "UTC", "every-second", 60, 1),
-        ] {
-            let s = Schedule::parse(expr, zone)
-                .unwrap()
-                .with_jitter(job, Duration::from_secs(jitter as u64));
-            assert_eq!(s.jitter(), Some(Duration::from_secs(jitter as u64)));
-            let span = TimeDelta::hours(hours);
-            let expected = jittered_by_hand(expr, zone, job, jitter, from, span);
-            let got = s.upcoming(from, expected.len());
-            assert_eq!(got, expected, "{expr} {job}");
-            // Each stays before the next scheduled instant: order kept.
-            assert!(got.windows(2).all(|w| w[0] < w[1]), "{expr}");
-            for t in &got {
-                let base = s.unjittered(*t).unwrap();
-                assert!(*t - base < TimeDelta::seconds(jitter), "{expr}");
-                let plain = Schedule::parse(expr, zone).unwrap();
-                assert!(plain.next_after(base).unwrap() > *t, "{expr}");
-            }
-            // next_after and previous_before agree with that list from any
-            // instant, fractions included.
-            let mut t = from + TimeDelta::seconds(jitter + 1);
-            while t < from + span - TimeDelta::seconds(jitter + 1) {
-                let after = got.iter().find(|o| **o > t).copied();
-                let before = got.iter().rev().find(|o| **o < t).copied();
-                if after.is_some() {
-                    assert_eq!(s.next_after(t), after, "{expr} after {t}");
+        for from in [utc("2026-03-28T00:00:00Z"), utc("2026-10-24T00:00:00Z")] {
+            for (expr, zone, job, jitter, hours) in [
+                ("0 * * * *", "UTC", "hourly-report", 1800, 72),
+                ("0 9,10 * * *", "UTC", "twice-a-morning", 7200, 72),
+                ("*/10 * * * * *", "UTC", "often", 300, 3),
+                ("*/30 * * * *", "Europe/Berlin", "through-dst", 3600, 72),
+                ("30 2 * * *", "Europe/Berlin", "fixed-through-dst", 7200, 96),
+                ("* * * * * *", "UTC", "every-second", 60, 1),
+            ] {
+                let s = Schedule::parse(expr, zone)
+                    .unwrap()
+                    .with_jitter(job, Duration::from_secs(jitter as u64));
+                assert_eq!(s.jitter(), Some(Duration::from_secs(jitter as u64)));
+                let span = TimeDelta::hours(hours);
+                let expected = jittered_by_hand(expr, zone, job, jitter, from, span);
+                let got = s.upcoming(from, expected.len());
+                assert_eq!(got, expected, "{expr} {job}");
+                // Each stays before the next scheduled instant: order kept.
+                assert!(got.windows(2).all(|w| w[0] < w[1]), "{expr}");
+                for t in &got {
+                    let base = s.unjittered(*t).unwrap();
+                    assert!(*t - base < TimeDelta::seconds(jitter), "{expr}");
+                    let plain = Schedule::parse(expr, zone).unwrap();
+                    assert!(plain.next_after(base).unwrap() > *t, "{expr}");
                 }
-                if got.first().is_some_and(|f| *f < t) {
-                    assert_eq!(s.previous_before(t), before, "{expr} before {t}");
+                // next_after and previous_before agree with that list from any
+                // instant, fractions included.
+                let mut t = from + TimeDelta::seconds(jitter + 1);
+                while t < from + span - TimeDelta::seconds(jitter + 1) {
+                    let after = got.iter().find(|o| **o > t).copied();
+                    let before = got.iter().rev().find(|o| **o < t).copied();
+                    if after.is_some() {
+                        assert_eq!(s.next_after(t), after, "{expr} after {t}");
+                    }
+                    if got.first().is_some_and(|f| *f < t) {
+                        assert_eq!(s.previous_before(t), before, "{expr} before {t}");
+                    }
+                    t += span / 97;
                 }
-                t += span / 97;
             }
         }
         // An every-second job has no room to move.
+        let from = utc("2026-03-28T00:00:00Z");
         let s = Schedule::parse("* * * * * *", "UTC")
             .unwrap()
             .with_jitter("x", Duration::from_secs(60));

@@ -1,10 +1,12 @@
 //! The node's record in the store's node registry (docs/protocol.md, "Node
-//! registry"): a heartbeat every 3/8 of the lease margin with the node's
-//! name, version, start, clock offset and leases held, carried by the claim
-//! batches the node sends anyway and sent on its own only when none carried
-//! one for a period. The record lives a margin and a third on the store's
-//! clock, so a killed node drops out of `cronlease nodes` within that time;
-//! a node shutting down deletes its record. Each heartbeat answers with the
+//! registry"): a heartbeat every 3/8 of the lease margin, at most once a
+//! second ([`beat_timing`]), with the node's name, version, start, clock
+//! offset and leases held, carried by the claim batches the node sends
+//! anyway and sent on its own (with the look for manual runs) only when
+//! none carried one for a period. The record lives two periods and a third
+//! of the margin on the store's clock, so a killed node drops out of
+//! `cronlease nodes` within that time; a node shutting down deletes its
+//! record. Each heartbeat answers with the
 //! live nodes, kept for `cronlease_nodes_alive` and for placement: with
 //! `cluster.placement = "spread"` each job's preferred node is the
 //! rendezvous hash's pick among the live node names ([`preferred_node`]).
@@ -28,7 +30,9 @@ pub(super) const MIN_BEAT: Duration = Duration::from_secs(1);
 /// How often a node with lease margin `margin` beats, and how long each
 /// beat keeps its record alive: 3/8 of the margin, at least [`MIN_BEAT`]
 /// (a second: what an idle node costs the store is one call a period,
-/// since the look for manual runs rides in the beat); and the longer of
+/// since the look for manual runs rides in the beat) but never longer than
+/// the margin (the contract's "at least every margin"; never shorter than
+/// 50 ms either); and the longer of
 /// the margin and two periods, plus a third of the margin (at least
 /// 50 ms), so two beats may be lost or late before the record ends. Not a
 /// third of the margin: batches come at whole seconds, and three periods
@@ -40,7 +44,9 @@ pub(super) const MIN_BEAT: Duration = Duration::from_secs(1);
 /// and head start, and a crashed daemon's guard deletes its record at
 /// once; so the period is what the registry's readers need, a second.
 pub(super) fn beat_timing(margin: Duration) -> (Duration, Duration) {
-    let every = (margin * 3 / 8).max(MIN_BEAT);
+    let every = (margin * 3 / 8)
+        .max(MIN_BEAT.min(margin))
+        .max(Duration::from_millis(50));
     (
         every,
         margin.max(every * 2) + (margin / 3).max(Duration::from_millis(50)),
@@ -108,7 +114,7 @@ impl Node {
         {
             self.beaten(nodes, sent);
             if let Some(pending) = pending {
-                self.looks.deliver(pending);
+                self.looks.deliver(sent, pending);
             }
         }
     }
@@ -472,11 +478,11 @@ mod tests {
         for margin_ms in [150u64, 300, 1_000, 5_000, 60_000] {
             let margin = Duration::from_millis(margin_ms);
             let (every, ttl) = beat_timing(margin);
-            assert!(every >= MIN_BEAT, "{margin:?}: beats every {every:?}");
             assert!(
-                every <= margin.max(MIN_BEAT),
+                every >= MIN_BEAT.min(margin),
                 "{margin:?}: beats every {every:?}"
             );
+            assert!(every <= margin, "{margin:?}: beats every {every:?}");
             assert!(
                 ttl >= every * 2 + Duration::from_millis(50),
                 "{margin:?}: {ttl:?} vs {every:?}"

@@ -85,23 +85,31 @@ impl InFlight {
     }
 }
 
+/// Pending requests as a look reads them: (job, id), sorted by job.
+type Pending = Vec<(String, TriggerId)>;
+
 /// The pending requests a heartbeat read ([`Node::beat_once`]), handed to
 /// [`Node::watch_triggers`].
 #[derive(Default)]
 pub(super) struct Looks {
-    pending: std::sync::Mutex<Option<Vec<(String, TriggerId)>>>,
+    /// The list, and when the beat that read it was sent.
+    pending: std::sync::Mutex<Option<(Instant, Pending)>>,
     ready: tokio::sync::Notify,
 }
 
 impl Looks {
-    /// A heartbeat read `pending`: the watcher takes it at once.
-    pub(super) fn deliver(&self, pending: Vec<(String, TriggerId)>) {
-        *lock(&self.pending) = Some(pending);
+    /// A heartbeat sent at `sent` read `pending`: the watcher takes it at
+    /// once.
+    pub(super) fn deliver(&self, sent: Instant, pending: Pending) {
+        *lock(&self.pending) = Some((sent, pending));
         self.ready.notify_one();
     }
 
-    fn take(&self) -> Option<Vec<(String, TriggerId)>> {
-        lock(&self.pending).take()
+    /// The list delivered, unless it is older than the watcher's own last
+    /// look (`looked`): then it is dropped, as its requests were seen.
+    fn take(&self, looked: Option<Instant>) -> Option<(Instant, Pending)> {
+        let (sent, pending) = lock(&self.pending).take()?;
+        looked.is_none_or(|at| sent > at).then_some((sent, pending))
     }
 }
 
@@ -119,35 +127,37 @@ impl Node {
         let mut looked: Option<Instant> = None;
         let mut retry_due: Option<Instant> = None;
         loop {
-            // Idle, an eighth later than the beat due then: the beat's look
-            // comes first whenever the beat goes on its own.
+            // Idle, a quarter period later than the beat due then: the
+            // beat's look comes first whenever the beat goes on its own.
             let next_due = self
                 .beat
                 .next_due_ms
                 .load(std::sync::atomic::Ordering::Relaxed);
             let busy = next_due.saturating_sub(self.wall.now().timestamp_millis())
                 <= BUSY_WITHIN.num_milliseconds();
-            let period = if busy { BUSY_LOOK } else { every + every / 8 };
+            let period = if busy { BUSY_LOOK } else { every + every / 4 };
             let due = looked.map_or_else(Instant::now, |at| at + period);
             let wake = retry_due.map_or(due, |r| r.min(due));
             let mut noticed = false;
             let delivered = tokio::select! {
                 () = self.life.claims.cancelled() => return,
-                () = self.looks.ready.notified() => self.looks.take(),
+                () = self.looks.ready.notified() => self.looks.take(looked),
                 () = next_notice(&mut notices) => {
                     noticed = true;
                     None
                 }
                 () = tokio::time::sleep_until(wake) => None,
             };
-            let pending = match delivered {
-                Some(pending) => pending,
+            let (read_at, pending) = match delivered {
+                Some(delivered) => delivered,
                 None if !noticed && Instant::now() < wake => continue,
                 None if !self.ready_to_claim() => {
-                    (looked, retry_due) = (Some(Instant::now()), None);
+                    looked = Some(Instant::now());
+                    retry_due = retry_due.map(|r| r.max(Instant::now() + BUSY_LOOK));
                     continue;
                 }
                 None => {
+                    let asked = Instant::now();
                     let read = self
                         .call(
                             "pending_triggers",
@@ -155,17 +165,26 @@ impl Node {
                             self.store.pending_triggers(),
                         )
                         .await;
-                    (looked, retry_due) = (Some(Instant::now()), None);
                     match read {
-                        Ok(pending) => pending,
-                        Err(_) => continue,
+                        Ok(pending) => (asked, pending),
+                        Err(_) => {
+                            looked = Some(asked);
+                            // A waiting retry is looked for again soon, not
+                            // forgotten until the next beat.
+                            retry_due = retry_due.map(|r| r.max(Instant::now() + BUSY_LOOK));
+                            continue;
+                        }
                     }
                 }
             };
-            (looked, retry_due) = (Some(Instant::now()), None);
+            looked = Some(read_at);
             if !self.ready_to_claim() {
+                retry_due = retry_due.map(|r| r.max(Instant::now() + BUSY_LOOK));
                 continue;
             }
+            // This list shows every retry still waiting: their times are
+            // taken again below.
+            retry_due = None;
             let now = self.wall.now();
             for (job, id) in pending {
                 // A resume's request: the occurrence missed while paused is

@@ -664,8 +664,9 @@ pub trait Locks: Send + Sync + 'static {
 
     /// A notice each time a request is written ([`Locks::request_trigger`]:
     /// a manual run, a resume's catch-up, a retry, a redelivery), pushed by
-    /// the store where it can push (Redis pub/sub, PostgreSQL
-    /// LISTEN/NOTIFY), until `stop`: the node then looks for requests at
+    /// the store where it can push (Redis and Sentinel pub/sub, PostgreSQL
+    /// LISTEN/NOTIFY, ZooKeeper and etcd watches), until `stop`: the node
+    /// then looks for requests at
     /// once rather than at its next heartbeat. `None` where the store
     /// cannot. Notices coalesce (one waiting at most); one is also sent each
     /// time the subscription is made again, for what was written while it
@@ -680,8 +681,9 @@ pub trait Locks: Send + Sync + 'static {
     }
 
     /// The pending manual runs' requests: (job, id), sorted by job. Asked by
-    /// every node a few times a second, so kept cheap (an index, a set, a
-    /// directory), never a read of every lock.
+    /// every node once a second (four times while a job is due within 2 s),
+    /// so kept cheap (an index, a set, a directory), never a read of every
+    /// lock.
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError>;
 
     /// Withdraws request `id` of `job` if it is still the job's pending one

@@ -34,6 +34,7 @@ where
         let mut backoff = FIRST_BACKOFF;
         let mut told = false;
         loop {
+            let began = tokio::time::Instant::now();
             let ended = tokio::select! {
                 () = stop.cancelled() => return,
                 ended = subscribe(tx.clone()) => ended,
@@ -41,9 +42,14 @@ where
             if tx.is_closed() {
                 return;
             }
+            // Only a subscription that lasted starts the backoff over: one
+            // the server drops at once (a proxy, a buffer limit) must not
+            // be made again five times a second, each time with a look.
+            if began.elapsed() >= MAX_BACKOFF {
+                backoff = FIRST_BACKOFF;
+            }
             match ended {
                 Ok(()) => {
-                    backoff = FIRST_BACKOFF;
                     tracing::debug!(store = %store, "the store's notices of requests ended: subscribing again");
                 }
                 Err(why) if !told => {

@@ -364,16 +364,6 @@ impl SqlStore {
             })
             .collect();
         self.write_rows(tx, &writes).await?;
-        if let (Locked::Trigger(job, _), Answer::Triggered(TriggerAnswer::Accepted), Some(notify)) =
-            (&op, &answer, self.dialect.notify)
-        {
-            // Delivered to the listeners when the transaction commits.
-            sqlx::query(self.sql(notify.to_string(), None)?)
-                .bind(self.notice_channel())
-                .bind(job.as_str().to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
         let answer = match (answer, op) {
             // The beat commits with the claims; the rows of the batch are
             // locked first, so the registry row comes last in every

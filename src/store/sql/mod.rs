@@ -83,7 +83,7 @@ pub struct Dialect {
     /// None: `IN (?, ?, ...)` in chunks.
     pub json_names: Option<&'static str>,
     /// A statement that tells listeners a request was written (channel,
-    /// job), sent in the request's transaction: PostgreSQL's `pg_notify`.
+    /// job), sent once the request committed: PostgreSQL's `pg_notify`.
     pub notify: Option<&'static str>,
     /// Migrations, in version order.
     pub migrations: &'static [(i64, &'static str)],
@@ -109,7 +109,7 @@ pub struct SqlStore {
     /// When this handle's heartbeat last deleted long-dead registry rows:
     /// once a minute is enough (they are a minute dead already), and each
     /// time is a statement more per beat (on SQLite a write).
-    forgot_at: std::sync::Mutex<Option<std::time::Instant>>,
+    forgot_at: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A SQLite database file and its (device, inode) when this store opened it.
@@ -260,9 +260,29 @@ impl SqlStore {
         let mut at = crate::store::lock(&self.forgot_at);
         let due = at.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
         if due {
-            *at = Some(std::time::Instant::now());
+            *at = Some(tokio::time::Instant::now());
         }
         due
+    }
+
+    /// Tells the listeners (PostgreSQL's `LISTEN`) that `job`'s request was
+    /// written, after its transaction committed: best effort, as a notice
+    /// lost costs latency only (a full notification queue must not fail
+    /// the request, as it would inside its transaction).
+    async fn announce(&self, job: &JobName) {
+        let Some(notify) = self.dialect.notify else {
+            return;
+        };
+        let sent = async {
+            sqlx::query(self.sql(notify.to_string(), None)?)
+                .bind(self.notice_channel())
+                .bind(job.as_str().to_string())
+                .execute(&self.pool())
+                .await
+        };
+        if let Err(e) = sent.await {
+            tracing::debug!(job = %job, "could not announce a request: {}", self.err(e));
+        }
     }
 
     /// The channel accepted requests are announced on (PostgreSQL).
@@ -557,7 +577,12 @@ impl Locks for SqlStore {
         id: TriggerId,
     ) -> Result<TriggerAnswer, StoreError> {
         match self.locked(Locked::Trigger(job, id)).await {
-            Ok(Answer::Triggered(answer)) => Ok(answer),
+            Ok(Answer::Triggered(answer)) => {
+                if answer == TriggerAnswer::Accepted {
+                    self.announce(job).await;
+                }
+                Ok(answer)
+            }
             Ok(_) => Err(self.err(sqlx::Error::Protocol(
                 "a trigger answered as something else".into(),
             ))),

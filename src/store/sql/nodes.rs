@@ -35,7 +35,11 @@ impl Registry for SqlStore {
             let pending = match self.pending_on(&mut conn).await {
                 Ok(pending) => Some(pending),
                 Err(e) => {
-                    tracing::debug!("the look for manual runs sent with a heartbeat failed: {e}");
+                    tracing::debug!(
+                        "the look for manual runs sent with a heartbeat failed: {}",
+                        self.err(e)
+                    );
+                    conn.close_on_drop();
                     None
                 }
             };
