@@ -20,25 +20,7 @@ mod common;
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-
-/// Store calls so far, by op, from the daemon's `/metrics`.
-fn calls(port: u16) -> BTreeMap<String, f64> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("cronlease_store_call_seconds_count{op=\""))
-        .filter_map(|l| {
-            let (op, rest) = l.split_once('"')?;
-            let n = rest.rsplit(' ').next()?.parse().ok()?;
-            Some((op.to_string(), n))
-        })
-        .collect()
-}
 
 fn main() {
     let jobs: usize = common::arg("--jobs", "1").parse().expect("--jobs N");
@@ -76,10 +58,10 @@ fn main() {
             let mut c = c;
             c.start("n1");
             std::thread::sleep(Duration::from_secs(5));
-            let before = calls(port);
+            let before = common::calls(port);
             let started = Instant::now();
             std::thread::sleep(Duration::from_secs(seconds));
-            let after = calls(port);
+            let after = common::calls(port);
             let took = started.elapsed().as_secs_f64();
             c.stop_all();
             let rate = |op: &str| {

@@ -25,25 +25,7 @@ mod common;
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-
-/// Store calls so far, by op, from the daemon's `/metrics`.
-fn calls(port: u16) -> BTreeMap<String, f64> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("cronlease_store_call_seconds_count{op=\""))
-        .filter_map(|l| {
-            let (op, rest) = l.split_once('"')?;
-            let n = rest.rsplit(' ').next()?.parse().ok()?;
-            Some((op.to_string(), n))
-        })
-        .collect()
-}
 
 /// `fsync` and `fdatasync` calls of `pids` (threads included) over
 /// `seconds`, per second, counted by `strace -c`; None without strace.
@@ -156,11 +138,11 @@ fn main() {
         let tree = c.tree("n1");
         let (daemon, guard) = (tree[0], tree.get(1).copied().unwrap_or(tree[0]));
         let before: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
-        let calls_before = calls(port);
+        let calls_before = common::calls(port);
         let started = Instant::now();
         std::thread::sleep(Duration::from_secs(seconds));
         let after: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
-        let calls_after = calls(port);
+        let calls_after = common::calls(port);
         let took = started.elapsed().as_secs_f64();
         let cpu_per_hour = (after - before) as f64 / hz * 3600.0 / took;
         let (rss_d, rss_g) = (rss(daemon), rss(guard));

@@ -1,6 +1,28 @@
-//! Shared by the benchmarks: argument parsing and percentiles.
+//! Shared by the benchmarks: argument parsing, percentiles, and a daemon's
+//! store calls from its `/metrics`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
 
 use crate::support::Backend;
+
+/// Store calls so far, by op, from the daemon's `/metrics` on `port`
+/// (`cronlease_store_call_seconds_count`).
+#[allow(clippy::unwrap_used)]
+pub fn calls(port: u16) -> BTreeMap<String, f64> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("cronlease_store_call_seconds_count{op=\""))
+        .filter_map(|l| {
+            let (op, rest) = l.split_once('"')?;
+            let n = rest.rsplit(' ').next()?.parse().ok()?;
+            Some((op.to_string(), n))
+        })
+        .collect()
+}
 
 /// `--name value` from the command line (cargo bench adds a bare `--bench`).
 pub fn arg(name: &str, default: &str) -> String {
