@@ -278,43 +278,21 @@ pub(super) fn jitter(
     errors: &mut Vec<ConfigError>,
 ) -> Option<Duration> {
     let text = v.get_ref().trim();
-    if text == "0" {
+    if text == "0" || humantime::parse_duration(text).is_ok_and(|d| d.is_zero()) {
         return Some(Duration::ZERO);
     }
-    match humantime::parse_duration(text) {
-        Ok(d) if d > MAX_DURATION => {
-            errors.push(src.at(
-                v,
-                format!(
-                    "{what} {:?} is too long: at most {}",
-                    v.get_ref(),
-                    humantime::format_duration(MAX_DURATION)
-                ),
-            ));
-            None
-        }
-        Ok(d) if d.subsec_nanos() != 0 => {
-            errors.push(src.at(
-                v,
-                format!(
-                    "{what} {:?} is not a whole number of seconds (occurrences fall on whole seconds)",
-                    v.get_ref()
-                ),
-            ));
-            None
-        }
-        Ok(d) => Some(d),
-        Err(e) => {
-            errors.push(src.at(
-                v,
-                format!(
-                    "invalid duration {:?} for {what}: {e} (expected e.g. \"30s\", \"5m\", \"0s\" for none)",
-                    v.get_ref()
-                ),
-            ));
-            None
-        }
+    let d = bounded_duration(src, v, what, MAX_DURATION, errors)?;
+    if d.subsec_nanos() != 0 {
+        errors.push(src.at(
+            v,
+            format!(
+                "{what} {:?} is not a whole number of seconds (occurrences fall on whole seconds)",
+                v.get_ref()
+            ),
+        ));
+        return None;
     }
+    Some(d)
 }
 
 /// The shortest `starting_deadline`.
