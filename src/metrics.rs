@@ -109,6 +109,8 @@ pub struct Metrics {
     pub node_name_twins: Gauge,
     /// This node's jobs that a live peer defines otherwise.
     pub jobs_defined_otherwise: Gauge,
+    /// Jobs whose `run_on` no live node of the registry satisfies.
+    pub jobs_without_eligible_node: Gauge,
     /// Manual runs' requests this node withdrew because they expired.
     pub triggers_expired: Counter,
     pub store_up: Gauge,
@@ -169,6 +171,7 @@ impl Metrics {
             nodes_alive: Gauge::default(),
             node_name_twins: Gauge::default(),
             jobs_defined_otherwise: Gauge::default(),
+            jobs_without_eligible_node: Gauge::default(),
             triggers_expired: Counter::default(),
             store_up: Gauge::default(),
             clock_offset: Gauge::default(),
@@ -274,6 +277,11 @@ impl Metrics {
             "cronlease_jobs_defined_otherwise",
             "This node's jobs that another live node of the registry defines otherwise (schedule, zone, command or policy)",
             m.jobs_defined_otherwise.clone(),
+        );
+        registry.register(
+            "cronlease_jobs_without_eligible_node",
+            "Jobs whose run_on no live node of the registry has every tag of: nobody runs them",
+            m.jobs_without_eligible_node.clone(),
         );
         registry.register(
             "cronlease_store_up",

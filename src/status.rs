@@ -58,6 +58,13 @@ pub struct JobStatus {
     /// (docs/protocol.md, "Job definitions across nodes"): empty when every
     /// live node that has it agrees.
     pub defined_otherwise_on: Vec<String>,
+    /// The job's `run_on` by this node's configuration: the tags a node
+    /// must have to run it (empty: any node).
+    pub run_on: Vec<String>,
+    /// The live nodes that may run it (every tag of `run_on`), by name:
+    /// `None` when the registry could not be read or the job is not
+    /// configured here.
+    pub eligible_nodes: Option<Vec<String>>,
 }
 
 /// A run going now on a live node.
@@ -241,6 +248,19 @@ pub async fn gather(
             .filter(|_| paused)
             .cloned();
         let configured = config.job(&job);
+        let run_on = configured.map(|j| j.run_on.clone()).unwrap_or_default();
+        let eligible_nodes = nodes
+            .as_ref()
+            .filter(|_| configured.is_some())
+            .map(|nodes| {
+                let mut names: Vec<String> = nodes
+                    .iter()
+                    .filter(|n| run_on.allow(&n.tags))
+                    .map(|n| n.node.clone())
+                    .collect();
+                names.dedup();
+                names
+            });
         let holder = lock.as_ref().and_then(|l| l.holder.clone());
         let live_entry = holder.as_ref().zip(live.as_ref());
         rows.push(JobStatus {
@@ -260,6 +280,8 @@ pub async fn gather(
             pending_trigger: pending.remove(&job),
             running: running.remove(job.as_str()).unwrap_or_default(),
             defined_otherwise_on: otherwise.remove(job.as_str()).unwrap_or_default(),
+            run_on: run_on.as_slice().to_vec(),
+            eligible_nodes,
             job,
         });
     }

@@ -247,6 +247,7 @@ pub(super) async fn trigger(
     let Some(job) = config.job(name.as_str()) else {
         return no_such_configured_job(name.as_str(), &path);
     };
+    let run_on = job.run_on.clone();
     let job = job.name.clone();
     let actor = crate::actions::Actor::cli(reason.as_deref());
     let id = match crate::actions::trigger(&config, store.as_ref(), &job, None, &actor).await {
@@ -263,6 +264,15 @@ pub(super) async fn trigger(
         }
     };
     println!("trigger {id}: requested a run of {job} on one node of the cluster");
+    if !run_on.is_empty()
+        && let Ok(nodes) = within(&config, store.nodes()).await
+        && !nodes.iter().any(|n| run_on.allow(&n.tags))
+    {
+        eprintln!(
+            "cronlease: warning: no live node has every tag of {job}'s run_on ({run_on}): the request waits until one does, for at most cluster.trigger_expiry ({})",
+            humantime::format_duration(config.trigger_expiry)
+        );
+    }
     if !wait {
         return ExitCode::SUCCESS;
     }

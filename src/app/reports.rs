@@ -40,6 +40,7 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
                         " (not configured here)"
                     }
                 ),
+                run_on_cell(r),
                 r.holder.clone().unwrap_or_else(|| "-".into()),
                 match (r.holder_alive, r.holder_clock_offset_ms) {
                     (Some(true), Some(offset)) => format!("yes ({offset:+} ms)"),
@@ -63,6 +64,7 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
         &mut out,
         &[
             "JOB",
+            "RUN ON",
             "HOLDER",
             "ALIVE",
             "LEASE LEFT",
@@ -148,6 +150,17 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
         };
         let _ = writeln!(out, "{label}: {}", said_action(entry, now));
     }
+    for r in rows
+        .iter()
+        .filter(|r| !r.run_on.is_empty() && r.eligible_nodes.as_ref().is_some_and(Vec::is_empty))
+    {
+        let _ = writeln!(
+            out,
+            "NO ELIGIBLE NODE: {} (run_on {}): no live node has every one of these tags, so it is not run; `cronlease nodes` lists each node's tags",
+            r.job,
+            r.run_on.join(", ")
+        );
+    }
     for r in rows.iter().filter(|r| !r.defined_otherwise_on.is_empty()) {
         let _ = writeln!(
             out,
@@ -167,6 +180,20 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
         "\nclock offset of this host: {clock_offset:+} ms (store - local; cluster.max_clock_offset {bound} ms): {verdict}"
     );
     ExitCode::SUCCESS
+}
+
+/// A job's RUN ON cell: `any` (no `run_on`), or its tags and the live
+/// nodes that have them all.
+fn run_on_cell(r: &crate::status::JobStatus) -> String {
+    match (&r.eligible_nodes, r.run_on.is_empty()) {
+        (_, true) if r.configured => "any".into(),
+        (_, true) => "-".into(),
+        (Some(nodes), false) if nodes.is_empty() => {
+            format!("{}: NO LIVE NODE", r.run_on.join(","))
+        }
+        (Some(nodes), false) => format!("{}: {}", r.run_on.join(","), nodes.join(" ")),
+        (None, false) => r.run_on.join(","),
+    }
 }
 
 /// `cronlease nodes`: the live records of the node registry.
@@ -199,6 +226,11 @@ pub(super) async fn nodes(path: PathBuf, json: bool) -> ExitCode {
             vec![
                 n.node.clone(),
                 n.owner.clone(),
+                if n.tags.is_empty() {
+                    "-".to_string()
+                } else {
+                    n.tags.join(",")
+                },
                 n.version.clone(),
                 rfc3339(n.started_at),
                 rfc3339(n.last_seen),
@@ -219,6 +251,7 @@ pub(super) async fn nodes(path: PathBuf, json: bool) -> ExitCode {
         &[
             "NODE",
             "OWNER",
+            "TAGS",
             "VERSION",
             "STARTED",
             "LAST SEEN",

@@ -56,6 +56,10 @@ pub(super) fn validate_job(
         }
     };
     let command = command_of(src, &rj.command, "command", errors);
+    let run_on = match &rj.run_on {
+        Some(list) => tags(src, list, "run_on", errors),
+        None => Some(Tags::default()),
+    };
     let [on_failure, on_success, on_recovery] = [
         (&rj.on_failure, Hook::Failure),
         (&rj.on_success, Hook::Success),
@@ -143,6 +147,7 @@ pub(super) fn validate_job(
         starting_deadline,
         delivery: rj.delivery.unwrap_or_default(),
         overlap: rj.overlap.unwrap_or_default(),
+        run_on: run_on?,
         env,
         working_dir,
         identity,

@@ -20,6 +20,12 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         .to_path_buf();
 
     let node = node_name(&src, &raw, &mut errors);
+    let node_tags = match raw.node.as_ref().map(|n| n.get_ref()) {
+        Some(RawNode::Table(RawNodeTable {
+            tags: Some(list), ..
+        })) => tags(&src, list, "node.tags", &mut errors),
+        _ => Some(Tags::default()),
+    };
 
     refuse_nuls(&src, &raw, &mut errors);
     let mut warnings = Vec::new();
@@ -83,10 +89,11 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
         return Err(ConfigErrors(errors));
     }
     jobs.sort_by(|a, b| a.name.cmp(&b.name));
-    match (node, store) {
-        (Some(node), Some(store)) => Ok(Config {
+    match (node, node_tags, store) {
+        (Some(node), Some(tags), Some(store)) => Ok(Config {
             path: path.to_path_buf(),
             node,
+            tags,
             store,
             lease_margin,
             max_clock_offset,
@@ -118,9 +125,16 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
     }
 }
 
-/// The node's name: `node`, or this host's name.
+/// The node's name: `node` (or `[node] name`), or this host's name.
 fn node_name(src: &Source, raw: &RawConfig, errors: &mut Vec<ConfigError>) -> Option<NodeName> {
-    match &raw.node {
+    let written = match raw.node.as_ref() {
+        Some(n) => match n.get_ref() {
+            RawNode::Name(name) => Some(Spanned::new(n.span(), name.clone())),
+            RawNode::Table(t) => t.name.clone(),
+        },
+        None => None,
+    };
+    match &written {
         Some(n) => NodeName::parse(n.get_ref())
             .map_err(|m| errors.push(src.at(n, m)))
             .ok(),

@@ -16,6 +16,7 @@ mod notify;
 pub mod raw;
 mod source;
 mod store_url;
+mod tags;
 
 pub use access::*;
 pub use error::*;
@@ -25,6 +26,7 @@ pub use load::*;
 pub use notify::*;
 pub use source::*;
 pub use store_url::*;
+pub use tags::*;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -37,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::schedule::Schedule;
-use raw::{RawConfig, RawJob, RawJobFile};
+use raw::{RawConfig, RawJob, RawJobFile, RawNode, RawNodeTable};
 
 /// Where the configuration lives when neither `-c` nor `$CRONLEASE_CONFIG` says.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/cronlease/cronlease.toml";
@@ -348,6 +350,9 @@ pub struct Job {
     /// `delivery`: whether a dead host's unrecorded claim runs again.
     pub delivery: Delivery,
     pub overlap: Overlap,
+    /// `run_on`: the tags a node must have to claim the job (empty: any
+    /// node).
+    pub run_on: Tags,
     pub env: BTreeMap<String, String>,
     pub working_dir: Option<PathBuf>,
     /// Run as this user and group (the daemon must be root).
@@ -384,6 +389,7 @@ impl Job {
             && self.starting_deadline == other.starting_deadline
             && self.delivery == other.delivery
             && self.overlap == other.overlap
+            && self.run_on == other.run_on
             && self.env == other.env
             && self.working_dir == other.working_dir
             && self.identity == other.identity
@@ -483,6 +489,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         starting_deadline: None,
         delivery: Delivery::default(),
         overlap: Overlap::default(),
+        run_on: Tags::default(),
         env: BTreeMap::new(),
         working_dir: None,
         identity: None,
@@ -509,6 +516,8 @@ pub struct LogConfig {
 pub struct Config {
     pub path: PathBuf,
     pub node: NodeName,
+    /// `[node] tags`: what this node is, for the jobs' `run_on`.
+    pub tags: Tags,
     pub store: StoreConfig,
     pub lease_margin: Duration,
     /// `cluster.max_clock_offset`: beyond it a node claims nothing, and the
@@ -573,6 +582,7 @@ impl Config {
         let Config {
             path: _,
             node,
+            tags,
             store,
             lease_margin,
             max_clock_offset,
@@ -614,6 +624,7 @@ impl Config {
             }
         };
         note(*node != self.node, "node", false);
+        note(*tags != self.tags, "node.tags", true);
         note(*runner != self.runner, "jobs.runner", false);
         note(*url != self.store.url, "store.url (or its password)", false);
         note(

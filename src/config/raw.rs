@@ -13,7 +13,8 @@ use toml::Spanned;
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
-    pub node: Option<Spanned<String>>,
+    /// A name (`node = "web-1"`) or a `[node]` table.
+    pub node: Option<Spanned<RawNode>>,
     pub shutdown_grace: Option<Spanned<String>>,
     pub pid_file: Option<Spanned<String>>,
     pub state_dir: Option<Spanned<String>>,
@@ -34,6 +35,42 @@ pub struct RawConfig {
     pub notify: Vec<RawNotify>,
     #[serde(default)]
     pub job: Vec<RawJob>,
+}
+
+/// `node`: the node's name alone (`node = "web-1"`, as CONTRACT has it), or
+/// a `[node]` table with its `name` and `tags`.
+#[derive(Debug)]
+pub enum RawNode {
+    Name(String),
+    Table(RawNodeTable),
+}
+
+/// The `[node]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNodeTable {
+    pub name: Option<Spanned<String>>,
+    pub tags: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+impl<'de> Deserialize<'de> for RawNode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = RawNode;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a node name, or a [node] table with `name` and `tags`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawNode, E> {
+                Ok(RawNode::Name(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawNode, A::Error> {
+                RawNodeTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawNode::Table)
+            }
+        }
+        d.deserialize_any(Either)
+    }
 }
 
 /// One `[[notify]]` table.
@@ -132,6 +169,7 @@ pub struct RawJob {
     pub starting_deadline: Option<Spanned<String>>,
     pub delivery: Option<super::Delivery>,
     pub overlap: Option<super::Overlap>,
+    pub run_on: Option<Spanned<Vec<Spanned<String>>>>,
     pub env: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
     pub working_dir: Option<Spanned<String>>,
     pub user: Option<Spanned<String>>,

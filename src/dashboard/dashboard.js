@@ -44,6 +44,14 @@ function flags(r) {
     const what = p.redelivered ? `redelivery of attempt ${p.attempt} pending` : p.resumed ? "catch-up after resume pending" : p.attempt ? `attempt ${p.attempt} due ${time(p.due_at)}` : "trigger pending" + age;
     out.push(el("span", { class: "paused", title: `trigger ${p.id}: cronlease trigger --cancel ${r.job} withdraws it` }, what));
   }
+  const runOn = r.run_on || [];
+  if (runOn.length && r.eligible_nodes) {
+    if (out.length) out.push(" ");
+    const able = r.eligible_nodes;
+    out.push(able.length
+      ? el("span", { class: "run-on", title: "run_on: only nodes with every one of these tags run it" }, `run on ${runOn.join(", ")}: ${able.join(", ")}`)
+      : el("span", { class: "bad run-on", title: "no live node has every one of these tags: the job is not run until one does" }, `run on ${runOn.join(", ")}: no live node`));
+  }
   const on = r.defined_otherwise_on || [];
   if (on.length) {
     if (out.length) out.push(" ");
@@ -171,7 +179,8 @@ function renderNodes(nodes) {
   }
   const gone = [...seenNodes.entries()].filter(([name]) => !live.has(name)).map(([, seen]) => seen);
   const row = (n, goneAt) => el("tr", { "data-node": n.node, class: goneAt ? "gone" : "" },
-    el("td", {}, n.node + (goneAt ? " (gone)" : "")), el("td", {}, n.owner), el("td", {}, n.version),
+    el("td", {}, n.node + (goneAt ? " (gone)" : "")), el("td", {}, n.owner),
+    el("td", { class: "tags" }, (n.tags || []).join(", ") || "-"), el("td", {}, n.version),
     el("td", {}, time(n.started_at)),
     el("td", { class: "last-seen" }, goneAt ? `${time(n.last_seen)}; no heartbeat since ${time(new Date(goneAt).toISOString())}` : time(n.last_seen)),
     el("td", {}, n.clock_offset_ms == null ? "-" : `${n.clock_offset_ms >= 0 ? "+" : ""}${n.clock_offset_ms} ms`),

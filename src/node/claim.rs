@@ -332,11 +332,7 @@ impl Node {
             let group = match view.as_deref() {
                 Some(view) => {
                     let holder = d.state.holder();
-                    match self.deferral_in(
-                        d.state.job().name.as_str(),
-                        holder.as_deref(),
-                        Some(view),
-                    ) {
+                    match self.deferral_in(&d.state.job(), holder.as_deref(), Some(view)) {
                         Deferral::AtOnce => 0,
                         Deferral::BehindHolder => 1,
                         Deferral::BehindHeadStart => 2,

@@ -3,8 +3,8 @@
 //! (docs/protocol.md, "Job definitions across nodes").
 //!
 //! - Each job's definition (what changes when it runs: schedule, zone,
-//!   jitter, command, timeout, kill grace, misfire, overlap, starting deadline,
-//!   delivery, env, working directory, user, output tail, hooks, retry)
+//!   jitter, command, timeout, kill grace, misfire, overlap, `run_on`,
+//!   starting deadline, delivery, env, working directory, user, output tail, hooks, retry)
 //!   has a 64-bit digest, SHA-256 over a tagged encoding of those fields:
 //!   the same on every host and version that writes the same encoding
 //!   ([`ENCODING`]).
@@ -65,6 +65,11 @@ pub fn job_digest(job: &Job) -> JobDigest {
     put_duration(&mut put, "kill_grace", Some(job.kill_grace));
     put("misfire", format!("{:?}", job.misfire).as_bytes());
     put("overlap", format!("{:?}", job.overlap).as_bytes());
+    // Only when set, like jitter; sorted, so the order written is no
+    // difference.
+    for tag in job.run_on.as_slice() {
+        put("run_on", tag.as_bytes());
+    }
     put_duration(&mut put, "starting_deadline", job.starting_deadline);
     if job.delivery == crate::config::Delivery::AtLeastOnce {
         // Only when set: the digests of jobs without it are as before.
@@ -449,6 +454,10 @@ mod tests {
         let mut none = x.clone();
         none.schedule = none.schedule.with_jitter("x", Duration::ZERO);
         assert_eq!(job_digest(&x), job_digest(&none));
+        // run_on decides who claims: two hosts must agree on it too.
+        let mut tagged = x.clone();
+        tagged.run_on = crate::config::Tags::from_checked(["db"]);
+        assert_ne!(job_digest(&x), job_digest(&tagged));
     }
 
     #[test]

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::Placement;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::{JobName, Placement, Tags};
 use crate::store::{Heartbeat, NodeRecord, RunningRun, registry::RUNNING_IN_A_BEAT};
 
 use super::Node;
@@ -134,6 +136,7 @@ impl Node {
         self.metrics.nodes_alive.set(nodes.len() as i64);
         self.note_name_twins(&nodes);
         self.compare_definitions(&nodes);
+        self.check_eligibility(&nodes);
         if let Ok(mut live) = self.members.live_nodes.lock() {
             *live = nodes;
         }
@@ -213,6 +216,35 @@ impl Node {
         }
     }
 
+    /// Takes in the live nodes' tags: warns once about each `run_on` no
+    /// live node satisfies (naming its jobs), says when one does again, and
+    /// counts those jobs in `cronlease_jobs_without_eligible_node`.
+    fn check_eligibility(&self, nodes: &[NodeRecord]) {
+        let Ok(mut eligibility) = self.members.eligibility.lock() else {
+            return;
+        };
+        let (stranded, back) = eligibility.observe(nodes);
+        self.metrics
+            .jobs_without_eligible_node
+            .set(eligibility.stranded_jobs() as i64);
+        for (run_on, jobs) in stranded {
+            tracing::warn!(
+                run_on = %run_on,
+                jobs = jobs.len(),
+                first = %first_names(&jobs),
+                "no live node has every tag these jobs' run_on asks for: they are not run until one does (`cronlease nodes` lists each node's tags)"
+            );
+        }
+        for (run_on, jobs) in back {
+            tracing::info!(
+                run_on = %run_on,
+                jobs = jobs.len(),
+                first = %first_names(&jobs),
+                "a live node has every tag of this run_on again: its jobs run"
+            );
+        }
+    }
+
     /// What this node's beat says of its job definitions now: `None` until
     /// the job set is digested.
     fn definitions_beat(&self) -> Option<crate::store::DefinitionsBeat> {
@@ -242,6 +274,7 @@ impl Node {
         Heartbeat {
             owner: self.owner.clone(),
             node: self.name.to_string(),
+            tags: self.tags().as_slice().to_vec(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: self.members.started_at,
             clock_offset_ms: self.clock.last_offset_ms(),
@@ -338,6 +371,62 @@ fn page_slice(every: Duration) -> Duration {
     (every * 4).max(Duration::from_secs(1))
 }
 
+/// The first few of `jobs`, for a log line.
+fn first_names(jobs: &[JobName]) -> String {
+    let mut names: Vec<&str> = jobs.iter().take(5).map(JobName::as_str).collect();
+    if jobs.len() > names.len() {
+        names.push("...");
+    }
+    names.join(", ")
+}
+
+/// A `run_on` set and the jobs that ask for it.
+pub(super) type TaggedJobs = (Tags, Vec<JobName>);
+
+/// The jobs' `run_on` sets against the live nodes' tags: which sets no
+/// live node satisfies. Kept by distinct set, so a beat's check costs the
+/// number of sets times the live nodes, not the number of jobs.
+#[derive(Debug, Default)]
+pub(super) struct Eligibility {
+    /// Each distinct non-empty `run_on` of the job set, with its jobs.
+    jobs: BTreeMap<Tags, Vec<JobName>>,
+    /// The sets no live node satisfied at the last look (warned about).
+    stranded: BTreeSet<Tags>,
+}
+
+impl Eligibility {
+    /// A job set applied: its `run_on` sets.
+    pub(super) fn set_jobs(&mut self, jobs: BTreeMap<Tags, Vec<JobName>>) {
+        self.stranded.retain(|t| jobs.contains_key(t));
+        self.jobs = jobs;
+    }
+
+    /// Compares the sets with `nodes`' tags: answers the sets newly
+    /// stranded (no live node satisfies them) and those no longer, each
+    /// with its jobs.
+    pub(super) fn observe(&mut self, nodes: &[NodeRecord]) -> (Vec<TaggedJobs>, Vec<TaggedJobs>) {
+        let (mut stranded, mut back) = (Vec::new(), Vec::new());
+        for (run_on, jobs) in &self.jobs {
+            let able = nodes.iter().any(|n| run_on.allow(&n.tags));
+            if !able && self.stranded.insert(run_on.clone()) {
+                stranded.push((run_on.clone(), jobs.clone()));
+            } else if able && self.stranded.remove(run_on) {
+                back.push((run_on.clone(), jobs.clone()));
+            }
+        }
+        (stranded, back)
+    }
+
+    /// How many jobs no live node may run, as of the last look.
+    pub(super) fn stranded_jobs(&self) -> usize {
+        self.stranded
+            .iter()
+            .filter_map(|t| self.jobs.get(t))
+            .map(Vec::len)
+            .sum()
+    }
+}
+
 /// A 64-bit score of (job, node), the same on every host and version:
 /// FNV-1a over both names (a zero byte between), then the SplitMix64
 /// finalizer, so names that differ in one character score far apart.
@@ -372,6 +461,8 @@ pub(super) fn preferred_node<'a, S: AsRef<str>>(job: &str, nodes: &'a [S]) -> Op
 pub(super) struct Member {
     pub(super) node: String,
     pub(super) owner: String,
+    /// Its tags, as its last beat said.
+    pub(super) tags: Vec<String>,
 }
 
 impl AsRef<str> for Member {
@@ -411,6 +502,7 @@ impl Node {
             .map(|n| Member {
                 node: n.node.clone(),
                 owner: n.owner.clone(),
+                tags: n.tags.clone(),
             })
             .collect();
         members
@@ -420,14 +512,26 @@ impl Node {
     }
 
     /// How this node claims `job`, last seen held by `holder` (an owner),
-    /// in `view` (see [`Node::placement_view`]).
+    /// in `view` (see [`Node::placement_view`]): the job's preferred node is
+    /// picked among the members that have every tag of its `run_on`.
     pub(super) fn deferral_in(
         &self,
-        job: &str,
+        job: &crate::config::Job,
         holder: Option<&str>,
         view: Option<&[Member]>,
     ) -> Deferral {
-        match view.and_then(|members| preferred_node(job, members)) {
+        let preferred = view.and_then(|members| {
+            if job.run_on.is_empty() {
+                preferred_node(job.name.as_str(), members).cloned()
+            } else {
+                let able: Vec<&Member> = members
+                    .iter()
+                    .filter(|m| job.run_on.allow(&m.tags))
+                    .collect();
+                preferred_node(job.name.as_str(), &able).map(|m| (*m).clone())
+            }
+        });
+        match preferred {
             Some(p) if p.node == self.name.as_str() => Deferral::AtOnce,
             Some(p) if holder == Some(p.owner.as_str()) => Deferral::BehindHolder,
             Some(_) => Deferral::BehindHeadStart,
@@ -437,7 +541,7 @@ impl Node {
 
     /// Whether this node should give `job` to a peer: the current view
     /// names another node as its preferred one.
-    pub(super) fn defers(&self, job: &str) -> bool {
+    pub(super) fn defers(&self, job: &crate::config::Job) -> bool {
         let view = self.placement_view();
         self.deferral_in(job, None, view.as_deref()) != Deferral::AtOnce
     }

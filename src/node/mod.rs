@@ -305,6 +305,10 @@ struct JobEntry {
     next: Option<DateTime<Utc>>,
     /// Stops the job's in-flight occurrence handlers (removal).
     handlers_stop: CancellationToken,
+    /// This node has every tag of the job's `run_on`: it claims the job.
+    /// Otherwise the job is known here (status, definitions) but never
+    /// claimed: `next` stays `None` and manual runs are left to others.
+    allowed: bool,
 }
 
 /// A running cronlease node.
@@ -352,6 +356,8 @@ struct Settings {
     trigger_expiry: Duration,
     /// `cluster.placement`.
     placement: crate::config::Placement,
+    /// `[node] tags` (a SIGHUP changes them, see [`Node::apply_settings`]).
+    tags: Mutex<crate::config::Tags>,
     op_timeout: Duration,
     /// Settings a SIGHUP changes live (see [`Node::apply_settings`]).
     shutdown_grace_ms: AtomicU64,
@@ -428,6 +434,9 @@ struct Membership {
     /// Told each time a run starts: wakes the cancel watcher of an idle
     /// node ([`cancel`]).
     run_started: tokio::sync::Notify,
+    /// The jobs' `run_on` against the live nodes' tags
+    /// ([`membership::Eligibility`]).
+    eligibility: Mutex<membership::Eligibility>,
 }
 
 /// What a node is made of besides its config and store: the job guard, the
@@ -530,6 +539,7 @@ impl Node {
                 head_start: config.head_start,
                 trigger_expiry: config.trigger_expiry,
                 placement: config.placement,
+                tags: Mutex::new(config.tags.clone()),
                 op_timeout: config.store.op_timeout,
                 shutdown_grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
                 history_limit: std::sync::atomic::AtomicU32::new(config.store.history_limit),
@@ -579,6 +589,7 @@ impl Node {
                 beaten_at: Mutex::new(None),
                 definitions: Mutex::new(definitions::Comparison::default()),
                 definitions_of: AtomicU64::new(0),
+                eligibility: Mutex::new(membership::Eligibility::default()),
                 running: Mutex::new(BTreeMap::new()),
                 run_started: tokio::sync::Notify::new(),
             },
@@ -633,6 +644,21 @@ impl Node {
             .history_limit
             .store(config.store.history_limit, Ordering::SeqCst);
         self.clock.set_bound(config.max_clock_offset);
+        if let Ok(mut tags) = self.settings.tags.lock()
+            && *tags != config.tags
+        {
+            tracing::info!(tags = %config.tags, "node tags changed");
+            *tags = config.tags.clone();
+        }
+    }
+
+    /// This node's tags now.
+    pub(crate) fn tags(&self) -> crate::config::Tags {
+        self.settings
+            .tags
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
     }
 
     fn shutdown_grace(&self) -> Duration {
@@ -923,7 +949,11 @@ impl Node {
 
     /// Makes `jobs` the node's job set: new jobs start, removed jobs stop
     /// being claimed (their runs finish), changed jobs restart their loop.
+    /// A job whose `run_on` asks for a tag this node lacks is kept (its
+    /// definition counts in the digest, `status` shows it) but not claimed;
+    /// one that stops being this node's is let go as a removed one is.
     pub fn apply_jobs(self: &Arc<Self>, jobs: Vec<Job>) {
+        let tags = self.tags();
         let Ok(mut current) = self.jobs.lock() else {
             return;
         };
@@ -941,25 +971,63 @@ impl Node {
                 self.release_when_idle(entry.state);
             }
         }
+        let now = self.wall.now();
+        let mut not_here = Vec::new();
+        let mut run_on: BTreeMap<crate::config::Tags, Vec<JobName>> = BTreeMap::new();
         for (name, job) in wanted {
+            if !job.run_on.is_empty() {
+                run_on
+                    .entry(job.run_on.clone())
+                    .or_default()
+                    .push(name.clone());
+            }
+            let allowed = job.run_on.allow(tags.as_slice());
+            if !allowed {
+                not_here.push(name.clone());
+            }
             match current.get_mut(&name) {
-                Some(entry) if entry.state.job().same_definition(&job) => {}
                 Some(entry) => {
-                    tracing::info!(job = %name, "job changed: applying the new definition");
-                    entry.next = job.schedule.next_after(self.wall.now());
-                    entry.state.set_job(job);
+                    if !entry.state.job().same_definition(&job) {
+                        tracing::info!(job = %name, "job changed: applying the new definition");
+                        entry.next = job.schedule.next_after(now).filter(|_| allowed);
+                        entry.state.set_job(job);
+                    }
+                    if allowed && !entry.allowed {
+                        tracing::info!(job = %name, "this node has the job's run_on tags now: claiming it");
+                        entry.next = entry.state.job().schedule.next_after(now);
+                    } else if !allowed && entry.allowed {
+                        tracing::info!(job = %name, "this node lacks a tag of the job's run_on now: no longer claimed here");
+                        entry.next = None;
+                        entry.handlers_stop.cancel();
+                        entry.handlers_stop = self.life.claims.child_token();
+                        self.release_when_idle(entry.state.clone());
+                    }
+                    entry.allowed = allowed;
                 }
                 None => {
                     let entry = JobEntry {
-                        next: job.schedule.next_after(self.wall.now()),
+                        next: job.schedule.next_after(now).filter(|_| allowed),
                         state: Arc::new(JobState::new(job)),
                         handlers_stop: self.life.claims.child_token(),
+                        allowed,
                     };
                     current.insert(name, entry);
                 }
             }
         }
         drop(current);
+        if let Ok(mut eligibility) = self.members.eligibility.lock() {
+            eligibility.set_jobs(run_on);
+        }
+        if !not_here.is_empty() {
+            let first: Vec<&str> = not_here.iter().take(5).map(JobName::as_str).collect();
+            tracing::info!(
+                jobs = not_here.len(),
+                first = %first.join(", "),
+                node_tags = %tags,
+                "jobs not claimed on this node: their run_on asks for tags it does not have"
+            );
+        }
         self.jobs_changed.notify_one();
         self.tell_guard();
         self.digest_definitions();

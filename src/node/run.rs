@@ -162,7 +162,7 @@ impl Node {
             // A step-down during the run, or (spread) a job whose preferred
             // node is another: hand it back, so the next occurrence goes to
             // a peer on time.
-            let hand_back = node.defers(state.job().name.as_str());
+            let hand_back = node.defers(&state.job());
             if state.take_release_after_run() || hand_back {
                 state.lease_ended();
                 node.release(&[state.job().name.clone()]).await;

@@ -192,7 +192,7 @@ impl Node {
                 // no node with the job took within RESUME_REQUEST_LIFE is
                 // withdrawn by any node.
                 if id.resumed_at().is_some() {
-                    let mine = self.state_of(&job).is_some();
+                    let mine = self.claimable_state_of(&job).is_some();
                     let stale = id.age(now).is_some_and(|age| age > RESUME_REQUEST_LIFE);
                     if (mine || stale) && self.triggers.start(&job, id) {
                         let node = self.clone();
@@ -215,7 +215,7 @@ impl Node {
                         continue;
                     }
                     // A job this node does not run: only its expiry, below.
-                    if let Some(state) = self.state_of(&job) {
+                    if let Some(state) = self.claimable_state_of(&job) {
                         let ending = self.attempt_ending(&state.job(), id, now);
                         if state.is_running() || !self.triggers.start(&job, id) {
                             continue;
@@ -241,7 +241,7 @@ impl Node {
                     }
                     continue;
                 }
-                let Some(state) = self.state_of(&job) else {
+                let Some(state) = self.claimable_state_of(&job) else {
                     continue;
                 };
                 // A run of the job going here: the store would refuse.
@@ -496,6 +496,16 @@ impl Node {
         let name = crate::config::JobName::parse(job).ok()?;
         let jobs = self.jobs.lock().ok()?;
         jobs.get(&name).map(|e| e.state.clone())
+    }
+
+    /// The state of the configured job named `job` if this node may claim
+    /// it (it has every tag of the job's `run_on`).
+    pub(super) fn claimable_state_of(&self, job: &str) -> Option<Arc<JobState>> {
+        let name = crate::config::JobName::parse(job).ok()?;
+        let jobs = self.jobs.lock().ok()?;
+        jobs.get(&name)
+            .filter(|e| e.allowed)
+            .map(|e| e.state.clone())
     }
 
     /// Claims request `id` of the job and, won, runs it.

@@ -36,6 +36,8 @@ pub struct Heartbeat {
     pub owner: Owner,
     /// The node's name (`node` in the config).
     pub node: String,
+    /// Its `[node] tags`, sorted (docs/configuration.md, "Node tags").
+    pub tags: Vec<String>,
     /// The cronlease version it runs.
     pub version: String,
     /// When this incarnation started (its own clock).
@@ -112,6 +114,9 @@ pub struct DefinitionsBeat {
 pub struct NodeRecord {
     pub node: String,
     pub owner: String,
+    /// Its `[node] tags` as its last beat said (none from a version before
+    /// tags).
+    pub tags: Vec<String>,
     pub version: String,
     pub started_at: DateTime<Utc>,
     /// The store's clock at its last heartbeat (etcd: the node's own).
@@ -160,6 +165,7 @@ impl NodeRecord {
         NodeRecord {
             node: node.into(),
             owner: owner.into(),
+            tags: Vec::new(),
             version: "test".into(),
             started_at: from_ms(0),
             last_seen: from_ms(0),
@@ -263,6 +269,8 @@ pub(crate) async fn beat_beside_look<S: super::Locks + Registry + ?Sized>(
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct BeatData {
     pub node: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
     pub version: String,
     pub started_at: i64,
     #[serde(default)]
@@ -311,6 +319,7 @@ impl From<&Heartbeat> for BeatData {
     fn from(beat: &Heartbeat) -> Self {
         BeatData {
             node: beat.node.clone(),
+            tags: beat.tags.clone(),
             version: beat.version.clone(),
             started_at: to_ms(beat.started_at),
             clock_offset_ms: beat.clock_offset_ms,
@@ -356,6 +365,7 @@ impl BeatData {
         NodeRecord {
             node: self.node,
             owner: owner.to_string(),
+            tags: self.tags,
             version: self.version,
             started_at: from_ms(self.started_at),
             last_seen: from_ms(last_seen),
@@ -383,6 +393,7 @@ mod tests {
         let beat = Heartbeat {
             owner: Owner::from_raw("a#1"),
             node: "a".into(),
+            tags: vec!["db".into(), "eu-west".into()],
             version: "1.2.3".into(),
             started_at: from_ms(1_000),
             clock_offset_ms: Some(-7),
@@ -415,6 +426,7 @@ mod tests {
             Some(NodeRecord {
                 node: "a".into(),
                 owner: "a#1".into(),
+                tags: beat.tags.clone(),
                 version: "1.2.3".into(),
                 started_at: from_ms(1_000),
                 last_seen: from_ms(5_000),
@@ -429,7 +441,7 @@ mod tests {
         // An older version's record: no definitions, still listed.
         let old = br#"{"node":"a","version":"0.9","started_at":1,"ttl_ms":1500}"#;
         let read = BeatData::parse(old).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
-        assert!(read.is_some_and(|r| r.definitions.is_none()));
+        assert!(read.is_some_and(|r| r.definitions.is_none() && r.tags.is_empty()));
         // A list of runs this version cannot read: the node is still
         // listed, with none.
         let odd =

@@ -517,7 +517,73 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         5,
         "unknown field `backof`",
     ),
+    (
+        "a node tag with a space",
+        "[node]\nname = \"n1\"\ntags = [\"db\",\n  \"eu west\"]\n[store]\nurl = \"sqlite://x.db\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        4,
+        "node.tags: invalid tag \"eu west\"",
+    ),
+    (
+        "a node tag named twice",
+        "[node]\ntags = [\"db\", \"db\"]\n[store]\nurl = \"sqlite://x.db\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        2,
+        "node.tags names tag \"db\" twice",
+    ),
+    (
+        "a [node] key misspelt",
+        "[node]\nname = \"n1\"\ntag = [\"db\"]\n[store]\nurl = \"sqlite://x.db\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        3,
+        "unknown field `tag`",
+    ),
+    (
+        "node neither a name nor a table",
+        "node = 3\n[store]\nurl = \"sqlite://x.db\"\n",
+        GOOD_JOB,
+        "cronlease.toml",
+        1,
+        "a node name, or a [node] table",
+    ),
+    (
+        "an empty run_on tag",
+        GOOD_MAIN,
+        "[[job]]\nname = \"ok\"\nschedule = \"* * * * *\"\ncommand = \"true\"\nrun_on = [\"db\", \"\"]\n",
+        "a.toml",
+        5,
+        "run_on: a tag cannot be empty",
+    ),
 ];
+
+#[test]
+fn node_tags_and_run_on_are_read_sorted_and_the_name_form_still_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = "[[job]]\nname = \"ok\"\nschedule = \"* * * * *\"\ncommand = \"true\"\nrun_on = [\"eu\", \"db\"]\n";
+    let c = load(
+        dir.path(),
+        "[node]\nname = \"n1\"\ntags = [\"ssd\", \"db\", \"eu\"]\n[store]\nurl = \"sqlite://x.db\"\n",
+        &[("a.toml", job)],
+    )
+    .unwrap();
+    assert_eq!(c.node.as_str(), "n1");
+    assert_eq!(c.tags.as_slice(), ["db", "eu", "ssd"]);
+    assert_eq!(c.jobs[0].run_on.as_slice(), ["db", "eu"]);
+    let c = load(dir.path(), GOOD_MAIN, &[("a.toml", GOOD_JOB)]).unwrap();
+    assert_eq!(c.node.as_str(), "n1");
+    assert!(c.tags.is_empty() && c.jobs[0].run_on.is_empty());
+    // A reload that changes the tags changes them live.
+    let tagged = load(
+        dir.path(),
+        "[node]\nname = \"n1\"\ntags = [\"db\"]\n[store]\nurl = \"sqlite://locks.db\"\n",
+        &[("a.toml", GOOD_JOB)],
+    )
+    .unwrap();
+    assert_eq!(c.changes(&tagged).live, ["node.tags"]);
+}
 
 #[test]
 fn malformed_configs_name_file_line_and_column() {

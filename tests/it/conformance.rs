@@ -1731,6 +1731,7 @@ fn beat(owner: &str, ttl_ms: u64, offset: Option<i64>, held: u32) -> Heartbeat {
     Heartbeat {
         owner: Owner::from_raw(owner),
         node: Owner::node_of(owner).to_string(),
+        tags: Vec::new(),
         version: "9.8.7".into(),
         started_at: occ(-100),
         clock_offset_ms: offset,
@@ -1926,7 +1927,10 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
     let (a, b, reader) = (h.store().await, h.store().await, h.store().await);
     assert_eq!(reader.nodes().await.unwrap(), vec![], "empty at first");
     let first = a
-        .heartbeat(&beat("web-2#a1", 30_000, Some(-3), 2))
+        .heartbeat(&Heartbeat {
+            tags: vec!["db".into(), "eu-west".into()],
+            ..beat("web-2#a1", 30_000, Some(-3), 2)
+        })
         .await
         .unwrap();
     assert_eq!(first.len(), 1, "{first:?}");
@@ -1940,10 +1944,19 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
             web2.version.as_str(),
             web2.started_at,
             web2.clock_offset_ms,
-            web2.jobs_held
+            web2.jobs_held,
+            web2.tags.clone(),
         ),
-        ("web-2", "9.8.7", occ(-100), Some(-3), 2)
+        (
+            "web-2",
+            "9.8.7",
+            occ(-100),
+            Some(-3),
+            2,
+            vec!["db".to_string(), "eu-west".to_string()]
+        )
     );
+    assert!(listed[0].tags.is_empty(), "{listed:?}");
     assert!(
         web2.expires_in_ms > 25_000 && web2.expires_in_ms <= 30_000,
         "{web2:?}"
@@ -1973,9 +1986,12 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
     let owners: Vec<&str> = after.iter().map(|n| n.owner.as_str()).collect();
     assert_eq!(owners, ["web-2#a1"], "{after:?}");
     // It beats again: back, seen later than before.
-    b.heartbeat(&beat("web-1#b1", 30_000, Some(12), 5))
-        .await
-        .unwrap();
+    b.heartbeat(&Heartbeat {
+        tags: vec!["ssd".into()],
+        ..beat("web-1#b1", 30_000, Some(12), 5)
+    })
+    .await
+    .unwrap();
     let again = reader.nodes().await.unwrap();
     assert_eq!(again.len(), 2, "{again:?}");
     assert!(
@@ -1983,8 +1999,12 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
         "{again:?} vs {listed:?}"
     );
     assert_eq!(
-        (again[0].clock_offset_ms, again[0].jobs_held),
-        (Some(12), 5)
+        (
+            again[0].clock_offset_ms,
+            again[0].jobs_held,
+            again[0].tags.clone()
+        ),
+        (Some(12), 5, vec!["ssd".to_string()])
     );
     // A beat that looks: the record refreshed as by `heartbeat`, and the
     // pending requests read in the same call (an idle node's one call).

@@ -453,3 +453,104 @@ fn a_new_sqlite_connection_waits_for_the_lock_without_an_error() {
         "{text}"
     );
 }
+
+/// `[node] tags` and `run_on` with real daemons: the job tagged `a` runs
+/// only on n1 (the one node with that tag) although n2 started first and
+/// would otherwise hold it; `nodes` lists each node's tags, `status` each
+/// job's eligible live nodes, and a job no live node may run is named in
+/// `status` and warned about in the daemons' logs, never run.
+#[test]
+fn a_job_runs_only_on_the_node_with_its_tags_and_an_unrunnable_one_is_named() {
+    let jobs = format!(
+        "{}run_on = [\"a\"]\n[[job]]\nname = \"gpu\"\nschedule = \"* * * * * *\"\nrun_on = [\"gpu\"]\ncommand = [\"/bin/sh\", \"-c\", \"touch '{{out}}.gpu'\"]\n",
+        crate::cluster::tick_job(std::path::Path::new("{out}"))
+    );
+    let mut c = Cluster::new(Backend::Sqlite, Some(&jobs), "");
+    for (node, tags) in [("n1", "[\"a\", \"ssd\"]"), ("n2", "[\"b\"]")] {
+        let path = c.config(node);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.replace(&format!("node = \"{node}\"\n"), "");
+        std::fs::write(
+            &path,
+            format!("{text}[node]\nname = \"{node}\"\ntags = {tags}\n"),
+        )
+        .unwrap();
+    }
+    c.start("n2");
+    std::thread::sleep(Duration::from_secs(2));
+    c.start("n1");
+    c.wait_for("three runs of tick", Duration::from_secs(30), |l| {
+        l.len() >= 3
+    });
+    let warning = "no live node has every tag these jobs' run_on asks for";
+    crate::support::wait_until(
+        "both daemons warned about gpu",
+        Duration::from_secs(10),
+        || c.report(),
+        || (c.log("n1").contains(warning) && c.log("n2").contains(warning)).then_some(()),
+    );
+    let nodes = c.cli_json("n1", &["nodes"]).unwrap();
+    let tags: Vec<(String, String)> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["node"].to_string(), n["tags"].to_string()))
+        .collect();
+    assert_eq!(
+        tags,
+        [
+            ("\"n1\"".to_string(), "[\"a\",\"ssd\"]".to_string()),
+            ("\"n2\"".to_string(), "[\"b\"]".to_string())
+        ]
+    );
+    let table = String::from_utf8_lossy(&c.cli("n1", &["nodes"]).stdout).into_owned();
+    assert!(
+        table.starts_with("NODE") && table.contains("TAGS") && table.contains("a,ssd"),
+        "{table}"
+    );
+    let status = c.cli_json("n2", &["status"]).unwrap();
+    let rows: Vec<(String, String, String)> = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["job"].to_string(),
+                r["run_on"].to_string(),
+                r["eligible_nodes"].to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("\"gpu\"".into(), "[\"gpu\"]".into(), "[]".into()),
+            ("\"tick\"".into(), "[\"a\"]".into(), "[\"n1\"]".into())
+        ]
+    );
+    let text = String::from_utf8_lossy(&c.cli("n2", &["status"]).stdout).into_owned();
+    assert!(
+        text.contains("a: n1")
+            && text.contains("gpu: NO LIVE NODE")
+            && text.contains("NO ELIGIBLE NODE: gpu (run_on gpu)"),
+        "{text}"
+    );
+    let asked = c.cli("n2", &["trigger", "gpu"]);
+    let said = String::from_utf8_lossy(&asked.stderr);
+    assert!(
+        asked.status.success()
+            && said.contains("warning: no live node has every tag of gpu's run_on (gpu)"),
+        "{said}"
+    );
+    c.stop_all();
+    let lines = c.lines();
+    assert!(
+        lines.iter().all(|l| l.node == "n1"),
+        "tick ran only on n1: {lines:?}"
+    );
+    crate::cluster::check_exactly_once(&lines, &c.report());
+    assert!(
+        !std::path::Path::new(&format!("{}.gpu", c.out.display())).exists(),
+        "gpu ran somewhere"
+    );
+}

@@ -159,9 +159,19 @@ impl World {
     }
 
     fn config(&self, node: &str, margin: &str, jobs: &str) -> Config {
+        self.config_tagged(node, &[], margin, jobs)
+    }
+
+    /// The config of node `node` with `[node] tags` (none: `node = "..."`).
+    fn config_tagged(&self, node: &str, tags: &[&str], margin: &str, jobs: &str) -> Config {
         let path = self.dir.path().join(format!("{node}.toml"));
+        let header = if tags.is_empty() {
+            format!("node = \"{node}\"\n")
+        } else {
+            format!("[node]\nname = \"{node}\"\ntags = {tags:?}\n")
+        };
         let text = format!(
-            "node = \"{node}\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[lease]\nmargin = \"{margin}\"\n{jobs}",
+            "{header}[store]\nurl = \"sqlite://{}/unused.db\"\n[lease]\nmargin = \"{margin}\"\n{jobs}",
             self.dir.path().display()
         );
         std::fs::write(&path, text).unwrap();
@@ -174,7 +184,15 @@ impl World {
     }
 
     fn start_with_margin(&self, name: &str, margin: &str, jobs: &str) -> Running {
-        let config = self.config(name, margin, jobs);
+        self.start_config(self.config(name, margin, jobs))
+    }
+
+    /// A node with `[node] tags`.
+    fn start_tagged(&self, name: &str, tags: &[&str], jobs: &str) -> Running {
+        self.start_config(self.config_tagged(name, tags, "1s", jobs))
+    }
+
+    fn start_config(&self, config: Config) -> Running {
         let store = self.store.connection();
         let node = Node::with_parts(
             &config,
@@ -541,6 +559,132 @@ async fn jittered_occurrences_run_once_each_at_the_moved_instant_on_any_node() {
     );
     a.stop().await;
     b.stop().await;
+}
+
+/// `[node] tags` and `run_on` (docs/configuration.md, "Node tags"): a
+/// node claims a job only if it has every tag of its `run_on`, even where
+/// holding on (it started first) would otherwise keep the job; a manual
+/// run goes to a node that may run the job; a `run_on` no live node
+/// satisfies is counted in `cronlease_jobs_without_eligible_node`; a
+/// reload that gives a node a tag makes it claim that tag's job, and a
+/// node leaving strands the jobs only it could run.
+#[tokio::test(start_paused = true)]
+async fn each_job_runs_only_on_nodes_with_every_tag_of_its_run_on() {
+    use cronlease::store::{Locks, Registry, TriggerId};
+    let w = World::new(VirtualRunner::default());
+    let job = |name: &str, run_on: &str| {
+        format!(
+            "[[job]]\nname = \"{name}\"\nschedule = \"*/10 * * * * *\"\n{run_on}command = [\"/bin/true\"]\n"
+        )
+    };
+    let jobs = [
+        job("any", ""),
+        job("db", "run_on = [\"db\"]\n"),
+        job("web", "run_on = [\"web\"]\n"),
+        job("dbeu", "run_on = [\"eu\", \"db\"]\n"),
+        job("gpu", "run_on = [\"gpu\"]\n"),
+    ]
+    .concat();
+    // a starts first: by biased ownership it would win every job and keep
+    // them.
+    let a = w.start_tagged("a", &["db"], &jobs);
+    w.until(t(1.0)).await;
+    let b = w.start_tagged("b", &["web", "db", "eu"], &jobs);
+    w.until(t(25.0)).await;
+    let stranded = |n: &Running| n.node.metrics().jobs_without_eligible_node.get();
+    assert_eq!((stranded(&a), stranded(&b)), (1, 1), "gpu: nobody has it");
+    let listed: Vec<(String, Vec<String>)> = w
+        .store
+        .connection()
+        .nodes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| (n.node, n.tags))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("a".to_string(), vec!["db".to_string()]),
+            (
+                "b".to_string(),
+                vec!["db".into(), "eu".into(), "web".into()]
+            )
+        ]
+    );
+    let dbeu = config::JobName::parse("dbeu").unwrap();
+    w.store
+        .connection()
+        .request_trigger(&dbeu, TriggerId::made_at(t(25.0)))
+        .await
+        .unwrap();
+    // a gets the gpu tag by a reload.
+    w.until(t(31.0)).await;
+    let reloaded = w.config_tagged("a", &["db", "gpu"], "1s", &jobs);
+    a.node.apply_settings(&reloaded);
+    a.node.apply_jobs(reloaded.jobs.clone());
+    w.until(t(45.0)).await;
+    assert_eq!((stranded(&a), stranded(&b)), (0, 0), "a has gpu now");
+    // b leaves: web and dbeu have no node left.
+    w.until(t(51.0)).await;
+    b.stop().await;
+    w.until(t(65.0)).await;
+    assert_eq!(stranded(&a), 2, "web and dbeu are stranded");
+    let runs = w.runner.runs();
+    let of = |job: &str| -> (Vec<&str>, Vec<i64>) {
+        let mine: Vec<&Run> = runs.iter().filter(|r| r.job == job).collect();
+        let mut nodes: Vec<&str> = mine.iter().map(|r| r.node.as_str()).collect();
+        nodes.dedup();
+        (
+            nodes,
+            mine.iter().map(|r| ms(r.occurrence - t(0.0))).collect(),
+        )
+    };
+    let every = |from: i64, to: i64| -> Vec<i64> { (from..=to).step_by(10_000).collect() };
+    assert_eq!(of("any"), (vec!["a"], every(0, 60_000)));
+    assert_eq!(of("db"), (vec!["a"], every(0, 60_000)));
+    assert_eq!(of("web"), (vec!["b"], every(10_000, 50_000)));
+    // The manual run (its occurrence: the request's time) on b too.
+    assert_eq!(
+        of("dbeu"),
+        (
+            vec!["b"],
+            vec![10_000, 20_000, 25_000, 30_000, 40_000, 50_000]
+        )
+    );
+    assert_eq!(of("gpu"), (vec!["a"], every(40_000, 60_000)));
+    a.stop().await;
+}
+
+/// With `spread`, a job's preferred node is picked among the nodes that
+/// may run it: a job only c may run starts on c on time, never deferred
+/// to a preferred node that will not claim it.
+#[tokio::test(start_paused = true)]
+async fn spread_prefers_a_node_among_those_a_job_may_run_on() {
+    let w = World::new(VirtualRunner::default());
+    let mut jobs = String::from("[cluster]\nplacement = \"spread\"\n");
+    for i in 0..30 {
+        jobs.push_str(&format!(
+            "[[job]]\nname = \"x{i:02}\"\nschedule = \"*/10 * * * * *\"\nrun_on = [\"x\"]\ncommand = [\"/bin/true\"]\n"
+        ));
+    }
+    let nodes = [
+        w.start_tagged("a", &["y"], &jobs),
+        w.start_tagged("b", &[], &jobs),
+        w.start_tagged("c", &["x", "y"], &jobs),
+    ];
+    w.until(t(39.0)).await;
+    let runs = w.runner.runs();
+    assert_eq!(runs.len(), 30 * 4, "each job at 0, 10, 20 and 30 s");
+    let late: Vec<(String, String, i64)> = runs
+        .iter()
+        .filter(|r| r.node != "c" || r.started != r.occurrence)
+        .map(|r| (r.job.clone(), r.node.clone(), ms(r.started - r.occurrence)))
+        .collect();
+    assert_eq!(late, vec![], "every run on c, at its instant");
+    for n in nodes {
+        n.stop().await;
+    }
 }
 
 /// A holder cut off the store (a dead host) between runs is replaced by a

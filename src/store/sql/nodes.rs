@@ -3,7 +3,7 @@
 use super::*;
 
 /// The columns of a node registry row, as `nodes` reads them.
-pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions, running_runs";
+pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions, running_runs, tags";
 
 #[async_trait]
 impl Registry for SqlStore {
@@ -129,13 +129,19 @@ impl SqlStore {
             .iter()
             .map(|r| -> Result<NodeRecord, sqlx::Error> {
                 let expires_at: i64 = r.try_get(5)?;
-                let now: i64 = r.try_get(10)?;
+                let now: i64 = r.try_get(11)?;
                 // JSON of what the beat said of its definitions; an
                 // unreadable one (a hand edit) says nothing.
                 let definitions: Option<String> = r.try_get(8)?;
                 Ok(NodeRecord {
                     owner: r.try_get(0)?,
                     node: r.try_get(1)?,
+                    // A JSON list; none from an earlier version or a hand
+                    // edit.
+                    tags: r
+                        .try_get::<Option<String>, _>(10)?
+                        .and_then(|d| serde_json::from_str(&d).ok())
+                        .unwrap_or_default(),
                     version: r.try_get(2)?,
                     started_at: from_ms(r.try_get(3)?),
                     last_seen: from_ms(r.try_get(4)?),
@@ -167,7 +173,7 @@ impl SqlStore {
         let now = self.file_clock_now()?;
         sqlx::query(self.sql(
             format!(
-                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?){}",
+                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?, ?){}",
                 self.dialect.upsert_node
             ),
             now,
@@ -187,6 +193,11 @@ impl SqlStore {
         .bind(
             (!beat.running.is_empty())
                 .then(|| serde_json::to_string(&beat.running).ok())
+                .flatten(),
+        )
+        .bind(
+            (!beat.tags.is_empty())
+                .then(|| serde_json::to_string(&beat.tags).ok())
                 .flatten(),
         )
         .execute(&mut *conn)

@@ -1,0 +1,5 @@
+-- cronlease schema v14 for postgres: each node's registry row carries the node's
+-- tags (docs/configuration.md, "Node tags") as a JSON list. NULL for a node
+-- of an earlier version (no tags). Additive: binaries that know schema 13
+-- claim on it.
+ALTER TABLE {prefix}nodes ADD COLUMN IF NOT EXISTS tags TEXT NULL;
