@@ -449,7 +449,7 @@ fn taken_over(h: &Held, locks: &[LockStatus]) -> Option<Change> {
 fn ran(run: &RunRecord) -> bool {
     matches!(
         run.outcome,
-        Outcome::Ok | Outcome::Failed | Outcome::Timeout | Outcome::Killed
+        Outcome::Ok | Outcome::Failed | Outcome::Timeout | Outcome::Killed | Outcome::Replaced
     )
 }
 

@@ -168,6 +168,8 @@ pub enum StopReason {
     Shutdown,
     /// `cronlease cancel` (or the API) asked for it ([`crate::cancel`]).
     Cancelled,
+    /// The job's next occurrence came and its `overlap` is `replace`.
+    Replaced,
 }
 
 impl StopReason {
@@ -187,6 +189,10 @@ impl StopReason {
             StopReason::Cancelled => {
                 tracing::warn!(job = %job.name, fence, "cancelled: stopping the run (SIGKILL in {:?})", job.kill_grace);
                 (Outcome::Cancelled, job.kill_grace)
+            }
+            StopReason::Replaced => {
+                tracing::warn!(job = %job.name, fence, "replaced by the next occurrence: stopping the run (SIGKILL in {:?})", job.kill_grace);
+                (Outcome::Replaced, job.kill_grace)
             }
         }
     }

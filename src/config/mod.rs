@@ -314,6 +314,9 @@ pub enum Overlap {
     /// skipped if that run is still going then.
     #[default]
     Skip,
+    /// Claim the occurrence and stop the previous run (SIGTERM, SIGKILL
+    /// after `kill_grace`; recorded `replaced`), then start this one.
+    Replace,
 }
 
 /// How a job's process is started.

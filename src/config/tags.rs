@@ -65,9 +65,6 @@ pub fn check_tag(tag: &str) -> Result<(), String> {
     if tag.is_empty() {
         return Err("a tag cannot be empty".into());
     }
-    if tag.len() > MAX_TAG {
-        return Err(format!("tag {tag:?} is longer than {MAX_TAG} characters"));
-    }
     if !tag.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !tag
             .chars()
@@ -76,6 +73,10 @@ pub fn check_tag(tag: &str) -> Result<(), String> {
         return Err(format!(
             "invalid tag {tag:?}: use letters, digits, '-', '_', '.' and ':', starting with a letter or a digit"
         ));
+    }
+    // ASCII only by now: bytes are characters.
+    if tag.len() > MAX_TAG {
+        return Err(format!("tag {tag:?} is longer than {MAX_TAG} characters"));
     }
     Ok(())
 }

@@ -30,11 +30,14 @@ pub(super) type Going = (
     Arc<CancelSlot>,
 );
 
-/// A running run's stop switch, and the request that threw it.
+/// A running run's stop switches: a cancel request's, and the next
+/// occurrence's (`overlap = "replace"`), each with what threw it.
 #[derive(Default)]
 pub(super) struct CancelSlot {
     token: CancellationToken,
     asked: Mutex<Option<CancelRequest>>,
+    replace: CancellationToken,
+    replaced_by: Mutex<Option<String>>,
 }
 
 impl CancelSlot {
@@ -54,6 +57,24 @@ impl CancelSlot {
     /// The request that stopped the run, if one did.
     pub(super) fn asked(&self) -> Option<CancelRequest> {
         self.asked.lock().ok().and_then(|a| a.clone())
+    }
+
+    /// Stops the run for the occurrence `said` names (the first wins).
+    pub(super) fn replace(&self, said: &str) {
+        if let Ok(mut by) = self.replaced_by.lock() {
+            by.get_or_insert_with(|| said.to_string());
+        }
+        self.replace.cancel();
+    }
+
+    /// Returns once the run is to stop for the next occurrence.
+    pub(super) async fn replaced(&self) {
+        self.replace.cancelled().await;
+    }
+
+    /// What replaced the run, if something did.
+    pub(super) fn replaced_by(&self) -> Option<String> {
+        self.replaced_by.lock().ok().and_then(|b| b.clone())
     }
 }
 

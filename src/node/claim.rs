@@ -774,6 +774,35 @@ impl Node {
             at.unanswered = None;
             return Flow::Again;
         }
+        if job.overlap == crate::config::Overlap::Replace && state.is_running() {
+            // overlap = "replace": the run going (scheduled or manual) is
+            // stopped, and this occurrence starts once its process is over.
+            // The claim gate is held meanwhile, and the lease this claim
+            // renewed covers the wait.
+            let said = format!(
+                "cronlease: replaced by the occurrence of {} (fence {})",
+                Rfc3339(ticket.occurrence),
+                ticket.fence
+            );
+            let stopped = self.replace_runs_of(job.name.as_str(), &said);
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), runs = stopped, "previous run still going: stopping it (overlap = replace)");
+            tokio::select! {
+                () = stop.cancelled() => {
+                    drop(gate);
+                    self.record_not_run(
+                        state,
+                        ticket,
+                        Outcome::Skipped,
+                        "the node stopped claiming the job while the run it replaces was ending".into(),
+                    );
+                    return Flow::Done(false);
+                }
+                () = state.until_idle() => {}
+            }
+            self.start_run(state, ticket);
+            drop(gate);
+            return Flow::Done(false);
+        }
         self.after_manual_run(state, won.fence, at.give_up_at, stop)
             .await;
         if state.is_running() {

@@ -9,15 +9,17 @@
 //! record. Each heartbeat answers with the
 //! live nodes, kept for `cronlease_nodes_alive` and for placement: with
 //! `cluster.placement = "spread"` each job's preferred node is the
-//! rendezvous hash's pick among the live node names ([`preferred_node`]).
+//! rendezvous hash's pick among the live node names ([`preferred_node`]),
+//! of the nodes that have every tag of the job's `run_on`. The beat carries
+//! the node's `[node] tags`; each answer is checked for `run_on` sets no
+//! live node satisfies ([`Eligibility`]).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
-
-use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{JobName, Placement, Tags};
 use crate::store::{Heartbeat, NodeRecord, RunningRun, registry::RUNNING_IN_A_BEAT};
@@ -328,6 +330,22 @@ impl Node {
             .is_ok_and(|running| !running.is_empty())
     }
 
+    /// Stops every run of `job` going here for the occurrence `said` names
+    /// (`overlap = "replace"`); how many.
+    pub(super) fn replace_runs_of(&self, job: &str, said: &str) -> usize {
+        let Ok(running) = self.members.running.lock() else {
+            return 0;
+        };
+        let mut n = 0;
+        for ((of, _), (_, _, slot)) in running.iter() {
+            if of == job {
+                slot.replace(said);
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// The stop switch of `job`'s run at `fence`, if it is going here.
     pub(super) fn cancel_slot(&self, job: &str, fence: u64) -> Option<Arc<CancelSlot>> {
         let running = self.members.running.lock().ok()?;
@@ -372,7 +390,7 @@ fn page_slice(every: Duration) -> Duration {
 }
 
 /// The first few of `jobs`, for a log line.
-fn first_names(jobs: &[JobName]) -> String {
+pub(super) fn first_names(jobs: &[JobName]) -> String {
     let mut names: Vec<&str> = jobs.iter().take(5).map(JobName::as_str).collect();
     if jobs.len() > names.len() {
         names.push("...");
@@ -395,9 +413,11 @@ pub(super) struct Eligibility {
 }
 
 impl Eligibility {
-    /// A job set applied: its `run_on` sets.
+    /// A job set applied: its `run_on` sets. Every stranded set is warned
+    /// about again at the next look, so jobs the new set added to one are
+    /// named.
     pub(super) fn set_jobs(&mut self, jobs: BTreeMap<Tags, Vec<JobName>>) {
-        self.stranded.retain(|t| jobs.contains_key(t));
+        self.stranded.clear();
         self.jobs = jobs;
     }
 

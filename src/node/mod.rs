@@ -1020,10 +1020,9 @@ impl Node {
             eligibility.set_jobs(run_on);
         }
         if !not_here.is_empty() {
-            let first: Vec<&str> = not_here.iter().take(5).map(JobName::as_str).collect();
             tracing::info!(
                 jobs = not_here.len(),
-                first = %first.join(", "),
+                first = %membership::first_names(&not_here),
                 node_tags = %tags,
                 "jobs not claimed on this node: their run_on asks for tags it does not have"
             );

@@ -562,6 +562,7 @@ impl Node {
                 grace = self.watchdog(state) => StopReason::LeaseLost { grace },
                 () = self.life.kill_runs.cancelled() => StopReason::Shutdown,
                 () = slot.cancelled() => StopReason::Cancelled,
+                () = slot.replaced() => StopReason::Replaced,
             }
         };
         let lateness = (self.wall.now() - ticket.due()).num_milliseconds();
@@ -577,13 +578,16 @@ impl Node {
             .run(spec, self.guard.process.as_ref(), Box::pin(stop))
             .await;
         drop((running, going));
-        if finished.outcome == Outcome::Cancelled
-            && let Some(asked) = slot.asked()
-        {
+        let said = match finished.outcome {
+            Outcome::Cancelled => slot.asked().map(|asked| asked.said()),
+            Outcome::Replaced => slot.replaced_by(),
+            _ => None,
+        };
+        if let Some(said) = said {
             if !finished.output.is_empty() && !finished.output.ends_with('\n') {
                 finished.output.push('\n');
             }
-            finished.output.push_str(&asked.said());
+            finished.output.push_str(&said);
         }
         // The process is over: the next occurrence may start, whatever
         // recording the run takes.

@@ -297,6 +297,9 @@ pub enum Outcome {
     /// Stopped by `cronlease cancel` (or the API): who and why follow the
     /// output in the record. Not a failure: no `on_failure`, no retry.
     Cancelled,
+    /// Stopped because the job's next occurrence came (`overlap =
+    /// "replace"`): the run of that occurrence follows. Not a failure.
+    Replaced,
     /// A manual run's request no node took within `cluster.trigger_expiry`:
     /// claimed by the node that found it expired, recorded, never run.
     Expired,
@@ -319,6 +322,7 @@ impl Outcome {
             Outcome::Expired => "expired",
             Outcome::Missed => "missed",
             Outcome::Cancelled => "cancelled",
+            Outcome::Replaced => "replaced",
             Outcome::Unknown(raw) => raw,
         }
     }
@@ -351,6 +355,7 @@ impl Outcome {
             "skipped" => Outcome::Skipped,
             "expired" => Outcome::Expired,
             "cancelled" => Outcome::Cancelled,
+            "replaced" => Outcome::Replaced,
             other => Outcome::Unknown(other.chars().take(64).collect()),
         }
     }

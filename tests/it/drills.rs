@@ -245,6 +245,60 @@ fn stop_the_world(backend: Backend) {
 
 // Step-down by SIGUSR1 and by `cronlease step-down`: a peer runs the next
 // occurrence on time, none missed.
+/// `overlap = "replace"` with real processes and signals: a job every 2 s
+/// that would take 5 s is stopped (SIGTERM to its group, which its trap
+/// writes down) when its next occurrence is due, and that occurrence
+/// starts once it is over: every occurrence from the first on runs once,
+/// on one node at a time, fences in order, never two at once, each ended
+/// by the next one and recorded `replaced`.
+fn replace(backend: Backend) {
+    // A TOML literal string: the backslashes are the shell's.
+    let job = r#"[[job]]
+name = "job"
+schedule = "*/2 * * * * *"
+overlap = "replace"
+kill_grace = "3s"
+command = ['/bin/sh', '-c', 'L="$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEASE_NODE"; echo "$L start $(date +%s.%N)" >> "$1"; trap "echo \"$L end \$(date +%s.%N)\" >> \"$1\"; exit 143" TERM; sleep 5 & wait', 'sh', '{out}']
+"#;
+    let mut c = Cluster::new(backend, Some(job), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    wait_runs(&c, "five replaced runs", Duration::from_secs(40), |r| {
+        r.iter().filter(|x| x.end.is_some()).count() >= 5
+    });
+    c.stop_all();
+    let report = c.report();
+    let runs = runs(&c);
+    assert_no_overlap(&runs, &report);
+    let ended: Vec<&Run> = runs.iter().filter(|r| r.end.is_some()).collect();
+    for pair in runs.windows(2) {
+        let gap = (pair[1].occurrence - pair[0].occurrence).num_milliseconds();
+        assert_eq!(gap, 2_000, "an occurrence missed: {pair:?}\n{report}");
+        let ended_at = pair[0].end.unwrap_or(f64::MAX);
+        let instant = pair[1].occurrence.timestamp_millis() as f64 / 1000.0;
+        // Stopped at the next instant, and that run started once it was
+        // over (the trap's line, then the process's exit).
+        assert!(
+            ended_at >= instant && ended_at - instant < 1.0 && pair[1].start - ended_at < 1.0,
+            "{pair:?}\n{report}"
+        );
+    }
+    let history = crate::cluster::history(&c, "job");
+    let outcome = |fence: u64| {
+        history
+            .iter()
+            .find(|h| h["fence"] == fence)
+            .and_then(|h| h["outcome"].as_str())
+            .unwrap_or("-")
+            .to_string()
+    };
+    // The last run was stopped by the shutdown, not replaced.
+    for r in &ended[..ended.len() - 1] {
+        assert_eq!(outcome(r.fence), "replaced", "{r:?}\n{report}");
+    }
+}
+
 fn step_down(backend: Backend) {
     let mut c = Cluster::new(backend, None, "");
     for n in ["n1", "n2", "n3"] {
@@ -439,6 +493,14 @@ mod renewal {
     crate::per_store!(
         [redlock] long [sqlite, mysql, redis, sentinel, zookeeper, etcd];
         long_job_keeps_its_lease
+    );
+}
+// Twin: `inprocess::replace_stops_the_running_run_and_starts_the_due_one_once`.
+mod replacing {
+    use super::replace;
+    crate::per_store!(
+        [redis] long [sqlite, mysql, postgres, sentinel, redlock, zookeeper, etcd];
+        replace
     );
 }
 // Twin: `inprocess::step_down_hands_the_next_occurrence_over_on_time`.

@@ -98,6 +98,7 @@ impl Runner for VirtualRunner {
                 StopReason::LeaseLost { .. } => Outcome::LeaseLost,
                 StopReason::Shutdown => Outcome::Killed,
                 StopReason::Cancelled => Outcome::Cancelled,
+                StopReason::Replaced => Outcome::Replaced,
             },
         };
         let finished_at = spec.clock.now();
@@ -564,17 +565,20 @@ async fn jittered_occurrences_run_once_each_at_the_moved_instant_on_any_node() {
 /// `[node] tags` and `run_on` (docs/configuration.md, "Node tags"): a
 /// node claims a job only if it has every tag of its `run_on`, even where
 /// holding on (it started first) would otherwise keep the job; a manual
-/// run goes to a node that may run the job; a `run_on` no live node
-/// satisfies is counted in `cronlease_jobs_without_eligible_node`; a
-/// reload that gives a node a tag makes it claim that tag's job, and a
-/// node leaving strands the jobs only it could run.
+/// run and a retry's attempt wait for a node that may run the job (the
+/// one that may is cut off while they are due, the other is not); a
+/// `run_on` no live node satisfies is counted in
+/// `cronlease_jobs_without_eligible_node`; a reload that gives a node a
+/// tag makes it claim that tag's job and one that takes a tag away lets
+/// the job go to a peer; a node leaving strands the jobs only it could
+/// run.
 #[tokio::test(start_paused = true)]
 async fn each_job_runs_only_on_nodes_with_every_tag_of_its_run_on() {
     use cronlease::store::{Locks, Registry, TriggerId};
-    let w = World::new(VirtualRunner::default());
-    let job = |name: &str, run_on: &str| {
+    let w = World::new(VirtualRunner::failing("flaky", 2));
+    let job = |name: &str, more: &str| {
         format!(
-            "[[job]]\nname = \"{name}\"\nschedule = \"*/10 * * * * *\"\n{run_on}command = [\"/bin/true\"]\n"
+            "[[job]]\nname = \"{name}\"\nschedule = \"*/10 * * * * *\"\n{more}command = [\"/bin/true\"]\n"
         )
     };
     let jobs = [
@@ -583,6 +587,10 @@ async fn each_job_runs_only_on_nodes_with_every_tag_of_its_run_on() {
         job("web", "run_on = [\"web\"]\n"),
         job("dbeu", "run_on = [\"eu\", \"db\"]\n"),
         job("gpu", "run_on = [\"gpu\"]\n"),
+        job(
+            "flaky",
+            "run_on = [\"web\"]\nretry = { attempts = 2, backoff = \"2s\" }\n",
+        ),
     ]
     .concat();
     // a starts first: by biased ownership it would win every job and keep
@@ -590,6 +598,20 @@ async fn each_job_runs_only_on_nodes_with_every_tag_of_its_run_on() {
     let a = w.start_tagged("a", &["db"], &jobs);
     w.until(t(1.0)).await;
     let b = w.start_tagged("b", &["web", "db", "eu"], &jobs);
+    // b runs flaky at 10 s (attempt 1 fails: attempt 2 is due 1.6-2.4 s
+    // later) and is then cut off until 14 s; a manual run of dbeu is asked
+    // for at 11 s. a sees both and may run neither.
+    w.until(t(10.5)).await;
+    b.store.set_reachable(false);
+    w.until(t(11.0)).await;
+    let dbeu = config::JobName::parse("dbeu").unwrap();
+    w.store
+        .connection()
+        .request_trigger(&dbeu, TriggerId::made_at(t(11.0)))
+        .await
+        .unwrap();
+    w.until(t(14.0)).await;
+    b.store.set_reachable(true);
     w.until(t(25.0)).await;
     let stranded = |n: &Running| n.node.metrics().jobs_without_eligible_node.get();
     assert_eq!((stranded(&a), stranded(&b)), (1, 1), "gpu: nobody has it");
@@ -612,24 +634,18 @@ async fn each_job_runs_only_on_nodes_with_every_tag_of_its_run_on() {
             )
         ]
     );
-    let dbeu = config::JobName::parse("dbeu").unwrap();
-    w.store
-        .connection()
-        .request_trigger(&dbeu, TriggerId::made_at(t(25.0)))
-        .await
-        .unwrap();
-    // a gets the gpu tag by a reload.
+    // A reload gives a the gpu tag and takes db away.
     w.until(t(31.0)).await;
-    let reloaded = w.config_tagged("a", &["db", "gpu"], "1s", &jobs);
+    let reloaded = w.config_tagged("a", &["gpu"], "1s", &jobs);
     a.node.apply_settings(&reloaded);
     a.node.apply_jobs(reloaded.jobs.clone());
     w.until(t(45.0)).await;
-    assert_eq!((stranded(&a), stranded(&b)), (0, 0), "a has gpu now");
-    // b leaves: web and dbeu have no node left.
+    assert_eq!((stranded(&a), stranded(&b)), (0, 0), "a has gpu, b db");
+    // b leaves: db, web, dbeu and flaky have no node left.
     w.until(t(51.0)).await;
     b.stop().await;
     w.until(t(65.0)).await;
-    assert_eq!(stranded(&a), 2, "web and dbeu are stranded");
+    assert_eq!(stranded(&a), 4, "db, web, dbeu and flaky are stranded");
     let runs = w.runner.runs();
     let of = |job: &str| -> (Vec<&str>, Vec<i64>) {
         let mine: Vec<&Run> = runs.iter().filter(|r| r.job == job).collect();
@@ -642,17 +658,133 @@ async fn each_job_runs_only_on_nodes_with_every_tag_of_its_run_on() {
     };
     let every = |from: i64, to: i64| -> Vec<i64> { (from..=to).step_by(10_000).collect() };
     assert_eq!(of("any"), (vec!["a"], every(0, 60_000)));
-    assert_eq!(of("db"), (vec!["a"], every(0, 60_000)));
+    assert_eq!(of("db"), (vec!["a", "b"], every(0, 50_000)));
     assert_eq!(of("web"), (vec!["b"], every(10_000, 50_000)));
-    // The manual run (its occurrence: the request's time) on b too.
-    assert_eq!(
-        of("dbeu"),
-        (
-            vec!["b"],
-            vec![10_000, 20_000, 25_000, 30_000, 40_000, 50_000]
-        )
+    // The manual run on b once it was back (its occurrence: the claim's
+    // time), beside the scheduled ones.
+    let (nodes, mut at) = of("dbeu");
+    assert_eq!(nodes, ["b"], "{runs:?}");
+    let manual = at.remove(1);
+    assert!((14_000..=15_100).contains(&manual), "{runs:?}");
+    assert_eq!(at, every(10_000, 50_000));
+    // Each occurrence's attempt 1 fails and attempt 2 follows, all on b:
+    // 10 s's attempt 2 once b was back.
+    let flaky: Vec<(&str, u32, i64)> = runs
+        .iter()
+        .filter(|r| r.job == "flaky")
+        .map(|r| (r.node.as_str(), r.attempt, ms(r.started - t(0.0))))
+        .collect();
+    assert!(
+        flaky.len() >= 9 && flaky.iter().all(|r| r.0 == "b"),
+        "{flaky:?}"
+    );
+    assert!(
+        flaky[1].1 == 2 && (14_000..=15_100).contains(&flaky[1].2),
+        "{flaky:?}"
     );
     assert_eq!(of("gpu"), (vec!["a"], every(40_000, 60_000)));
+    a.stop().await;
+}
+
+/// `overlap = "replace"`: a run still going when the next occurrence is
+/// due is stopped (recorded `replaced`) and that occurrence starts as soon
+/// as its process is over, on the holder, once across the cluster: a job
+/// that takes 15 s every 10 s runs every occurrence, each ended by the
+/// next; with `skip` the same job runs every other occurrence. A manual
+/// run going at an occurrence is replaced too.
+#[tokio::test(start_paused = true)]
+async fn replace_stops_the_running_run_and_starts_the_due_one_once() {
+    use cronlease::store::{Locks, TriggerId};
+    /// How a run ended and when (ms after 12:00:00).
+    type End = Option<(Outcome, i64)>;
+    type Seen = (String, u64, i64, i64, End);
+    let seen = |w: &World| -> Vec<Seen> {
+        w.runner
+            .runs()
+            .iter()
+            .map(|r| {
+                (
+                    r.node.clone(),
+                    r.fence,
+                    ms(r.occurrence - t(0.0)),
+                    ms(r.started - t(0.0)),
+                    r.ended
+                        .as_ref()
+                        .map(|(o, at)| (o.clone(), ms(*at - t(0.0)))),
+                )
+            })
+            .collect()
+    };
+    for overlap in ["replace", "skip"] {
+        let w = World::new(VirtualRunner::lasting("slow", Duration::from_secs(15)));
+        let jobs = format!(
+            "[[job]]\nname = \"slow\"\nschedule = \"*/10 * * * * *\"\noverlap = \"{overlap}\"\ncommand = [\"/bin/true\"]\n"
+        );
+        let a = w.start("a", &jobs);
+        let b = w.start("b", &jobs);
+        w.until(t(59.0)).await;
+        let runs = seen(&w);
+        let nodes: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(nodes.len(), 1, "{overlap}: one node ran them all: {runs:?}");
+        assert!(
+            runs.windows(2).all(|p| p[0].1 < p[1].1),
+            "{overlap}: fences in order: {runs:?}"
+        );
+        // Never two runs at once: each starts once the one before ended.
+        for pair in runs.windows(2) {
+            let ended = pair[0].4.as_ref().map(|e| e.1);
+            assert!(
+                ended.is_some_and(|e| e <= pair[1].3),
+                "{overlap}: overlap {pair:?}"
+            );
+        }
+        let got: Vec<(i64, i64, End)> = runs.iter().map(|r| (r.2, r.3, r.4.clone())).collect();
+        let want: Vec<(i64, i64, End)> = if overlap == "replace" {
+            let mut want: Vec<_> = (0..5)
+                .map(|k| {
+                    let at = k * 10_000;
+                    (at, at, Some((Outcome::Replaced, at + 10_000)))
+                })
+                .collect();
+            want.push((50_000, 50_000, None));
+            want
+        } else {
+            vec![
+                (0, 0, Some((Outcome::Ok, 15_000))),
+                (20_000, 20_000, Some((Outcome::Ok, 35_000))),
+                (40_000, 40_000, Some((Outcome::Ok, 55_000))),
+            ]
+        };
+        assert_eq!(got, want, "{overlap}: {runs:?}");
+        a.stop().await;
+        b.stop().await;
+    }
+
+    // A manual run (50 s long) asked for at 52 s, when the run of 0 s is
+    // over, is replaced by the occurrence of 60 s.
+    let w = World::new(VirtualRunner::lasting("slow", Duration::from_secs(50)));
+    let jobs = "[[job]]\nname = \"slow\"\nschedule = \"0 * * * * *\"\noverlap = \"replace\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start("a", jobs);
+    w.until(t(52.0)).await;
+    let slow = config::JobName::parse("slow").unwrap();
+    w.store
+        .connection()
+        .request_trigger(&slow, TriggerId::made_at(t(52.0)))
+        .await
+        .unwrap();
+    w.until(t(65.0)).await;
+    let runs = seen(&w);
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    assert_eq!(runs[0].4, Some((Outcome::Ok, 50_000)), "{runs:?}");
+    let manual = &runs[1];
+    assert!(
+        (52_000..=53_100).contains(&manual.3) && manual.4 == Some((Outcome::Replaced, 60_000)),
+        "{runs:?}"
+    );
+    assert_eq!(
+        (runs[2].2, runs[2].3, runs[2].4.clone()),
+        (60_000, 60_000, None)
+    );
     a.stop().await;
 }
 
