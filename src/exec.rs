@@ -3,8 +3,9 @@
 //!
 //! The child gets the job's `env`, plus `CRONLEASE_JOB`, `CRONLEASE_FENCE`,
 //! `CRONLEASE_OCCURRENCE` (RFC 3339, UTC), `CRONLEASE_NODE`,
-//! `CRONLEASE_ATTEMPT` (1, or a retry's attempt) and, for a manual run,
-//! `CRONLEASE_TRIGGER`; the daemon's
+//! `CRONLEASE_ATTEMPT` (1, or a retry's attempt), for a manual run
+//! `CRONLEASE_TRIGGER`, and for a broadcast job's shard
+//! `CRONLEASE_SHARD_INDEX` and `CRONLEASE_SHARD_COUNT`; the daemon's
 //! own secrets (`CRONLEASE_STORE_URL`) and systemd plumbing (`NOTIFY_SOCKET`)
 //! are not passed on. It runs in a new process group so that a timeout,
 //! a lost lease or shutdown can signal the whole tree: SIGTERM, then SIGKILL
@@ -353,7 +354,9 @@ fn run_env(spec: &RunSpec<'_>) -> Vec<(String, String)> {
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    env.push(("CRONLEASE_JOB".into(), spec.job.name.to_string()));
+    // A shard's lock is `JOB~NODE`: the job is JOB.
+    let job = spec.job.name.shard_of().unwrap_or(spec.job.name.as_str());
+    env.push(("CRONLEASE_JOB".into(), job.to_string()));
     env.push(("CRONLEASE_FENCE".into(), spec.fence.to_string()));
     env.push((
         "CRONLEASE_OCCURRENCE".into(),
@@ -372,6 +375,10 @@ fn run_env(spec: &RunSpec<'_>) -> Vec<(String, String)> {
         "CRONLEASE_ATTEMPT".into(),
         crate::store::TriggerId::attempt(spec.trigger).to_string(),
     ));
+    if let Some((_, index, count)) = spec.trigger.and_then(crate::store::TriggerId::shard_of) {
+        env.push(("CRONLEASE_SHARD_INDEX".into(), index.to_string()));
+        env.push(("CRONLEASE_SHARD_COUNT".into(), count.to_string()));
+    }
     env
 }
 

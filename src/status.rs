@@ -25,6 +25,9 @@ pub struct JobStatus {
     pub job: String,
     /// Defined in this node's configuration.
     pub configured: bool,
+    /// A shard's lock of a broadcast job (`JOB~NODE`, docs/protocol.md
+    /// "Broadcast"): the job's name.
+    pub shard_of: Option<String>,
     pub holder: Option<String>,
     pub holder_node: Option<String>,
     /// The holder has a live record in the node registry (`None`: no holder).
@@ -265,6 +268,9 @@ pub async fn gather(
         let live_entry = holder.as_ref().zip(live.as_ref());
         rows.push(JobStatus {
             configured: configured.is_some(),
+            shard_of: JobName::parse(&job)
+                .ok()
+                .and_then(|n| n.shard_of().map(str::to_string)),
             next_fire: configured.and_then(|j| j.schedule.next_after(now)),
             holder_node: holder.as_deref().map(|h| Owner::node_of(h).to_string()),
             holder_alive: live_entry.map(|(h, live)| live.contains_key(h)),

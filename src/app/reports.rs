@@ -31,15 +31,11 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
                 format!("{}{code} on {}", run.outcome, run.node)
             });
             vec![
-                format!(
-                    "{}{}",
-                    r.job,
-                    if r.configured {
-                        ""
-                    } else {
-                        " (not configured here)"
-                    }
-                ),
+                match (&r.shard_of, r.configured) {
+                    (Some(of), _) => format!("{} (shard of {of})", r.job),
+                    (None, true) => r.job.clone(),
+                    (None, false) => format!("{} (not configured here)", r.job),
+                },
                 run_on_cell(r),
                 r.holder.clone().unwrap_or_else(|| "-".into()),
                 match (r.holder_alive, r.holder_clock_offset_ms) {
@@ -180,6 +176,29 @@ pub(super) async fn status(path: PathBuf, json: bool) -> ExitCode {
         "\nclock offset of this host: {clock_offset:+} ms (store - local; cluster.max_clock_offset {bound} ms): {verdict}"
     );
     ExitCode::SUCCESS
+}
+
+/// `own`, a broadcast job's records, with its shards' (every lock named
+/// `JOB~...` the store has), newest first, at most `limit`.
+async fn shard_history(
+    config: &Config,
+    store: &dyn store::Store,
+    job: &JobName,
+    mut own: Vec<store::RunRecord>,
+    limit: u32,
+) -> Result<Vec<store::RunRecord>, store::StoreError> {
+    let locks = within(config, store.status()).await?;
+    for lock in locks {
+        let Ok(name) = JobName::parse(&lock.job) else {
+            continue;
+        };
+        if name.shard_of() == Some(job.as_str()) {
+            own.extend(within(config, store.history(Some(&name), limit)).await?);
+        }
+    }
+    own.sort_by(|a, b| (b.started_at, &b.job, b.fence).cmp(&(a.started_at, &a.job, a.fence)));
+    own.truncate(limit as usize);
+    Ok(own)
 }
 
 /// A job's RUN ON cell: `any` (no `run_on`), or its tags and the live
@@ -324,6 +343,17 @@ pub(super) async fn history(
             Ok(r) => r,
             Err(e) => return store_failure(&e),
         },
+    };
+    // A broadcast job's runs are in its shards' locks (`JOB~NODE`): theirs
+    // with its own, newest first.
+    let runs = match job.as_ref().and_then(|j| config.job(j.as_str())) {
+        Some(j) if j.every_node && !only_actions => {
+            match shard_history(&config, store.as_ref(), &j.name, runs, limit).await {
+                Ok(runs) => runs,
+                Err(e) => return store_failure(&e),
+            }
+        }
+        _ => runs,
     };
     // The audit is not needed for the runs' JSON; below the runs' table,
     // one that cannot be read is a warning, not a failure.

@@ -14,9 +14,20 @@ pub(super) fn validate_job(
     errors: &mut Vec<ConfigError>,
 ) -> Option<Job> {
     let before = errors.len();
-    let name = JobName::parse(rj.name.get_ref())
-        .map_err(|m| errors.push(src.at(&rj.name, m)))
-        .ok();
+    let name = if rj.name.get_ref().contains(SHARD_SEPARATOR) {
+        errors.push(src.at(
+            &rj.name,
+            format!(
+                "invalid job name {:?}: '{SHARD_SEPARATOR}' is kept for the locks of broadcast jobs' shards",
+                rj.name.get_ref()
+            ),
+        ));
+        None
+    } else {
+        JobName::parse(rj.name.get_ref())
+            .map_err(|m| errors.push(src.at(&rj.name, m)))
+            .ok()
+    };
     let (line, col) = src.line_col(rj.name.span().start);
     let here = format!("{}:{line}:{col}", src.origin);
     if let Some(n) = &name {
@@ -56,6 +67,23 @@ pub(super) fn validate_job(
         }
     };
     let command = command_of(src, &rj.command, "command", errors);
+    let every_node = rj.placement.as_ref().is_some_and(|p| {
+        let every = *p.get_ref() == JobPlacement::EveryNode;
+        // Not yet: a retry's and a redelivery's requests carry no shard.
+        if every && rj.retry.is_some() {
+            errors.push(src.at(
+                p,
+                "placement = \"every_node\" cannot be combined with retry (yet): a shard's run is not tried again",
+            ));
+        }
+        if every && rj.delivery == Some(Delivery::AtLeastOnce) {
+            errors.push(src.at(
+                p,
+                "placement = \"every_node\" cannot be combined with delivery = \"at_least_once\" (yet)",
+            ));
+        }
+        every
+    });
     let run_on = match &rj.run_on {
         Some(list) => tags(src, list, "run_on", errors),
         None => Some(Tags::default()),
@@ -148,6 +176,7 @@ pub(super) fn validate_job(
         delivery: rj.delivery.unwrap_or_default(),
         overlap: rj.overlap.unwrap_or_default(),
         run_on: run_on?,
+        every_node,
         env,
         working_dir,
         identity,

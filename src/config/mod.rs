@@ -48,17 +48,29 @@ pub const DEFAULT_PID_FILE: &str = "/run/cronlease/cronlease.pid";
 /// Store used when the config names none (the embedded default).
 pub const DEFAULT_STORE_URL: &str = "sqlite:///var/lib/cronlease/locks.db";
 
-/// A job's name: `[A-Za-z0-9_.-]`, 1 to 128 characters.
+/// A job's name: `[A-Za-z0-9_.-]`, 1 to 128 characters; or the lock of
+/// one node's shard of a broadcast job, `JOB~NODE` ([`JobName::shard`]),
+/// which no configured job may be named.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct JobName(String);
 
+/// What separates a broadcast job's name from a node's in its shards'
+/// locks (docs/protocol.md, "Broadcast").
+pub const SHARD_SEPARATOR: char = '~';
+
 impl JobName {
     pub fn parse(s: &str) -> Result<Self, String> {
-        let ok_chars = s
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-        if s.is_empty() || s.len() > 128 || !ok_chars {
+        let plain = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        };
+        let ok_chars = plain(s);
+        let shard = s
+            .split_once(SHARD_SEPARATOR)
+            .is_some_and(|(job, node)| plain(job) && plain(node));
+        if s.is_empty() || s.len() > 128 || !(ok_chars || shard) {
             return Err(format!(
                 "invalid job name {s:?}: expected 1 to 128 characters from [A-Za-z0-9_.-]"
             ));
@@ -67,6 +79,27 @@ impl JobName {
     }
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The lock of `node`'s shard of this broadcast job: `JOB~NODE`, or,
+    /// where that is longer than a lock name may be (128), the job's first
+    /// 96 characters, `~` and 16 hex digits of a hash of the whole.
+    pub fn shard(&self, node: &str) -> JobName {
+        let full = format!("{}{SHARD_SEPARATOR}{node}", self.0);
+        if full.len() <= 128 {
+            return JobName(full);
+        }
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(full.as_bytes());
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let cut: String = self.0.chars().take(96).collect();
+        JobName(format!("{cut}{SHARD_SEPARATOR}{hex}"))
+    }
+
+    /// For a shard's lock ([`JobName::shard`]): the broadcast job's name
+    /// (as far as the lock name keeps it). `None` for a job's own.
+    pub fn shard_of(&self) -> Option<&str> {
+        self.0.split_once(SHARD_SEPARATOR).map(|(job, _)| job)
     }
 }
 
@@ -305,6 +338,14 @@ pub enum Placement {
     Spread,
 }
 
+/// A job's own `placement` (the cluster's, `cluster.placement`, otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobPlacement {
+    /// Every live node that may run the job runs each occurrence once.
+    EveryNode,
+}
+
 /// What happens when an occurrence comes while the previous run still goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -356,6 +397,9 @@ pub struct Job {
     /// `run_on`: the tags a node must have to claim the job (empty: any
     /// node).
     pub run_on: Tags,
+    /// `placement = "every_node"`: each occurrence runs once on every live
+    /// node that may run the job, as shards (docs/protocol.md, "Broadcast").
+    pub every_node: bool,
     pub env: BTreeMap<String, String>,
     pub working_dir: Option<PathBuf>,
     /// Run as this user and group (the daemon must be root).
@@ -393,6 +437,7 @@ impl Job {
             && self.delivery == other.delivery
             && self.overlap == other.overlap
             && self.run_on == other.run_on
+            && self.every_node == other.every_node
             && self.env == other.env
             && self.working_dir == other.working_dir
             && self.identity == other.identity
@@ -493,6 +538,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         delivery: Delivery::default(),
         overlap: Overlap::default(),
         run_on: Tags::default(),
+        every_node: false,
         env: BTreeMap::new(),
         working_dir: None,
         identity: None,

@@ -170,6 +170,7 @@ pub struct RawJob {
     pub delivery: Option<super::Delivery>,
     pub overlap: Option<super::Overlap>,
     pub run_on: Option<Spanned<Vec<Spanned<String>>>>,
+    pub placement: Option<Spanned<super::JobPlacement>>,
     pub env: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
     pub working_dir: Option<Spanned<String>>,
     pub user: Option<Spanned<String>>,

@@ -150,7 +150,7 @@ function renderJobs(rows) {
     const last = r.last_run ? el("span", { class: r.last_run.outcome === "ok" ? "ok" : "bad" },
       `${r.last_run.outcome}${r.last_run.exit_code != null ? " (" + r.last_run.exit_code + ")" : ""} on ${r.last_run.node}`) : "-";
     return el("tr", { "data-job": r.job },
-      el("td", {}, el("a", { href: "#job=" + encodeURIComponent(r.job), class: "job-link" }, r.job), r.configured ? "" : " (not configured here)"),
+      el("td", {}, el("a", { href: "#job=" + encodeURIComponent(r.job), class: "job-link" }, r.job), r.shard_of ? ` (shard of ${r.shard_of})` : r.configured ? "" : " (not configured here)"),
       el("td", { class: "holder" }, r.holder_node || "-"),
       el("td", {}, alive),
       el("td", { class: "fence" }, r.fence),

@@ -251,6 +251,13 @@ impl Node {
             }
             let now = self.wall.now();
             let due = self.take_due(now);
+            // A broadcast job's shards are requested right after its
+            // instant: the trigger watcher looks often for a while.
+            if let Some(d) = due.iter().find(|d| d.state.job().every_node) {
+                self.beat
+                    .broadcast_ms
+                    .store(d.occurrence.timestamp_millis(), Ordering::Relaxed);
+            }
             if let Some(d) = due.first() {
                 tracing::debug!(
                     due = due.len(),

@@ -70,6 +70,10 @@ pub fn job_digest(job: &Job) -> JobDigest {
     for tag in job.run_on.as_slice() {
         put("run_on", tag.as_bytes());
     }
+    if job.every_node {
+        // Only when set, as above.
+        put("placement", b"every_node");
+    }
     put_duration(&mut put, "starting_deadline", job.starting_deadline);
     if job.delivery == crate::config::Delivery::AtLeastOnce {
         // Only when set: the digests of jobs without it are as before.

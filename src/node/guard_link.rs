@@ -74,6 +74,7 @@ impl Node {
                 matches!(
                     r.outcome,
                     Outcome::Skipped
+                        | Outcome::Dispatched
                         | Outcome::Missed
                         | Outcome::LeaseLost
                         | Outcome::NotStarted
@@ -107,7 +108,7 @@ impl Node {
                 owner: node.owner.to_string(),
                 node: node.name.to_string(),
                 keep: node.history_limit(),
-                jobs: node.job_names().iter().map(ToString::to_string).collect(),
+                jobs: node.lock_names().iter().map(ToString::to_string).collect(),
                 owed_dir: node.owed.as_ref().map(|s| s.dir().to_path_buf()),
                 notify_dir: node
                     .webhooks

@@ -29,6 +29,7 @@
 //! then its [`JobRuntime`].
 
 mod batch;
+mod broadcast;
 mod cancel;
 mod catch_up;
 mod claim;
@@ -345,6 +346,9 @@ pub struct Node {
     triggers: trigger::InFlight,
     /// Pending requests read by a heartbeat, for the trigger watcher.
     looks: trigger::Looks,
+    /// The shard locks of broadcast jobs this node took a request of
+    /// ([`broadcast`]).
+    shards: Mutex<std::collections::HashMap<JobName, Arc<JobState>>>,
 }
 
 /// The node's settings, from its configuration.
@@ -402,6 +406,9 @@ struct SchedulerBeat {
     /// The earliest next occurrence of any job as the scheduler last saw
     /// it (Unix ms; `i64::MAX`: none), for the trigger watcher's pace.
     next_due_ms: std::sync::atomic::AtomicI64,
+    /// The last instant a broadcast job was due at (Unix ms; `i64::MIN`:
+    /// none), for the trigger watcher's pace ([`broadcast`]).
+    broadcast_ms: std::sync::atomic::AtomicI64,
 }
 
 /// Claims, renewals and history writes, batched (see [`batch`]).
@@ -576,6 +583,7 @@ impl Node {
                 epoch: Instant::now(),
                 last: AtomicU64::new(0),
                 next_due_ms: std::sync::atomic::AtomicI64::new(i64::MAX),
+                broadcast_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
             },
             batch: Batchers {
                 claims: Batcher::new(Duration::ZERO),
@@ -595,6 +603,7 @@ impl Node {
             },
             triggers: trigger::InFlight::default(),
             looks: trigger::Looks::default(),
+            shards: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -1040,6 +1049,36 @@ impl Node {
             .unwrap_or_default()
     }
 
+    /// The locks this node may hold: its jobs', and for each broadcast job
+    /// its own shard's and those of other nodes' shards it took
+    /// ([`broadcast`]).
+    pub(crate) fn lock_names(&self) -> Vec<JobName> {
+        let mut names = Vec::new();
+        if let Ok(jobs) = self.jobs.lock() {
+            for (name, entry) in jobs.iter() {
+                names.push(name.clone());
+                if entry.allowed && entry.state.job().every_node {
+                    names.push(name.shard(self.name.as_str()));
+                }
+            }
+        }
+        for state in self.shard_states() {
+            let name = state.job().name.clone();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// The states of the shard locks this node took a request of.
+    fn shard_states(&self) -> Vec<Arc<JobState>> {
+        self.shards
+            .lock()
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     fn states(&self) -> Vec<Arc<JobState>> {
         self.jobs
             .lock()
@@ -1072,7 +1111,7 @@ impl Node {
     /// running job's to be released as its run ends; the count released now.
     async fn release_leases_now_or_after_runs(&self) -> usize {
         let mut idle = Vec::new();
-        for state in self.states() {
+        for state in self.states().into_iter().chain(self.shard_states()) {
             // Wait out a claim in flight: its run, if it won, counts as running.
             let _gate = state.claim_gate.lock().await;
             if state.step_down() {
@@ -1148,7 +1187,7 @@ impl Node {
         // Bounded as a whole: with a store that cannot be written, the
         // leases expire by themselves, and the exit must not wait for that.
         let budget = self.settings.op_timeout * 2 + Duration::from_millis(500);
-        released += match tokio::time::timeout(budget, self.release(&self.job_names())).await {
+        released += match tokio::time::timeout(budget, self.release(&self.lock_names())).await {
             Ok(released) => released,
             Err(_) => {
                 tracing::warn!(

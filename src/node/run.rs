@@ -157,8 +157,15 @@ impl Node {
         }
         let node = self.clone();
         let state = state.clone();
+        // A broadcast job's own occurrence runs nowhere: it is handed to
+        // its shards ([`super::broadcast`]); a shard's runs.
+        let dispatch = job.every_node && job.name.shard_of().is_none();
         Some(self.life.runs.spawn(async move {
-            let ended = node.supervise(&state, ticket).await;
+            let ended = if dispatch {
+                node.dispatch_occurrence(&state, ticket).await
+            } else {
+                node.supervise(&state, ticket).await
+            };
             // A step-down during the run, or (spread) a job whose preferred
             // node is another: hand it back, so the next occurrence goes to
             // a peer on time.
@@ -200,7 +207,12 @@ impl Node {
     /// its events spooled already. Answers how the run ended, with
     /// `recovered` looked up (history below the run's fence) when a hook or
     /// a webhook wants it.
-    async fn finish(&self, state: &JobState, ticket: RunTicket, finished: Finished) -> Ended {
+    pub(super) async fn finish(
+        &self,
+        state: &JobState,
+        ticket: RunTicket,
+        finished: Finished,
+    ) -> Ended {
         let job = state.job();
         let name = job.name.as_str();
         let mut ended = Ended::of(&finished);

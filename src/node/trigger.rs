@@ -74,13 +74,13 @@ pub(super) struct InFlight(std::sync::Mutex<HashSet<(String, TriggerId)>>);
 impl InFlight {
     /// Marks `job`'s request `id` as being claimed; false when it is
     /// already.
-    fn start(&self, job: &str, id: TriggerId) -> bool {
+    pub(super) fn start(&self, job: &str, id: TriggerId) -> bool {
         lock(&self.0).insert((job.to_string(), id))
     }
 
     /// The claim of `job`'s request `id` is over (won, refused or given
     /// up).
-    fn end(&self, job: &str, id: TriggerId) {
+    pub(super) fn end(&self, job: &str, id: TriggerId) {
         lock(&self.0).remove(&(job.to_string(), id));
     }
 }
@@ -133,8 +133,15 @@ impl Node {
                 .beat
                 .next_due_ms
                 .load(std::sync::atomic::Ordering::Relaxed);
-            let busy = next_due.saturating_sub(self.wall.now().timestamp_millis())
-                <= BUSY_WITHIN.num_milliseconds();
+            let now_ms = self.wall.now().timestamp_millis();
+            let broadcast = self
+                .beat
+                .broadcast_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            // Busy before an instant, and after a broadcast job's (its
+            // shards' requests come then).
+            let busy = next_due.saturating_sub(now_ms) <= BUSY_WITHIN.num_milliseconds()
+                || now_ms.saturating_sub(broadcast) <= BUSY_WITHIN.num_milliseconds();
             let period = if busy { BUSY_LOOK } else { every + every / 4 };
             let due = looked.map_or_else(Instant::now, |at| at + period);
             let wake = retry_due.map_or(due, |r| r.min(due));
@@ -187,6 +194,12 @@ impl Node {
             retry_due = None;
             let now = self.wall.now();
             for (job, id) in pending {
+                // A broadcast job's shard (its lock `JOB~NODE`): this
+                // node's, one its node left, or one past its window.
+                if id.shard_of().is_some() && job.contains(crate::config::SHARD_SEPARATOR) {
+                    self.take_shard(&job, id, now);
+                    continue;
+                }
                 // A resume's request: the occurrence missed while paused is
                 // claimed by its own rule, never as a manual run; one that
                 // no node with the job took within RESUME_REQUEST_LIFE is
@@ -465,7 +478,7 @@ impl Node {
     /// The claim of manual request `id` of `job`, as this node sends it now:
     /// a lease of two margins (see [`Node::claim_trigger`]), taken from an
     /// idle holder at once (Redlock's first phase), no window.
-    fn manual_request(
+    pub(super) fn manual_request(
         &self,
         job: crate::config::JobName,
         id: TriggerId,
@@ -509,7 +522,7 @@ impl Node {
     }
 
     /// Claims request `id` of the job and, won, runs it.
-    async fn claim_trigger(self: &Arc<Self>, state: &Arc<JobState>, id: TriggerId) {
+    pub(super) async fn claim_trigger(self: &Arc<Self>, state: &Arc<JobState>, id: TriggerId) {
         // Another claim of the job in flight: look again next time.
         let Ok(gate) = state.claim_gate.clone().try_lock_owned() else {
             return;
@@ -546,9 +559,14 @@ impl Node {
                     // its claim.
                     let of = attempt_occurrence(&job, id);
                     let retry = id.daemons_attempt().and_then(|(k, _)| Some((k, of?.0)));
+                    // A shard runs as its occurrence's too.
+                    let shard = id.shard_of();
                     let ticket = RunTicket {
                         fence: won.fence,
-                        occurrence: retry.map_or(won.occurrence, |(_, t)| t),
+                        occurrence: retry
+                            .map(|(_, t)| t)
+                            .or(shard.map(|(t, ..)| t))
+                            .unwrap_or(won.occurrence),
                         decision_ms: 0,
                         takeover: won
                             .previous_owner
@@ -578,9 +596,14 @@ impl Node {
                             let what = attempt_word(id);
                             tracing::info!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(occurrence), "{what} {k}/{of} claimed");
                         }
-                        None => {
-                            tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed")
-                        }
+                        None => match shard {
+                            Some((at, index, count)) => {
+                                tracing::info!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(at), "shard {index} of {count} claimed")
+                            }
+                            None => {
+                                tracing::info!(job = %job.name, fence = won.fence, trigger = %id, "manual run claimed")
+                            }
+                        },
                     }
                     if self.start_run(state, ticket).is_none() {
                         drop(gate);

@@ -68,7 +68,7 @@ pub use rule::{
     Decision, LockRow, claim_row, claim_rows, clears_running, decide, ends_a_run, trigger_row,
 };
 pub use trigger::{
-    MAX_REDELIVERIES, MAX_RETRY_ATTEMPTS, Redelivery, TRIGGER_RANDOM_BITS, TriggerId,
+    MAX_REDELIVERIES, MAX_RETRY_ATTEMPTS, MAX_SHARDS, Redelivery, TRIGGER_RANDOM_BITS, TriggerId,
 };
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
 pub(crate) use trigger::{pending_from_entries, trigger_entry};
@@ -297,6 +297,10 @@ pub enum Outcome {
     /// Stopped by `cronlease cancel` (or the API): who and why follow the
     /// output in the record. Not a failure: no `on_failure`, no retry.
     Cancelled,
+    /// A broadcast job's occurrence (`placement = "every_node"`): not run
+    /// under the job's own lock but handed to its shards, each a request in
+    /// its own lock that one node runs (the output names them).
+    Dispatched,
     /// Stopped because the job's next occurrence came (`overlap =
     /// "replace"`): the run of that occurrence follows. Not a failure.
     Replaced,
@@ -323,6 +327,7 @@ impl Outcome {
             Outcome::Missed => "missed",
             Outcome::Cancelled => "cancelled",
             Outcome::Replaced => "replaced",
+            Outcome::Dispatched => "dispatched",
             Outcome::Unknown(raw) => raw,
         }
     }
@@ -356,6 +361,7 @@ impl Outcome {
             "expired" => Outcome::Expired,
             "cancelled" => Outcome::Cancelled,
             "replaced" => Outcome::Replaced,
+            "dispatched" => Outcome::Dispatched,
             other => Outcome::Unknown(other.chars().take(64).collect()),
         }
     }

@@ -74,13 +74,44 @@ impl TriggerId {
         TriggerId(((time_bits(at) << TRIGGER_RANDOM_BITS) | Self::low_bits(random)).max(1))
     }
 
-    /// `random`'s low bits as a manual run's id has them.
+    /// `random`'s low bits as a manual run's id has them: never a mark
+    /// nor a shard's tag.
     fn low_bits(mut random: i64) -> i64 {
         random &= (1 << TRIGGER_RANDOM_BITS) - 1;
-        if Self::marked(random >> RETRY_ATTEMPT_BITS) {
+        if Self::marked(random >> RETRY_ATTEMPT_BITS) || random >> SHARD_PAYLOAD_BITS == SHARD_TAG {
             random ^= 1 << (TRIGGER_RANDOM_BITS - 1);
         }
         random
+    }
+
+    /// The request for shard `index` of `count` of a broadcast job's
+    /// occurrence `at` (`placement = "every_node"`, docs/protocol.md
+    /// "Broadcast"), left by the node that dispatched the occurrence in the
+    /// shard's own lock: its time is the occurrence, its low bits
+    /// [`SHARD_TAG`], the index and the count. `None` for a count of 0 or
+    /// above [`MAX_SHARDS`], or an index not below the count.
+    pub fn shard(at: DateTime<Utc>, index: u32, count: u32) -> Option<Self> {
+        if count == 0 || count > MAX_SHARDS || index >= count {
+            return None;
+        }
+        Some(TriggerId(
+            (time_bits(at) << TRIGGER_RANDOM_BITS)
+                | (SHARD_TAG << SHARD_PAYLOAD_BITS)
+                | (i64::from(index) << 8)
+                | i64::from(count),
+        ))
+    }
+
+    /// For a shard's request ([`TriggerId::shard`]): the occurrence, the
+    /// shard's index and the count. `None` for any other.
+    pub fn shard_of(self) -> Option<(DateTime<Utc>, u32, u32)> {
+        let low = self.0 & ((1 << TRIGGER_RANDOM_BITS) - 1);
+        if low >> SHARD_PAYLOAD_BITS != SHARD_TAG {
+            return None;
+        }
+        let (index, count) = (((low >> 8) & 0xff) as u32, (low & 0xff) as u32);
+        let at = self.requested_at()?;
+        (count > 0 && index < count).then_some((at, index, count))
     }
 
     /// Whether `mark` (the 16 bits above an id's low 4) is one a retry's,
@@ -177,7 +208,7 @@ impl TriggerId {
     /// An operator's request (`cronlease trigger`), not one the daemons
     /// make for themselves (a retry, a redelivery) nor a resume's.
     pub fn is_operators(self) -> bool {
-        self.daemons_attempt().is_none() && self.resumed_at().is_none()
+        self.daemons_attempt().is_none() && self.resumed_at().is_none() && self.shard_of().is_none()
     }
 
     /// A request the daemons made for themselves: the attempt it runs and
@@ -257,6 +288,13 @@ const REDELIVERY_MARKS: std::ops::Range<i64> = 0xa7e6..0xa7e6 + MAX_REDELIVERIES
 /// A resume's request ([`TriggerId::resumed`]): this mark, and attempt 1,
 /// in place of random bits.
 const RESUME_MARK: i64 = 0xa7e4;
+/// A shard's request ([`TriggerId::shard`]): these 4 bits at the top of
+/// the low bits (never a mark's: theirs start 0xa), above the index's 8 and
+/// the count's 8.
+const SHARD_TAG: i64 = 0xf;
+const SHARD_PAYLOAD_BITS: u32 = 16;
+/// The most shards (nodes) a broadcast occurrence is split into.
+pub const MAX_SHARDS: u32 = 255;
 /// How often one attempt of an occurrence is handed back at most: a
 /// claim whose daemon dies before each start, again and again, ends
 /// recorded `not_started`.
@@ -447,5 +485,38 @@ mod tests {
             TriggerId::redelivery(at, 1, 1).and_then(|r| r.resumed_at()),
             None
         );
+    }
+
+    #[test]
+    fn a_shard_request_carries_its_occurrence_index_and_count_and_reads_as_no_other_kind() {
+        let at = from_ms((Utc::now().timestamp_millis() / 1000 - 5) * 1000);
+        for (index, count) in [(0, 1), (0, 3), (2, 3), (254, 255)] {
+            let id = TriggerId::shard(at, index, count).unwrap();
+            assert_eq!(id.shard_of(), Some((at, index, count)));
+            assert_eq!(id.requested_at(), Some(at));
+            assert!(!id.is_operators());
+            assert_eq!(
+                (id.retry_of(), id.redelivery_of(), id.resumed_at()),
+                (None, None, None)
+            );
+            assert_eq!(TriggerId::attempt(Some(id)), 1);
+            assert_eq!(TriggerId::parse(&id.to_string()), Some(id));
+        }
+        assert_eq!(TriggerId::shard(at, 3, 3), None);
+        assert_eq!(TriggerId::shard(at, 0, 0), None);
+        assert_eq!(TriggerId::shard(at, 0, MAX_SHARDS + 1), None);
+        // A manual id whose random bits would read as a shard's is changed;
+        // no other kind reads as one.
+        let id = TriggerId::manual(at, (SHARD_TAG << SHARD_PAYLOAD_BITS) | (1 << 8) | 2);
+        assert_eq!(id.shard_of(), None, "{id}");
+        assert!(id.is_operators());
+        for other in [
+            Some(TriggerId::retry(at, 2)),
+            TriggerId::redelivery(at, 1, 1),
+            Some(TriggerId::resumed(at)),
+            Some(TriggerId::made_at(at)),
+        ] {
+            assert_eq!(other.and_then(TriggerId::shard_of), None);
+        }
     }
 }

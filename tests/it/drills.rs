@@ -245,6 +245,145 @@ fn stop_the_world(backend: Backend) {
 
 // Step-down by SIGUSR1 and by `cronlease step-down`: a peer runs the next
 // occurrence on time, none missed.
+/// `placement = "every_node"` with real processes and signals, judged from
+/// what the jobs wrote: three nodes each run every occurrence (every 5 s)
+/// as shard i of 3; n3 is killed with its guard (a dead host: its record
+/// stays until it ends) a second before an instant, so that occurrence is
+/// still dispatched to it and its shard runs on a peer; then the
+/// occurrences have two shards. Every occurrence's shards 0..count ran
+/// once each, none missed, fences in order in each shard's lock.
+fn broadcast(backend: Backend) {
+    let job = r#"[[job]]
+name = "bc"
+schedule = "*/5 * * * * *"
+placement = "every_node"
+command = ['/bin/sh', '-c', 'echo "$CRONLEASE_OCCURRENCE $CRONLEASE_SHARD_INDEX $CRONLEASE_SHARD_COUNT $CRONLEASE_NODE $CRONLEASE_FENCE $CRONLEASE_JOB" >> "$1"', 'sh', '{out}']
+"#;
+    let mut c = Cluster::new(backend, Some(job), "");
+    for n in ["n1", "n2", "n3"] {
+        c.start(n);
+    }
+    let shards = |c: &Cluster| -> Vec<(DateTime<Utc>, u32, u32, String, u64, String)> {
+        std::fs::read_to_string(&c.out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let [at, i, n, node, fence, job] = f[..] else {
+                    return None;
+                };
+                Some((
+                    DateTime::parse_from_rfc3339(at).ok()?.with_timezone(&Utc),
+                    i.parse().ok()?,
+                    n.parse().ok()?,
+                    node.to_string(),
+                    fence.parse().ok()?,
+                    job.to_string(),
+                ))
+            })
+            .collect()
+    };
+    crate::support::wait_until(
+        "two occurrences on three nodes",
+        Duration::from_secs(40),
+        || c.report(),
+        || (shards(&c).iter().filter(|s| s.2 == 3).count() >= 6).then_some(()),
+    );
+    // A second before the next 5 s instant.
+    loop {
+        let now = Utc::now();
+        let into = (now.timestamp_millis() % 5_000) as f64 / 1000.0;
+        if (3.9..4.1).contains(&into) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed_at = Utc::now();
+    c.kill_with_guard("n3");
+    crate::support::wait_until(
+        "two occurrences on two nodes",
+        Duration::from_secs(40),
+        || c.report(),
+        || {
+            (shards(&c)
+                .iter()
+                .filter(|s| s.0 > killed_at && s.2 == 2)
+                .count()
+                >= 4)
+                .then_some(())
+        },
+    );
+    c.stop_all();
+    let report = c.report();
+    let ran = shards(&c);
+    let mut by_occurrence: std::collections::BTreeMap<DateTime<Utc>, Vec<(u32, u32, String)>> =
+        std::collections::BTreeMap::new();
+    for (at, i, n, node, _, job) in &ran {
+        assert_eq!(job, "bc", "CRONLEASE_JOB is the job's name\n{report}");
+        by_occurrence
+            .entry(*at)
+            .or_default()
+            .push((*i, *n, node.clone()));
+    }
+    let first = *by_occurrence.keys().next().unwrap();
+    let mut expected_at = first;
+    let mut taken_over = 0;
+    for (at, mut got) in by_occurrence {
+        assert_eq!(at, expected_at, "an occurrence missed\n{report}");
+        expected_at = at + chrono::Duration::seconds(5);
+        got.sort();
+        let count = got[0].1;
+        let indices: Vec<(u32, u32)> = got.iter().map(|g| (g.0, g.1)).collect();
+        let want: Vec<(u32, u32)> = (0..count).map(|i| (i, count)).collect();
+        assert_eq!(indices, want, "{at}: each shard once\n{report}");
+        if at > killed_at && count == 3 {
+            // n3's shard, on a peer.
+            assert!(got.iter().all(|g| g.2 != "n3"), "{got:?}\n{report}");
+            taken_over += 1;
+        }
+    }
+    assert!(
+        taken_over >= 1,
+        "the killed node's shard ran on a peer\n{report}"
+    );
+    // `history bc` shows the shards' runs with the occurrences' dispatch
+    // records; `status` names the shards' locks as such.
+    let history = c
+        .cli_json("n1", &["history", "bc", "--limit", "1000"])
+        .unwrap();
+    let jobs: std::collections::BTreeSet<String> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}",
+                r["job"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap()
+            )
+        })
+        .collect();
+    for want in ["bc dispatched", "bc~n1 ok", "bc~n2 ok", "bc~n3 ok"] {
+        assert!(jobs.contains(want), "{want} in {jobs:?}\n{report}");
+    }
+    let status = String::from_utf8_lossy(&c.cli("n1", &["status"]).stdout).into_owned();
+    assert!(status.contains("bc~n2 (shard of bc)"), "{status}");
+    // Fences in order in each shard's lock: by node name for the nodes'
+    // own, n3's taken over one included (its lock, not the runner's).
+    let mut last: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut sorted = ran.clone();
+    sorted.sort_by_key(|s| (s.0, s.1));
+    for (at, i, _, _, fence, _) in &sorted {
+        let lock = ["n1", "n2", "n3"][*i as usize].to_string();
+        if let Some(before) = last.insert(lock.clone(), *fence) {
+            assert!(
+                before < *fence,
+                "{lock} at {at}: fence {fence} after {before}\n{report}"
+            );
+        }
+    }
+}
+
 /// `overlap = "replace"` with real processes and signals: a job every 2 s
 /// that would take 5 s is stopped (SIGTERM to its group, which its trap
 /// writes down) when its next occurrence is due, and that occurrence
@@ -493,6 +632,14 @@ mod renewal {
     crate::per_store!(
         [redlock] long [sqlite, mysql, redis, sentinel, zookeeper, etcd];
         long_job_keeps_its_lease
+    );
+}
+// Twin: `inprocess::every_node_runs_each_occurrence_once_per_node_and_a_lost_nodes_shard_on_a_peer`.
+mod broadcasting {
+    use super::broadcast;
+    crate::per_store!(
+        [redis] long [sqlite, mysql, postgres, sentinel, redlock, zookeeper, etcd];
+        broadcast
     );
 }
 // Twin: `inprocess::replace_stops_the_running_run_and_starts_the_due_one_once`.

@@ -41,6 +41,8 @@ struct Run {
     attempt: u32,
     /// One of the job's hooks, not the job.
     hook: Option<config::Hook>,
+    /// A broadcast job's shard: its index and the count.
+    shard: Option<(u32, u32)>,
 }
 
 /// Jobs that take virtual time: `durations` per job (default: none).
@@ -83,6 +85,10 @@ impl Runner for VirtualRunner {
                 ended: None,
                 attempt: cronlease::store::TriggerId::attempt(spec.trigger),
                 hook: spec.hook,
+                shard: spec
+                    .trigger
+                    .and_then(cronlease::store::TriggerId::shard_of)
+                    .map(|(_, i, n)| (i, n)),
             });
             runs.len() - 1
         };
@@ -786,6 +792,85 @@ async fn replace_stops_the_running_run_and_starts_the_due_one_once() {
         (60_000, 60_000, None)
     );
     a.stop().await;
+}
+
+/// `placement = "every_node"` (docs/protocol.md, "Broadcast"): each
+/// occurrence runs once on every live node, as shard i of n by the sorted
+/// names, each in its own lock with its own fences; the occurrence itself
+/// is recorded `dispatched`. A node cut off just before an instant is still
+/// in the dispatcher's view: its shard is taken by a peer once its node
+/// has not taken it (its record gone, or two beats and a margin), and run
+/// once; the next instant has two shards.
+#[tokio::test(start_paused = true)]
+async fn every_node_runs_each_occurrence_once_per_node_and_a_lost_nodes_shard_on_a_peer() {
+    use cronlease::store::History;
+    let w = World::new(VirtualRunner::default());
+    let jobs = "[[job]]\nname = \"bc\"\nschedule = \"*/10 * * * * *\"\nplacement = \"every_node\"\ncommand = [\"/bin/true\"]\n";
+    let nodes = [w.start("a", jobs), w.start("b", jobs), w.start("c", jobs)];
+    w.until(t(19.9)).await;
+    nodes[2].store.set_reachable(false);
+    w.until(t(39.0)).await;
+    let runs = w.runner.runs();
+    /// A shard's run: its node, its lock, its start in ms after the
+    /// occurrence.
+    type ShardRun = (String, String, i64);
+    // (occurrence, shard index, count) → its runs.
+    let mut seen: BTreeMap<(i64, u32, u32), Vec<ShardRun>> = BTreeMap::new();
+    for r in &runs {
+        let (i, n) = r.shard.expect("every run is a shard's");
+        seen.entry((ms(r.occurrence - t(0.0)), i, n))
+            .or_default()
+            .push((r.node.clone(), r.job.clone(), ms(r.started - r.occurrence)));
+    }
+    let keys: Vec<(i64, u32, u32)> = seen.keys().copied().collect();
+    assert_eq!(
+        keys,
+        [
+            (0, 0, 3),
+            (0, 1, 3),
+            (0, 2, 3),
+            (10_000, 0, 3),
+            (10_000, 1, 3),
+            (10_000, 2, 3),
+            (20_000, 0, 3),
+            (20_000, 1, 3),
+            (20_000, 2, 3),
+            (30_000, 0, 2),
+            (30_000, 1, 2)
+        ],
+        "{runs:?}"
+    );
+    for ((at, i, n), ran) in &seen {
+        assert_eq!(ran.len(), 1, "shard {i}/{n} of {at} ran once: {ran:?}");
+        let (node, lock, late) = &ran[0];
+        if (*at, *i) == (20_000, 2) {
+            // c's shard, on a peer, in its lock, within the window.
+            assert!(node != "c" && lock == "bc~c", "{ran:?}");
+            assert!((2_000..=5_000).contains(late), "{ran:?}");
+        } else {
+            let by_name = ["a", "b", "c"][*i as usize];
+            assert_eq!(
+                (node.as_str(), lock.clone()),
+                (by_name, format!("bc~{by_name}"))
+            );
+            assert!(*late <= 300, "{ran:?}");
+        }
+    }
+    // The job's own lock records each occurrence dispatched, naming the
+    // shards.
+    let bc = config::JobName::parse("bc").unwrap();
+    let own = w.store.connection().history(Some(&bc), 10).await.unwrap();
+    let outcomes: Vec<String> = own.iter().map(|r| r.outcome.to_string()).collect();
+    assert_eq!(outcomes, ["dispatched"; 4], "{own:?}");
+    assert!(
+        own.iter()
+            .any(|r| r.output.contains("a (shard 0), b (shard 1), c (shard 2)")),
+        "{own:?}"
+    );
+    nodes[2].store.set_reachable(true);
+    for n in nodes {
+        n.stop().await;
+    }
 }
 
 /// With `spread`, a job's preferred node is picked among the nodes that
