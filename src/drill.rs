@@ -454,7 +454,7 @@ fn ran(run: &RunRecord) -> bool {
 }
 
 fn covered(run: &RunRecord) -> bool {
-    ran(run) || run.outcome == Outcome::Skipped
+    ran(run) || matches!(run.outcome, Outcome::Skipped | Outcome::Dispatched)
 }
 
 /// One job's verdict from what the watch saw and the job's history.

@@ -330,8 +330,10 @@ impl Launch {
 
 /// A run's name where the host shows it (its systemd unit, its cgroup):
 /// `JOB-FENCE`, `JOB-FENCE-on-failure` (`-on-success`, `-on-recovery`) for
-/// the job's hook after that run.
+/// the job's hook after that run. A shard's lock `JOB~NODE` shows as
+/// `JOB:NODE` (systemd refuses `~` in a unit name; no job name has `:`).
 pub fn run_label(job: &str, fence: u64, hook: Option<crate::config::Hook>) -> String {
+    let job = job.replace(crate::config::SHARD_SEPARATOR, ":");
     match hook {
         None => format!("{job}-{fence}"),
         Some(hook) => format!("{job}-{fence}-{}", hook.label()),

@@ -336,10 +336,18 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// The `cron_job` label of `job`: a broadcast job's shard (its lock
+    /// `JOB~NODE`) counts as the job.
     pub fn job(job: &str) -> JobLabel {
         JobLabel {
-            cron_job: job.to_string(),
+            cron_job: Self::job_of(job).to_string(),
         }
+    }
+
+    /// The job a lock's runs count for: `JOB` for a shard's `JOB~NODE`.
+    pub fn job_of(lock: &str) -> &str {
+        lock.split_once(crate::config::SHARD_SEPARATOR)
+            .map_or(lock, |(job, _)| job)
     }
 
     /// A finished run (skipped occurrences are not runs): the job's last-run,
@@ -390,6 +398,7 @@ impl Metrics {
     /// Notes that `job` has per-job gauges (allocating only the first
     /// time: this is on every claim's path); answers the held lock.
     fn touch(&self, job: &str) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        let job = Self::job_of(job);
         let mut touched = self.touched();
         if !touched.contains(job) {
             touched.insert(job.to_string());

@@ -376,7 +376,9 @@ pub(super) async fn wait_for_trigger(
                         run.node, run.fence, run.outcome
                     );
                 }
-                return if run.outcome == store::Outcome::Ok {
+                // A broadcast job's request is dispatched to its shards:
+                // `history JOB` shows their runs.
+                return if matches!(run.outcome, store::Outcome::Ok | store::Outcome::Dispatched) {
                     ExitCode::SUCCESS
                 } else {
                     ExitCode::FAILURE

@@ -69,6 +69,20 @@ pub(super) fn validate_job(
     let command = command_of(src, &rj.command, "command", errors);
     let every_node = rj.placement.as_ref().is_some_and(|p| {
         let every = *p.get_ref() == JobPlacement::EveryNode;
+        if every && rj.name.get_ref().len() > MAX_BROADCAST_NAME {
+            errors.push(src.at(
+                &rj.name,
+                format!(
+                    "a job with placement = \"every_node\" has a name of at most {MAX_BROADCAST_NAME} characters (its shards' locks add the node's)"
+                ),
+            ));
+        }
+        if every && rj.overlap == Some(Overlap::Replace) {
+            errors.push(src.at(
+                p,
+                "placement = \"every_node\" cannot be combined with overlap = \"replace\" (yet): a shard whose run still goes is skipped",
+            ));
+        }
         // Not yet: a retry's and a redelivery's requests carry no shard.
         if every && rj.retry.is_some() {
             errors.push(src.at(

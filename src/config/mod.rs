@@ -59,6 +59,10 @@ pub struct JobName(String);
 /// locks (docs/protocol.md, "Broadcast").
 pub const SHARD_SEPARATOR: char = '~';
 
+/// The longest name of a job with `placement = "every_node"`: its shards'
+/// locks keep the whole name and room for the node's.
+pub const MAX_BROADCAST_NAME: usize = 100;
+
 impl JobName {
     pub fn parse(s: &str) -> Result<Self, String> {
         let plain = |s: &str| {
@@ -82,8 +86,10 @@ impl JobName {
     }
 
     /// The lock of `node`'s shard of this broadcast job: `JOB~NODE`, or,
-    /// where that is longer than a lock name may be (128), the job's first
-    /// 96 characters, `~` and 16 hex digits of a hash of the whole.
+    /// where that is longer than a lock name may be (128), `JOB~`, as much
+    /// of the node's name as fits, `.` and 16 hex digits of a hash of the
+    /// whole. A broadcast job's name is at most [`MAX_BROADCAST_NAME`]
+    /// characters, so at least 10 of the node's fit.
     pub fn shard(&self, node: &str) -> JobName {
         let full = format!("{}{SHARD_SEPARATOR}{node}", self.0);
         if full.len() <= 128 {
@@ -92,12 +98,13 @@ impl JobName {
         use sha2::{Digest, Sha256};
         let digest = Sha256::digest(full.as_bytes());
         let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-        let cut: String = self.0.chars().take(96).collect();
-        JobName(format!("{cut}{SHARD_SEPARATOR}{hex}"))
+        let room = 128usize.saturating_sub(self.0.len() + 1 + 1 + hex.len());
+        let cut: String = node.chars().take(room).collect();
+        JobName(format!("{}{SHARD_SEPARATOR}{cut}.{hex}", self.0))
     }
 
-    /// For a shard's lock ([`JobName::shard`]): the broadcast job's name
-    /// (as far as the lock name keeps it). `None` for a job's own.
+    /// For a shard's lock ([`JobName::shard`]): the broadcast job's name.
+    /// `None` for a job's own.
     pub fn shard_of(&self) -> Option<&str> {
         self.0.split_once(SHARD_SEPARATOR).map(|(job, _)| job)
     }
@@ -797,6 +804,27 @@ pub fn host_name() -> Option<String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_shard_lock_keeps_the_job_and_fits_a_lock_name() {
+        let job = JobName::parse("backup").unwrap();
+        let lock = job.shard("web-1");
+        assert_eq!(lock.as_str(), "backup~web-1");
+        assert_eq!(lock.shard_of(), Some("backup"));
+        assert_eq!(JobName::parse("backup~web-1"), Ok(lock));
+        assert_eq!(job.shard_of(), None);
+        // A long node name: the whole job, some of the node, a hash.
+        let long = JobName::parse(&"j".repeat(MAX_BROADCAST_NAME)).unwrap();
+        let node = "n".repeat(200);
+        let lock = long.shard(&node);
+        assert!(lock.as_str().len() <= 128, "{lock}");
+        assert_eq!(lock.shard_of(), Some(long.as_str()));
+        assert_ne!(lock, long.shard(&"n".repeat(199)));
+        assert!(JobName::parse(lock.as_str()).is_ok());
+        for bad in ["a~", "~b", "a~b~c", "a b~c"] {
+            assert!(JobName::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn line_col_counts_from_one() {

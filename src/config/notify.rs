@@ -100,6 +100,8 @@ impl fmt::Debug for Webhook {
 impl Webhook {
     /// Whether `job`'s `event` goes to this webhook.
     pub fn wants(&self, job: &str, event: &str) -> bool {
+        // A broadcast job's shard (`JOB~NODE`) is the job's.
+        let job = crate::metrics::Metrics::job_of(job);
         self.events.iter().any(|e| e == event)
             && self
                 .jobs

@@ -20,7 +20,7 @@ function time(t) {
 }
 
 function outcomeClass(o) {
-  return ["ok", "skipped", "failed", "timeout", "not_started", "killed", "lease_lost", "cancelled"].includes(o) ? "o-" + o : "o-other";
+  return ["ok", "skipped", "failed", "timeout", "not_started", "killed", "lease_lost", "cancelled", "replaced", "dispatched"].includes(o) ? "o-" + o : "o-other";
 }
 
 // An audit entry in words: "pause by alice@web-1 at 12:00:03: disk full".
@@ -147,7 +147,7 @@ function renderJobs(rows) {
     const alive = r.holder_alive === null || r.holder_alive === undefined ? el("span", { class: "muted" }, "-")
       : r.holder_alive ? el("span", { class: "ok" }, "yes" + (r.holder_clock_offset_ms != null ? ` (${r.holder_clock_offset_ms >= 0 ? "+" : ""}${r.holder_clock_offset_ms} ms)` : ""))
       : el("span", { class: "bad" }, "no heartbeat");
-    const last = r.last_run ? el("span", { class: r.last_run.outcome === "ok" ? "ok" : "bad" },
+    const last = r.last_run ? el("span", { class: ["ok", "dispatched", "replaced"].includes(r.last_run.outcome) ? "ok" : "bad" },
       `${r.last_run.outcome}${r.last_run.exit_code != null ? " (" + r.last_run.exit_code + ")" : ""} on ${r.last_run.node}`) : "-";
     return el("tr", { "data-job": r.job },
       el("td", {}, el("a", { href: "#job=" + encodeURIComponent(r.job), class: "job-link" }, r.job), r.shard_of ? ` (shard of ${r.shard_of})` : r.configured ? "" : " (not configured here)"),
@@ -243,7 +243,7 @@ function renderTimeline(runs) {
     return el("span", { class: "node-mark", "data-node": n }, i, n);
   };
   const nodeLegend = el("div", { class: "legend muted" }, "nodes: ", ...nodes.map(mark));
-  const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped"], ["o-cancelled", "cancelled"], ["manual", "manual run (trigger)"]]
+  const legend = el("div", { class: "legend muted" }, ...[["o-ok", "ok"], ["o-failed", "failed / timeout"], ["o-killed", "killed / lease lost"], ["o-skipped", "skipped / replaced"], ["o-dispatched", "dispatched (every node)"], ["o-cancelled", "cancelled"], ["manual", "manual run (trigger)"]]
     .map(([c, t]) => el("span", {}, el("i", { class: "swatch " + c }), t)));
   box.replaceChildren(...lanes, legend, nodeLegend);
   document.getElementById("timeline-range").textContent =

@@ -49,6 +49,27 @@ impl Node {
         ticket: RunTicket,
     ) -> Ended {
         let job = state.job();
+        // A missed occurrence handed out for a catch-up (the one after it
+        // is due already): its shards would meet that one's, which end
+        // them. Recorded missed instead (docs/protocol.md, "Broadcast").
+        let operators = ticket.trigger.is_some_and(TriggerId::is_operators);
+        if !operators
+            && let Some(next) = job
+                .schedule
+                .next_after(ticket.occurrence)
+                .filter(|next| *next <= self.wall.now())
+        {
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "a broadcast job's missed occurrence is not caught up: recorded missed");
+            let finished = Finished {
+                output: format!(
+                    "cronlease: missed: a broadcast job's occurrence is not caught up (the next one, {}, is due)",
+                    Rfc3339(next)
+                ),
+                ..Finished::without_process(Outcome::Missed, self.wall.now())
+            };
+            state.run_is_over();
+            return self.finish(state, ticket, finished).await;
+        }
         let mut members: Vec<String> = self
             .live_nodes()
             .into_iter()
@@ -66,13 +87,21 @@ impl Node {
             members.truncate(max);
         }
         let count = members.len() as u32;
+        // A claim handed back by a dead dispatcher's guard: the shards it
+        // requested and that ran are not requested again.
+        let ran_already: Vec<JobName> = match ticket.trigger.and_then(TriggerId::redelivery_of) {
+            Some(_) => self.shards_run(&job, &members, ticket.occurrence).await,
+            None => Vec::new(),
+        };
         let job_ref: &Job = &job;
         let asks = members.iter().enumerate().map(|(i, node)| {
             let job = job_ref;
             let lock = job.name.shard(node);
             let id = TriggerId::shard(ticket.occurrence, i as u32, count);
+            let done = ran_already.contains(&lock);
             async move {
                 let said = match id {
+                    _ if done => ": ran already".to_string(),
                     Some(id) => self.ask_shard(job, &lock, id).await,
                     None => "not requested (no id)".to_string(),
                 };
@@ -101,6 +130,32 @@ impl Node {
         };
         state.run_is_over();
         self.finish(state, ticket, finished).await
+    }
+
+    /// The shard locks of `members` whose last run is of `occurrence`.
+    async fn shards_run(
+        &self,
+        job: &Job,
+        members: &[String],
+        occurrence: DateTime<Utc>,
+    ) -> Vec<JobName> {
+        let locks: Vec<JobName> = members.iter().map(|m| job.name.shard(m)).collect();
+        match self
+            .call(
+                "last_runs",
+                self.settings.op_timeout,
+                self.store.last_runs(&locks),
+            )
+            .await
+        {
+            Ok(last) => locks
+                .into_iter()
+                .zip(last)
+                .filter(|(_, r)| r.as_ref().is_some_and(|r| r.occurrence == occurrence))
+                .map(|(lock, _)| lock)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
     }
 
     /// Leaves shard request `id` in `lock`; what became of it, for the
@@ -160,14 +215,18 @@ impl Node {
             return;
         }
         let next = job.schedule.next_after(at);
+        let (every, _) = super::membership::beat_timing(self.settings.margin);
+        // At least long enough for a peer to take a dead node's shard (a
+        // manual run's occurrence may come just before an instant); the
+        // next occurrence's dispatch ends one still pending then anyway.
         let (window, _) = super::claim::start_window(&job, at, next);
+        let window = window.max(steal_after(every, self.settings.margin) + every);
         let late = (now - at).to_std().unwrap_or_default();
         let mine = job.name.shard(self.name.as_str()) == lock;
         let owner_live = self
             .live_nodes()
             .iter()
             .any(|n| job.name.shard(&n.node) == lock);
-        let (every, _) = super::membership::beat_timing(self.settings.margin);
         let wait = if owner_live {
             steal_after(every, self.settings.margin)
         } else {

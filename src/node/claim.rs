@@ -42,6 +42,10 @@ use crate::exec::Finished;
 use crate::metrics::ClaimLabel;
 use crate::store::{ClaimOutcome, ClaimRequest, Lost, Outcome, StoreError, TriggerId, Won};
 
+/// How often a replace (`overlap = "replace"`) is thrown again while the
+/// run it stops is not over.
+const REPLACE_AGAIN: Duration = Duration::from_millis(50);
+
 /// Longest single sleep towards an occurrence: a wall-clock step is noticed
 /// within this time.
 pub(super) const MAX_SLEEP: Duration = Duration::from_secs(15);
@@ -791,20 +795,35 @@ impl Node {
                 Rfc3339(ticket.occurrence),
                 ticket.fence
             );
-            let stopped = self.replace_runs_of(job.name.as_str(), &said);
-            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), runs = stopped, "previous run still going: stopping it (overlap = replace)");
-            tokio::select! {
-                () = stop.cancelled() => {
-                    drop(gate);
-                    self.record_not_run(
-                        state,
-                        ticket,
-                        Outcome::Skipped,
-                        "the node stopped claiming the job while the run it replaces was ending".into(),
-                    );
-                    return Flow::Done(false);
+            tracing::warn!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "previous run still going: stopping it (overlap = replace)");
+            loop {
+                // Thrown again until the run is over: a run marked going
+                // whose stop switch was not set up yet is stopped too.
+                self.replace_runs_of(job.name.as_str(), &said);
+                tokio::select! {
+                    () = stop.cancelled() => {
+                        drop(gate);
+                        self.record_not_run(
+                            state,
+                            ticket,
+                            Outcome::Skipped,
+                            "the node stopped claiming the job while the run it replaces was ending".into(),
+                        );
+                        return Flow::Done(false);
+                    }
+                    () = tokio::time::sleep_until(at.give_up_at) => {
+                        drop(gate);
+                        self.record_not_run(
+                            state,
+                            ticket,
+                            Outcome::Missed,
+                            "the run it replaces did not end within this occurrence's window".into(),
+                        );
+                        return Flow::Done(false);
+                    }
+                    () = state.until_idle() => break,
+                    () = tokio::time::sleep(REPLACE_AGAIN) => {}
                 }
-                () = state.until_idle() => {}
             }
             self.start_run(state, ticket);
             drop(gate);

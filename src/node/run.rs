@@ -169,7 +169,9 @@ impl Node {
             // A step-down during the run, or (spread) a job whose preferred
             // node is another: hand it back, so the next occurrence goes to
             // a peer on time.
-            let hand_back = node.defers(&state.job());
+            // Not while a later run of the job goes (the occurrence that
+            // replaced this one): its lease is that run's.
+            let hand_back = node.defers(&state.job()) && !state.is_running();
             if state.take_release_after_run() || hand_back {
                 state.lease_ended();
                 node.release(&[state.job().name.clone()]).await;
@@ -703,7 +705,7 @@ impl Node {
             memory_peak: finished.usage.memory_peak,
         };
         let labels = crate::metrics::RunLabel {
-            cron_job: job.name.to_string(),
+            cron_job: Metrics::job_of(job.name.as_str()).to_string(),
             outcome: record.outcome.to_string(),
         };
         self.metrics.runs.get_or_create(&labels).inc();

@@ -34,14 +34,16 @@ pub(super) fn scheduler_stuck(beat: u64, now_ms: u64) -> bool {
 }
 
 /// Feeds a finished run (one of ours, or one of the store's history) to
-/// the per-job gauges; a skipped occurrence is not a run.
+/// the per-job gauges; a skipped occurrence is not a run, nor a broadcast
+/// job's dispatch, whose shards' runs count as the job's.
 pub(super) fn feed_job_gauges(metrics: &crate::metrics::Metrics, run: &RunRecord) {
-    if run.outcome == Outcome::Skipped {
+    if matches!(run.outcome, Outcome::Skipped | Outcome::Dispatched) {
         return;
     }
     let took = (run.finished_at - run.started_at).num_milliseconds().max(0) as f64 / 1000.0;
+    let job = crate::metrics::Metrics::job_of(&run.job);
     metrics.run_finished(
-        &run.job,
+        job,
         run.finished_at.timestamp_millis() as f64 / 1000.0,
         took,
         run.outcome == Outcome::Ok,

@@ -49,11 +49,16 @@ impl TriggerId {
 
     /// A manual run's low bits for request id `key`.
     fn request_bits(key: &str) -> i64 {
+        Self::low_bits(Self::key_hash(key))
+    }
+
+    /// The bits of `key` a manual run's id takes its low bits from.
+    fn key_hash(key: &str) -> i64 {
         use sha2::{Digest, Sha256};
         let digest = Sha256::digest(key.as_bytes());
         let mut low = [0u8; 8];
         low.copy_from_slice(&digest[..8]);
-        Self::low_bits(i64::from_le_bytes(low))
+        i64::from_le_bytes(low)
     }
 
     /// Whether this id was made for the client's request id `key`
@@ -61,9 +66,18 @@ impl TriggerId {
     /// bits are the key's (1 in 2^20 of other ids match by chance).
     pub fn of_request(self, key: &str) -> bool {
         let mask = (1 << TRIGGER_RANDOM_BITS) - 1;
-        self.is_operators()
-            && self.resumed_at().is_none()
-            && (self.0 & mask) == Self::request_bits(key)
+        // Also as a build before shards made it (only marks changed): a
+        // request asked again across an upgrade is found.
+        let before_shards = {
+            let mut low = Self::key_hash(key) & mask;
+            if Self::marked(low >> RETRY_ATTEMPT_BITS) {
+                low ^= 1 << (TRIGGER_RANDOM_BITS - 1);
+            }
+            low
+        };
+        self.resumed_at().is_none()
+            && self.daemons_attempt().is_none()
+            && [Self::request_bits(key), before_shards].contains(&(self.0 & mask))
     }
 
     /// A manual run's id of time `at` and low bits `random`; bits that

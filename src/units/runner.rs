@@ -958,6 +958,11 @@ mod tests {
             unit_name("backup.db", 42, None),
             "cronlease-backup.db-42.service"
         );
+        // A broadcast job's shard: `~` is no unit name's.
+        assert_eq!(
+            unit_name("backup~web-1", 3, None),
+            "cronlease-backup:web-1-3.service"
+        );
         assert_eq!(
             unit_name("a_b", 7, Some(crate::config::Hook::Failure)),
             "cronlease-a_b-7-on-failure.service"

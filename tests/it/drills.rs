@@ -243,9 +243,7 @@ fn stop_the_world(backend: Backend) {
     );
 }
 
-// Step-down by SIGUSR1 and by `cronlease step-down`: a peer runs the next
-// occurrence on time, none missed.
-/// `placement = "every_node"` with real processes and signals, judged from
+/// `placement = "every_node" with real processes and signals, judged from
 /// what the jobs wrote: three nodes each run every occurrence (every 5 s)
 /// as shard i of 3; n3 is killed with its guard (a dead host: its record
 /// stays until it ends) a second before an instant, so that occurrence is
@@ -438,6 +436,8 @@ command = ['/bin/sh', '-c', 'L="$CRONLEASE_OCCURRENCE $CRONLEASE_FENCE $CRONLEAS
     }
 }
 
+// Step-down by SIGUSR1 and by `cronlease step-down`: a peer runs the next
+// occurrence on time, none missed.
 fn step_down(backend: Backend) {
     let mut c = Cluster::new(backend, None, "");
     for n in ["n1", "n2", "n3"] {

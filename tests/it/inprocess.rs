@@ -721,13 +721,24 @@ async fn replace_stops_the_running_run_and_starts_the_due_one_once() {
             })
             .collect()
     };
-    for overlap in ["replace", "skip"] {
+    // With `spread` too, the other node joining 5 s in (so the first holds
+    // the job though one of the two orders makes the other preferred): a
+    // replaced run's end hands nothing back while the run that replaced it
+    // goes.
+    for (overlap, placement, first) in [
+        ("replace", "sticky", "a"),
+        ("skip", "sticky", "a"),
+        ("replace", "spread", "a"),
+        ("replace", "spread", "b"),
+    ] {
         let w = World::new(VirtualRunner::lasting("slow", Duration::from_secs(15)));
         let jobs = format!(
-            "[[job]]\nname = \"slow\"\nschedule = \"*/10 * * * * *\"\noverlap = \"{overlap}\"\ncommand = [\"/bin/true\"]\n"
+            "[cluster]\nplacement = \"{placement}\"\n[[job]]\nname = \"slow\"\nschedule = \"*/10 * * * * *\"\noverlap = \"{overlap}\"\ncommand = [\"/bin/true\"]\n"
         );
-        let a = w.start("a", &jobs);
-        let b = w.start("b", &jobs);
+        let second = if first == "a" { "b" } else { "a" };
+        let a = w.start(first, &jobs);
+        w.until(t(5.0)).await;
+        let b = w.start(second, &jobs);
         w.until(t(59.0)).await;
         let runs = seen(&w);
         let nodes: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.0.as_str()).collect();
@@ -744,15 +755,23 @@ async fn replace_stops_the_running_run_and_starts_the_due_one_once() {
                 "{overlap}: overlap {pair:?}"
             );
         }
+        // With `spread` a holder that is not the job's preferred node
+        // claims after the head start and 10 ms: 60 ms after each instant.
+        let lag = if placement == "spread" && first == "a" {
+            60
+        } else {
+            0
+        };
         let got: Vec<(i64, i64, End)> = runs.iter().map(|r| (r.2, r.3, r.4.clone())).collect();
         let want: Vec<(i64, i64, End)> = if overlap == "replace" {
             let mut want: Vec<_> = (0..5)
                 .map(|k| {
                     let at = k * 10_000;
-                    (at, at, Some((Outcome::Replaced, at + 10_000)))
+                    let start = if k == 0 { 0 } else { at + lag };
+                    (at, start, Some((Outcome::Replaced, at + 10_000 + lag)))
                 })
                 .collect();
-            want.push((50_000, 50_000, None));
+            want.push((50_000, 50_000 + lag, None));
             want
         } else {
             vec![
@@ -809,8 +828,37 @@ async fn every_node_runs_each_occurrence_once_per_node_and_a_lost_nodes_shard_on
     let nodes = [w.start("a", jobs), w.start("b", jobs), w.start("c", jobs)];
     w.until(t(19.9)).await;
     nodes[2].store.set_reachable(false);
-    w.until(t(39.0)).await;
-    let runs = w.runner.runs();
+    // A manual run of the job at 41.3 s: dispatched to the two nodes left.
+    w.until(t(41.3)).await;
+    let bc = config::JobName::parse("bc").unwrap();
+    {
+        use cronlease::store::Locks;
+        w.store
+            .connection()
+            .request_trigger(&bc, cronlease::store::TriggerId::made_at(t(41.3)))
+            .await
+            .unwrap();
+    }
+    w.until(t(45.0)).await;
+    let all = w.runner.runs();
+    let (manual, runs): (Vec<Run>, Vec<Run>) = all
+        .into_iter()
+        .partition(|r| ms(r.occurrence - t(0.0)) % 10_000 != 0);
+    let mut got: Vec<(String, Option<(u32, u32)>)> =
+        manual.iter().map(|r| (r.node.clone(), r.shard)).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("a".to_string(), Some((0, 2))),
+            ("b".to_string(), Some((1, 2)))
+        ],
+        "{manual:?}"
+    );
+    let runs: Vec<Run> = runs
+        .into_iter()
+        .filter(|r| r.occurrence < t(40.0))
+        .collect();
     /// A shard's run: its node, its lock, its start in ms after the
     /// occurrence.
     type ShardRun = (String, String, i64);
@@ -858,10 +906,10 @@ async fn every_node_runs_each_occurrence_once_per_node_and_a_lost_nodes_shard_on
     }
     // The job's own lock records each occurrence dispatched, naming the
     // shards.
-    let bc = config::JobName::parse("bc").unwrap();
     let own = w.store.connection().history(Some(&bc), 10).await.unwrap();
     let outcomes: Vec<String> = own.iter().map(|r| r.outcome.to_string()).collect();
-    assert_eq!(outcomes, ["dispatched"; 4], "{own:?}");
+    // 0, 10, 20, 30 and 40 s, and the manual run.
+    assert_eq!(outcomes, ["dispatched"; 6], "{own:?}");
     assert!(
         own.iter()
             .any(|r| r.output.contains("a (shard 0), b (shard 1), c (shard 2)")),
@@ -871,6 +919,39 @@ async fn every_node_runs_each_occurrence_once_per_node_and_a_lost_nodes_shard_on
     for n in nodes {
         n.stop().await;
     }
+}
+
+/// A broadcast job's missed occurrence is not caught up at the next one's
+/// claim (its shards would meet that one's): recorded `missed` under the
+/// job's lock; the occurrence itself is dispatched and runs.
+#[tokio::test(start_paused = true)]
+async fn a_broadcast_jobs_missed_occurrence_is_recorded_missed_not_caught_up() {
+    use cronlease::store::History;
+    let w = World::new(VirtualRunner::default());
+    ghost_claimed(&w, "bc", t(-30.0)).await;
+    let jobs = "[[job]]\nname = \"bc\"\nschedule = \"*/10 * * * * *\"\nplacement = \"every_node\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start("a", jobs);
+    w.until(t(5.0)).await;
+    let runs: Vec<(i64, Option<(u32, u32)>)> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| (ms(r.occurrence - t(0.0)), r.shard))
+        .collect();
+    assert_eq!(runs, [(0, Some((0, 1)))]);
+    let bc = config::JobName::parse("bc").unwrap();
+    let own = w.store.connection().history(Some(&bc), 10).await.unwrap();
+    let seen: Vec<(i64, String)> = own
+        .iter()
+        .map(|r| (ms(r.occurrence - t(0.0)), r.outcome.to_string()))
+        .collect();
+    assert!(seen.contains(&(0, "dispatched".into())), "{own:?}");
+    assert!(
+        own.iter()
+            .any(|r| r.outcome.to_string() == "missed" && r.output.contains("not caught up")),
+        "{own:?}"
+    );
+    a.stop().await;
 }
 
 /// With `spread`, a job's preferred node is picked among the nodes that
