@@ -29,7 +29,7 @@ use super::run::{Ended, RunTicket};
 use super::{JobState, Node};
 use crate::config::{Job, JobName};
 use crate::exec::Finished;
-use crate::store::{ClaimOutcome, Outcome, TriggerAnswer, TriggerId};
+use crate::store::{Outcome, TriggerAnswer, TriggerId};
 use crate::telemetry::Rfc3339;
 
 /// How long a shard waits for its own node while that node is live (in
@@ -263,29 +263,11 @@ impl Node {
         let Ok(_gate) = state.claim_gate.clone().try_lock_owned() else {
             return;
         };
-        let job = state.job();
         let Some((at, index, count)) = id.shard_of() else {
             return;
         };
-        let request = self.manual_request(job.name.clone(), id, job.misfire, state.fence_floor());
-        let answer =
-            tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
-        if let Ok(Ok((ClaimOutcome::Won(won), _))) = answer {
-            state.saw_fence(won.fence);
-            let ticket = RunTicket {
-                fence: won.fence,
-                occurrence: at,
-                decision_ms: 0,
-                takeover: false,
-                trigger: Some(id),
-            };
-            self.record_not_run(
-                state,
-                ticket,
-                Outcome::Missed,
-                format!("shard {index} of {count} not run: {why}"),
-            );
-        }
+        let why = format!("shard {index} of {count} not run: {why}");
+        self.claim_as_missed(state, id, Some(at), why).await;
     }
 
     /// The state of shard lock `lock` of broadcast job `job` on this node:

@@ -438,27 +438,16 @@ impl Node {
         };
         let total = job.retry.as_ref().map_or(attempt, |r| r.attempts);
         let what = attempt_word(id);
-        let request = self.manual_request(job.name.clone(), id, job.misfire, state.fence_floor());
-        let answer =
-            tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
+        let answer = self
+            .claim_as_missed(
+                state,
+                id,
+                attempt_occurrence(&job, id).map(|(t, _)| t),
+                format!("{what} {attempt}/{total} (due {due}) not run: {why}"),
+            )
+            .await;
         match answer {
-            Ok(Ok((ClaimOutcome::Won(won), _))) => {
-                state.saw_fence(won.fence);
-                let ticket = RunTicket {
-                    fence: won.fence,
-                    occurrence: attempt_occurrence(&job, id).map_or(won.occurrence, |(t, _)| t),
-                    decision_ms: 0,
-                    takeover: false,
-                    trigger: Some(id),
-                };
-                self.record_not_run(
-                    state,
-                    ticket,
-                    Outcome::Missed,
-                    format!("{what} {attempt}/{total} (due {due}) not run: {why}"),
-                );
-            }
-            Ok(Ok((ClaimOutcome::Lost(lost), _))) if !lost.trigger_gone && self.expired(id) => {
+            Some(ClaimOutcome::Lost(lost)) if !lost.trigger_gone && self.expired(id) => {
                 let withdrawn = self
                     .call(
                         "withdraw_trigger",
@@ -472,6 +461,39 @@ impl Node {
             }
             // Taken meanwhile, or no answer: looked at again next time.
             _ => {}
+        }
+    }
+
+    /// Claims request `id` of `state`'s job (its claim gate held by the
+    /// caller) and, won, records it `missed` with `why`, not run, as of
+    /// `occurrence` (else the claim's). The answer when it did not win;
+    /// `None` without one.
+    pub(super) async fn claim_as_missed(
+        self: &Arc<Self>,
+        state: &Arc<JobState>,
+        id: TriggerId,
+        occurrence: Option<chrono::DateTime<chrono::Utc>>,
+        why: String,
+    ) -> Option<ClaimOutcome> {
+        let job = state.job();
+        let request = self.manual_request(job.name.clone(), id, job.misfire, state.fence_floor());
+        let answer =
+            tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
+        match answer {
+            Ok(Ok((ClaimOutcome::Won(won), _))) => {
+                state.saw_fence(won.fence);
+                let ticket = RunTicket {
+                    fence: won.fence,
+                    occurrence: occurrence.unwrap_or(won.occurrence),
+                    decision_ms: 0,
+                    takeover: false,
+                    trigger: Some(id),
+                };
+                self.record_not_run(state, ticket, Outcome::Missed, why);
+                None
+            }
+            Ok(Ok((other, _))) => Some(other),
+            _ => None,
         }
     }
 
