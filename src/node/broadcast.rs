@@ -89,19 +89,25 @@ impl Node {
         let count = members.len() as u32;
         // A claim handed back by a dead dispatcher's guard: the shards it
         // requested and that ran are not requested again.
-        let ran_already: Vec<JobName> = match ticket.trigger.and_then(TriggerId::redelivery_of) {
-            Some(_) => self.shards_run(&job, &members, ticket.occurrence).await,
-            None => Vec::new(),
-        };
+        // When that cannot be read, none is requested: a shard that ran
+        // would run again (at most once, as the claim it hands back).
+        let ran_already: Option<Vec<JobName>> =
+            match ticket.trigger.and_then(TriggerId::redelivery_of) {
+                Some(_) => self.shards_run(&job, &members, ticket.occurrence).await,
+                None => Some(Vec::new()),
+            };
         let job_ref: &Job = &job;
         let asks = members.iter().enumerate().map(|(i, node)| {
             let job = job_ref;
             let lock = job.name.shard(node);
             let id = TriggerId::shard(ticket.occurrence, i as u32, count);
-            let done = ran_already.contains(&lock);
+            let done = ran_already.as_ref().map(|ran| ran.contains(&lock));
             async move {
                 let said = match id {
-                    _ if done => ": ran already".to_string(),
+                    _ if done == Some(true) => ": ran already".to_string(),
+                    _ if done.is_none() => {
+                        ": not requested (whether it ran could not be read)".to_string()
+                    }
                     Some(id) => self.ask_shard(job, &lock, id).await,
                     None => "not requested (no id)".to_string(),
                 };
@@ -132,13 +138,14 @@ impl Node {
         self.finish(state, ticket, finished).await
     }
 
-    /// The shard locks of `members` whose last run is of `occurrence`.
+    /// The shard locks of `members` whose last run is of `occurrence`;
+    /// `None` when their history could not be read.
     async fn shards_run(
         &self,
         job: &Job,
         members: &[String],
         occurrence: DateTime<Utc>,
-    ) -> Vec<JobName> {
+    ) -> Option<Vec<JobName>> {
         let locks: Vec<JobName> = members.iter().map(|m| job.name.shard(m)).collect();
         match self
             .call(
@@ -148,13 +155,15 @@ impl Node {
             )
             .await
         {
-            Ok(last) => locks
-                .into_iter()
-                .zip(last)
-                .filter(|(_, r)| r.as_ref().is_some_and(|r| r.occurrence == occurrence))
-                .map(|(lock, _)| lock)
-                .collect(),
-            Err(_) => Vec::new(),
+            Ok(last) => Some(
+                locks
+                    .into_iter()
+                    .zip(last)
+                    .filter(|(_, r)| r.as_ref().is_some_and(|r| r.occurrence == occurrence))
+                    .map(|(lock, _)| lock)
+                    .collect(),
+            ),
+            Err(_) => None,
         }
     }
 

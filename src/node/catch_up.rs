@@ -79,7 +79,9 @@ fn unclaimed_why(count: usize, more: bool, first: DateTime<Utc>, latest: DateTim
 /// nobody claimed are recorded ([`Node::record_unclaimed`]).
 fn catch_up_due(entry: &JobEntry, before: DateTime<Utc>, now: DateTime<Utc>) -> Option<Due> {
     let job = entry.state.job();
-    if job.misfire != crate::config::Misfire::RunOnce {
+    // A broadcast job's missed occurrence is not caught up: its shards
+    // would run beside the next one's (docs/protocol.md, "Broadcast").
+    if job.misfire != crate::config::Misfire::RunOnce || job.every_node {
         return None;
     }
     let next = entry.next?;

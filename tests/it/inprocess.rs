@@ -952,6 +952,22 @@ async fn a_broadcast_jobs_missed_occurrence_is_recorded_missed_not_caught_up() {
         "{own:?}"
     );
     a.stop().await;
+
+    // Nor by a node coming back within the first half of the gap (which
+    // runs a plain job's missed occurrence at once).
+    let w = World::new(VirtualRunner::default());
+    ghost_claimed(&w, "bc", t(-10.0)).await;
+    w.until(t(2.0)).await;
+    let a = w.start("a", jobs);
+    w.until(t(12.0)).await;
+    let runs: Vec<i64> = w
+        .runner
+        .runs()
+        .iter()
+        .map(|r| ms(r.occurrence - t(0.0)))
+        .collect();
+    assert_eq!(runs, [10_000], "12:00:00 not caught up at 12:00:02");
+    a.stop().await;
 }
 
 /// With `spread`, a job's preferred node is picked among the nodes that
