@@ -21,9 +21,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[allow(dead_code)]
-#[path = "../tests/it/cluster.rs"]
-mod cluster;
-#[allow(dead_code)]
 mod common;
 #[allow(dead_code)]
 #[path = "../tests/it/support.rs"]

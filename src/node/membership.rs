@@ -331,19 +331,16 @@ impl Node {
     }
 
     /// Stops every run of `job` going here for the occurrence `said` names
-    /// (`overlap = "replace"`); how many.
-    pub(super) fn replace_runs_of(&self, job: &str, said: &str) -> usize {
+    /// (`overlap = "replace"`).
+    pub(super) fn replace_runs_of(&self, job: &str, said: &str) {
         let Ok(running) = self.members.running.lock() else {
-            return 0;
+            return;
         };
-        let mut n = 0;
         for ((of, _), (_, _, slot)) in running.iter() {
             if of == job {
                 slot.replace(said);
-                n += 1;
             }
         }
-        n
     }
 
     /// The stop switch of `job`'s run at `fence`, if it is going here.
