@@ -33,6 +33,16 @@
 //! killed (`--steady sticky`, the default, is the first table itself), to
 //! set spread's start delay against sticky's on the same load.
 //!
+//! `cargo bench --bench scale -- --per-minute [--stores redis,postgres] [--jobs 10000] [--minutes 2]`:
+//! issue 35's real-store run: J jobs each due once a minute (`0 * * * * *`)
+//! with `jitter = "1m"`, so every node moves each job by its name's share of
+//! the minute and the runs spread over it (about J/60 a second); measured
+//! over `--minutes` whole minutes after a warm-up minute: start delay (from
+//! the moved instant) p50/p99/max against the spawn floor of one second's
+//! share (3 processes, each spawning a third of J/60 at one instant),
+//! duplicates, missed occurrences, store calls per second (the nodes'
+//! counts and the server's), daemon CPU per run and the largest RSS.
+//!
 //! `SCALE_RUST_LOG=cronlease=debug SCALE_LOG_DIR=DIR` keeps the node logs,
 //! with each instant's timing (when the timer woke, the claim round trip).
 
@@ -75,6 +85,19 @@ fn main() {
         .map(|j| j.trim().parse().expect("--jobs N,M"))
         .collect();
     let seconds: i64 = common::arg("--seconds", "50").parse().expect("--seconds N");
+    if args.iter().any(|a| a == "--per-minute") {
+        let minutes: i64 = common::arg("--minutes", "2").parse().expect("--minutes N");
+        println!(
+            "| store | jobs a minute | runs | delay p50 | p99 | max | floor p99 (3 × J/180 at once) | p99 / floor | decision p99 | dup | missed | node calls/s (3 nodes) | server count/s | daemon+guard CPU ms/run | max RSS |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for backend in common::stores() {
+            for &j in &jobs {
+                println!("{}", measure_per_minute(backend, j, minutes));
+            }
+        }
+        return;
+    }
     if common::arg("--placement", "sticky") == "spread" {
         println!(
             "| store | jobs | runs per node (n1/n2/n3), instants 1 and 2 | start p99 | floor p99 | ratio | after kill -9 of n2: runs per node | n2's jobs' start p99 / max | after its restart: instants 1 and 2 | dup | missed |"
@@ -140,6 +163,102 @@ fn job_file(n: usize) -> String {
     (0..n)
         .map(|i| format!("[[job]]\nname = \"s{i:04}\"\nschedule = \"*/10 * * * * *\"\ncommand = [\"/bin/true\"]\n"))
         .collect()
+}
+
+/// `n` jobs due once a minute, each moved by its jitter within the minute.
+fn job_file_per_minute(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("[[job]]\nname = \"m{i:05}\"\nschedule = \"0 * * * * *\"\njitter = \"1m\"\ncommand = [\"/bin/true\"]\n"))
+        .collect()
+}
+
+/// Issue 35's real-store run (see the module's doc): 3 nodes × `jobs` a
+/// minute spread by jitter, over `minutes` whole minutes after a warm-up
+/// minute.
+fn measure_per_minute(backend: Backend, jobs: usize, minutes: i64) -> String {
+    let ports: Vec<u16> = NODES.iter().map(|_| support::free_port()).collect();
+    let mut c = cluster::Cluster::new(backend, Some(&job_file_per_minute(jobs)), "");
+    for (node, port) in NODES.iter().zip(&ports) {
+        let path = c.config(node);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+        std::fs::write(&path, text).unwrap();
+    }
+    for node in NODES {
+        c.start(node);
+    }
+    // The minute the nodes start in and the next are the warm-up (lock
+    // rows created, first claims decided): measure from the one after.
+    let now = Utc::now().timestamp();
+    let first = chrono::TimeZone::timestamp_opt(&Utc, (now / 60 + 2) * 60, 0).unwrap();
+    let end = first + TimeDelta::seconds(60 * minutes);
+    sleep_until(first);
+    let cpu0: f64 = NODES.iter().map(|n| daemon_cpu_seconds(c.pid(n))).sum();
+    let (calls0, pings0) = sum_calls(&ports);
+    let server0 = server_count(backend);
+    sleep_until(end);
+    let cpu1: f64 = NODES.iter().map(|n| daemon_cpu_seconds(c.pid(n))).sum();
+    let (calls1, pings1) = sum_calls(&ports);
+    let server1 = server_count(backend);
+    let rss = NODES.iter().map(|n| rss_mib(c.pid(n))).fold(0.0, f64::max);
+    // The last runs of the window end and are recorded.
+    std::thread::sleep(Duration::from_secs(3));
+    let history = Command::new(support::binary())
+        .args(["history", "--json", "--limit", "10000000", "-c"])
+        .arg(c.config("n1"))
+        .output()
+        .expect("cronlease history");
+    c.stop_all();
+    let runs: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap_or_else(|e| {
+        panic!(
+            "history JSON: {e}: {}",
+            String::from_utf8_lossy(&history.stderr)
+        )
+    });
+    let mut delays = Vec::new();
+    let mut decisions = Vec::new();
+    let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
+    for r in runs.as_array().cloned().unwrap_or_default() {
+        let Some(occ) = r["occurrence"]
+            .as_str()
+            .and_then(|o| DateTime::parse_from_rfc3339(o).ok())
+            .map(|t| t.with_timezone(&Utc))
+        else {
+            continue;
+        };
+        if occ < first || occ >= end {
+            continue;
+        }
+        let job = r["job"].as_str().unwrap_or_default().to_string();
+        *seen.entry((job, occ.timestamp())).or_default() += 1;
+        if r["outcome"] == "ok" {
+            delays.push(r["delay_ms"].as_f64().unwrap_or(f64::NAN));
+            decisions.push(r["decision_ms"].as_f64().unwrap_or(f64::NAN));
+        }
+    }
+    let duplicates: usize = seen.values().map(|n| n.saturating_sub(1)).sum();
+    // Each job is due once in every whole minute, wherever its jitter puts it.
+    let missed = (jobs * minutes as usize).saturating_sub(seen.len());
+    // One second's share, split evenly over the 3 nodes, spawned at once.
+    let per_second = jobs.div_ceil(60);
+    let share: Vec<usize> = (0..NODES.len())
+        .map(|i| per_second / NODES.len() + usize::from(i < per_second % NODES.len()))
+        .collect();
+    let (floor, _) = spawn_floor(&share, 5);
+    let (d50, d99, dmax) = common::percentiles(delays.clone());
+    let (_, c99, _) = common::percentiles(decisions);
+    let seconds = (end - first).num_seconds() as f64;
+    let server = match (server0, server1) {
+        (Some(a), Some(b)) => format!("{:.0}", (b - a - (pings1 - pings0)) / seconds),
+        _ => "–".into(),
+    };
+    format!(
+        "| {backend:?} | {jobs} | {} | {d50:.0} ms | {d99:.0} ms | {dmax:.0} ms | {floor:.0} ms ({share:?}) | {:.2} | {c99:.0} ms | {duplicates} | {missed} | {:.1} | {server} | {:.2} | {rss:.1} MiB |",
+        delays.len(),
+        d99 / floor,
+        (calls1 - calls0) / seconds,
+        (cpu1 - cpu0) * 1000.0 / delays.len().max(1) as f64,
+    )
 }
 
 /// utime + stime of a process itself (threads included, children not), in
