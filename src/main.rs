@@ -33,6 +33,13 @@ fn tune_allocator() {
 
 fn main() -> ExitCode {
     tune_allocator();
+    // The job guard the daemon starts (`cronlease __guard`, nothing after
+    // it) goes straight to its loop: the command line parser and its
+    // tables would stay paged into a process that never needs them again.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == "__guard") && args.next().is_none() {
+        return cronlease::app::guard();
+    }
     let cli = cronlease::cli::Cli::parse();
     cronlease::app::main(cli)
 }

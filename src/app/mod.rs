@@ -45,13 +45,17 @@ pub const EXIT_REFUSED: u8 = 77;
 /// Exit code: invalid configuration (sysexits EX_CONFIG).
 pub const EXIT_CONFIG: u8 = 78;
 
+/// The job guard's process (`cronlease __guard`, started by the daemon):
+/// serves the daemon until it is gone ([`guard::serve`]).
+pub fn guard() -> ExitCode {
+    telemetry::init_guard();
+    guard::serve()
+}
+
 /// Runs a parsed command line.
 pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Commands::Guard => {
-            telemetry::init_guard();
-            guard::serve()
-        }
+        Commands::Guard => self::guard(),
         Commands::WaitGuard => crate::systemd::wait_for_guard(crate::systemd::GUARD_WITHIN),
         Commands::UnitRun {
             identifier,
