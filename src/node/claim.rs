@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, Pending};
 use super::membership::Deferral;
+use super::progress::Mark;
 use super::run::RunTicket;
 use super::{JobState, Node, Standing};
 use crate::config::{Delivery, JobName, Misfire};
@@ -70,7 +71,7 @@ pub const FOLLOWER_LEAD: Duration = Duration::from_millis(5);
 /// idle holder until the head start is over, asks again 1 ms after it, and
 /// should be first then (else the job moves to its preferred node one
 /// occurrence later).
-const DEFERRED_LAG: Duration = Duration::from_millis(10);
+pub(super) const DEFERRED_LAG: Duration = Duration::from_millis(10);
 
 /// Time from an occurrence to the next (a minute when there is none).
 pub(super) fn gap(occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
@@ -216,7 +217,7 @@ impl Attempts {
 impl Node {
     /// The monotonic instant at which the wall clock will show (or
     /// showed) `t`.
-    fn instant_of(&self, t: DateTime<Utc>) -> Instant {
+    pub(super) fn instant_of(&self, t: DateTime<Utc>) -> Instant {
         let now = Instant::now();
         let wall = self.wall.now();
         match (t - wall).to_std() {
@@ -333,9 +334,19 @@ impl Node {
         let mut gates = [Vec::new(), Vec::new(), Vec::new()];
         let mut queued_for = [Vec::new(), Vec::new(), Vec::new()];
         let view = self.placement_view();
+        // Occurrences left to their live holder ([`super::progress`]): not
+        // claimed unless the registry says otherwise.
+        let left = if ready {
+            self.to_leave(&due)
+        } else {
+            due.iter().map(|_| None).collect()
+        };
         for (i, d) in due.iter().enumerate() {
             if !ready {
                 break;
+            }
+            if left[i].is_some() {
+                continue;
             }
             let Ok(gate) = d.state.claim_gate.clone().try_lock_owned() else {
                 continue;
@@ -378,11 +389,23 @@ impl Node {
                 queued[i] = Some(Queued { gate, answer, sent });
             }
         }
-        for (d, queued) in due.into_iter().zip(queued) {
+        for ((d, queued), left) in due.into_iter().zip(queued).zip(left) {
             let node = self.clone();
-            self.life.handlers.spawn(async move {
-                node.handle_occurrence(d, queued).await;
-            });
+            match left {
+                Some(left) => self.life.handlers.spawn(async move {
+                    if !node.left_to_holder(&d, &left).await {
+                        node.handle_occurrence(d, None, None).await;
+                    }
+                }),
+                None => {
+                    // Until answered, this node's beats say its claims of
+                    // this instant are not.
+                    let mark = self.progress.mark(d.occurrence, d.state.holds());
+                    self.life.handlers.spawn(async move {
+                        node.handle_occurrence(d, queued, Some(mark)).await;
+                    })
+                }
+            };
         }
     }
 
@@ -450,11 +473,16 @@ impl Node {
     /// due, starting from the claim the scheduler queued, if it did. When
     /// its window closes on a claim that never got an answer, asks once
     /// whether that claim won ([`Node::recheck_unanswered`]).
-    async fn handle_occurrence(self: Arc<Self>, due: Due, queued: Option<Queued>) {
+    async fn handle_occurrence(
+        self: Arc<Self>,
+        due: Due,
+        queued: Option<Queued>,
+        mark: Option<Mark>,
+    ) {
         let (state, stop) = (due.state.clone(), due.stop.clone());
         let (occurrence, previous, next, only) =
             (due.occurrence, due.previous, due.next, due.catch_up_only);
-        let gave_up_unanswered = self.claim_occurrence(due, queued).await;
+        let gave_up_unanswered = self.claim_occurrence(due, queued, mark).await;
         if gave_up_unanswered && !stop.is_cancelled() {
             self.recheck_unanswered(&state, occurrence, previous, next, only)
                 .await;
@@ -508,7 +536,14 @@ impl Node {
     /// Each turn sends a claim (or takes the one the scheduler queued),
     /// awaits its answer, and acts on it: [`Node::send_claim`],
     /// [`Node::await_claim`], [`Node::on_won`], [`Node::on_lost`].
-    async fn claim_occurrence(self: &Arc<Self>, due: Due, mut queued: Option<Queued>) -> bool {
+    /// `mark` (this node's claim of a scheduled occurrence, for its beats'
+    /// progress) is dropped once the claim is decided: won, or lost for good.
+    async fn claim_occurrence(
+        self: &Arc<Self>,
+        due: Due,
+        mut queued: Option<Queued>,
+        mut mark: Option<Mark>,
+    ) -> bool {
         let mut at = Attempts::new(
             self.instant_of(due.occurrence),
             gap(due.occurrence, due.next),
@@ -532,6 +567,9 @@ impl Node {
                 Err(Flow::Done(unanswered)) => return unanswered,
             };
             at.backoff = Duration::from_millis(100);
+            if matches!(outcome, ClaimOutcome::Won(_)) {
+                drop(mark.take());
+            }
             let decision_ms = self.count_answer(&due, &outcome, answered);
             let flow = match outcome {
                 ClaimOutcome::Won(won) => {

@@ -80,18 +80,22 @@ impl Node {
     /// went on its own or in a claim batch ([`Node::beat_for_batch`]), so a
     /// node whose batches come often enough never beats on its own. The
     /// first beat goes once the store is prepared (it may create the
-    /// registry); a failed one is tried again a period later.
+    /// registry); a failed one is tried again a period later. A beat asked
+    /// for ([`super::progress`]) goes at once.
     pub(super) async fn keep_registered(self: Arc<Self>) {
         let (every, _) = beat_timing(self.settings.margin);
         let mut tried: Option<Instant> = None;
         loop {
             let last = self.beaten_at().max(tried);
             let next = last.map_or_else(Instant::now, |at| at + every);
-            tokio::select! {
+            // Asked for at once: the claims of an instant at which this node
+            // held many jobs are answered ([`super::progress`]).
+            let asked = tokio::select! {
                 () = self.life.claims.cancelled() => return,
-                () = tokio::time::sleep_until(next) => {}
-            }
-            if self.beaten_at().is_some_and(|at| at.elapsed() < every) {
+                () = tokio::time::sleep_until(next) => false,
+                () = self.progress.beat_now.notified() => true,
+            };
+            if !asked && self.beaten_at().is_some_and(|at| at.elapsed() < every) {
                 // A claim batch carried one meanwhile.
                 continue;
             }
@@ -284,6 +288,9 @@ impl Node {
             ttl,
             definitions: self.definitions_beat(),
             running: self.running_now(),
+            progress: self
+                .progress
+                .said(self.beat.next_due_ms.load(Ordering::Relaxed)),
         }
     }
 

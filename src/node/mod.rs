@@ -40,6 +40,7 @@ pub mod health;
 pub mod lease;
 mod membership;
 pub mod owed;
+mod progress;
 mod run;
 mod service;
 mod trigger;
@@ -255,6 +256,11 @@ impl JobState {
         matches!(self.rt().standing, Standing::Follower(_))
     }
 
+    /// Whether this node held the lease when it last looked.
+    fn holds(&self) -> bool {
+        matches!(self.rt().standing, Standing::Holder)
+    }
+
     /// The other owner this node last saw hold the job, if any.
     fn holder(&self) -> Option<String> {
         match &self.rt().standing {
@@ -349,6 +355,9 @@ pub struct Node {
     /// The shard locks of broadcast jobs this node took a request of
     /// ([`broadcast`]).
     shards: Mutex<std::collections::HashMap<JobName, Arc<JobState>>>,
+    /// How far its claims have gone, and the registry reads of the
+    /// occurrences it leaves to their holder ([`progress`]).
+    progress: Arc<progress::Progress>,
 }
 
 /// The node's settings, from its configuration.
@@ -604,6 +613,7 @@ impl Node {
             triggers: trigger::InFlight::default(),
             looks: trigger::Looks::default(),
             shards: Mutex::new(std::collections::HashMap::new()),
+            progress: Arc::default(),
         })
     }
 
@@ -1126,6 +1136,8 @@ impl Node {
         if jobs.is_empty() {
             return 0;
         }
+        // Followers that left these jobs to this node claim them again.
+        self.progress.releasing();
         for attempt in 0..3 {
             if let Ok(n) = self
                 .call(

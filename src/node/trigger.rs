@@ -391,6 +391,7 @@ impl Node {
                     tracing::warn!(job = %name, fence = won.fence, "expired request not recorded in history: {e}");
                 }
                 if !state.as_ref().is_some_and(|s| s.is_running()) {
+                    self.progress.releasing();
                     let _ = self
                         .call(
                             "release",

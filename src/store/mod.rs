@@ -63,7 +63,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{JobName, Misfire, NodeName, StoreConfig, StoreKind};
 pub use audit::{Act, Audit, AuditEntry};
 pub use outbox::{Outbox, Parcel};
-pub use registry::{DefinitionsBeat, Heartbeat, NodeRecord, Registry, RunningRun};
+pub use registry::{ClaimProgress, DefinitionsBeat, Heartbeat, NodeRecord, Registry, RunningRun};
 pub use rule::{
     Decision, LockRow, claim_row, claim_rows, clears_running, decide, ends_a_run, trigger_row,
 };

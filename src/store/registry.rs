@@ -54,6 +54,25 @@ pub struct Heartbeat {
     /// The runs going on it now, the longest-running first, at most
     /// [`RUNNING_IN_A_BEAT`].
     pub running: Vec<RunningRun>,
+    /// How far its claims have gone (`None`: it says nothing, as a version
+    /// before 0.x said nothing).
+    pub progress: Option<ClaimProgress>,
+}
+
+/// What a beat says of the node's claims, for followers that leave a live
+/// holder's jobs to it (docs/protocol.md, "Followers leave held jobs to
+/// their holder").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimProgress {
+    /// Every scheduled occurrence at or before this instant (ms since the
+    /// epoch, the occurrences' own time) that this node claimed has its
+    /// answer: a follower that left such an occurrence to it knows it was
+    /// claimed.
+    pub through: i64,
+    /// Bumped before each lease the node gives up while it lives (step-down,
+    /// a job removed or no longer its to run): a follower that saw another
+    /// count claims what it left.
+    pub released: u64,
 }
 
 /// The most running runs a beat carries (the longest-running ones): a beat
@@ -134,6 +153,9 @@ pub struct NodeRecord {
     /// job; `nodes` does not).
     #[serde(skip)]
     pub running: Vec<RunningRun>,
+    /// How far its claims have gone, as its last beat said.
+    #[serde(skip)]
+    pub progress: Option<ClaimProgress>,
 }
 
 /// A record's definitions as `nodes --json` and `/api/nodes` show them.
@@ -174,6 +196,7 @@ impl NodeRecord {
             jobs_held: 0,
             definitions: None,
             running: Vec::new(),
+            progress: None,
         }
     }
 }
@@ -294,6 +317,8 @@ pub(crate) struct BeatData {
         deserialize_with = "lenient_runs"
     )]
     pub running: Vec<RunningRun>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ClaimProgress>,
 }
 
 /// A record's running runs, or none when they are not ones this version
@@ -328,6 +353,7 @@ impl From<&Heartbeat> for BeatData {
             last_seen: None,
             definitions: beat.definitions.clone(),
             running: beat.running.clone(),
+            progress: beat.progress,
         }
     }
 }
@@ -374,6 +400,7 @@ impl BeatData {
             jobs_held: self.jobs_held,
             definitions: self.definitions,
             running: self.running,
+            progress: self.progress,
         }
     }
 }
@@ -418,6 +445,10 @@ mod tests {
                 attempt: 2,
                 elapsed_ms: 1_234,
             }],
+            progress: Some(ClaimProgress {
+                through: 59_999,
+                released: 2,
+            }),
         };
         let stored = BeatData::from(&beat).to_json();
         let read = BeatData::parse(stored.as_bytes()).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
@@ -435,13 +466,18 @@ mod tests {
                 jobs_held: 3,
                 definitions: beat.definitions.clone(),
                 running: beat.running.clone(),
+                progress: beat.progress,
             })
         );
         assert!(BeatData::parse(b"{\"node\": 3}").is_none());
         // An older version's record: no definitions, still listed.
         let old = br#"{"node":"a","version":"0.9","started_at":1,"ttl_ms":1500}"#;
         let read = BeatData::parse(old).map(|d| d.record("a#1", 5_000, 6_500, 6_000));
-        assert!(read.is_some_and(|r| r.definitions.is_none() && r.tags.is_empty()));
+        assert!(
+            read.is_some_and(|r| r.definitions.is_none()
+                && r.tags.is_empty()
+                && r.progress.is_none())
+        );
         // A list of runs this version cannot read: the node is still
         // listed, with none.
         let odd =

@@ -9,9 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use cronlease::config::{JobName, Misfire};
 use cronlease::store::{
-    Act, AuditEntry, ClaimOutcome, ClaimRequest, DefinitionsBeat, Heartbeat, Lost, Outcome, Owner,
-    Parcel, Renewal, RunRecord, RunningRun, Store, StoreError, TriggerAnswer, TriggerId, Won,
-    from_ms,
+    Act, AuditEntry, ClaimOutcome, ClaimProgress, ClaimRequest, DefinitionsBeat, Heartbeat, Lost,
+    Outcome, Owner, Parcel, Renewal, RunRecord, RunningRun, Store, StoreError, TriggerAnswer,
+    TriggerId, Won, from_ms,
 };
 use tokio::sync::Barrier;
 
@@ -1739,6 +1739,7 @@ fn beat(owner: &str, ttl_ms: u64, offset: Option<i64>, held: u32) -> Heartbeat {
         ttl: Duration::from_millis(ttl_ms),
         definitions: None,
         running: Vec::new(),
+        progress: None,
     }
 }
 
@@ -1929,6 +1930,10 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
     let first = a
         .heartbeat(&Heartbeat {
             tags: vec!["db".into(), "eu-west".into()],
+            progress: Some(ClaimProgress {
+                through: 1_764_000_000_123,
+                released: 7,
+            }),
             ..beat("web-2#a1", 30_000, Some(-3), 2)
         })
         .await
@@ -1957,6 +1962,15 @@ pub async fn node_registry_lists_live_nodes_until_their_beats_stop(h: &Harness) 
         )
     );
     assert!(listed[0].tags.is_empty(), "{listed:?}");
+    // How far its claims went: both numbers as written, or nothing.
+    assert_eq!(
+        web2.progress,
+        Some(ClaimProgress {
+            through: 1_764_000_000_123,
+            released: 7
+        })
+    );
+    assert_eq!(listed[0].progress, None, "{listed:?}");
     assert!(
         web2.expires_in_ms > 25_000 && web2.expires_in_ms <= 30_000,
         "{web2:?}"
@@ -2137,8 +2151,18 @@ pub async fn a_claim_batch_carries_the_heartbeat(h: &Harness) {
         Some("web-3#a1")
     );
     // No claims: the beat alone, a fresher record.
+    let progress = Some(ClaimProgress {
+        through: 1_764_000_060_000,
+        released: 0,
+    });
     let (claimed, nodes) = a
-        .claim_beating(&[], &beat("web-3#a1", 30_000, Some(9), 2))
+        .claim_beating(
+            &[],
+            &Heartbeat {
+                progress,
+                ..beat("web-3#a1", 30_000, Some(9), 2)
+            },
+        )
         .await
         .unwrap();
     assert!(claimed.outcomes.is_empty());
@@ -2148,6 +2172,7 @@ pub async fn a_claim_batch_carries_the_heartbeat(h: &Harness) {
         .find(|n| n.owner == "web-3#a1")
         .unwrap();
     assert_eq!((mine.clock_offset_ms, mine.jobs_held), (Some(9), 2));
+    assert_eq!(mine.progress, progress);
 }
 
 macro_rules! conformance {

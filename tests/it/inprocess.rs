@@ -6,7 +6,7 @@
 //! step-down, a lost claim reply. Real processes and real stores are the
 //! end-to-end tests' and drills' part.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -450,6 +450,134 @@ async fn a_follower_claims_after_the_holders_lead() {
     );
     a.stop().await;
     b.stop().await;
+}
+
+/// Claim requests the store took from `from` to `to`, by node... as the
+/// call log counts them: (requests in claim calls, `nodes` reads).
+fn claims_and_reads(w: &World, from: DateTime<Utc>, to: DateTime<Utc>) -> (usize, usize) {
+    let log = w.store.call_log();
+    let within = log.iter().filter(|c| c.at >= from && c.at < to);
+    let claims = within
+        .clone()
+        .filter(|c| c.op == "claim")
+        .map(|c| c.requests)
+        .sum();
+    let reads = within.filter(|c| c.op == "nodes").count();
+    (claims, reads)
+}
+
+/// A follower with many jobs of one live holder due at an instant leaves
+/// them to it (docs/protocol.md, "Followers leave held jobs to their
+/// holder"): the store takes the holder's 20 claims an instant, not 40,
+/// and two registry reads from the follower. It claims them again, on
+/// time, when the holder steps down (its releases count moves), when the
+/// holder is cut off from the store (after the idle holder's head start,
+/// as before), and when it stops (its record gone).
+#[tokio::test(start_paused = true)]
+async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes() {
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(20));
+    w.until(t(1.0)).await;
+    let b = w.start("b", &jobs(20));
+    // 12:00:10: b claims as it has not seen a hold them; then it leaves
+    // them to a at 12:00:20 and 12:00:30.
+    w.until(t(35.0)).await;
+    let (claims, reads) = claims_and_reads(&w, t(9.9), t(10.9));
+    assert!(claims >= 40 && reads == 0, "{claims} {reads}");
+    assert_eq!(claims_and_reads(&w, t(19.9), t(20.9)), (20, 2));
+    assert_eq!(claims_and_reads(&w, t(29.9), t(30.9)), (20, 2));
+    let runs = w.runner.runs();
+    assert_eq!(runs.len(), 80, "each of 4 occurrences of 20 jobs once");
+    assert!(
+        runs.iter()
+            .all(|r| r.node == "a" && r.started == r.occurrence),
+        "{runs:?}"
+    );
+    // A step-down: a gives its leases up; b sees a's count of releases
+    // move at its first read, 5 ms after the instant, and claims then.
+    w.until(t(39.5)).await;
+    a.node.step_down().await;
+    w.until(t(45.0)).await;
+    let at_forty: BTreeSet<(String, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .filter(|r| r.occurrence == t(40.0))
+        .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
+        .collect();
+    assert_eq!(at_forty.len(), 1, "{at_forty:?}");
+    let (node, late) = at_forty.first().unwrap().clone();
+    assert_eq!(node, "b");
+    assert!((5..=20).contains(&late), "b ran 12:00:40 {late} ms late");
+    assert_eq!(
+        w.runner
+            .runs()
+            .iter()
+            .filter(|r| r.occurrence == t(40.0))
+            .count(),
+        20
+    );
+    // From 12:00:50 on a, stepped down, leaves them to b.
+    w.until(t(65.0)).await;
+    assert_eq!(claims_and_reads(&w, t(49.9), t(50.9)), (20, 2));
+    assert_eq!(claims_and_reads(&w, t(59.9), t(60.9)), (20, 2));
+    let runs_at = |at: f64| -> Vec<(String, i64)> {
+        w.runner
+            .runs()
+            .iter()
+            .filter(|r| r.occurrence == t(at))
+            .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
+            .collect()
+    };
+    assert_eq!(runs_at(60.0), vec![("b".to_string(), 0); 20]);
+    // b cut off from the store a second before 12:01:10: its record lives
+    // on (two beat periods and a third of the margin), but at
+    // the second read, after b's head start, b has said nothing of
+    // 12:01:10, and a claims them then (b's idle lease protects nothing
+    // past its head start).
+    w.until(t(69.0)).await;
+    b.store.set_reachable(false);
+    w.until(t(71.0)).await;
+    assert_eq!(claims_and_reads(&w, t(69.9), t(70.9)).1, 2);
+    let at_seventy = runs_at(70.0);
+    assert_eq!(at_seventy.len(), 20, "{at_seventy:?}");
+    assert!(
+        at_seventy
+            .iter()
+            .all(|(n, late)| n == "a" && (50..=100).contains(late)),
+        "{at_seventy:?}"
+    );
+    b.store.set_reachable(true);
+    b.stop().await;
+    // c joins, claims at 12:01:20, finds a holding them, and leaves them
+    // to a at 12:01:30 and 12:01:40. a stops 50 ms before 12:01:50: c's
+    // view of its last beat still has a, but its first read, 5 ms after
+    // the instant, does not (a stopping deletes its record), and c claims
+    // then.
+    w.until(t(72.0)).await;
+    let c = w.start("c", &jobs(20));
+    w.until(t(99.95)).await;
+    assert_eq!(claims_and_reads(&w, t(89.9), t(90.9)), (20, 2));
+    a.stop().await;
+    w.until(t(105.0)).await;
+    let at_hundred = runs_at(100.0);
+    assert_eq!(at_hundred.len(), 20, "{at_hundred:?}");
+    assert!(
+        at_hundred
+            .iter()
+            .all(|(n, late)| n == "c" && (5..=20).contains(late)),
+        "{at_hundred:?}"
+    );
+    // Every occurrence from 12:00:00 to 12:01:40 once.
+    let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
+    for r in w.runner.runs() {
+        *seen
+            .entry((r.job.clone(), ms(r.occurrence - t(0.0))))
+            .or_default() += 1;
+    }
+    assert_eq!(seen.len(), 20 * 11, "{seen:?}");
+    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
+    c.stop().await;
 }
 
 /// An idle node (default 1 s margin) asks the store once a second: its

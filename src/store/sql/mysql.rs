@@ -15,7 +15,7 @@ pub static DIALECT: Dialect = Dialect {
     insert_ignore: "INSERT IGNORE INTO",
     ignore_conflict: "",
     upsert_lock: " ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), expires_at = VALUES(expires_at), last_occurrence = VALUES(last_occurrence), modified_at = VALUES(modified_at), running = VALUES(running), trigger_id = VALUES(trigger_id), last_trigger = VALUES(last_trigger)",
-    upsert_node: " ON DUPLICATE KEY UPDATE node = VALUES(node), version = VALUES(version), started_at = VALUES(started_at), last_seen = VALUES(last_seen), expires_at = VALUES(expires_at), clock_offset_ms = VALUES(clock_offset_ms), jobs_held = VALUES(jobs_held), definitions = VALUES(definitions), running_runs = VALUES(running_runs), tags = VALUES(tags)",
+    upsert_node: " ON DUPLICATE KEY UPDATE node = VALUES(node), version = VALUES(version), started_at = VALUES(started_at), last_seen = VALUES(last_seen), expires_at = VALUES(expires_at), clock_offset_ms = VALUES(clock_offset_ms), jobs_held = VALUES(jobs_held), definitions = VALUES(definitions), running_runs = VALUES(running_runs), tags = VALUES(tags), claimed_through = VALUES(claimed_through), releases = VALUES(releases)",
     numbered_params: false,
     json_lock_rows: None,
     json_names: None,
@@ -52,6 +52,10 @@ pub static DIALECT: Dialect = Dialect {
         ),
         (13, include_str!("../../../migrations/mysql/0013_audit.sql")),
         (14, include_str!("../../../migrations/mysql/0014_tags.sql")),
+        (
+            15,
+            include_str!("../../../migrations/mysql/0015_progress.sql"),
+        ),
     ],
 };
 

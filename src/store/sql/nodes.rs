@@ -3,7 +3,7 @@
 use super::*;
 
 /// The columns of a node registry row, as `nodes` reads them.
-pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions, running_runs, tags";
+pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions, running_runs, tags, claimed_through, releases";
 
 #[async_trait]
 impl Registry for SqlStore {
@@ -129,7 +129,7 @@ impl SqlStore {
             .iter()
             .map(|r| -> Result<NodeRecord, sqlx::Error> {
                 let expires_at: i64 = r.try_get(5)?;
-                let now: i64 = r.try_get(11)?;
+                let now: i64 = r.try_get(13)?;
                 // JSON of what the beat said of its definitions; an
                 // unreadable one (a hand edit) says nothing.
                 let definitions: Option<String> = r.try_get(8)?;
@@ -154,6 +154,17 @@ impl SqlStore {
                         .try_get::<Option<String>, _>(9)?
                         .and_then(|d| serde_json::from_str(&d).ok())
                         .unwrap_or_default(),
+                    // Both or nothing (an earlier version wrote neither).
+                    progress: match (
+                        r.try_get::<Option<i64>, _>(11)?,
+                        r.try_get::<Option<i64>, _>(12)?,
+                    ) {
+                        (Some(through), Some(released)) => Some(registry::ClaimProgress {
+                            through,
+                            released: u64::try_from(released).unwrap_or(0),
+                        }),
+                        _ => None,
+                    },
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -173,7 +184,7 @@ impl SqlStore {
         let now = self.file_clock_now()?;
         sqlx::query(self.sql(
             format!(
-                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?, ?){}",
+                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?, ?, ?, ?){}",
                 self.dialect.upsert_node
             ),
             now,
@@ -199,6 +210,11 @@ impl SqlStore {
             (!beat.tags.is_empty())
                 .then(|| serde_json::to_string(&beat.tags).ok())
                 .flatten(),
+        )
+        .bind(beat.progress.map(|p| p.through))
+        .bind(
+            beat.progress
+                .map(|p| i64::try_from(p.released).unwrap_or(i64::MAX)),
         )
         .execute(&mut *conn)
         .await?;

@@ -13,7 +13,7 @@ pub static DIALECT: Dialect = Dialect {
     insert_ignore: "INSERT INTO",
     ignore_conflict: " ON CONFLICT ({key}) DO NOTHING",
     upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at, running = excluded.running, trigger_id = excluded.trigger_id, last_trigger = excluded.last_trigger",
-    upsert_node: " ON CONFLICT (owner) DO UPDATE SET node = excluded.node, version = excluded.version, started_at = excluded.started_at, last_seen = excluded.last_seen, expires_at = excluded.expires_at, clock_offset_ms = excluded.clock_offset_ms, jobs_held = excluded.jobs_held, definitions = excluded.definitions, running_runs = excluded.running_runs, tags = excluded.tags",
+    upsert_node: " ON CONFLICT (owner) DO UPDATE SET node = excluded.node, version = excluded.version, started_at = excluded.started_at, last_seen = excluded.last_seen, expires_at = excluded.expires_at, clock_offset_ms = excluded.clock_offset_ms, jobs_held = excluded.jobs_held, definitions = excluded.definitions, running_runs = excluded.running_runs, tags = excluded.tags, claimed_through = excluded.claimed_through, releases = excluded.releases",
     numbered_params: true,
     json_lock_rows: Some(
         "json_to_recordset(?::json) AS r(lock_name TEXT, owner TEXT, fence BIGINT, expires_at BIGINT, last_occurrence BIGINT, modified_at BIGINT, running BIGINT, trigger_id BIGINT, last_trigger BIGINT)",
@@ -76,6 +76,10 @@ pub static DIALECT: Dialect = Dialect {
         (
             14,
             include_str!("../../../migrations/postgres/0014_tags.sql"),
+        ),
+        (
+            15,
+            include_str!("../../../migrations/postgres/0015_progress.sql"),
         ),
     ],
 };

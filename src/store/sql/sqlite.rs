@@ -35,7 +35,7 @@ pub static DIALECT: Dialect = Dialect {
     insert_ignore: "INSERT OR IGNORE INTO",
     ignore_conflict: "",
     upsert_lock: " ON CONFLICT (lock_name) DO UPDATE SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at, last_occurrence = excluded.last_occurrence, modified_at = excluded.modified_at, running = excluded.running, trigger_id = excluded.trigger_id, last_trigger = excluded.last_trigger",
-    upsert_node: " ON CONFLICT (owner) DO UPDATE SET node = excluded.node, version = excluded.version, started_at = excluded.started_at, last_seen = excluded.last_seen, expires_at = excluded.expires_at, clock_offset_ms = excluded.clock_offset_ms, jobs_held = excluded.jobs_held, definitions = excluded.definitions, running_runs = excluded.running_runs, tags = excluded.tags",
+    upsert_node: " ON CONFLICT (owner) DO UPDATE SET node = excluded.node, version = excluded.version, started_at = excluded.started_at, last_seen = excluded.last_seen, expires_at = excluded.expires_at, clock_offset_ms = excluded.clock_offset_ms, jobs_held = excluded.jobs_held, definitions = excluded.definitions, running_runs = excluded.running_runs, tags = excluded.tags, claimed_through = excluded.claimed_through, releases = excluded.releases",
     numbered_params: false,
     json_lock_rows: None,
     json_names: None,
@@ -84,6 +84,10 @@ pub static DIALECT: Dialect = Dialect {
             include_str!("../../../migrations/sqlite/0013_audit.sql"),
         ),
         (14, include_str!("../../../migrations/sqlite/0014_tags.sql")),
+        (
+            15,
+            include_str!("../../../migrations/sqlite/0015_progress.sql"),
+        ),
     ],
 };
 

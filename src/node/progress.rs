@@ -1,0 +1,313 @@
+//! Followers leave a live holder's jobs to it (docs/protocol.md, "Followers
+//! leave held jobs to their holder"): how far this node's own claims have
+//! gone, said in its beats, and the occurrences it does not claim because
+//! their holder says it claimed them.
+//!
+//! Every node claimed each occurrence of every job it may run, so a store
+//! took as many claims per occurrence as there were nodes, all but one
+//! refused. Now, at an instant where a follower has at least
+//! [`LEAVE_AT_LEAST`] jobs due that one other live node held when it last
+//! looked, it sends none of their claims. It reads the registry twice
+//! instead, once for all of them:
+//! 1. at [`super::claim::FOLLOWER_LEAD`] after the instant: a holder gone
+//!    from it (a crashed daemon's guard deletes its record as it hands its
+//!    leases over) or one that gave a lease up since ([`ClaimProgress`]'s
+//!    `released` moved) has its jobs claimed at once, as before;
+//! 2. after the holder's head start (an idle holder's lease protects
+//!    nothing past it): a holder whose beat says its claims up to the
+//!    instant are answered (`through`) has claimed them, and this node is
+//!    done with them; any other answer (no such beat yet, a read that
+//!    failed) and they are claimed, as before.
+//!
+//! A holder beats as soon as the last claim of an instant at which it held
+//! at least [`LEAVE_AT_LEAST`] jobs is answered, so the second read finds
+//! it. What a follower leaves is never a claim it did not make that could
+//! have won where no other node claimed: the holder's word is that it
+//! claimed the occurrence, and the store decided it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Notify, OnceCell};
+use tokio::time::Instant;
+
+use super::Node;
+use super::claim::{DEFERRED_LAG, Due, FOLLOWER_LEAD};
+use crate::config::Placement;
+use crate::store::{ClaimProgress, NodeRecord};
+
+/// A follower leaves a holder's jobs to it only at an instant where at
+/// least this many of them are due: below it, their claims (one batch)
+/// cost the store less than the two registry reads that replace them.
+pub const LEAVE_AT_LEAST: usize = 8;
+
+/// Registry reads shared by the occurrences that wait on them: by instant
+/// (ms) and which of its two reads.
+type Reads = BTreeMap<(i64, u8), Arc<OnceCell<Option<Arc<Vec<NodeRecord>>>>>>;
+
+/// This node's claims in flight, by instant, and what its beats say of
+/// them.
+#[derive(Default)]
+pub(super) struct Progress {
+    /// Scheduled occurrences claimed and not yet answered, by instant (ms):
+    /// how many, and how many of those jobs this node held.
+    pending: Mutex<BTreeMap<i64, (usize, usize)>>,
+    /// Leases given up while alive ([`ClaimProgress::released`]).
+    released: AtomicU64,
+    /// Asks the heartbeat loop for a beat now.
+    pub(super) beat_now: Notify,
+    reads: tokio::sync::Mutex<Reads>,
+}
+
+/// One claimed occurrence not yet answered: holds the node's `through`
+/// below its instant until dropped.
+pub(super) struct Mark {
+    progress: Arc<Progress>,
+    at: i64,
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        let Ok(mut pending) = self.progress.pending.lock() else {
+            return;
+        };
+        let Some((open, held)) = pending.get_mut(&self.at) else {
+            return;
+        };
+        *open = open.saturating_sub(1);
+        if *open > 0 {
+            return;
+        }
+        let held = *held;
+        pending.remove(&self.at);
+        drop(pending);
+        if held >= LEAVE_AT_LEAST {
+            // Followers may have left these to this node: say it claimed
+            // them now, not at the next beat.
+            self.progress.beat_now.notify_one();
+        }
+    }
+}
+
+impl Progress {
+    /// Notes a claim of an occurrence at `at` (`held`: of a job this node
+    /// holds), answered when the mark is dropped.
+    pub(super) fn mark(self: &Arc<Self>, at: DateTime<Utc>, held: bool) -> Mark {
+        let at = at.timestamp_millis();
+        if let Ok(mut pending) = self.pending.lock() {
+            let entry = pending.entry(at).or_default();
+            entry.0 += 1;
+            entry.1 += usize::from(held);
+        }
+        Mark {
+            progress: self.clone(),
+            at,
+        }
+    }
+
+    /// What the beat says now, with the scheduler's next instant at
+    /// `next_due_ms`: every occurrence before the earliest one still
+    /// unanswered, and before the next one not yet taken, has its answer.
+    pub(super) fn said(&self, next_due_ms: i64) -> Option<ClaimProgress> {
+        let pending = self.pending.lock().ok()?;
+        let open = pending.keys().next().copied().unwrap_or(i64::MAX);
+        Some(ClaimProgress {
+            through: open.min(next_due_ms).saturating_sub(1),
+            released: self.released.load(Ordering::SeqCst),
+        })
+    }
+
+    /// A lease is given up while this node lives: followers claim what they
+    /// left to it.
+    pub(super) fn releasing(&self) {
+        self.released.fetch_add(1, Ordering::SeqCst);
+        self.beat_now.notify_one();
+    }
+}
+
+/// An occurrence left to its holder: who, and its `released` count then.
+#[derive(Debug, Clone)]
+pub(super) struct Left {
+    holder: String,
+    released: u64,
+}
+
+impl Left {
+    /// Whether `nodes` say the holder still has what this node left to it:
+    /// alive, with no lease given up since, and (`through`) its claims up to
+    /// the occurrence answered.
+    fn kept(&self, nodes: &[NodeRecord], occurrence: i64, through: bool) -> bool {
+        nodes
+            .iter()
+            .find(|n| n.owner == self.holder)
+            .and_then(|n| n.progress)
+            .is_some_and(|p| p.released == self.released && (!through || p.through >= occurrence))
+    }
+}
+
+impl Node {
+    /// Which of an instant's due occurrences this node leaves to their
+    /// holder (see the module's doc): `None` for each it claims.
+    pub(super) fn to_leave(&self, due: &[Due]) -> Vec<Option<Left>> {
+        let mut left: Vec<Option<Left>> = due.iter().map(|_| None).collect();
+        if self.settings.placement != Placement::Sticky {
+            return left;
+        }
+        let Ok(live) = self.members.live_nodes.lock() else {
+            return left;
+        };
+        let mut by_holder: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, d) in due.iter().enumerate() {
+            if d.catch_up_only || d.state.job().every_node {
+                continue;
+            }
+            if let Some(holder) = d.state.holder()
+                && holder != self.owner.as_str()
+            {
+                by_holder.entry(holder).or_default().push(i);
+            }
+        }
+        for (holder, indices) in by_holder {
+            if indices.len() < LEAVE_AT_LEAST {
+                continue;
+            }
+            let Some(progress) = live
+                .iter()
+                .find(|n| n.owner == holder)
+                .and_then(|n| n.progress)
+            else {
+                continue;
+            };
+            for i in indices {
+                left[i] = Some(Left {
+                    holder: holder.clone(),
+                    released: progress.released,
+                });
+            }
+        }
+        left
+    }
+
+    /// Waits for the registry's word on an occurrence left to its holder:
+    /// true when the holder claimed it (nothing to do), false when this
+    /// node claims it after all.
+    pub(super) async fn left_to_holder(&self, due: &Due, left: &Left) -> bool {
+        let instant = self.instant_of(due.occurrence);
+        let at = due.occurrence.timestamp_millis();
+        for (read, after, through) in [
+            (0, FOLLOWER_LEAD, false),
+            (1, self.settings.head_start + DEFERRED_LAG, true),
+        ] {
+            let nodes = tokio::select! {
+                () = due.stop.cancelled() => return true,
+                nodes = self.registry_read((at, read), instant + after) => nodes,
+            };
+            if !nodes.is_some_and(|nodes| left.kept(&nodes, at, through)) {
+                return false;
+            }
+        }
+        self.count_claim(&due.state.job().name, "left");
+        true
+    }
+
+    /// The live records as read once, at `at`, for the read `key` (an
+    /// instant and which of its reads: every occurrence of that instant
+    /// shares it); `None` if the read failed.
+    async fn registry_read(&self, key: (i64, u8), at: Instant) -> Option<Arc<Vec<NodeRecord>>> {
+        let cell = {
+            let mut reads = self.progress.reads.lock().await;
+            // The reads of instants over a minute old are not asked for again.
+            reads.retain(|(t, _), _| *t >= key.0 - 60_000);
+            reads.entry(key).or_default().clone()
+        };
+        tokio::time::sleep_until(at).await;
+        cell.get_or_init(|| async {
+            self.call("nodes", self.settings.op_timeout, self.store.nodes())
+                .await
+                .ok()
+                .map(Arc::new)
+        })
+        .await
+        .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        chrono::TimeZone::timestamp_millis_opt(&Utc, ms).unwrap()
+    }
+
+    #[test]
+    fn through_stops_below_the_earliest_unanswered_claim_and_the_next_instant() {
+        let p = Arc::new(Progress::default());
+        let said = |next| p.said(next).unwrap().through;
+        assert_eq!(said(10_000), 9_999, "nothing open: up to the next instant");
+        let a = p.mark(at(5_000), true);
+        let b = p.mark(at(5_000), false);
+        let c = p.mark(at(6_000), true);
+        assert_eq!(said(10_000), 4_999);
+        drop(a);
+        assert_eq!(said(10_000), 4_999, "one claim of 5 s still open");
+        drop(b);
+        assert_eq!(said(10_000), 5_999);
+        drop(c);
+        assert_eq!(said(10_000), 9_999);
+        assert_eq!(said(i64::MAX), i64::MAX - 1);
+    }
+
+    #[tokio::test]
+    async fn an_answered_instant_of_many_held_jobs_asks_for_a_beat_and_a_release_counts() {
+        let p = Arc::new(Progress::default());
+        let few: Vec<Mark> = (0..LEAVE_AT_LEAST - 1)
+            .map(|_| p.mark(at(1_000), true))
+            .collect();
+        drop(few);
+        let beat =
+            tokio::time::timeout(std::time::Duration::from_millis(20), p.beat_now.notified());
+        assert!(beat.await.is_err(), "too few held: no beat of its own");
+        let many: Vec<Mark> = (0..LEAVE_AT_LEAST)
+            .map(|_| p.mark(at(2_000), true))
+            .collect();
+        drop(many);
+        let beat =
+            tokio::time::timeout(std::time::Duration::from_millis(20), p.beat_now.notified());
+        assert!(beat.await.is_ok(), "a beat asked for");
+        assert_eq!(p.said(0).unwrap().released, 0);
+        p.releasing();
+        assert_eq!(p.said(0).unwrap().released, 1);
+    }
+
+    #[test]
+    fn a_holder_keeps_what_was_left_only_alive_unreleased_and_through_it() {
+        let left = Left {
+            holder: "h#1".into(),
+            released: 3,
+        };
+        let with = |through, released| {
+            let mut r = NodeRecord::test_record("h#1", "h");
+            r.progress = Some(ClaimProgress { through, released });
+            vec![NodeRecord::test_record("f#1", "f"), r]
+        };
+        assert!(left.kept(&with(999, 3), 1_000, false));
+        assert!(!left.kept(&with(999, 3), 1_000, true));
+        assert!(left.kept(&with(1_000, 3), 1_000, true));
+        assert!(!left.kept(&with(5_000, 4), 1_000, true), "released since");
+        assert!(!left.kept(&with(5_000, 4), 1_000, false));
+        assert!(
+            !left.kept(&[NodeRecord::test_record("f#1", "f")], 1_000, false),
+            "gone"
+        );
+        let mut silent = NodeRecord::test_record("h#1", "h");
+        silent.progress = None;
+        assert!(
+            !left.kept(&[silent], 1_000, false),
+            "an older version says nothing"
+        );
+    }
+}
