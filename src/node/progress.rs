@@ -218,8 +218,9 @@ impl Node {
     async fn registry_read(&self, key: (i64, u8), at: Instant) -> Option<Arc<Vec<NodeRecord>>> {
         let cell = {
             let mut reads = self.progress.reads.lock().await;
-            // The reads of instants over a minute old are not asked for again.
-            reads.retain(|(t, _), _| *t >= key.0 - 60_000);
+            // An occurrence asks for its reads within a head start of its
+            // instant: those of instants 10 s older are not asked for again.
+            reads.retain(|(t, _), _| *t >= key.0 - 10_000);
             reads.entry(key).or_default().clone()
         };
         tokio::time::sleep_until(at).await;
