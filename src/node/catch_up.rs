@@ -87,6 +87,7 @@ fn catch_up_due(entry: &JobEntry, before: DateTime<Utc>, now: DateTime<Utc>) -> 
     let next = entry.next?;
     let occurrence = job.schedule.previous_before(next).filter(|p| *p < before)?;
     catch_up_open(&job, occurrence, Some(next), now).then(|| Due {
+        released_seen: Arc::default(),
         state: entry.state.clone(),
         stop: entry.handlers_stop.clone(),
         occurrence,

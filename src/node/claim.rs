@@ -73,6 +73,11 @@ pub const FOLLOWER_LEAD: Duration = Duration::from_millis(5);
 /// occurrence later).
 pub(super) const DEFERRED_LAG: Duration = Duration::from_millis(10);
 
+/// `holder`'s count of leases given up as `due`'s claims saw it.
+fn released_seen(due: &Due, holder: Option<&str>) -> Option<u64> {
+    due.released_seen.get(holder?).copied()
+}
+
 /// Time from an occurrence to the next (a minute when there is none).
 pub(super) fn gap(occurrence: DateTime<Utc>, next: Option<DateTime<Utc>>) -> Duration {
     next.and_then(|n| (n - occurrence).to_std().ok())
@@ -144,6 +149,10 @@ pub(super) struct Due {
     /// `at_least_once` the one before it may be redelivered first), naming
     /// `previous` so the occurrences before it nobody claimed are recorded.
     pub(super) catch_up_only: bool,
+    /// Each live node's count of leases given up, as this node's view had
+    /// it before any claim of this occurrence was sent: what a follower
+    /// keeps with its belief in the holder ([`super::progress`]).
+    pub(super) released_seen: Arc<std::collections::BTreeMap<String, u64>>,
 }
 
 /// A claim the scheduler already queued for a handler, with the job's gate.
@@ -312,6 +321,7 @@ impl Node {
                 previous: schedule.previous_before(occurrence),
                 next,
                 catch_up_only: false,
+                released_seen: Arc::default(),
             });
         }
         due
@@ -322,7 +332,11 @@ impl Node {
     /// right now (claiming paused, clock out of bounds, store not prepared,
     /// a claim of the job still in flight) go to their handler without a
     /// queued claim: it waits and claims on its own.
-    pub(super) fn claim_instant(self: &Arc<Self>, due: Vec<Due>) {
+    pub(super) fn claim_instant(self: &Arc<Self>, mut due: Vec<Due>) {
+        let seen = self.released_seen();
+        for d in &mut due {
+            d.released_seen = seen.clone();
+        }
         let ready = self.ready_to_claim();
         let sent = Instant::now();
         // [0]: jobs this node holds or has not seen held, sent at once;
@@ -389,22 +403,30 @@ impl Node {
                 queued[i] = Some(Queued { gate, answer, sent });
             }
         }
-        for ((d, queued), left) in due.into_iter().zip(queued).zip(left) {
+        // Until decided, this node's beats say its claims of this instant
+        // are not: every mark first, so the instant's count of held jobs is
+        // whole when an early answer comes.
+        let marks: Vec<Option<Mark>> = due
+            .iter()
+            .zip(&left)
+            .map(|(d, left)| {
+                left.is_none()
+                    .then(|| self.progress.mark(d.occurrence, d.state.holds()))
+            })
+            .collect();
+        for (((d, queued), left), mark) in due.into_iter().zip(queued).zip(left).zip(marks) {
             let node = self.clone();
             match left {
                 Some(left) => self.life.handlers.spawn(async move {
                     if !node.left_to_holder(&d, &left).await {
-                        node.handle_occurrence(d, None, None).await;
+                        // Claimed after all: marked as any claim of it.
+                        let mark = node.progress.mark(d.occurrence, false);
+                        node.handle_occurrence(d, None, Some(mark)).await;
                     }
                 }),
-                None => {
-                    // Until answered, this node's beats say its claims of
-                    // this instant are not.
-                    let mark = self.progress.mark(d.occurrence, d.state.holds());
-                    self.life.handlers.spawn(async move {
-                        node.handle_occurrence(d, queued, Some(mark)).await;
-                    })
-                }
+                None => self.life.handlers.spawn(async move {
+                    node.handle_occurrence(d, queued, mark).await;
+                }),
             };
         }
     }
@@ -511,6 +533,10 @@ impl Node {
         match answer {
             Ok(Ok((ClaimOutcome::Won(won), answered))) => {
                 state.saw_fence(won.fence);
+                // It holds the lease: a follower that lost to it leaves the
+                // job to it (docs/protocol.md, "Followers leave held jobs to
+                // their holder"), so it must claim the next occurrence.
+                state.note_standing(Standing::Holder, won.fence);
                 let decision_ms = (answered - occurrence).num_milliseconds().max(0) as u64;
                 tracing::warn!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(won.occurrence), "a claim answered only after its occurrence was over: not run, recorded as lease_lost");
                 self.record(
@@ -537,12 +563,35 @@ impl Node {
     /// awaits its answer, and acts on it: [`Node::send_claim`],
     /// [`Node::await_claim`], [`Node::on_won`], [`Node::on_lost`].
     /// `mark` (this node's claim of a scheduled occurrence, for its beats'
-    /// progress) is dropped once the claim is decided: won, or lost for good.
+    /// progress) is dropped once the store decided the occurrence: won, or
+    /// lost for good. Given up without a decision (the window over on this
+    /// node's clock, store errors, stopped), it counts as a lease given up
+    /// ([`super::progress`]): a follower that left the occurrence to this
+    /// node claims it.
     async fn claim_occurrence(
         self: &Arc<Self>,
         due: Due,
-        mut queued: Option<Queued>,
+        queued: Option<Queued>,
         mut mark: Option<Mark>,
+    ) -> bool {
+        let mut decided = false;
+        let unanswered = self
+            .claim_occurrence_loop(due, queued, &mut mark, &mut decided)
+            .await;
+        if mark.is_some() && !decided {
+            self.progress.releasing();
+        }
+        unanswered
+    }
+
+    /// The loop of [`Node::claim_occurrence`]; `decided` once the store
+    /// decided the occurrence, when `mark` is dropped.
+    async fn claim_occurrence_loop(
+        self: &Arc<Self>,
+        due: Due,
+        mut queued: Option<Queued>,
+        mark: &mut Option<Mark>,
+        decided: &mut bool,
     ) -> bool {
         let mut at = Attempts::new(
             self.instant_of(due.occurrence),
@@ -567,9 +616,15 @@ impl Node {
                 Err(Flow::Done(unanswered)) => return unanswered,
             };
             at.backoff = Duration::from_millis(100);
-            if matches!(outcome, ClaimOutcome::Won(_)) {
+            if let ClaimOutcome::Won(won) = &outcome
+                && !won.catch_up
+                && won.occurrence == due.occurrence
+            {
+                // This occurrence is this node's: say so at once.
+                *decided = true;
                 drop(mark.take());
             }
+            let answered_for_good = !matches!(outcome, ClaimOutcome::Failed(_));
             let decision_ms = self.count_answer(&due, &outcome, answered);
             let flow = match outcome {
                 ClaimOutcome::Won(won) => {
@@ -583,7 +638,10 @@ impl Node {
             };
             match flow {
                 Flow::Again => continue,
-                Flow::Done(unanswered) => return unanswered,
+                Flow::Done(unanswered) => {
+                    *decided |= answered_for_good;
+                    return unanswered;
+                }
             }
         }
     }
@@ -928,7 +986,11 @@ impl Node {
         if lost.last_occurrence.is_some_and(|last| last >= occurrence) {
             return self.claimed_already(due, at, lost, decision_ms);
         }
-        state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
+        state.note_follower(
+            lost.holder.clone(),
+            released_seen(due, lost.holder.as_deref()),
+            lost.fence,
+        );
         // Another owner's live lease: wait it out and try again (an earlier
         // unanswered claim did not win).
         at.unanswered = None;
@@ -1001,8 +1063,16 @@ impl Node {
             self.start_run(state, self.ticket(&won, decision_ms));
             return Flow::Done(false);
         }
-        if !ours {
-            state.note_standing(Standing::Follower(lost.holder.clone()), lost.fence);
+        // The store names the holder; this node, when it is that holder,
+        // claims the next occurrence itself.
+        if ours {
+            state.note_standing(Standing::Holder, lost.fence);
+        } else {
+            state.note_follower(
+                lost.holder.clone(),
+                released_seen(due, lost.holder.as_deref()),
+                lost.fence,
+            );
         }
         Flow::Done(false)
     }

@@ -3,7 +3,9 @@
 //! second ([`beat_timing`]), with the node's name, version, start, clock
 //! offset and leases held, carried by the claim batches the node sends
 //! anyway and sent on its own (with the look for manual runs) only when
-//! none carried one for a period. The record lives two periods and a third
+//! none carried one for a period, or at once when asked (an instant's
+//! claims decided, a lease given up: [`super::progress`]). The record
+//! lives two periods and a third
 //! of the margin on the store's clock, so a killed node drops out of
 //! `cronlease nodes` within that time; a node shutting down deletes its
 //! record. Each heartbeat answers with the
@@ -290,7 +292,7 @@ impl Node {
             running: self.running_now(),
             progress: self
                 .progress
-                .said(self.beat.next_due_ms.load(Ordering::Relaxed)),
+                .claim_progress(self.beat.next_due_ms.load(Ordering::Relaxed)),
         }
     }
 

@@ -128,6 +128,10 @@ struct JobRuntime {
     release_after_run: bool,
     /// Who holds the lease, as this node last saw it (to log changes).
     standing: Standing,
+    /// With `standing` another node's: that node's count of leases given
+    /// up as this node saw it before the claim that named it was sent
+    /// (`None`: not seen), for leaving the job to it ([`progress`]).
+    follow_released: Option<u64>,
 }
 
 /// Per-job state shared by the scheduler, the job's occurrence handlers and
@@ -153,6 +157,7 @@ impl JobState {
                 manual_running: false,
                 release_after_run: false,
                 standing: Standing::Unknown,
+                follow_released: None,
             }),
             run_ended: tokio::sync::Notify::new(),
             claim_gate: Arc::new(tokio::sync::Mutex::new(())),
@@ -261,6 +266,24 @@ impl JobState {
         matches!(self.rt().standing, Standing::Holder)
     }
 
+    /// Another node holds the lease (`holder`, as the store named it), whose
+    /// count of leases given up was `released` before this node's claim
+    /// was sent.
+    fn note_follower(&self, holder: Option<String>, released: Option<u64>, fence: u64) {
+        self.note_standing(Standing::Follower(holder), fence);
+        self.rt().follow_released = released;
+    }
+
+    /// The other node this node last saw hold the lease, and its count of
+    /// leases given up then, when both are known.
+    fn followed(&self) -> Option<(String, u64)> {
+        let rt = self.rt();
+        match (&rt.standing, rt.follow_released) {
+            (Standing::Follower(Some(holder)), Some(released)) => Some((holder.clone(), released)),
+            _ => None,
+        }
+    }
+
     /// The other owner this node last saw hold the job, if any.
     fn holder(&self) -> Option<String> {
         match &self.rt().standing {
@@ -302,6 +325,7 @@ impl JobState {
             }
             Standing::Unknown => {}
         }
+        rt.follow_released = None;
         rt.standing = now;
     }
 }
@@ -1183,6 +1207,10 @@ impl Node {
         let mut released = self.release_leases_now_or_after_runs().await;
         let running = self.life.runs.len();
         if running > 0 {
+            // The record stays until the runs end: it says now that leases
+            // were given up, so followers that left jobs to this node claim
+            // them at their next instant ([`progress`]).
+            self.beat_once().await;
             tracing::info!(
                 running,
                 "waiting up to {:?} for running jobs",

@@ -3,27 +3,26 @@
 //! gone, said in its beats, and the occurrences it does not claim because
 //! their holder says it claimed them.
 //!
-//! Every node claimed each occurrence of every job it may run, so a store
-//! took as many claims per occurrence as there were nodes, all but one
-//! refused. Now, at an instant where a follower has at least
-//! [`LEAVE_AT_LEAST`] jobs due that one other live node held when it last
-//! looked, it sends none of their claims. It reads the registry twice
-//! instead, once for all of them:
-//! 1. at [`super::claim::FOLLOWER_LEAD`] after the instant: a holder gone
-//!    from it (a crashed daemon's guard deletes its record as it hands its
-//!    leases over) or one that gave a lease up since ([`ClaimProgress`]'s
-//!    `released` moved) has its jobs claimed at once, as before;
-//! 2. after the holder's head start (an idle holder's lease protects
-//!    nothing past it): a holder whose beat says its claims up to the
-//!    instant are answered (`through`) has claimed them, and this node is
-//!    done with them; any other answer (no such beat yet, a read that
-//!    failed) and they are claimed, as before.
+//! At an instant where a follower has at least [`LEAVE_AT_LEAST`] jobs due
+//! that one other live node held when the follower last claimed them, it
+//! sends none of their claims. It reads the registry twice instead, once
+//! for all of them ([`Read`]):
+//! 1. [`Read::Early`]: a holder gone from it (a crashed daemon's guard
+//!    deletes its record as it hands its leases over), or one whose count
+//!    of leases given up ([`ClaimProgress`]'s `released`) moved since the
+//!    follower's claim that named it, has its jobs claimed at once;
+//! 2. [`Read::AfterHeadStart`]: a holder whose beat says every claim it
+//!    made up to the instant was decided by the store (`through`), with the
+//!    same count, claimed them, and the follower is done with them; any
+//!    other answer (no such beat yet, a read that failed) and they are
+//!    claimed.
 //!
-//! A holder beats as soon as the last claim of an instant at which it held
-//! at least [`LEAVE_AT_LEAST`] jobs is answered, so the second read finds
-//! it. What a follower leaves is never a claim it did not make that could
-//! have won where no other node claimed: the holder's word is that it
-//! claimed the occurrence, and the store decided it.
+//! A node counts a lease given up ([`Progress::releasing`]) when it lets
+//! one go while alive, and when it gives a claim of its own up without the
+//! store's decision (its window over, store errors, stopped): `through`
+//! passes only occurrences the store decided. A holder beats as soon as the
+//! last claim of an instant at which it held at least [`LEAVE_AT_LEAST`]
+//! jobs is decided, so the second read finds it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +33,7 @@ use tokio::sync::{Notify, OnceCell};
 use tokio::time::Instant;
 
 use super::Node;
-use super::claim::{DEFERRED_LAG, Due, FOLLOWER_LEAD};
+use super::claim::{Due, FOLLOWER_LEAD};
 use crate::config::Placement;
 use crate::store::{ClaimProgress, NodeRecord};
 
@@ -43,9 +42,24 @@ use crate::store::{ClaimProgress, NodeRecord};
 /// cost the store less than the two registry reads that replace them.
 pub const LEAVE_AT_LEAST: usize = 8;
 
+/// How long after the holder's head start the second read goes: the
+/// holder's beat, sent once its claims are decided, is in by then.
+const AFTER_HEAD_START: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The two registry reads of an instant's occurrences left to a holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Read {
+    /// [`FOLLOWER_LEAD`] after the instant: is the holder there, with no
+    /// lease given up since?
+    Early,
+    /// [`AFTER_HEAD_START`] after its head start: has it said its claims of
+    /// the instant are decided?
+    AfterHeadStart,
+}
+
 /// Registry reads shared by the occurrences that wait on them: by instant
-/// (ms) and which of its two reads.
-type Reads = BTreeMap<(i64, u8), Arc<OnceCell<Option<Arc<Vec<NodeRecord>>>>>>;
+/// (ms) and which read.
+type Reads = BTreeMap<(i64, Read), Arc<OnceCell<Option<Arc<Vec<NodeRecord>>>>>>;
 
 /// This node's claims in flight, by instant, and what its beats say of
 /// them.
@@ -54,14 +68,15 @@ pub(super) struct Progress {
     /// Scheduled occurrences claimed and not yet answered, by instant (ms):
     /// how many, and how many of those jobs this node held.
     pending: Mutex<BTreeMap<i64, (usize, usize)>>,
-    /// Leases given up while alive ([`ClaimProgress::released`]).
+    /// Leases given up while alive, and claims given up without the
+    /// store's decision ([`ClaimProgress::released`]).
     released: AtomicU64,
     /// Asks the heartbeat loop for a beat now.
     pub(super) beat_now: Notify,
     reads: tokio::sync::Mutex<Reads>,
 }
 
-/// One claimed occurrence not yet answered: holds the node's `through`
+/// One claimed occurrence not yet decided: holds the node's `through`
 /// below its instant until dropped.
 pub(super) struct Mark {
     progress: Arc<Progress>,
@@ -93,7 +108,7 @@ impl Drop for Mark {
 
 impl Progress {
     /// Notes a claim of an occurrence at `at` (`held`: of a job this node
-    /// holds), answered when the mark is dropped.
+    /// holds), decided when the mark is dropped.
     pub(super) fn mark(self: &Arc<Self>, at: DateTime<Utc>, held: bool) -> Mark {
         let at = at.timestamp_millis();
         if let Ok(mut pending) = self.pending.lock() {
@@ -108,9 +123,10 @@ impl Progress {
     }
 
     /// What the beat says now, with the scheduler's next instant at
-    /// `next_due_ms`: every occurrence before the earliest one still
-    /// unanswered, and before the next one not yet taken, has its answer.
-    pub(super) fn said(&self, next_due_ms: i64) -> Option<ClaimProgress> {
+    /// `next_due_ms`: every claim of an occurrence before the earliest one
+    /// still undecided, and before the next one not yet taken, was decided
+    /// (or given up, and counted in `released`).
+    pub(super) fn claim_progress(&self, next_due_ms: i64) -> Option<ClaimProgress> {
         let pending = self.pending.lock().ok()?;
         let open = pending.keys().next().copied().unwrap_or(i64::MAX);
         Some(ClaimProgress {
@@ -119,8 +135,8 @@ impl Progress {
         })
     }
 
-    /// A lease is given up while this node lives: followers claim what they
-    /// left to it.
+    /// A lease (or an undecided claim) is given up while this node lives:
+    /// followers claim what they left to it.
     pub(super) fn releasing(&self) {
         self.released.fetch_add(1, Ordering::SeqCst);
         self.beat_now.notify_one();
@@ -135,55 +151,73 @@ pub(super) struct Left {
 }
 
 impl Left {
-    /// Whether `nodes` say the holder still has what this node left to it:
-    /// alive, with no lease given up since, and (`through`) its claims up to
-    /// the occurrence answered.
-    fn kept(&self, nodes: &[NodeRecord], occurrence: i64, through: bool) -> bool {
+    /// Whether `nodes`, read as `read`, say the holder still has what this
+    /// node left to it: alive, with no lease given up since, and (after its
+    /// head start) its claims up to the occurrence decided.
+    fn kept(&self, nodes: &[NodeRecord], occurrence: i64, read: Read) -> bool {
         nodes
             .iter()
             .find(|n| n.owner == self.holder)
             .and_then(|n| n.progress)
-            .is_some_and(|p| p.released == self.released && (!through || p.through >= occurrence))
+            .is_some_and(|p| {
+                p.released == self.released && (read == Read::Early || p.through >= occurrence)
+            })
     }
 }
 
 impl Node {
+    /// Each live node's count of leases given up, as this node's view has
+    /// it now (owner → count).
+    pub(super) fn released_seen(&self) -> Arc<BTreeMap<String, u64>> {
+        let seen = self.members.live_nodes.lock().map(|live| {
+            live.iter()
+                .filter_map(|n| Some((n.owner.clone(), n.progress?.released)))
+                .collect()
+        });
+        Arc::new(seen.unwrap_or_default())
+    }
+
     /// Which of an instant's due occurrences this node leaves to their
-    /// holder (see the module's doc): `None` for each it claims.
+    /// holder (see the module's doc): `None` for each it claims. Never one
+    /// of a job a live peer defines otherwise (each node claims the
+    /// instants of its own definition), a catch-up or a broadcast.
     pub(super) fn to_leave(&self, due: &[Due]) -> Vec<Option<Left>> {
         let mut left: Vec<Option<Left>> = due.iter().map(|_| None).collect();
         if self.settings.placement != Placement::Sticky {
             return left;
         }
+        let differing = self
+            .members
+            .definitions
+            .lock()
+            .map(|c| c.differing())
+            .unwrap_or_default();
         let Ok(live) = self.members.live_nodes.lock() else {
             return left;
         };
-        let mut by_holder: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut by_holder: BTreeMap<(String, u64), Vec<usize>> = BTreeMap::new();
         for (i, d) in due.iter().enumerate() {
-            if d.catch_up_only || d.state.job().every_node {
+            let job = d.state.job();
+            if d.catch_up_only || job.every_node || differing.contains_key(&job.name) {
                 continue;
             }
-            if let Some(holder) = d.state.holder()
+            if let Some((holder, released)) = d.state.followed()
                 && holder != self.owner.as_str()
+                && live
+                    .iter()
+                    .any(|n| n.owner == holder && n.progress.is_some())
             {
-                by_holder.entry(holder).or_default().push(i);
+                by_holder.entry((holder, released)).or_default().push(i);
             }
         }
-        for (holder, indices) in by_holder {
+        for ((holder, released), indices) in by_holder {
             if indices.len() < LEAVE_AT_LEAST {
                 continue;
             }
-            let Some(progress) = live
-                .iter()
-                .find(|n| n.owner == holder)
-                .and_then(|n| n.progress)
-            else {
-                continue;
-            };
             for i in indices {
                 left[i] = Some(Left {
                     holder: holder.clone(),
-                    released: progress.released,
+                    released,
                 });
             }
         }
@@ -191,20 +225,24 @@ impl Node {
     }
 
     /// Waits for the registry's word on an occurrence left to its holder:
-    /// true when the holder claimed it (nothing to do), false when this
+    /// true when the holder claimed it, or when the job's handlers stop (a
+    /// reload that removed it, shutdown): nothing to do; false when this
     /// node claims it after all.
     pub(super) async fn left_to_holder(&self, due: &Due, left: &Left) -> bool {
         let instant = self.instant_of(due.occurrence);
         let at = due.occurrence.timestamp_millis();
-        for (read, after, through) in [
-            (0, FOLLOWER_LEAD, false),
-            (1, self.settings.head_start + DEFERRED_LAG, true),
+        for (read, after) in [
+            (Read::Early, FOLLOWER_LEAD),
+            (
+                Read::AfterHeadStart,
+                self.settings.head_start + AFTER_HEAD_START,
+            ),
         ] {
             let nodes = tokio::select! {
                 () = due.stop.cancelled() => return true,
                 nodes = self.registry_read((at, read), instant + after) => nodes,
             };
-            if !nodes.is_some_and(|nodes| left.kept(&nodes, at, through)) {
+            if !nodes.is_some_and(|nodes| left.kept(&nodes, at, read)) {
                 return false;
             }
         }
@@ -215,7 +253,7 @@ impl Node {
     /// The live records as read once, at `at`, for the read `key` (an
     /// instant and which of its reads: every occurrence of that instant
     /// shares it); `None` if the read failed.
-    async fn registry_read(&self, key: (i64, u8), at: Instant) -> Option<Arc<Vec<NodeRecord>>> {
+    async fn registry_read(&self, key: (i64, Read), at: Instant) -> Option<Arc<Vec<NodeRecord>>> {
         let cell = {
             let mut reads = self.progress.reads.lock().await;
             // An occurrence asks for its reads within a head start of its
@@ -247,7 +285,7 @@ mod tests {
     #[test]
     fn through_stops_below_the_earliest_unanswered_claim_and_the_next_instant() {
         let p = Arc::new(Progress::default());
-        let said = |next| p.said(next).unwrap().through;
+        let said = |next| p.claim_progress(next).unwrap().through;
         assert_eq!(said(10_000), 9_999, "nothing open: up to the next instant");
         let a = p.mark(at(5_000), true);
         let b = p.mark(at(5_000), false);
@@ -279,9 +317,9 @@ mod tests {
         let beat =
             tokio::time::timeout(std::time::Duration::from_millis(20), p.beat_now.notified());
         assert!(beat.await.is_ok(), "a beat asked for");
-        assert_eq!(p.said(0).unwrap().released, 0);
+        assert_eq!(p.claim_progress(0).unwrap().released, 0);
         p.releasing();
-        assert_eq!(p.said(0).unwrap().released, 1);
+        assert_eq!(p.claim_progress(0).unwrap().released, 1);
     }
 
     #[test]
@@ -295,19 +333,20 @@ mod tests {
             r.progress = Some(ClaimProgress { through, released });
             vec![NodeRecord::test_record("f#1", "f"), r]
         };
-        assert!(left.kept(&with(999, 3), 1_000, false));
-        assert!(!left.kept(&with(999, 3), 1_000, true));
-        assert!(left.kept(&with(1_000, 3), 1_000, true));
-        assert!(!left.kept(&with(5_000, 4), 1_000, true), "released since");
-        assert!(!left.kept(&with(5_000, 4), 1_000, false));
+        let (early, late) = (Read::Early, Read::AfterHeadStart);
+        assert!(left.kept(&with(999, 3), 1_000, early));
+        assert!(!left.kept(&with(999, 3), 1_000, late));
+        assert!(left.kept(&with(1_000, 3), 1_000, late));
+        assert!(!left.kept(&with(5_000, 4), 1_000, late), "released since");
+        assert!(!left.kept(&with(5_000, 4), 1_000, early));
         assert!(
-            !left.kept(&[NodeRecord::test_record("f#1", "f")], 1_000, false),
+            !left.kept(&[NodeRecord::test_record("f#1", "f")], 1_000, early),
             "gone"
         );
         let mut silent = NodeRecord::test_record("h#1", "h");
         silent.progress = None;
         assert!(
-            !left.kept(&[silent], 1_000, false),
+            !left.kept(&[silent], 1_000, early),
             "an older version says nothing"
         );
     }

@@ -54,8 +54,8 @@ pub struct Heartbeat {
     /// The runs going on it now, the longest-running first, at most
     /// [`RUNNING_IN_A_BEAT`].
     pub running: Vec<RunningRun>,
-    /// How far its claims have gone (`None`: it says nothing, as a version
-    /// before 0.x said nothing).
+    /// How far its claims have gone (`None`: nothing, as a node of schema 14
+    /// or earlier said nothing).
     pub progress: Option<ClaimProgress>,
 }
 

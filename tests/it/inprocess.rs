@@ -452,8 +452,8 @@ async fn a_follower_claims_after_the_holders_lead() {
     b.stop().await;
 }
 
-/// Claim requests the store took from `from` to `to`, by node... as the
-/// call log counts them: (requests in claim calls, `nodes` reads).
+/// What the store took from `from` to `to`, as its call log counts it:
+/// (requests in claim calls, `nodes` reads).
 fn claims_and_reads(w: &World, from: DateTime<Utc>, to: DateTime<Utc>) -> (usize, usize) {
     let log = w.store.call_log();
     let within = log.iter().filter(|c| c.at >= from && c.at < to);
@@ -510,6 +510,11 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
     assert_eq!(node, "b");
     assert!((5..=20).contains(&late), "b ran 12:00:40 {late} ms late");
     assert_eq!(
+        claims_and_reads(&w, t(39.9), t(40.9)).1,
+        1,
+        "b left them, and claimed at its first read"
+    );
+    assert_eq!(
         w.runner
             .runs()
             .iter()
@@ -550,10 +555,9 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
     b.store.set_reachable(true);
     b.stop().await;
     // c joins, claims at 12:01:20, finds a holding them, and leaves them
-    // to a at 12:01:30 and 12:01:40. a stops 50 ms before 12:01:50: c's
-    // view of its last beat still has a, but its first read, 5 ms after
-    // the instant, does not (a stopping deletes its record), and c claims
-    // then.
+    // to a at 12:01:30. a stops 50 ms before 12:01:40: c's view of its last
+    // beat still has a, but its first read, 5 ms after the instant, does
+    // not (a stopping deletes its record), and c claims then (one read).
     w.until(t(72.0)).await;
     let c = w.start("c", &jobs(20));
     w.until(t(99.95)).await;
@@ -568,6 +572,7 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
             .all(|(n, late)| n == "c" && (5..=20).contains(late)),
         "{at_hundred:?}"
     );
+    assert_eq!(claims_and_reads(&w, t(99.9), t(100.9)), (20, 1));
     // Every occurrence from 12:00:00 to 12:01:40 once.
     let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
     for r in w.runner.runs() {
@@ -578,6 +583,43 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
     assert_eq!(seen.len(), 20 * 11, "{seen:?}");
     assert!(seen.values().all(|&n| n == 1), "{seen:?}");
     c.stop().await;
+}
+
+/// A holder that lets its jobs go while alive (here a reload removes them
+/// on it alone, 8 s before the next instant: long before the follower's
+/// next beat) moves its count of leases given up; the follower compares it
+/// with the count it saw when it last claimed the jobs, not with the one of
+/// its latest beat, and claims them at its first read. Compared with the
+/// latest beat's, the jobs would be left to a node that no longer has them,
+/// and never run again.
+#[tokio::test(start_paused = true)]
+async fn a_follower_claims_what_its_holder_let_go_long_before_the_instant() {
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(20));
+    w.until(t(1.0)).await;
+    let b = w.start("b", &jobs(20));
+    w.until(t(21.0)).await;
+    assert_eq!(claims_and_reads(&w, t(19.9), t(20.9)), (20, 2));
+    w.until(t(22.0)).await;
+    a.node.apply_jobs(w.config("a", "1s", "").jobs);
+    w.until(t(35.0)).await;
+    let at_thirty: Vec<(String, i64)> = w
+        .runner
+        .runs()
+        .iter()
+        .filter(|r| r.occurrence == t(30.0))
+        .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
+        .collect();
+    assert_eq!(at_thirty.len(), 20, "{at_thirty:?}");
+    assert!(
+        at_thirty
+            .iter()
+            .all(|(n, late)| n == "b" && (5..=20).contains(late)),
+        "{at_thirty:?}"
+    );
+    assert_eq!(claims_and_reads(&w, t(29.9), t(30.9)), (20, 1));
+    a.stop().await;
+    b.stop().await;
 }
 
 /// An idle node (default 1 s margin) asks the store once a second: its
