@@ -452,6 +452,17 @@ async fn a_follower_claims_after_the_holders_lead() {
     b.stop().await;
 }
 
+/// The runs of the occurrence at `at` (seconds after 12:00:00): node, and
+/// how late it started (ms).
+fn runs_at(w: &World, at: f64) -> Vec<(String, i64)> {
+    w.runner
+        .runs()
+        .iter()
+        .filter(|r| r.occurrence == t(at))
+        .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
+        .collect()
+}
+
 /// What the store took from `from` to `to`, as its call log counts it:
 /// (requests in claim calls, `nodes` reads).
 fn claims_and_reads(w: &World, from: DateTime<Utc>, to: DateTime<Utc>) -> (usize, usize) {
@@ -498,13 +509,7 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
     w.until(t(39.5)).await;
     a.node.step_down().await;
     w.until(t(45.0)).await;
-    let at_forty: BTreeSet<(String, i64)> = w
-        .runner
-        .runs()
-        .iter()
-        .filter(|r| r.occurrence == t(40.0))
-        .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
-        .collect();
+    let at_forty: BTreeSet<(String, i64)> = runs_at(&w, 40.0).into_iter().collect();
     assert_eq!(at_forty.len(), 1, "{at_forty:?}");
     let (node, late) = at_forty.first().unwrap().clone();
     assert_eq!(node, "b");
@@ -514,27 +519,12 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
         1,
         "b left them, and claimed at its first read"
     );
-    assert_eq!(
-        w.runner
-            .runs()
-            .iter()
-            .filter(|r| r.occurrence == t(40.0))
-            .count(),
-        20
-    );
+    assert_eq!(runs_at(&w, 40.0).len(), 20);
     // From 12:00:50 on a, stepped down, leaves them to b.
     w.until(t(65.0)).await;
     assert_eq!(claims_and_reads(&w, t(49.9), t(50.9)), (20, 2));
     assert_eq!(claims_and_reads(&w, t(59.9), t(60.9)), (20, 2));
-    let runs_at = |at: f64| -> Vec<(String, i64)> {
-        w.runner
-            .runs()
-            .iter()
-            .filter(|r| r.occurrence == t(at))
-            .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
-            .collect()
-    };
-    assert_eq!(runs_at(60.0), vec![("b".to_string(), 0); 20]);
+    assert_eq!(runs_at(&w, 60.0), vec![("b".to_string(), 0); 20]);
     // b cut off from the store a second before 12:01:10: its record lives
     // on (two beat periods and a third of the margin), but at
     // the second read, after b's head start, b has said nothing of
@@ -544,7 +534,7 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
     b.store.set_reachable(false);
     w.until(t(71.0)).await;
     assert_eq!(claims_and_reads(&w, t(69.9), t(70.9)).1, 2);
-    let at_seventy = runs_at(70.0);
+    let at_seventy = runs_at(&w, 70.0);
     assert_eq!(at_seventy.len(), 20, "{at_seventy:?}");
     assert!(
         at_seventy
@@ -564,7 +554,7 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
     assert_eq!(claims_and_reads(&w, t(89.9), t(90.9)), (20, 2));
     a.stop().await;
     w.until(t(105.0)).await;
-    let at_hundred = runs_at(100.0);
+    let at_hundred = runs_at(&w, 100.0);
     assert_eq!(at_hundred.len(), 20, "{at_hundred:?}");
     assert!(
         at_hundred
@@ -603,13 +593,7 @@ async fn a_follower_claims_what_its_holder_let_go_long_before_the_instant() {
     w.until(t(22.0)).await;
     a.node.apply_jobs(w.config("a", "1s", "").jobs);
     w.until(t(35.0)).await;
-    let at_thirty: Vec<(String, i64)> = w
-        .runner
-        .runs()
-        .iter()
-        .filter(|r| r.occurrence == t(30.0))
-        .map(|r| (r.node.clone(), ms(r.started - r.occurrence)))
-        .collect();
+    let at_thirty = runs_at(&w, 30.0);
     assert_eq!(at_thirty.len(), 20, "{at_thirty:?}");
     assert!(
         at_thirty
