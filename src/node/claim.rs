@@ -71,7 +71,7 @@ pub const FOLLOWER_LEAD: Duration = Duration::from_millis(5);
 /// idle holder until the head start is over, asks again 1 ms after it, and
 /// should be first then (else the job moves to its preferred node one
 /// occurrence later).
-pub(super) const DEFERRED_LAG: Duration = Duration::from_millis(10);
+const DEFERRED_LAG: Duration = Duration::from_millis(10);
 
 /// `holder`'s count of leases given up as `due`'s claims saw it.
 fn released_seen(due: &Due, holder: Option<&str>) -> Option<u64> {
