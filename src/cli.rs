@@ -83,6 +83,10 @@ pub enum Commands {
         /// How many fire times to print per job
         #[arg(long, default_value_t = 5, value_name = "N")]
         next: usize,
+        /// Treat every warning as an error (exit 78): a job's program or
+        /// working directory not found, a password file others may read
+        #[arg(long)]
+        strict: bool,
     },
     /// Show each job's lock: holder, lease left, fence, last occurrence and result
     Status {

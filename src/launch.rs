@@ -53,6 +53,16 @@ impl Launch {
     /// found nowhere in `PATH` ([`Launch::program_path`]) and for a working
     /// directory that is not there.
     pub fn command(&self) -> Result<std::process::Command, String> {
+        // Else the spawn's "No such file or directory" would not say which
+        // of the program and the directory is missing.
+        if let Some(dir) = &self.cwd
+            && !dir.is_dir()
+        {
+            return Err(format!(
+                "cannot change to the working directory {} (working_dir): no such directory",
+                dir.display()
+            ));
+        }
         let mut cmd = std::process::Command::new(self.program_path()?);
         std::os::unix::process::CommandExt::arg0(&mut cmd, &self.program);
         cmd.args(&self.args)
@@ -62,14 +72,6 @@ impl Launch {
             .stdin(Stdio::null());
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         if let Some(dir) = &self.cwd {
-            // Else the spawn's "No such file or directory" would not say
-            // which of the program and the directory is missing.
-            if !dir.is_dir() {
-                return Err(format!(
-                    "cannot change to the working directory {} (working_dir): no such directory",
-                    dir.display()
-                ));
-            }
             cmd.current_dir(dir);
         }
         Ok(cmd)
@@ -84,7 +86,22 @@ impl Launch {
     /// waits for any child, took it first.
     pub(crate) fn program_path(&self) -> Result<std::path::PathBuf, String> {
         if self.program.contains('/') {
-            return Ok(self.program.clone().into());
+            // Else the spawn's "No such file or directory" would not say
+            // that it is the program which is missing. A relative path is
+            // looked for in the working directory too: which one the
+            // spawn takes is not settled.
+            let path = std::path::PathBuf::from(&self.program);
+            let missing = |p: &std::path::Path| {
+                std::fs::metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            };
+            let in_cwd = self.cwd.as_ref().map(|cwd| cwd.join(&path));
+            if missing(&path) && in_cwd.as_deref().is_none_or(missing) {
+                return Err(format!(
+                    "{}: no such file (the command's program)",
+                    self.program
+                ));
+            }
+            return Ok(path);
         }
         let path = match self.env.iter().rev().find(|(k, _)| k == "PATH") {
             Some((_, v)) => std::ffi::OsString::from(v),
@@ -211,5 +228,44 @@ pub fn run_as(
     match nix::unistd::execvp(&argv[0], &argv) {
         Ok(never) => match never {},
         Err(e) => fail(&format!("executing {:?}", argv[0]), &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn launch(program: &str, cwd: Option<&str>) -> Launch {
+        Launch {
+            program: program.into(),
+            args: Vec::new(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            cwd: cwd.map(Into::into),
+        }
+    }
+
+    /// A run that cannot start says which of its program and its working
+    /// directory is missing (before: "No such file or directory" for both).
+    #[test]
+    fn a_start_that_cannot_be_made_names_what_is_missing() {
+        let err = |l: Launch| l.command().err().unwrap_or_default();
+        assert!(
+            err(launch("/no/such/program", None)).contains("/no/such/program: no such file"),
+            "{}",
+            err(launch("/no/such/program", None))
+        );
+        assert!(
+            err(launch("no-such-program-x", None)).contains("no-such-program-x: not found in PATH")
+        );
+        let dir = err(launch("/bin/sh", Some("/no/such/dir")));
+        assert!(
+            dir.contains("working directory /no/such/dir (working_dir): no such directory"),
+            "{dir}"
+        );
+        // A relative path is found in the working directory.
+        assert!(launch("./sh", Some("/bin")).command().is_ok());
+        assert!(launch("/bin/sh", Some("/")).command().is_ok());
+        assert!(launch("sh", None).command().is_ok());
     }
 }

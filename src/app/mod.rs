@@ -75,7 +75,11 @@ pub fn main(cli: Cli) -> ExitCode {
             open_files,
             &command,
         ),
-        Commands::Check { config, next } => check(&config.config, next),
+        Commands::Check {
+            config,
+            next,
+            strict,
+        } => check(&config.config, next, strict),
         Commands::Run(c) => with_runtime(|| run(c.config)),
         Commands::Status { config, json } => with_runtime(|| status(config.config, json)),
         Commands::Nodes { config, json } => with_runtime(|| nodes(config.config, json)),
@@ -229,11 +233,18 @@ fn print_json(out: &mut impl Write, value: &impl serde::Serialize) {
     );
 }
 
-fn check(path: &Path, next: usize) -> ExitCode {
+fn check(path: &Path, next: usize, strict: bool) -> ExitCode {
     let config = match load_config(path) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    if strict && !config.warnings.is_empty() {
+        // Errors now: one line each, as load errors are.
+        for warning in &config.warnings {
+            eprintln!("{warning}");
+        }
+        return ExitCode::from(EXIT_CONFIG);
+    }
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }

@@ -12,6 +12,7 @@ pub(super) fn validate_job(
     seen: &mut HashMap<String, String>,
     defaults: &JobDefaults,
     errors: &mut Vec<ConfigError>,
+    warnings: &mut Vec<String>,
 ) -> Option<Job> {
     let before = errors.len();
     let name = if rj.name.get_ref().contains(SHARD_SEPARATOR) {
@@ -45,11 +46,14 @@ pub(super) fn validate_job(
             seen.insert(n.as_str().to_ascii_lowercase(), here.clone());
         }
     }
-    let zone = rj.timezone.as_ref().map_or("UTC", |z| z.get_ref().as_str());
+    let mut zone = rj.timezone.as_ref().map_or("UTC", |z| z.get_ref().as_str());
     if let Some(z) = &rj.timezone
         && let Err(e) = crate::schedule::parse_zone(z.get_ref())
     {
         errors.push(src.at(z, e.to_string()));
+        // The schedule is still checked, in UTC: its own mistakes are
+        // reported now, not after the zone is fixed.
+        zone = "UTC";
     }
     let jitter = match &rj.jitter {
         Some(v) => jitter(src, v, "jitter", errors),
@@ -155,17 +159,15 @@ pub(super) fn validate_job(
     if let Some(command) = &command {
         exec_space(src, rj, command, errors);
     }
+    let mut nul_free = true;
     for (v, what) in [
         (&rj.working_dir, "working_dir"),
         (&rj.user, "user"),
         (&rj.group, "group"),
     ] {
         if let Some(v) = v {
-            refuse_nul(src, v, what, errors);
+            nul_free &= refuse_nul(src, v, what, errors);
         }
-    }
-    if errors.len() > before {
-        return None;
     }
     let output_tail = match &rj.output_tail {
         Some(v) => byte_size(src, v, "output_tail", MAX_OUTPUT_TAIL, errors),
@@ -174,10 +176,18 @@ pub(super) fn validate_job(
     // Checked whatever else is wrong: `check` reports every mistake.
     let retry = rj.retry.as_ref().and_then(|r| retry(src, r, errors));
     let working_dir = rj.working_dir.as_ref().map(|w| base.join(w.get_ref()));
-    let identity = identity(src, rj, defaults.runner, errors);
+    // A name with a NUL is no user to look up: said once, above.
+    let identity = if nul_free {
+        identity(src, rj, defaults.runner, errors)
+    } else {
+        None
+    };
     let isolation = isolation(src, rj, base, errors);
     if errors.len() > before {
         return None;
+    }
+    if let Some(command) = &command {
+        super::present::check_present(src, rj, command, working_dir.as_deref(), &env, warnings);
     }
     Some(Job {
         name: name?,

@@ -74,7 +74,7 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
     let http_access = access::http_access(&src, &raw, &base, &mut errors, &mut warnings);
     let log = log_config(&src, &raw, &mut errors);
 
-    let (mut jobs, job_files) = load_jobs(&src, &raw, path, &base, &mut errors);
+    let (mut jobs, job_files) = load_jobs(&src, &raw, path, &base, &mut errors, &mut warnings);
     let job_names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
     let webhooks = notify::webhooks(
         &src,
@@ -274,6 +274,7 @@ fn load_jobs(
     path: &Path,
     base: &Path,
     errors: &mut Vec<ConfigError>,
+    warnings: &mut Vec<String>,
 ) -> (Vec<Job>, Vec<PathBuf>) {
     let defaults = JobDefaults {
         runner: raw.jobs.runner.unwrap_or_default(),
@@ -288,7 +289,7 @@ fn load_jobs(
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut job_files = vec![path.to_path_buf()];
     for rj in &raw.job {
-        if let Some(job) = validate_job(src, rj, base, &mut seen, &defaults, errors) {
+        if let Some(job) = validate_job(src, rj, base, &mut seen, &defaults, errors, warnings) {
             jobs.push(job);
         }
     }
@@ -333,7 +334,7 @@ fn load_jobs(
                 if let Some(jf) = parse_toml::<RawJobFile>(&jsrc, errors) {
                     for rj in &jf.job {
                         if let Some(job) =
-                            validate_job(&jsrc, rj, base, &mut seen, &defaults, errors)
+                            validate_job(&jsrc, rj, base, &mut seen, &defaults, errors, warnings)
                         {
                             jobs.push(job);
                         }

@@ -13,6 +13,7 @@ mod isolation;
 mod job;
 mod load;
 mod notify;
+mod present;
 pub mod raw;
 mod source;
 mod store_url;
@@ -823,6 +824,23 @@ mod tests {
         assert!(JobName::parse(lock.as_str()).is_ok());
         for bad in ["a~", "~b", "a~b~c", "a b~c"] {
             assert!(JobName::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The list the error names holds only schemes the parser takes, and
+    /// the error names each; that it holds every one (`rediss` was left
+    /// out once) is what tests/it/config_errors.rs's whole message checks.
+    #[test]
+    fn every_listed_store_scheme_is_accepted() {
+        for scheme in SCHEMES {
+            let err = StoreUrl::parse(&format!("{scheme}://host:1/x"), Path::new("/"))
+                .err()
+                .unwrap_or_default();
+            assert!(!err.contains("unsupported"), "{scheme}: {err}");
+        }
+        let err = StoreUrl::parse("ftp://host/x", Path::new("/")).unwrap_err();
+        for scheme in SCHEMES {
+            assert!(err.contains(&format!(" {scheme}://")), "{scheme}: {err}");
         }
     }
 

@@ -330,6 +330,32 @@ pub struct StoreUrl {
     pub(super) secret: Option<String>,
 }
 
+/// Every scheme [`StoreUrl::parse`] accepts, in the order the docs list
+/// them (docs/configuration.md, "Store URLs"). Redlock's masters are
+/// `redis://` or `rediss://` URLs under `store.urls`.
+pub const SCHEMES: [&str; 11] = [
+    "sqlite",
+    "mysql",
+    "mariadb",
+    "postgres",
+    "postgresql",
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "zk",
+    "etcd",
+    "etcds",
+];
+
+/// [`SCHEMES`] as an error message lists them: `sqlite://, …, or etcds://`.
+fn scheme_list() -> String {
+    let all: Vec<String> = SCHEMES.iter().map(|s| format!("{s}://")).collect();
+    match all.split_last() {
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 impl StoreUrl {
     /// Parses a URL; `base` resolves relative SQLite paths.
     pub fn parse(raw: &str, base: &Path) -> Result<Self, String> {
@@ -421,7 +447,8 @@ impl StoreUrl {
             "redis" | "rediss" => StoreKind::Redis,
             other => {
                 return Err(format!(
-                    "unsupported store URL scheme {other:?}: expected sqlite://, mysql://, mariadb://, postgres://, redis://, redis+sentinel://, zk://, etcd:// or etcds://"
+                    "unsupported store URL scheme {other:?}: expected {}",
+                    scheme_list()
                 ));
             }
         };

@@ -20,12 +20,22 @@
 //! `*/2` beside a restricted other field the two disagree, so the
 //! translation puts croner's `+` (day-of-week ANDed with day-of-month)
 //! before the day of week, and says so in a comment.
+//!
+//! # Names
+//!
+//! A job is named after the program its command runs (`name_stem`), not
+//! after its line: a name is the job's lock in the store, so it must not
+//! move when a line is added above. Jobs running the same program are told
+//! apart by a counter in file order (`distinct_names`), given once every
+//! line is read.
 
 use std::collections::HashSet;
 use std::fmt::{self, Write as _};
 use std::path::Path;
 
 use crate::schedule::{Schedule, ScheduleError, parse_zone};
+
+use crate::schedule::fields::SPECS;
 
 /// How to read the crontab.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,6 +72,8 @@ pub struct Import {
 pub struct ImportedJob {
     /// 1-based line number in the crontab.
     pub line: usize,
+    /// The job's `name`: the program its command runs, `-2`, `-3`... for
+    /// the later jobs running the same one.
     pub name: String,
     /// The schedule as written to the TOML.
     pub schedule: String,
@@ -114,7 +126,8 @@ pub fn import(text: &str, origin: &str, options: &Options) -> Result<Import, Imp
         out: header(origin, options),
         jobs: Vec::new(),
         warnings: Vec::new(),
-        names: HashSet::new(),
+        stems: Vec::new(),
+        name_at: Vec::new(),
     };
     let mut lines: Vec<&str> = text.split('\n').collect();
     let unterminated = !text.is_empty() && !text.ends_with('\n');
@@ -135,8 +148,19 @@ pub fn import(text: &str, origin: &str, options: &Options) -> Result<Import, Imp
             );
         }
     }
+    // Every stem known: each job's name, into its record and its table.
+    let names = distinct_names(&state.stems);
+    let mut toml = String::with_capacity(state.out.len() + 64 * names.len());
+    let mut copied = 0;
+    for ((job, name), &at) in state.jobs.iter_mut().zip(names).zip(&state.name_at) {
+        toml.push_str(&state.out[copied..at]);
+        toml.push_str(&toml_str(&name));
+        copied = at;
+        job.name = name;
+    }
+    toml.push_str(&state.out[copied..]);
     Ok(Import {
-        toml: state.out,
+        toml,
         jobs: state.jobs,
         warnings: state.warnings,
     })
@@ -152,244 +176,16 @@ struct State<'a> {
     shell: Option<String>,
     /// `CRON_TZ`, else [`Options::timezone`].
     zone: Option<String>,
+    /// The TOML so far, without the jobs' names (see `name_at`).
     out: String,
+    /// The jobs so far, named once all are read.
     jobs: Vec<ImportedJob>,
     warnings: Vec<Warning>,
-    /// Job names taken, lower case (the config compares them so).
-    names: HashSet<String>,
-}
-
-/// The five fields' readings: what they are called, their range, names.
-struct Spec {
-    what: &'static str,
-    lo: u32,
-    hi: u32,
-    names: &'static [&'static str],
-    /// The value of `names[0]`.
-    first_name: u32,
-    expected: &'static str,
-}
-
-const MONTHS: [&str; 12] = [
-    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-];
-const DAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
-
-const SPECS: [Spec; 5] = [
-    Spec {
-        what: "minute",
-        lo: 0,
-        hi: 59,
-        names: &[],
-        first_name: 0,
-        expected: "a number from 0 to 59",
-    },
-    Spec {
-        what: "hour",
-        lo: 0,
-        hi: 23,
-        names: &[],
-        first_name: 0,
-        expected: "a number from 0 to 23",
-    },
-    Spec {
-        what: "day of month",
-        lo: 1,
-        hi: 31,
-        names: &[],
-        first_name: 0,
-        expected: "a number from 1 to 31",
-    },
-    Spec {
-        what: "month",
-        lo: 1,
-        hi: 12,
-        names: &MONTHS,
-        first_name: 1,
-        expected: "a number from 1 to 12 or a name jan to dec",
-    },
-    Spec {
-        what: "day of week",
-        lo: 0,
-        hi: 7,
-        names: &DAYS,
-        first_name: 0,
-        expected: "a number from 0 to 7 (0 and 7 are Sunday) or a name sun to sat",
-    },
-];
-
-/// One field, read: its text for the schedule (numbers only), the values it
-/// matches, and whether it starts with `*` (cron's test for the day rule).
-struct Field {
-    text: String,
-    bits: u64,
-    star: bool,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Star,
-    Range,
-    Single,
-}
-
-/// A field error: byte offset in the line, message.
-type FieldError = (usize, String);
-
-impl Spec {
-    fn is_day_of_week(&self) -> bool {
-        self.hi == 7
-    }
-
-    fn bit(&self, v: u32) -> u64 {
-        // 7 is Sunday, as 0 is.
-        let v = if self.is_day_of_week() && v == 7 {
-            0
-        } else {
-            v
-        };
-        1u64 << v
-    }
-
-    fn full(&self) -> u64 {
-        (self.lo..=self.hi).fold(0, |m, v| m | self.bit(v))
-    }
-
-    /// One value: a number, or a name where the field has names.
-    fn value(&self, s: &str, at: usize, range_end: bool) -> Result<u32, FieldError> {
-        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-            return s
-                .parse::<u32>()
-                .ok()
-                .filter(|v| (self.lo..=self.hi).contains(v))
-                .ok_or_else(|| {
-                    (
-                        at,
-                        format!(
-                            "{} {s} is out of range: expected {}",
-                            self.what, self.expected
-                        ),
-                    )
-                });
-        }
-        if !self.names.is_empty() && !s.is_empty() && s.chars().all(|c| c.is_ascii_alphabetic()) {
-            return match self.names.iter().position(|n| n.eq_ignore_ascii_case(s)) {
-                // `fri-sun`: Sunday closing a range is the 7, so the
-                // weekend reads as it was meant.
-                Some(0) if self.is_day_of_week() && range_end => Ok(7),
-                Some(i) => Ok(self.first_name + i as u32),
-                None => Err((
-                    at,
-                    format!(
-                        "unknown {} name {s:?}: expected {}",
-                        self.what, self.expected
-                    ),
-                )),
-            };
-        }
-        Err((
-            at,
-            format!(
-                "expected {} for the {}, found {s:?}",
-                self.expected, self.what
-            ),
-        ))
-    }
-
-    /// A whole field starting at byte `at` of its line.
-    fn parse(&self, s: &str, at: usize) -> Result<Field, FieldError> {
-        let items: Vec<&str> = s.split(',').collect();
-        let mut out = Vec::with_capacity(items.len());
-        let mut bits = 0u64;
-        let mut offset = at;
-        for item in &items {
-            let item_at = offset;
-            offset += item.len() + 1;
-            if item.is_empty() {
-                return Err((
-                    item_at,
-                    format!(
-                        "expected a {} value, range or * on each side of every comma",
-                        self.what
-                    ),
-                ));
-            }
-            let (range, step) = match item.split_once('/') {
-                Some((r, st)) => (r, Some((st, item_at + r.len() + 1))),
-                None => (*item, None),
-            };
-            let (a, b, kind) = if range == "*" {
-                (self.lo, self.hi, Kind::Star)
-            } else if let Some((x, y)) = range.split_once('-') {
-                let a = self.value(x, item_at, false)?;
-                let b = self.value(y, item_at + x.len() + 1, true)?;
-                if a > b {
-                    return Err((
-                        item_at,
-                        format!(
-                            "{} range {range} runs backwards: expected the smaller value first",
-                            self.what
-                        ),
-                    ));
-                }
-                (a, b, Kind::Range)
-            } else {
-                let v = self.value(range, item_at, false)?;
-                (v, v, Kind::Single)
-            };
-            let step = match step {
-                None => 1,
-                Some((st, st_at)) => {
-                    if kind == Kind::Single {
-                        // Vixie cron ignores such a step, cronie reads it as
-                        // a range to the maximum: no reading is safe.
-                        return Err((
-                            item_at,
-                            format!(
-                                "{item}: a step needs a range or *: write {range}-{}/{st} or */{st}",
-                                self.hi
-                            ),
-                        ));
-                    }
-                    let max = self.hi - self.lo + 1;
-                    match st.parse::<u32>() {
-                        Ok(v)
-                            if st.bytes().all(|b| b.is_ascii_digit()) && (1..=max).contains(&v) =>
-                        {
-                            v
-                        }
-                        _ => {
-                            return Err((
-                                st_at,
-                                format!(
-                                    "expected a step from 1 to {max} after the /, found {st:?}"
-                                ),
-                            ));
-                        }
-                    }
-                }
-            };
-            let mut v = a;
-            while v <= b {
-                bits |= self.bit(v);
-                v += step;
-            }
-            out.push(match (kind, step) {
-                (Kind::Star, 1) if items.len() == 1 => "*".to_string(),
-                // croner takes `*` only as a whole field.
-                (Kind::Star, 1) => format!("{}-{}", self.lo, self.hi),
-                (Kind::Star, s) => format!("*/{s}"),
-                (Kind::Range, 1) => format!("{a}-{b}"),
-                (Kind::Range, s) => format!("{a}-{b}/{s}"),
-                (Kind::Single, _) => a.to_string(),
-            });
-        }
-        Ok(Field {
-            text: out.join(","),
-            bits,
-            star: s.starts_with('*'),
-        })
-    }
+    /// Each job's [`name_stem`], in the order of `jobs`.
+    stems: Vec<String>,
+    /// Where in `out` each job's name value goes (after its `name = `), in
+    /// the order of `jobs`: a job's name can depend on lines below it.
+    name_at: Vec<usize>,
 }
 
 /// An environment line as Vixie cron's `load_env` reads it: the name and
@@ -706,11 +502,13 @@ impl State<'_> {
         let (command, command_toml) = self.command(number, line, (rest, rest_at), &mut notes)?;
         let job = ImportedJob {
             line: number,
-            name: job_name(&command, number, &mut self.names),
+            // Given by `import` once every line is read.
+            name: String::new(),
             schedule,
             timezone: zone,
         };
         self.write_job(&job, &notes, &command_toml, user.as_deref());
+        self.stems.push(name_stem(&command));
         self.jobs.push(job);
         Ok(())
     }
@@ -870,7 +668,8 @@ impl State<'_> {
         Ok((command, command_toml))
     }
 
-    /// Writes `job` as a `[[job]]` table, after its `notes`.
+    /// Writes `job` as a `[[job]]` table, after its `notes`; its name is
+    /// left for `import` to insert at the place recorded in `name_at`.
     fn write_job(
         &mut self,
         job: &ImportedJob,
@@ -883,7 +682,9 @@ impl State<'_> {
             self.out.push('\n');
         }
         let _ = writeln!(self.out, "[[job]]");
-        let _ = writeln!(self.out, "name = {}", toml_str(&job.name));
+        self.out.push_str("name = ");
+        self.name_at.push(self.out.len());
+        self.out.push('\n');
         let _ = writeln!(self.out, "schedule = {}", toml_str(&job.schedule));
         if let Some(z) = &job.timezone {
             let _ = writeln!(self.out, "timezone = {}", toml_str(z));
@@ -924,7 +725,14 @@ fn header(origin: &str, options: &Options) -> String {
          #   is not added: a job gets the daemon's environment, its env table, and\n\
          #   HOME, USER and LOGNAME when it has a user.\n\
          # - An occurrence no node ran (all down) runs once when one is back\n\
-         #   (misfire = \"run_once\"); cron skips it: add misfire = \"skip\" for that.\n",
+         #   (misfire = \"run_once\"); cron skips it: add misfire = \"skip\" for that.\n\
+         # - Each job is named after the program its command runs, in lower case\n\
+         #   (`cd /srv && ./backup.sh --full` is backup); later jobs running the\n\
+         #   same program are backup-2, backup-3, in file order. To rename a job,\n\
+         #   edit its name = \"...\" line, best before a daemon first loads it: the\n\
+         #   name is the job's lock in the store, so a job renamed later is a new\n\
+         #   lock (a new fence sequence, no catch-up of an occurrence it missed),\n\
+         #   and its past runs stay in `cronlease history` under the old name.\n",
         comment_text(origin)
     )
 }
@@ -1007,24 +815,38 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The job name: the program's base name (after any `NAME=value` words),
-/// cut to `[A-Za-z0-9_.-]` and 60 characters, then `-` and the line number;
-/// a further `-N` if that is somehow taken.
-fn job_name(command: &str, number: usize, taken: &mut HashSet<String>) -> String {
-    let is_assignment = |w: &str| {
-        w.split_once('=').is_some_and(|(n, _)| {
-            !n.is_empty()
-                && !n.starts_with(|c: char| c.is_ascii_digit())
-                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        })
-    };
-    let word = command
-        .split_whitespace()
-        .find(|&w| !is_assignment(w))
-        .unwrap_or("")
-        .trim_matches(|c: char| c == '"' || c == '\'');
-    let base = word.rsplit('/').next().unwrap_or("");
-    let mut clean = String::new();
+/// Script extensions a job's name leaves off: `backup.sh` is `backup`.
+const SCRIPT_EXTENSIONS: [&str; 6] = [".sh", ".bash", ".py", ".pl", ".rb", ".php"];
+
+/// Shells and interpreters whose script, when one follows as the next word,
+/// names the job: `php /srv/cron.php` is `cron`.
+const INTERPRETERS: [&str; 12] = [
+    "sh", "bash", "dash", "zsh", "ksh", "python", "python2", "python3", "perl", "ruby", "php",
+    "node",
+];
+
+/// Commands that only prepare or guard the one a job is named after:
+/// `cd /srv && ./backup.sh`, `[ -x /usr/bin/vnstat ] && /usr/bin/vnstat -u`.
+const PREAMBLES: [&str; 4] = ["cd", "test", "[", "[["];
+
+/// The longest stem: room is left for a counter in a 128-character name.
+const MAX_STEM: usize = 60;
+
+/// What a job is named after, before [`distinct_names`] tells equal ones
+/// apart: the base name of the word [`program_word`] finds, without quotes,
+/// in lower case, without a script extension ([`SCRIPT_EXTENSIONS`]), each
+/// run of characters outside `[a-z0-9_.-]` made one `-`, `-` and `.` cut
+/// from both ends, at most [`MAX_STEM`] characters; `job` if nothing is
+/// left. It reads the command alone, never the line number, so a line added
+/// above does not change it.
+fn name_stem(command: &str) -> String {
+    let word = program_word(command).trim_matches(|c: char| c == '"' || c == '\'');
+    let lower = word.rsplit('/').next().unwrap_or("").to_ascii_lowercase();
+    let base = SCRIPT_EXTENSIONS
+        .iter()
+        .find_map(|ext| lower.strip_suffix(*ext).filter(|rest| !rest.is_empty()))
+        .unwrap_or(lower.as_str());
+    let mut clean = String::with_capacity(base.len());
     for c in base.chars() {
         let c = if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
             c
@@ -1036,21 +858,100 @@ fn job_name(command: &str, number: usize, taken: &mut HashSet<String>) -> String
         }
     }
     let cut: String = clean
-        .trim_matches(|c: char| c == '-' || c == '.')
+        .trim_matches(['-', '.'])
         .chars()
-        .take(60)
+        .take(MAX_STEM)
         .collect();
-    let mut stem = cut.trim_end_matches(['-', '.']).to_string();
+    let stem = cut.trim_end_matches(['-', '.']);
     if stem.is_empty() {
-        stem = "job".into();
+        "job".to_string()
+    } else {
+        stem.to_string()
     }
-    let mut name = format!("{stem}-{number}");
-    let mut n = 2;
-    while !taken.insert(name.to_ascii_lowercase()) {
-        name = format!("{stem}-{number}-{n}");
-        n += 1;
+}
+
+/// The word naming the program a command runs, as far as its words tell
+/// (this is no shell parser): the first word of the first simple command
+/// that is not a [`PREAMBLES`] one, after any `NAME=value` words and
+/// without the `(` or `{` of a group or a `!`; the script instead where
+/// that word is one of the [`INTERPRETERS`] and the next word is not an
+/// option. Simple commands end at `&&`, `||`, `;`, `|` or `&` standing as a
+/// word, or at a word ending in `;`. A command of preambles only is named
+/// by its first word (`cd`, `test`); one of no word at all by none.
+fn program_word(command: &str) -> &str {
+    let is_separator = |w: &str| matches!(w, "&&" | "||" | ";" | "|" | "&");
+    let mut words = command.split_whitespace();
+    let mut first_preamble: Option<&str> = None;
+    // Whether the next word may start a simple command.
+    let mut starting = true;
+    while let Some(raw) = words.next() {
+        if is_separator(raw) {
+            starting = true;
+            continue;
+        }
+        if starting {
+            let word = raw
+                .trim_start_matches(['(', '{', '!'])
+                .trim_end_matches([';', ')', '}']);
+            if PREAMBLES.contains(&word) {
+                first_preamble = first_preamble.or(Some(word));
+                starting = false;
+            } else if !word.is_empty() && !is_assignment(word) {
+                let program = word.rsplit('/').next().unwrap_or(word);
+                if INTERPRETERS.contains(&program) && !raw.ends_with(';') {
+                    let script = words
+                        .next()
+                        .filter(|w| !w.starts_with('-') && !is_separator(w))
+                        .map(|w| w.trim_end_matches([';', ')', '}']))
+                        .filter(|w| !w.is_empty());
+                    if let Some(script) = script {
+                        return script;
+                    }
+                }
+                return word;
+            }
+        }
+        if raw.ends_with(';') {
+            starting = true;
+        }
     }
-    name
+    first_preamble.unwrap_or("")
+}
+
+/// `NAME=value` before a command: an environment setting for it.
+fn is_assignment(word: &str) -> bool {
+    word.split_once('=').is_some_and(|(name, _)| {
+        !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+/// The jobs' names from their stems, in file order: the first job with a
+/// stem is named by it, each later one by the stem, `-` and the lowest
+/// number from 2 up that is neither a name given already nor any job's
+/// stem, so a program called `backup-2` keeps its plain name whatever runs
+/// before it. A function of the stems alone, so the same crontab always
+/// gives the same names, and a line added or removed changes no job's name
+/// but numbered ones: after it, of its own program, or the one whose number
+/// its program's name takes. Stems are lower
+/// case, so the names differ in more than case too, as the configuration
+/// requires.
+fn distinct_names(stems: &[String]) -> Vec<String> {
+    let plain: HashSet<&str> = stems.iter().map(String::as_str).collect();
+    let mut taken: HashSet<String> = HashSet::with_capacity(stems.len());
+    let mut names = Vec::with_capacity(stems.len());
+    for stem in stems {
+        let mut name = stem.clone();
+        let mut n = 1u64;
+        while taken.contains(&name) || (n > 1 && plain.contains(name.as_str())) {
+            n += 1;
+            name = format!("{stem}-{n}");
+        }
+        taken.insert(name.clone());
+        names.push(name);
+    }
+    names
 }
 
 /// A TOML string value, as the toml crate writes one (basic or literal,

@@ -226,8 +226,9 @@ fn system_format_takes_the_user_field() {
         s(&t[0], "command"),
         "cd / && run-parts --report /etc/cron.hourly"
     );
-    assert_eq!(s(&t[0], "name"), "cd-2");
+    assert_eq!(s(&t[0], "name"), "run-parts");
     assert_eq!(s(&t[1], "user"), "www-data");
+    assert_eq!(s(&t[1], "name"), "cron");
     assert_eq!(s(&t[1], "schedule"), "@daily");
     assert_eq!(s(&t[1], "command"), "/usr/bin/php /srv/cron.php");
     let (line, _, msg) = line_err("0 0 * * * root\n", true);
@@ -262,7 +263,7 @@ fn reboot_becomes_a_comment() {
 fn macros_map_to_the_same_macro() {
     let t = only("@daily /usr/sbin/logrotate /etc/logrotate.conf\n");
     assert_eq!(s(&t, "schedule"), "@daily");
-    assert_eq!(s(&t, "name"), "logrotate-1");
+    assert_eq!(s(&t, "name"), "logrotate");
     for (m, want) in [
         ("@hourly", "@hourly"),
         ("@WEEKLY", "@weekly"),
@@ -365,7 +366,7 @@ fn percent_is_standard_input() {
         cmd,
         "printf '%s' 'it'\\''s 100% \"q\"\ntab\\there' | (\ncat\n)"
     );
-    assert_eq!(s(&t[0], "name"), "cat-1");
+    assert_eq!(s(&t[0], "name"), "cat");
     let out = std::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(cmd)
@@ -438,25 +439,124 @@ fn quotes_backslashes_and_control_characters_survive() {
     assert_eq!(env(&t), pairs(&[("A.B", "1")]));
 }
 
+fn names(text: &str) -> Vec<String> {
+    let imp = user(text);
+    // The record and the table agree.
+    let written: Vec<String> = tables(&imp)
+        .iter()
+        .map(|t| s(t, "name").to_string())
+        .collect();
+    let recorded: Vec<String> = imp.jobs.iter().map(|j| j.name.clone()).collect();
+    assert_eq!(written, recorded, "{}", imp.toml);
+    recorded
+}
+
 #[test]
-fn same_commands_get_distinct_names() {
-    let imp = user(concat!(
-        "0 1 * * * /usr/local/bin/backup --full\n",
-        "0 2 * * * /usr/local/bin/backup --full\n",
-        "0 3 * * * [ -x /usr/bin/a ] && a\n",
-        "0 4 * * * LANG=C \"/opt/my tool/run\" x\n",
-        "0 5 * * * ./weird@name!.sh\n",
-    ));
-    let names: Vec<&str> = imp.jobs.iter().map(|j| j.name.as_str()).collect();
+fn names_come_from_the_programs_base_name() {
     assert_eq!(
-        names,
-        ["backup-1", "backup-2", "job-3", "my-4", "weird-name-.sh-5"]
+        names(concat!(
+            "0 1 * * * cd /srv && ./backup.sh --full\n",
+            "0 2 * * * /usr/local/bin/rotate-logs.sh\n",
+            "0 3 * * * [ -x /usr/bin/vnstat ] && /usr/bin/vnstat -u\n",
+            "0 4 * * * LANG=C TZ=UTC /opt/Report.PY x\n",
+            "0 5 * * * ./weird@name!.sh\n",
+            "0 6 * * * /usr/bin/python3 /srv/app/manage.py clearsessions\n",
+            "0 7 * * * sh -c 'echo hi'\n",
+            "0 8 * * * test -x /usr/sbin/anacron || ( cd / && run-parts /etc/cron.daily )\n",
+            "0 9 * * * { cd /tmp; exec ./sweep; }\n",
+            "0 10 * * * (cd /var/www && php artisan schedule:run)\n",
+            "0 11 * * * cd /tmp\n",
+            "0 12 * * * \"/opt/my tool/run\" x\n",
+        )),
+        [
+            "backup",
+            "rotate-logs",
+            "vnstat",
+            "report",
+            "weird-name",
+            "manage",
+            "sh",
+            "run-parts",
+            // `exec` is a program word like any other.
+            "exec",
+            "artisan",
+            "cd",
+            "my",
+        ]
     );
-    let mut taken = HashSet::new();
-    assert_eq!(job_name("x", 1, &mut taken), "x-1");
-    assert_eq!(job_name("X", 1, &mut taken), "X-1-2");
-    let long = "a".repeat(200);
-    assert_eq!(job_name(&long, 9, &mut taken).len(), 62);
+    let long = format!("/bin/{}.sh", "a".repeat(200));
+    assert_eq!(name_stem(&long), "a".repeat(MAX_STEM));
+    assert_eq!(name_stem("x--y..z-. arg"), "x-y..z");
+    // Every name is one the configuration accepts.
+    for n in names("* * * * * ./Ünïcode-ß.sh\n* * * * * .hidden\n") {
+        assert!(crate::config::JobName::parse(&n).is_ok(), "{n}");
+    }
+}
+
+#[test]
+fn the_same_program_gets_a_counter_only_on_collision() {
+    assert_eq!(
+        names(concat!(
+            "0 1 * * * /usr/local/bin/backup --full\n",
+            "0 2 * * * /usr/local/bin/backup --incremental\n",
+            "0 3 * * * /usr/bin/curl https://x/\n",
+            "0 4 * * * BACKUP.sh\n",
+        )),
+        ["backup", "backup-2", "curl", "backup-3"]
+    );
+    // A program named like a numbered name keeps its plain name, wherever
+    // it comes: the counter goes round it.
+    assert_eq!(
+        names("* * * * * backup\n* * * * * backup\n* * * * * backup-2\n"),
+        ["backup", "backup-3", "backup-2"]
+    );
+    assert_eq!(
+        distinct_names(&["x", "x-2", "x", "x"].map(String::from)),
+        ["x", "x-2", "x-3", "x-4"]
+    );
+    // Names differ in more than case, as `check` requires.
+    assert_eq!(names("* * * * * X\n* * * * * x\n"), ["x", "x-2"]);
+    // A later program called `a-2` keeps its name: the second `a` skips it.
+    let text = "* * * * * a\n* * * * * a\n* * * * * a-2\n* * * * * b\n";
+    assert_eq!(names(text), ["a", "a-3", "a-2", "b"]);
+}
+
+#[test]
+fn names_stay_when_lines_are_added_or_removed_above() {
+    let below = "0 1 * * * cd /srv && ./backup.sh\n0 2 * * * /usr/bin/rotate-logs\n";
+    let before = names(below);
+    assert_eq!(before, ["backup", "rotate-logs"]);
+    let added = names(&format!(
+        "# new\nMAILTO=\"\"\n\n*/5 * * * * curl -fsS https://x/\n@daily /usr/bin/report\n{below}"
+    ));
+    assert_eq!(added, ["curl", "report", "backup", "rotate-logs"]);
+    // No name carries a line number.
+    let lines = user(&format!("\n\n\n{below}"));
+    assert_eq!(lines.jobs[0].line, 4);
+    assert_eq!(lines.jobs[0].name, "backup");
+}
+
+#[test]
+fn a_command_of_symbols_only_is_named_job() {
+    assert_eq!(
+        names("* * * * * @@@ --x\n* * * * * !!!\n* * * * * ( ; )\n"),
+        ["job", "job-2", "job-3"]
+    );
+    assert_eq!(name_stem(""), "job");
+    assert_eq!(name_stem("'-.-'"), "job");
+}
+
+#[test]
+fn the_header_says_how_to_rename_a_job() {
+    let toml = user("* * * * * true\n").toml;
+    let header: String = toml
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(header.contains("edit its name = \"...\" line"), "{header}");
+    assert!(header.contains("a new\n#   lock"), "{header}");
+    assert!(header.contains("under the old name"), "{header}");
 }
 
 #[test]
@@ -531,7 +631,7 @@ fn output_is_valid_toml_with_a_header_and_comments() {
     assert!(imp.toml.contains("# my jobs \u{FFFD}\n"), "{}", imp.toml);
     let t = tables(&imp);
     assert_eq!(s(&t[0], "command"), "curl -fsS https://x/ping");
-    assert_eq!(s(&t[0], "name"), "curl-3");
+    assert_eq!(s(&t[0], "name"), "curl");
     // Empty input: a header and no jobs, still TOML.
     assert!(tables(&user("")).is_empty());
     // A last line without its newline is imported, with a warning.

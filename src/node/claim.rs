@@ -73,6 +73,12 @@ pub const FOLLOWER_LEAD: Duration = Duration::from_millis(5);
 /// occurrence later).
 const DEFERRED_LAG: Duration = Duration::from_millis(10);
 
+/// How long after the head start a node sends its claims of the jobs a
+/// step-down made it give up (`JobState::yielded`): after every other
+/// node's, the deferred ones of `spread` included, so a live peer takes
+/// each.
+const YIELDED_LAG: Duration = Duration::from_millis(30);
+
 /// `holder`'s count of leases given up as `due`'s claims saw it.
 fn released_seen(due: &Due, holder: Option<&str>) -> Option<u64> {
     due.released_seen.get(holder?).copied()
@@ -342,11 +348,11 @@ impl Node {
         // [0]: jobs this node holds or has not seen held, sent at once;
         // [1]: jobs another node held, sent FOLLOWER_LEAD later;
         // [2]: with `spread`, jobs another live node is preferred for and
-        // does not hold, sent after its head start and DEFERRED_LAG (see
-        // `Deferral`).
-        let mut requests = [Vec::new(), Vec::new(), Vec::new()];
-        let mut gates = [Vec::new(), Vec::new(), Vec::new()];
-        let mut queued_for = [Vec::new(), Vec::new(), Vec::new()];
+        // does not hold, sent after the head start and DEFERRED_LAG (see
+        // `Deferral`); [3]: jobs a step-down gave up, after YIELDED_LAG.
+        let mut requests = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut gates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut queued_for = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         let view = self.placement_view();
         // Occurrences left to their live holder ([`super::progress`]): not
         // claimed unless the registry says otherwise.
@@ -366,6 +372,14 @@ impl Node {
                 continue;
             };
             let group = match view.as_deref() {
+                // Given up by a step-down: a live peer takes it first
+                // (unless its window would be over by then).
+                _ if d.state.yielded()
+                    && self.settings.head_start + YIELDED_LAG * 2
+                        < start_window(&d.state.job(), d.occurrence, d.next).0 =>
+                {
+                    3
+                }
                 Some(view) => {
                     let holder = d.state.holder();
                     match self.deferral_in(&d.state.job(), holder.as_deref(), Some(view)) {
@@ -388,13 +402,16 @@ impl Node {
             queued_for[group].push(i);
         }
         let mut queued: Vec<Option<Queued>> = due.iter().map(|_| None).collect();
-        let [first, later, deferred] = requests;
+        let [first, later, deferred, yielded] = requests;
         let answers = [
             self.batch.claims.submit(first),
             self.batch.claims.submit_after(later, FOLLOWER_LEAD),
             self.batch
                 .claims
                 .submit_after(deferred, self.settings.head_start + DEFERRED_LAG),
+            self.batch
+                .claims
+                .submit_after(yielded, self.settings.head_start + YIELDED_LAG),
         ];
         for ((indices, gates), answers) in queued_for.into_iter().zip(gates).zip(answers) {
             for ((i, gate), answer) in indices.into_iter().zip(gates).zip(answers) {
@@ -661,6 +678,24 @@ impl Node {
                 return Err(at.gave_up());
             }
             return Err(Flow::Again);
+        }
+        if state.yielded() {
+            // Given up by a step-down: a live peer takes it first.
+            let after = chrono::TimeDelta::from_std(self.settings.head_start + YIELDED_LAG)
+                .unwrap_or_default();
+            let wait = (due.occurrence + after - self.wall.now())
+                .to_std()
+                .unwrap_or_default();
+            // A window shorter than the head start: claimed now, never
+            // given up for the deferral's sake.
+            let until = Instant::now() + wait;
+            if !wait.is_zero() && until + YIELDED_LAG < at.window_end() {
+                drop(gate);
+                if !self.sleep_within(until, at.window_end(), stop).await {
+                    return Err(at.gave_up());
+                }
+                return Err(Flow::Again);
+            }
         }
         if self.clock.skewed() && !self.recheck_clock().await {
             // Out of bounds: claim nothing, look again shortly.

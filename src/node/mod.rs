@@ -132,6 +132,10 @@ struct JobRuntime {
     /// up as this node saw it before the claim that named it was sent
     /// (`None`: not seen), for leaving the job to it ([`progress`]).
     follow_released: Option<u64>,
+    /// A step-down gave the job up: this node claims it only after its
+    /// head start (so a live peer takes it), until another node is seen to
+    /// hold it, or this node wins it because none did.
+    yielded: bool,
 }
 
 /// Per-job state shared by the scheduler, the job's occurrence handlers and
@@ -158,6 +162,7 @@ impl JobState {
                 release_after_run: false,
                 standing: Standing::Unknown,
                 follow_released: None,
+                yielded: false,
             }),
             run_ended: tokio::sync::Notify::new(),
             claim_gate: Arc::new(tokio::sync::Mutex::new(())),
@@ -233,6 +238,7 @@ impl JobState {
     /// job's ends with its run.
     fn step_down(&self) -> bool {
         let mut rt = self.rt();
+        rt.yielded = true;
         if rt.running {
             rt.release_after_run = true;
             false
@@ -254,6 +260,11 @@ impl JobState {
     fn saw_fence(&self, fence: u64) {
         let mut rt = self.rt();
         rt.fence_floor = rt.fence_floor.max(fence);
+    }
+
+    /// Whether a step-down gave the job up and no node has held it since.
+    fn yielded(&self) -> bool {
+        self.rt().yielded
     }
 
     /// Whether this node last saw another owner hold the job.
@@ -311,6 +322,13 @@ impl JobState {
     /// Logs at info when this node's standing for the job changes.
     fn note_standing(&self, now: Standing, fence: u64) {
         let mut rt = self.rt();
+        // Some node holds it (this one: no peer took it): the step-down's
+        // deferral has done its work. Not while a run the step-down let
+        // finish still holds this node's lease: its next occurrences are
+        // won here on that lease, and the job is given up when it ends.
+        if now != Standing::Unknown && !rt.release_after_run {
+            rt.yielded = false;
+        }
         if rt.standing == now {
             return;
         }
@@ -382,6 +400,9 @@ pub struct Node {
     /// How far its claims have gone, and the registry reads of the
     /// occurrences it leaves to their holder ([`progress`]).
     progress: Arc<progress::Progress>,
+    /// A release the store did not take, since the node started: its
+    /// stop's last line says the leases were left to expire.
+    unreleased: AtomicBool,
 }
 
 /// The node's settings, from its configuration.
@@ -638,6 +659,7 @@ impl Node {
             looks: trigger::Looks::default(),
             shards: Mutex::new(std::collections::HashMap::new()),
             progress: Arc::default(),
+            unreleased: AtomicBool::new(false),
         })
     }
 
@@ -1133,17 +1155,23 @@ impl Node {
         if let Ok(mut u) = self.step_down_until.lock() {
             *u = Some(until);
         }
-        let released = self.release_leases_now_or_after_runs().await;
-        tracing::info!(
-            released,
-            "stepped down: leases released, claiming nothing for {:?}",
-            self.settings.margin
-        );
+        match self.release_leases_now_or_after_runs().await {
+            Some(released) => tracing::info!(
+                released,
+                "stepped down: leases released, claiming nothing for {:?}, then each job only after its head start until another node holds it",
+                self.settings.margin
+            ),
+            None => tracing::warn!(
+                "stepped down, but the store did not take the release: peers take over as the leases expire; claiming nothing for {:?}",
+                self.settings.margin
+            ),
+        }
     }
 
     /// Releases the leases of the jobs not running now, and marks each
-    /// running job's to be released as its run ends; the count released now.
-    async fn release_leases_now_or_after_runs(&self) -> usize {
+    /// running job's to be released as its run ends; the count released now
+    /// (`None`: the store did not take the release).
+    async fn release_leases_now_or_after_runs(&self) -> Option<usize> {
         let mut idle = Vec::new();
         for state in self.states().into_iter().chain(self.shard_states()) {
             // Wait out a claim in flight: its run, if it won, counts as running.
@@ -1155,10 +1183,12 @@ impl Node {
         self.release(&idle).await
     }
 
-    /// Releases this node's leases on `jobs` (owner-checked in the store).
-    async fn release(&self, jobs: &[JobName]) -> usize {
+    /// Releases this node's leases on `jobs` (owner-checked in the store):
+    /// the count released, or `None` when three tries failed (the leases
+    /// then expire by themselves). The caller says which, once.
+    async fn release(&self, jobs: &[JobName]) -> Option<usize> {
         if jobs.is_empty() {
-            return 0;
+            return Some(0);
         }
         // Followers that left these jobs to this node claim them again.
         self.progress.releasing();
@@ -1171,14 +1201,24 @@ impl Node {
                 )
                 .await
             {
-                return n;
+                return Some(n);
             }
             if attempt < 2 {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        tracing::warn!("could not release leases; peers take over when they expire");
-        0
+        self.unreleased.store(true, Ordering::SeqCst);
+        None
+    }
+
+    /// [`Self::release`] of one job, saying so when the store did not take
+    /// it (during a stop, its last line says it for every job).
+    pub(crate) async fn release_one(&self, job: &JobName) {
+        if self.release(std::slice::from_ref(job)).await.is_none()
+            && !self.life.claims.is_cancelled()
+        {
+            tracing::warn!(job = %job, "could not release the lease: peers take over when it expires");
+        }
     }
 
     /// Releases a removed job's lease once no run of it is going.
@@ -1188,7 +1228,7 @@ impl Node {
         }
         let node = self.clone();
         self.life.handlers.spawn(async move {
-            node.release(&[state.job().name.clone()]).await;
+            node.release_one(&state.job().name).await;
         });
     }
 
@@ -1204,7 +1244,21 @@ impl Node {
         // occurrences on time, not once the slowest run is over (the
         // randomized drill on SQLite missed an occurrence so, a stopping
         // node holding an idle lease while its load jobs finished).
-        let mut released = self.release_leases_now_or_after_runs().await;
+        // What the store took; whether it took every release is kept in
+        // `unreleased` (also those of runs ending during the stop): the
+        // last line says what happened to the leases, once and truly.
+        // Bounded as a whole, as the last release below: with a store
+        // that cannot be written, the leases expire by themselves, and the
+        // exit must not wait for that.
+        let budget = self.settings.op_timeout * 2 + Duration::from_millis(500);
+        let mut released =
+            match tokio::time::timeout(budget, self.release_leases_now_or_after_runs()).await {
+                Ok(n) => n.unwrap_or(0),
+                Err(_) => {
+                    self.unreleased.store(true, Ordering::SeqCst);
+                    0
+                }
+            };
         let running = self.life.runs.len();
         if running > 0 {
             // The record stays until the runs end: it says now that leases
@@ -1224,25 +1278,25 @@ impl Node {
                 self.life.runs.wait().await;
             }
         }
-        // Bounded as a whole: with a store that cannot be written, the
-        // leases expire by themselves, and the exit must not wait for that.
-        let budget = self.settings.op_timeout * 2 + Duration::from_millis(500);
-        released += match tokio::time::timeout(budget, self.release(&self.lock_names())).await {
-            Ok(released) => released,
-            Err(_) => {
-                tracing::warn!(
-                    "could not release leases within {budget:?}; peers take over when they expire"
-                );
-                0
-            }
-        };
+        match tokio::time::timeout(budget, self.release(&self.lock_names())).await {
+            Ok(Some(n)) => released += n,
+            Ok(None) => {}
+            Err(_) => self.unreleased.store(true, Ordering::SeqCst),
+        }
         self.leave_registry().await;
         if let Some(guard) = &self.guard.process {
             // Runs over and (as far as the store let us) recorded, leases
             // released or left to expire: nothing for the guard to do.
             guard.bye().await;
         }
-        tracing::info!(released, "leases released; stopped");
+        if !self.unreleased.load(Ordering::SeqCst) {
+            tracing::info!(released, "leases released; stopped");
+        } else {
+            tracing::warn!(
+                released,
+                "stopped without releasing every lease (the store did not answer): peers take over when they expire"
+            );
+        }
     }
 
     /// Stops running jobs at once (a second SIGTERM during shutdown).

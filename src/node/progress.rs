@@ -238,8 +238,12 @@ impl Node {
                 self.settings.head_start + AFTER_HEAD_START,
             ),
         ] {
+            // A stop claims nothing more: not the occurrences this node
+            // left either (before, a stopping node's follower went on to
+            // read the registry, and took over what its reads said).
             let nodes = tokio::select! {
                 () = due.stop.cancelled() => return true,
+                () = self.life.claims.cancelled() => return true,
                 nodes = self.registry_read((at, read), instant + after) => nodes,
             };
             if !nodes.is_some_and(|nodes| left.kept(&nodes, at, read)) {

@@ -174,7 +174,7 @@ impl Node {
             let hand_back = node.defers(&state.job()) && !state.is_running();
             if state.take_release_after_run() || hand_back {
                 state.lease_ended();
-                node.release(&[state.job().name.clone()]).await;
+                node.release_one(&state.job().name).await;
             }
             node.after_run(&state, ticket, &ended).await;
         }))

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::support::{Backend, binary, unique};
 
+// The pages the packages ship (examples/gen_assets.rs writes them).
+#[path = "../../examples/assets/man_pages.rs"]
+mod man_pages;
+
 fn cronlease(args: &[&str], config: &std::path::Path) -> std::process::Output {
     Command::new(binary())
         .args(args)
@@ -525,7 +529,7 @@ fn a_non_redis_server_on_the_redis_port_is_unreachable() {
     }
 }
 
-/// The man page and the shell completions the .deb ships are generated
+/// The man pages and the shell completions the .deb ships are generated
 /// from the clap definitions (examples/gen_assets.rs), and docs/cli.md is
 /// written by hand: every command must be in all of them, so a new command
 /// cannot ship undocumented or uncompleted.
@@ -541,11 +545,8 @@ fn every_command_is_in_the_man_page_the_completions_and_docs() {
         .filter(|n| n != "help")
         .collect();
     assert!(names.iter().any(|n| n == "pause"), "{names:?}");
-    let mut page = Vec::new();
-    clap_mangen::Man::new(cmd.clone())
-        .render(&mut page)
-        .unwrap();
-    let page = String::from_utf8(page).unwrap();
+    let pages = man_pages::pages().unwrap();
+    let main_page = man_text(&man_page(&pages, "cronlease.1"));
     let docs = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md"),
     )
@@ -566,10 +567,14 @@ fn every_command_is_in_the_man_page_the_completions_and_docs() {
         }
     }
     for name in &names {
-        // The man page escapes '-' as '\-'.
+        let page = man_text(&man_page(&pages, &format!("cronlease-{name}.1")));
         assert!(
-            page.contains(name.as_str()) || page.contains(&name.replace('-', "\\-")),
-            "man page lacks {name}"
+            page.contains(&format!("cronlease-{name} - ")),
+            "cronlease-{name}(1) lacks its NAME line: {page}"
+        );
+        assert!(
+            main_page.contains(&format!("cronlease-{name}(1)")),
+            "cronlease(1) does not refer to cronlease-{name}(1)"
         );
         let heading = format!("`{name}");
         assert!(
@@ -578,6 +583,187 @@ fn every_command_is_in_the_man_page_the_completions_and_docs() {
             "docs/cli.md has no section for {name}"
         );
     }
+    assert_eq!(
+        pages.len(),
+        names.len() + 1,
+        "one page per command and cronlease(1): {:?}",
+        pages.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+}
+
+/// The man pages refer only to pages the packages ship (clap_mangen names
+/// `cronlease-COMMAND(1)` whether or not it exists), and cronlease(1) lists
+/// the files, the exit codes and the signals, the latter two as the code
+/// has them and as docs/cli.md documents them.
+#[test]
+fn man_pages_reference_only_pages_that_exist_and_list_files_exit_codes_signals() {
+    let pages = man_pages::pages().unwrap();
+    let names: Vec<&str> = pages.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"cronlease.1"), "{names:?}");
+    for (name, page) in &pages {
+        let text = man_text(page);
+        for reference in page_references(&text) {
+            assert!(
+                names.contains(&format!("{reference}.1").as_str()),
+                "{name} refers to {reference}(1), which is not generated: {names:?}"
+            );
+        }
+        assert!(text.contains("SEE ALSO"), "{name} has no SEE ALSO: {text}");
+    }
+    let main_page = String::from_utf8(man_page(&pages, "cronlease.1")).unwrap();
+    let headings: Vec<&str> = main_page
+        .lines()
+        .filter_map(|l| l.strip_prefix(".SH "))
+        .map(|h| h.trim_matches('"'))
+        .collect();
+    for heading in ["EXIT STATUS", "SIGNALS", "FILES", "SEE ALSO"] {
+        assert!(headings.contains(&heading), "no {heading}: {headings:?}");
+    }
+    let exit_status = man_section(&main_page, "EXIT STATUS");
+    for (code, _) in man_pages::EXIT_CODES {
+        assert!(
+            exit_status.contains(&format!("\\fB{code}\\fR")),
+            "EXIT STATUS lacks {code}: {exit_status}"
+        );
+    }
+    let signals = man_section(&main_page, "SIGNALS");
+    let page_signals: Vec<&str> = man_pages::SIGNALS
+        .iter()
+        .flat_map(|(names, _)| names.iter().copied())
+        .collect();
+    for signal in &page_signals {
+        assert!(
+            signals.contains(&format!("\\fB{signal}\\fR")),
+            "SIGNALS lacks {signal}: {signals}"
+        );
+    }
+    let files = man_text(man_section(&main_page, "FILES").as_bytes());
+    for path in [
+        cronlease::config::DEFAULT_CONFIG_PATH,
+        cronlease::config::DEFAULT_PID_FILE,
+    ] {
+        assert!(files.contains(path), "FILES lacks {path}: {files}");
+    }
+
+    // The exit codes docs/cli.md's table lists are the page's.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("docs/cli.md")).unwrap();
+    let mut documented: Vec<u8> = markdown_section(&docs, "## Exit codes")
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split(" |").next()?.parse().ok())
+        .collect();
+    documented.sort_unstable();
+    let mut listed: Vec<u8> = man_pages::EXIT_CODES.iter().map(|(c, _)| *c).collect();
+    listed.sort_unstable();
+    assert_eq!(
+        listed, documented,
+        "exit codes: the man page's, then docs/cli.md's"
+    );
+
+    // The signals: those the daemon installs handlers for, those
+    // docs/cli.md's table lists, and the page's.
+    let mut page_signals: Vec<String> = page_signals.iter().map(|s| s.to_string()).collect();
+    page_signals.sort_unstable();
+    let documented = signal_names(
+        &markdown_section(&docs, "## Signals")
+            .lines()
+            .filter(|l| l.starts_with("| "))
+            .filter_map(|l| l.split(" |").next())
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    assert_eq!(
+        page_signals, documented,
+        "signals: the man page's, then docs/cli.md's"
+    );
+    let daemon = std::fs::read_to_string(root.join("src/app/daemon.rs")).unwrap();
+    let installed = daemon
+        .split_once("Signals::new([")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| signal_names(list))
+        .expect("src/app/daemon.rs installs its handlers with Signals::new([...])");
+    assert_eq!(
+        page_signals, installed,
+        "signals: the man page's, then those src/app/daemon.rs handles"
+    );
+}
+
+/// The page named `name` (`cronlease.1`, `cronlease-run.1`, ...).
+fn man_page(pages: &[(String, Vec<u8>)], name: &str) -> Vec<u8> {
+    pages
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, page)| page.clone())
+        .unwrap_or_else(|| panic!("no man page {name}"))
+}
+
+/// A page's roff as the reader sees its words: no font changes, `\-` a
+/// plain `-`, `\*(Aq` an apostrophe.
+fn man_text(roff: &[u8]) -> String {
+    String::from_utf8_lossy(roff)
+        .replace("\\fB", "")
+        .replace("\\fI", "")
+        .replace("\\fR", "")
+        .replace("\\&", "")
+        .replace("\\-", "-")
+        .replace("\\*(Aq", "'")
+}
+
+/// The roff of one `.SH` section, up to the next.
+fn man_section<'a>(roff: &'a str, heading: &str) -> &'a str {
+    let quoted = if heading.contains(' ') {
+        format!(".SH \"{heading}\"\n")
+    } else {
+        format!(".SH {heading}\n")
+    };
+    let (_, rest) = roff
+        .split_once(&quoted)
+        .unwrap_or_else(|| panic!("no section {heading}"));
+    rest.split_once("\n.SH ")
+        .map_or(rest, |(section, _)| section)
+}
+
+/// A markdown section: from its heading line to the next of its level.
+fn markdown_section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let (_, rest) = text
+        .split_once(&format!("\n{heading}"))
+        .unwrap_or_else(|| panic!("no {heading}"));
+    rest.split_once("\n## ")
+        .map_or(rest, |(section, _)| section)
+}
+
+/// Every man page `text` refers to in section 1 whose name starts with
+/// `cronlease` (`cronlease-run(1)` gives `cronlease-run`).
+fn page_references(text: &str) -> Vec<String> {
+    let mut references = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("(1)") {
+        let before = &rest[..at];
+        // The name: the ASCII run of name characters right before "(1)".
+        let name_len = before
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+            .count();
+        let name = &before[before.len() - name_len..];
+        if name.starts_with("cronlease") {
+            references.push(name.to_string());
+        }
+        rest = &rest[at + 3..];
+    }
+    references
+}
+
+/// The `SIG...` names in `text`, sorted, each once.
+fn signal_names(text: &str) -> Vec<String> {
+    let mut names: Vec<String> = text
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| w.starts_with("SIG") && w.len() > 3)
+        .map(str::to_string)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// `import-crontab` as a user runs it: a file or standard input in, TOML
@@ -651,6 +837,10 @@ fn import_crontab_output_passes_check() {
     );
     let jobs = toml.matches("[[job]]").count();
     assert!(jobs >= 15, "{jobs} jobs:\n{toml}");
+    // Named after their programs, not their lines (tests/it/crontab.rs has
+    // every name).
+    assert!(toml.contains("\nname = \"rotate-logs\"\n"), "{toml}");
+    assert!(toml.contains("\nname = \"echo-2\"\n"), "{toml}");
 
     let bad = import(&["-"], Some("# ok\n61 * * * * true\n"));
     assert_eq!(bad.status.code(), Some(78), "{bad:?}");
@@ -836,4 +1026,58 @@ fn run_exits_77_at_once_when_the_store_refuses_the_node() {
             );
         }
     });
+}
+
+/// SQL stores' errors in an operator's words (issue 36): a refused port is
+/// "connection refused by ADDR", not sqlx's "pool timed out while waiting
+/// for an open connection"; PostgreSQL's messages come without the
+/// server's source line ("at line 948"); a second migration logs no NOTICE
+/// ("relation ... already exists, skipping").
+#[test]
+fn sql_store_errors_are_in_an_operators_words_and_server_notices_stay_quiet() {
+    Backend::Postgres.require();
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::support::free_port();
+    for url in [
+        format!("mysql://root@127.0.0.1:{port}/test"),
+        format!("postgres://postgres@127.0.0.1:{port}/test"),
+    ] {
+        let config = write_config(dir.path(), &url);
+        for cmd in ["status", "migrate"] {
+            let out = cronlease(&[cmd], &config);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {err}");
+            assert_eq!(err.lines().count(), 1, "{cmd} {url}: one line: {err}");
+            assert!(
+                err.contains(&format!("127.0.0.1:{port}")) && err.contains("refused"),
+                "{cmd} {url}: {err}"
+            );
+            assert!(!err.contains("pool timed out"), "{cmd} {url}: {err}");
+        }
+    }
+    let config = write_config(
+        dir.path(),
+        "postgres://postgres@127.0.0.1:5432/no_such_database_x",
+    );
+    let out = cronlease(&["status"], &config);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("database \"no_such_database_x\" does not exist")
+            && !err.contains(" at line "),
+        "{err}"
+    );
+    let config = write_config(dir.path(), &Backend::Postgres.url(dir.path()));
+    for round in 0..2 {
+        let out = cronlease(&["migrate"], &config);
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0), "{all}");
+        assert!(
+            !all.contains("already exists") && !all.contains("NOTICE"),
+            "round {round}: {all}"
+        );
+    }
 }

@@ -195,7 +195,7 @@ const CASES: &[(&str, &str, &str, &str, usize, &str)] = &[
         GOOD_JOB,
         "cronlease.toml",
         2,
-        "unsupported store URL scheme \"ftp\"",
+        "unsupported store URL scheme \"ftp\": expected sqlite://, mysql://, mariadb://, postgres://, postgresql://, redis://, rediss://, redis+sentinel://, zk://, etcd:// or etcds://",
     ),
     (
         "URL without host",
@@ -774,6 +774,82 @@ fn dangling_and_looping_job_symlinks_are_errors() {
     assert_eq!(out.status.code(), Some(78));
 }
 
+/// A file with mistakes of every kind is reported whole by one `check`
+/// (issue 36: 9 mistakes took 5 rounds: serde's first, then a type error,
+/// then the meaning; a schedule error hid behind its job's time zone). Each
+/// at its file, line and column, a misspelt key with the key it resembles.
+#[test]
+fn every_mistake_of_every_job_is_reported_in_one_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = "node = \"n1\"\n[store]\nurl = \"sqlite://x.db\"\nhistory_limt = 5\n";
+    let jobs = "[[job]]
+name = \"a\"
+schedule = \"0 61 * * *\"
+timezone = \"Mars/Base\"
+command = \"true\"
+timout = \"5s\"
+
+[[job]]
+name = \"b\"
+schedule = \"* * * * *\"
+command = \"true\"
+kill_grace = 5
+overlap = \"queue\"
+env = { CRONLEASE_X = \"1\" }
+
+[[job]]
+name = \"c d\"
+schedule = \"* * * * *\"
+command = \"\"
+timeout = \"2 parsecs\"
+";
+    std::fs::write(dir.path().join("cronlease.toml"), main).unwrap();
+    std::fs::create_dir_all(dir.path().join("jobs.d")).unwrap();
+    std::fs::write(dir.path().join("jobs.d/all.toml"), jobs).unwrap();
+    let out = Command::new(crate::support::binary())
+        .args(["check", "-c"])
+        .arg(dir.path().join("cronlease.toml"))
+        .env_remove("CRONLEASE_STORE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = [
+        (
+            "cronlease.toml:4:1:",
+            "unknown field `history_limt`",
+            Some("did you mean `history_limit`?"),
+        ),
+        (
+            "all.toml:3:12:",
+            "hour 61 is out of range: expected a number from 0 to 23",
+            None,
+        ),
+        ("all.toml:4:12:", "unknown time zone \"Mars/Base\"", None),
+        (
+            "all.toml:6:1:",
+            "unknown field `timout`",
+            Some("did you mean `timeout`?"),
+        ),
+        ("all.toml:12:14:", "invalid type", None),
+        ("all.toml:13:11:", "unknown variant `queue`", None),
+        ("all.toml:14:9:", "is reserved", None),
+        ("all.toml:17:8:", "invalid job name", None),
+        ("all.toml:19:11:", "empty command", None),
+        ("all.toml:20:11:", "invalid duration \"2 parsecs\"", None),
+    ];
+    for (at, what, hint) in want {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(at) && l.contains(what))
+            .unwrap_or_else(|| panic!("no {at} {what}:\n{stderr}"));
+        if let Some(hint) = hint {
+            assert!(line.contains(hint), "{line}");
+        }
+    }
+    assert_eq!(stderr.lines().count(), want.len(), "{stderr}");
+}
+
 /// Structural mistakes in different places of the main file are all
 /// reported in one pass, each at its own line.
 #[test]
@@ -872,4 +948,77 @@ fn a_job_over_the_os_argument_limits_is_refused_with_the_limit_named() {
     let dir = tempfile::tempdir().unwrap();
     let loaded = load(dir.path(), GOOD_MAIN, &[("a.toml", &job("true", &ten))]);
     assert!(loaded.is_ok(), "1 MB of env: {:?}", loaded.err());
+}
+
+/// A program or working directory that is not there passes `check` with a
+/// warning each, naming file, line and column (it may be installed later);
+/// `--strict` makes them errors, exit 78.
+#[test]
+fn a_missing_program_or_working_directory_is_a_warning_and_strict_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cronlease.toml"), GOOD_MAIN).unwrap();
+    std::fs::create_dir_all(dir.path().join("jobs.d")).unwrap();
+    let jobs = "[[job]]
+name = \"argv\"
+schedule = \"* * * * *\"
+command = [\"/opt/nowhere/backup\", \"--full\"]
+
+[[job]]
+name = \"dir\"
+schedule = \"* * * * *\"
+command = \"true\"
+working_dir = \"/srv/not-mounted\"
+
+[[job]]
+name = \"shell\"
+schedule = \"* * * * *\"
+command = \"no-such-tool-x --flag && echo done\"
+
+[[job]]
+name = \"fine\"
+schedule = \"* * * * *\"
+command = \"cd /tmp && ls\"
+";
+    std::fs::write(dir.path().join("jobs.d/a.toml"), jobs).unwrap();
+    let check = |strict: bool| {
+        let mut cmd = Command::new(crate::support::binary());
+        cmd.args(["check", "-c"])
+            .arg(dir.path().join("cronlease.toml"))
+            .env_remove("CRONLEASE_STORE_URL");
+        if strict {
+            cmd.arg("--strict");
+        }
+        cmd.output().unwrap()
+    };
+    let out = check(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(
+        lines[0].starts_with("warning: ")
+            && lines[0].contains("a.toml:4:11: job \"argv\": /opt/nowhere/backup: no such file")
+            && lines[0].contains("not_started"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].contains("a.toml:10:15: job \"dir\": working_dir /srv/not-mounted does not exist"),
+        "{stderr}"
+    );
+    assert!(
+        lines[2].contains("a.toml:15:11: job \"shell\": no-such-tool-x: not found in PATH")
+            && lines[2].contains("exit 127"),
+        "{stderr}"
+    );
+    let out = check(true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert_eq!(stderr.lines().count(), 3, "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .all(|l| !l.starts_with("warning: ") && l.contains("a.toml:")),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
 }

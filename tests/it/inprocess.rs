@@ -1649,6 +1649,56 @@ async fn step_down_hands_the_next_occurrence_over_on_time() {
     b.stop().await;
 }
 
+/// A step-down drains its node of the jobs it gave up (issue 36: the node
+/// won them back at their next instant once its pause was over, so
+/// `drill --step-down` failed 2 times in 3): it claims each only after its
+/// head start until another node holds it. With no peer to take them it
+/// still runs them, a head start late, and then on time again.
+#[tokio::test(start_paused = true)]
+async fn a_stepped_down_node_stays_out_of_the_race_until_a_peer_holds_its_jobs() {
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(3));
+    w.until(t(1.0)).await;
+    let b = w.start("b", &jobs(3));
+    w.until(t(15.0)).await;
+    assert!(runs_at(&w, 10.0).iter().all(|(n, _)| n == "a"));
+    // The pause (one margin, 1 s) is over long before the next instant.
+    a.node.step_down().await;
+    w.until(t(35.0)).await;
+    assert_eq!(
+        runs_at(&w, 20.0),
+        vec![("b".into(), 5), ("b".into(), 5), ("b".into(), 5)],
+        "b took them over; a did not win them back"
+    );
+    assert_eq!(
+        runs_at(&w, 30.0),
+        vec![("b".into(), 0), ("b".into(), 0), ("b".into(), 0)]
+    );
+    // Held elsewhere, they are a's to take over again as any follower's.
+    b.stop().await;
+    w.until(t(45.0)).await;
+    let forty = runs_at(&w, 40.0);
+    assert!(
+        forty.len() == 3 && forty.iter().all(|(n, late)| n == "a" && *late < 100),
+        "{forty:?}"
+    );
+    a.stop().await;
+
+    // Alone, a stepped-down node still runs what it gave up.
+    let w = World::new(VirtualRunner::default());
+    let a = w.start("a", &jobs(1));
+    w.until(t(15.0)).await;
+    a.node.step_down().await;
+    w.until(t(35.0)).await;
+    let twenty = runs_at(&w, 20.0);
+    assert!(
+        twenty.len() == 1 && twenty[0].0 == "a" && (50..200).contains(&twenty[0].1),
+        "after its head start: {twenty:?}"
+    );
+    assert_eq!(runs_at(&w, 30.0), vec![("a".into(), 0)], "then on time");
+    a.stop().await;
+}
+
 /// A graceful stop releases the leases of idle jobs at once, not after its
 /// running jobs finish: here j0000 runs 30 s from 12:00:00, and node a is
 /// told to stop at 12:00:05 (its grace, 30 s, lets that run go on). Its

@@ -193,3 +193,39 @@ fn a_deleted_sqlite_file_is_noticed_and_nothing_runs_twice() {
         "{report}"
     );
 }
+
+/// A node stopped while its store is down says once, and truly, what became
+/// of its leases: not released, left to expire (before: "could not release
+/// leases" and then "leases released; stopped released=0"). Stopped with
+/// the store up, it says they were released.
+#[test]
+fn a_shutdown_while_the_store_is_down_says_once_that_leases_were_not_released() {
+    let mut redis = RedisServer::new(false);
+    redis.start();
+    let mut c = Cluster::with_url(Backend::Redis, Some(&redis.url()), None, "");
+    c.start("n1");
+    c.start("n2");
+    c.wait_for("runs", Duration::from_secs(15), |l| l.len() >= 3);
+    c.signal("n2", nix::sys::signal::Signal::SIGTERM);
+    c.wait_exit("n2", Duration::from_secs(15));
+    redis.stop();
+    std::thread::sleep(Duration::from_millis(500));
+    c.signal("n1", nix::sys::signal::Signal::SIGTERM);
+    let status = c.wait_exit("n1", Duration::from_secs(30));
+    assert!(status.is_some(), "n1 stopped\n{}", c.report());
+    let down = c.log("n1");
+    let lease_lines: Vec<&str> = down
+        .lines()
+        .filter(|l| l.contains("lease") && (l.contains("release") || l.contains("stopped")))
+        .collect();
+    assert_eq!(lease_lines.len(), 1, "one line about the leases\n{down}");
+    assert!(
+        lease_lines[0].contains("stopped without releasing every lease")
+            && lease_lines[0].contains("WARN"),
+        "{down}"
+    );
+    assert!(!down.contains("leases released"), "{down}");
+    let up = c.log("n2");
+    assert!(up.contains("leases released; stopped"), "{up}");
+    assert!(!up.contains("without releasing"), "{up}");
+}

@@ -338,7 +338,7 @@ impl SqlStore {
 
     fn err(&self, e: sqlx::Error) -> StoreError {
         let store = self.url.redacted().to_string();
-        let reason = self.url.scrub(&e.to_string());
+        let reason = self.url.scrub(&self.reason(&e));
         match &e {
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
@@ -359,6 +359,58 @@ impl SqlStore {
             }
             _ => StoreError::Backend { store, reason },
         }
+    }
+
+    /// `e` in an operator's words: the pool's "timed out while waiting
+    /// for an open connection" says what the connections met (a refused
+    /// port), a server's error its message without PostgreSQL's source
+    /// line ("... does not exist at line 948").
+    fn reason(&self, e: &sqlx::Error) -> String {
+        match e {
+            sqlx::Error::PoolTimedOut => match self.server() {
+                Some((_, Some(addr))) if nothing_listens(addr) => format!(
+                    "connection refused by {addr}: no server is listening there (is it running, and on that port?)"
+                ),
+                Some((server, _)) => format!(
+                    "no connection to {server} within {} (store.op_timeout): the server did not answer in time, or all store.max_connections connections were busy",
+                    humantime::format_duration(self.op_timeout)
+                ),
+                None => e.to_string(),
+            },
+            sqlx::Error::Database(db) => db.message().to_string(),
+            sqlx::Error::Io(io) => match self.server() {
+                Some((server, _)) => format!("cannot reach the server at {server}: {io}"),
+                None => e.to_string(),
+            },
+            other => other.to_string(),
+        }
+    }
+
+    /// The server as the URL names it (`HOST:PORT`), and its address when
+    /// that is an IP or `localhost` (never a lookup: this is an error
+    /// path, and it must not block); `None` for SQLite.
+    fn server(&self) -> Option<(String, Option<std::net::SocketAddr>)> {
+        let default_port = match self.dialect.name {
+            "mysql" => 3306,
+            "postgres" => 5432,
+            _ => return None,
+        };
+        let url = url::Url::parse(self.url.expose()).ok()?;
+        let port = url.port().unwrap_or(default_port);
+        let host = url.host()?;
+        let ip: Option<std::net::IpAddr> = match &host {
+            url::Host::Ipv4(ip) => Some((*ip).into()),
+            url::Host::Ipv6(ip) => Some((*ip).into()),
+            url::Host::Domain("localhost") => Some(std::net::Ipv4Addr::LOCALHOST.into()),
+            // `mysql://` and `postgres://` are not schemes the url crate
+            // knows: their hosts come as names, an IP's too.
+            url::Host::Domain(name) => name.parse().ok(),
+        };
+        let name = match &host {
+            url::Host::Ipv6(ip) => format!("[{ip}]:{port}"),
+            other => format!("{other}:{port}"),
+        };
+        Some((name, ip.map(|ip| std::net::SocketAddr::new(ip, port))))
     }
 
     /// The connection pool in use.
@@ -731,6 +783,16 @@ fn postgres_parts(
     Err(StoreError::NotBuiltIn(
         "postgres:// support is not built into this binary (build with feature `postgres`)".into(),
     ))
+}
+
+/// Whether a connection to `addr`, on this host, is refused: the kernel
+/// answers a loopback connect at once (a non-blocking one only says "in
+/// progress", so this one blocks, for no longer than the refusal takes).
+/// `false` for any other address: finding out would mean waiting.
+fn nothing_listens(addr: std::net::SocketAddr) -> bool {
+    addr.ip().is_loopback()
+        && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
 #[cfg(test)]

@@ -100,6 +100,9 @@ pub(super) fn parts(
     tls: Option<&TlsFiles>,
 ) -> (&'static Dialect, String, Vec<String>) {
     let setup = vec![
+        // No NOTICE ("relation ... already exists, skipping") sent to be
+        // logged: the server's warnings and errors still are.
+        "SET client_min_messages = warning".to_string(),
         format!("SET lock_timeout = {}", op_ms.max(1)),
         // A transaction left idle this long is ended by the server: a node
         // frozen or partitioned inside a claim batch would otherwise keep

@@ -67,6 +67,13 @@ impl SqlStore {
     /// database's migration lock, so nodes starting together do not collide.
     pub(super) async fn migrate(&self) -> Result<SchemaVersions, sqlx::Error> {
         let mut conn = AnyConnection::connect(&self.connect_url).await?;
+        if self.dialect.name == "postgres" {
+            // `CREATE ... IF NOT EXISTS` of what exists is a NOTICE, which
+            // every start would log: below WARN, not sent.
+            sqlx::raw_sql("SET client_min_messages = warning")
+                .execute(&mut conn)
+                .await?;
+        }
         let p = &self.prefix;
         let lock_key = format!("cronlease_migrate_{p}");
         let (lock, unlock): (String, String) = match self.dialect.name {

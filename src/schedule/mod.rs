@@ -39,6 +39,8 @@ use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds};
 
+pub(crate) mod fields;
+
 /// Why a schedule or time zone was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ScheduleError {
@@ -139,6 +141,36 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, croner::errors::CronError> {
     Ok(cron)
 }
 
+/// Why croner refused `pattern`, in the words `import-crontab` uses: the
+/// first field croner refuses with every other field `*`, named, with its
+/// range ("hour 61 is out of range: expected a number from 0 to 23"), or
+/// croner's reason for that field. `None` when no field alone is at fault
+/// (a macro, or fields that only clash together).
+fn explain(pattern: &str) -> Option<String> {
+    let parts: Vec<&str> = pattern.split_whitespace().collect();
+    let count = parts.len();
+    if count != 5 && count != 6 {
+        return None;
+    }
+    parts.iter().enumerate().find_map(|(i, part)| {
+        let alone: Vec<&str> = (0..count)
+            .map(|j| if j == i { *part } else { "*" })
+            .collect();
+        let refused = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .build()
+            .parse(&alone.join(" "))
+            .err()?;
+        Some(fields::field_mistake(i, count, part).unwrap_or_else(|| {
+            format!(
+                "{} {part:?}: {}",
+                fields::field_name(i, count),
+                refused.to_string().trim_end_matches('.')
+            )
+        }))
+    })
+}
+
 impl Schedule {
     /// Parses `expr` (5 or 6 fields, or an @macro) evaluated in `zone`.
     ///
@@ -173,14 +205,18 @@ impl Schedule {
             {
                 return Err(ScheduleError::Syntax {
                     expr: expr.into(),
-                    reason: format!("field {} lists no value", field + 1),
+                    reason: format!(
+                        "the {} field lists no value",
+                        fields::field_name(field, found)
+                    ),
                 });
             }
             trimmed.to_string()
         };
         let cron = shared_cron(&pattern).map_err(|e| ScheduleError::Syntax {
             expr: expr.into(),
-            reason: e.to_string().trim_end_matches('.').to_string(),
+            reason: explain(&pattern)
+                .unwrap_or_else(|| e.to_string().trim_end_matches('.').to_string()),
         })?;
         let schedule = Schedule {
             cron,
@@ -427,13 +463,41 @@ mod tests {
             Schedule::parse(", * * * *", "UTC"),
             Err(ScheduleError::Syntax {
                 expr: ", * * * *".into(),
-                reason: "field 1 lists no value".into()
+                reason: "the minute field lists no value".into()
             })
         );
         assert!(matches!(
             Schedule::parse("0 0 ,, * * *", "UTC"),
             Err(ScheduleError::Syntax { .. })
         ));
+        // croner's "Number out of bounds" named no field and no range; the
+        // words are import-crontab's.
+        let reason = |expr: &str| match Schedule::parse(expr, "UTC") {
+            Err(ScheduleError::Syntax { reason, .. }) => reason,
+            other => panic!("{expr}: {other:?}"),
+        };
+        assert_eq!(
+            reason("0 61 * * *"),
+            "hour 61 is out of range: expected a number from 0 to 23"
+        );
+        assert_eq!(
+            reason("61 0 * * * *"),
+            "second 61 is out of range: expected a number from 0 to 59"
+        );
+        assert_eq!(
+            reason("0 0 * foo *"),
+            "unknown month name \"foo\": expected a number from 1 to 12 or a name jan to dec"
+        );
+        assert_eq!(
+            reason("0 0 * * 1-9"),
+            "day of week 9 is out of range: expected a number from 0 to 7 (0 and 7 are Sunday) or a name sun to sat"
+        );
+        assert_eq!(
+            Schedule::parse("0 61 * * *", "UTC")
+                .unwrap_err()
+                .to_string(),
+            "invalid schedule \"0 61 * * *\": hour 61 is out of range: expected a number from 0 to 23"
+        );
         // Empty items beside values are skipped, as croner does.
         assert!(Schedule::parse("1,,2 * * * *", "UTC").is_ok());
         // Rare but real: Feb 29 fires in leap years only.
