@@ -521,12 +521,19 @@ fn a_non_redis_server_on_the_redis_port_is_unreachable() {
     ] {
         let config = write_config(dir.path(), &url);
         for cmd in ["status", "migrate"] {
-            let out = cronlease(&[cmd], &config);
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {err}");
-            assert_eq!(err.lines().count(), 1, "{cmd} {url}: one line: {err}");
+            unreachable_line(cmd, &url, &config);
         }
     }
+}
+
+/// `cmd` on `config` (naming the store at `url`) fails as unreachable:
+/// exit 69, one line, which it returns.
+fn unreachable_line(cmd: &str, url: &str, config: &std::path::Path) -> String {
+    let out = cronlease(&[cmd], config);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {err}");
+    assert_eq!(err.lines().count(), 1, "{cmd} {url}: one line: {err}");
+    err
 }
 
 /// The man pages and the shell completions the .deb ships are generated
@@ -1044,10 +1051,7 @@ fn sql_store_errors_are_in_an_operators_words_and_server_notices_stay_quiet() {
     ] {
         let config = write_config(dir.path(), &url);
         for cmd in ["status", "migrate"] {
-            let out = cronlease(&[cmd], &config);
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(69), "{cmd} {url}: {err}");
-            assert_eq!(err.lines().count(), 1, "{cmd} {url}: one line: {err}");
+            let err = unreachable_line(cmd, &url, &config);
             assert!(
                 err.contains(&format!("127.0.0.1:{port}")) && err.contains("refused"),
                 "{cmd} {url}: {err}"
@@ -1080,4 +1084,85 @@ fn sql_store_errors_are_in_an_operators_words_and_server_notices_stay_quiet() {
             "round {round}: {all}"
         );
     }
+}
+
+/// The README's quickstart as written (issue 36: it stopped a node with
+/// `kill %2`, which names the wrong node half the time): its shell blocks
+/// run in a copy of config/, with this build's binary and free ports. The
+/// holder is killed through its pid file, the survivor runs the next
+/// occurrence, and the survivor stops through its own pid file, as the text
+/// says. About 25 s: the quickstart's own two waits.
+#[test]
+fn readme_quickstart_runs_as_written_and_kills_through_pid_files() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = readme.find("## Two-minute quickstart").unwrap();
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    assert!(!section.contains("kill %"), "job-control kills: {section}");
+    let blocks: Vec<&str> = section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    assert_eq!(blocks.len(), 2, "{section}");
+    // The stop the text gives for the survivor, after the blocks.
+    let stop = "kill \"$(cat config/$survivor.pid)\"";
+    assert!(section.contains(stop), "{section}");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(root.join("config"))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    let (p1, p2) = (crate::support::free_port(), crate::support::free_port());
+    let script = format!(
+        "set -eu\n{}\n{}\n{stop}\nwhile kill -0 \"$(cat config/$survivor.pid 2>/dev/null)\" 2>/dev/null; do sleep 0.1; done\necho \"holder=$holder survivor=$survivor\"\n",
+        blocks[0], blocks[1]
+    )
+    .replace("cargo build --release\n", "")
+    .replace("./target/release/cronlease", &binary().display().to_string())
+    .replace("9187", &p1.to_string())
+    .replace("9188", &p2.to_string());
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(dir.path())
+        .env_remove("CRONLEASE_STORE_URL")
+        .env_remove("RUST_LOG")
+        .stdout(std::fs::File::create(dir.path().join("out.txt")).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("err.txt")).unwrap())
+        .status()
+        .unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
+    let report = format!(
+        "script:\n{script}\nstdout:\n{}\nstderr:\n{}\na.log:\n{}\nb.log:\n{}",
+        read("out.txt"),
+        read("err.txt"),
+        read("a.log"),
+        read("b.log")
+    );
+    assert!(out.success(), "{report}");
+    let said = read("out.txt");
+    let names = said
+        .lines()
+        .find_map(|l| l.strip_prefix("holder="))
+        .unwrap_or_else(|| panic!("no names\n{report}"));
+    let (holder, survivor) = names.split_once(" survivor=").unwrap();
+    assert!(
+        (holder, survivor) == ("a", "b") || (holder, survivor) == ("b", "a"),
+        "{report}"
+    );
+    // The survivor ran an occurrence after the kill, and stopped cleanly.
+    let survivor_log = read(&format!("{survivor}.log"));
+    assert!(
+        said.contains(&format!("hello from {survivor}")),
+        "the survivor's run in the grep\n{report}"
+    );
+    assert!(
+        survivor_log.contains("leases released; stopped"),
+        "{report}"
+    );
 }
