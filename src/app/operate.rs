@@ -203,7 +203,7 @@ pub(super) fn print_drill(out: &mut impl Write, report: &drill::Report) {
             "the daemon on this host stopped cleanly and stays stopped: `systemctl start cronlease`"
         }
         drill::Disturbance::StepDown => {
-            "the daemon on this host keeps running and claims again after one margin"
+            "the daemon on this host keeps running; it claims the jobs it gave up only after the head start, until another node holds them"
         }
     };
     let _ = writeln!(out, "{after}");
