@@ -60,7 +60,7 @@ pub(super) fn check_present(
         return;
     };
     let launch = crate::launch::Launch {
-        program: program.clone(),
+        program,
         args: Vec::new(),
         env: env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         cwd: working_dir.map(Path::to_path_buf),

@@ -275,13 +275,11 @@ pub(super) fn did_you_mean(message: &str) -> String {
 
 /// The candidate nearest `given` by edit distance, if it is near enough to
 /// be a typo (at most a third of the word's letters, at least one).
-pub(super) fn closest<'a>(
-    given: &str,
-    candidates: impl Iterator<Item = &'a str>,
-) -> Option<&'a str> {
+fn closest<'a>(given: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     let limit = (given.chars().count() / 3).max(1);
+    let given = given.to_ascii_lowercase();
     candidates
-        .map(|c| (edit_distance(&given.to_ascii_lowercase(), c), c))
+        .map(|c| (edit_distance(&given, c), c))
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)

@@ -111,6 +111,14 @@ pub fn jitter_point(job: &str) -> u64 {
     u64::from_be_bytes(first)
 }
 
+/// `pattern` as croner reads it: 5 fields, or 6 with seconds first.
+fn parse_pattern(pattern: &str) -> Result<Cron, croner::errors::CronError> {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .build()
+        .parse(pattern)
+}
+
 /// The parsed `pattern`, shared with every schedule already holding it:
 /// croner keeps a table of 5,001 years per pattern (a `Cron` is about
 /// 5.2 KB), so 20,000 jobs of one pattern held 100 MB of identical tables,
@@ -126,12 +134,7 @@ fn shared_cron(pattern: &str) -> Result<Arc<Cron>, croner::errors::CronError> {
     if let Some(cron) = held {
         return Ok(cron);
     }
-    let cron = Arc::new(
-        CronParser::builder()
-            .seconds(Seconds::Optional)
-            .build()
-            .parse(pattern)?,
-    );
+    let cron = Arc::new(parse_pattern(pattern)?);
     if let Ok(mut index) = shared.lock() {
         if index.len() >= 1024 && index.len().is_power_of_two() {
             index.retain(|_, cron| cron.strong_count() > 0);
@@ -156,11 +159,7 @@ fn explain(pattern: &str) -> Option<String> {
         let alone: Vec<&str> = (0..count)
             .map(|j| if j == i { *part } else { "*" })
             .collect();
-        let refused = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .build()
-            .parse(&alone.join(" "))
-            .err()?;
+        let refused = parse_pattern(&alone.join(" ")).err()?;
         Some(fields::field_mistake(i, count, part).unwrap_or_else(|| {
             format!(
                 "{} {part:?}: {}",

@@ -94,15 +94,18 @@ const TLS_PARAMS: super::TlsParamNames = super::TlsParamNames {
     key: "sslkey",
 };
 
+/// No NOTICE ("relation ... already exists, skipping" at every start) sent
+/// to be logged: the server's warnings and errors still are. Set on every
+/// pooled connection and on the migration's own.
+pub(super) const QUIET_NOTICES: &str = "SET client_min_messages = warning";
+
 pub(super) fn parts(
     url: &StoreUrl,
     op_ms: i64,
     tls: Option<&TlsFiles>,
 ) -> (&'static Dialect, String, Vec<String>) {
     let setup = vec![
-        // No NOTICE ("relation ... already exists, skipping") sent to be
-        // logged: the server's warnings and errors still are.
-        "SET client_min_messages = warning".to_string(),
+        QUIET_NOTICES.to_string(),
         format!("SET lock_timeout = {}", op_ms.max(1)),
         // A transaction left idle this long is ended by the server: a node
         // frozen or partitioned inside a claim batch would otherwise keep

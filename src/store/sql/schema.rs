@@ -67,10 +67,11 @@ impl SqlStore {
     /// database's migration lock, so nodes starting together do not collide.
     pub(super) async fn migrate(&self) -> Result<SchemaVersions, sqlx::Error> {
         let mut conn = AnyConnection::connect(&self.connect_url).await?;
+        #[cfg(feature = "postgres")]
         if self.dialect.name == "postgres" {
             // `CREATE ... IF NOT EXISTS` of what exists is a NOTICE, which
-            // every start would log: below WARN, not sent.
-            sqlx::raw_sql("SET client_min_messages = warning")
+            // every start would log ([`super::postgres::QUIET_NOTICES`]).
+            sqlx::raw_sql(super::postgres::QUIET_NOTICES)
                 .execute(&mut conn)
                 .await?;
         }
