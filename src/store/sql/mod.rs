@@ -110,6 +110,9 @@ pub struct SqlStore {
     /// once a minute is enough (they are a minute dead already), and each
     /// time is a statement more per beat (on SQLite a write).
     forgot_at: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The last verdict of [`nothing_listens`] on the server, and when:
+    /// asked again at most once a [`PROBE_EVERY`].
+    refused: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
 }
 
 /// A SQLite database file and its (device, inode) when this store opened it.
@@ -251,6 +254,7 @@ impl SqlStore {
             file_clock,
             schema_notice: SchemaNotice::default(),
             forgot_at: std::sync::Mutex::new(None),
+            refused: std::sync::Mutex::new(None),
         })
     }
 
@@ -368,7 +372,7 @@ impl SqlStore {
     fn reason(&self, e: &sqlx::Error) -> String {
         match e {
             sqlx::Error::PoolTimedOut => match self.server() {
-                Some((_, Some(addr))) if nothing_listens(addr) => format!(
+                Some((_, Some(addr))) if self.refused(addr) => format!(
                     "connection refused by {addr}: no server is listening there (is it running, and on that port?)"
                 ),
                 Some((server, _)) => format!(
@@ -383,6 +387,21 @@ impl SqlStore {
                 None => e.to_string(),
             },
             other => other.to_string(),
+        }
+    }
+
+    /// [`nothing_listens`] at `addr`, asked at most once a [`PROBE_EVERY`]
+    /// (it runs on a failed call's error path, in async code: a blocked
+    /// thread delays every timer of its tasks).
+    fn refused(&self, addr: std::net::SocketAddr) -> bool {
+        let mut last = crate::store::lock(&self.refused);
+        match *last {
+            Some((at, verdict)) if at.elapsed() < PROBE_EVERY => verdict,
+            _ => {
+                let verdict = nothing_listens(addr);
+                *last = Some((std::time::Instant::now(), verdict));
+                verdict
+            }
         }
     }
 
@@ -785,13 +804,17 @@ fn postgres_parts(
     ))
 }
 
+/// How often [`SqlStore::refused`] asks again.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
 /// Whether a connection to `addr`, on this host, is refused: the kernel
 /// answers a loopback connect at once (a non-blocking one only says "in
-/// progress", so this one blocks, for no longer than the refusal takes).
+/// progress", so this one blocks, for no longer than the refusal takes,
+/// and 10 ms at most: packets to it may be dropped, by a firewall rule).
 /// `false` for any other address: finding out would mean waiting.
 fn nothing_listens(addr: std::net::SocketAddr) -> bool {
     addr.ip().is_loopback()
-        && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100))
+        && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(10))
             .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
