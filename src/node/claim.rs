@@ -533,8 +533,9 @@ impl Node {
     /// by this node alone. A recheck asks without taking anything; a win
     /// found now is too late to run, so it is recorded `lease_lost` (as a
     /// run whose lease could not be proven at its start), never lost
-    /// silently.
-    async fn recheck_unanswered(
+    /// silently, unless another claim of this node (the next occurrence's,
+    /// catching this one up) won the same fence meanwhile: its run stands.
+    pub(super) async fn recheck_unanswered(
         &self,
         state: &JobState,
         occurrence: DateTime<Utc>,
@@ -542,6 +543,15 @@ impl Node {
         next: Option<DateTime<Utc>>,
         only: bool,
     ) {
+        // Under the job's claim gate, like every claim of the job: no other
+        // claim of it is in flight meanwhile, and the request's fence floor
+        // counts every fence this node won before. Sent beside a claim
+        // whose answer was still to come, a recheck found that claim's win
+        // (the next occurrence's retry, handed the unanswered win again as
+        // its catch-up) and recorded the fence being run as `lease_lost`:
+        // the record ended the run's lease and a peer ran the next
+        // occurrence beside it (an overlap under flapping partitions).
+        let gate = state.claim_gate.lock().await;
         let mut request = self.request(state, occurrence, previous, next, true, only);
         request.recheck_only = true;
         let answer =
@@ -549,7 +559,14 @@ impl Node {
         let job = state.job();
         match answer {
             Ok(Ok((ClaimOutcome::Won(won), answered))) => {
-                state.saw_fence(won.fence);
+                if state.has_taken(won.fence) {
+                    // A store that ignores the floor still names a fence
+                    // this node runs or ran: its record is that run's.
+                    tracing::debug!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(won.occurrence), "a claim answered only after its occurrence was over: another claim of this node won the same fence");
+                    return;
+                }
+                state.took_fence(won.fence);
+                drop(gate);
                 // It holds the lease: a follower that lost to it leaves the
                 // job to it (docs/protocol.md, "Followers leave held jobs to
                 // their holder"), so it must claim the next occurrence.
@@ -834,7 +851,7 @@ impl Node {
     ) -> Flow {
         let (state, stop) = (&due.state, &due.stop);
         let job = state.job();
-        state.saw_fence(won.fence);
+        state.took_fence(won.fence);
         self.record_unclaimed(state, &won, decision_ms);
         if Instant::now() >= at.give_up_at {
             // Answered after the occurrence's window (it waited behind a

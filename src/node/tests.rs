@@ -1,5 +1,6 @@
-//! Unit tests of the node's pure arithmetic: the watchdog's stuck check and
-//! the local lease deadline and renewal point.
+//! Unit tests of the node: the watchdog's stuck check, the local lease
+//! deadline and renewal point (pure arithmetic), and a recheck beside a claim
+//! in flight (on the in-memory store).
 #![allow(clippy::unwrap_used)]
 
 use super::service::scheduler_stuck;
@@ -48,4 +49,98 @@ fn renewal_leaves_a_third_of_the_provable_time() {
         );
         assert!(clock.renew_at(margin) > sent);
     }
+}
+
+/// A claim of the job in flight when a recheck of an unanswered claim is
+/// due (the next occurrence's retry, say, whose answer is still to come):
+/// the recheck waits for it, as every claim of the job waits for the one
+/// before. That claim was handed the unanswered win again as its catch-up
+/// (fence 1) and runs it; the recheck then asks with the fence floor that
+/// win raised and records nothing. Sent beside it, the recheck was answered
+/// `Won` for fence 1 too and recorded it `lease_lost`, ending the lease of
+/// the run going on: a peer ran the next occurrence beside it
+/// (`partition::mysql::flapping`).
+#[cfg(feature = "memory")]
+#[tokio::test(start_paused = true)]
+async fn a_recheck_waits_for_the_claim_in_flight_and_records_nothing_it_won() {
+    use crate::store::memory::MemoryStore;
+    use crate::store::{ClaimOutcome, ClaimRequest, Locks};
+    let at = |s: i64| chrono::TimeZone::timestamp_opt(&Utc, 1_800_000_000 + s, 0).unwrap();
+    let store = MemoryStore::starting_at(at(0));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "node = \"a\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[[job]]\nname = \"j\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let config = crate::config::load(&path, &crate::config::Overrides::default()).unwrap();
+    let node = Node::with_parts(
+        &config,
+        Arc::new(store.connection()),
+        NodeParts::in_process(
+            Arc::new(crate::wallclock::TokioClock::starting_at(at(0))),
+            Arc::new(crate::exec::ProcessRunner::with_cgroups()),
+        ),
+    );
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (node, shutdown) = (node.clone(), shutdown.clone());
+        let jobs = config.jobs.clone();
+        async move { node.run(jobs, shutdown).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The store granted this node the occurrence at(0) (fence 1); the
+    // reply never came.
+    let (occurrence, next) = (at(0), at(10));
+    let granted = store
+        .connection()
+        .claim(&[ClaimRequest {
+            job: crate::config::JobName::parse("j").unwrap(),
+            occurrence,
+            previous: None,
+            before_previous: None,
+            misfire: crate::config::Misfire::RunOnce,
+            owner: node.owner().clone(),
+            lease: Duration::from_secs(11),
+            fence_floor: 0,
+            max_offset: Duration::from_secs(1),
+            head_start: None,
+            after_unanswered: false,
+            recheck_only: false,
+            window_end: None,
+            manual: None,
+            redeliver: false,
+        }])
+        .await
+        .unwrap();
+    assert!(matches!(&granted.outcomes[..], [ClaimOutcome::Won(w)] if w.fence == 1));
+    let state = node.state_of("j").unwrap();
+    // A claim of the job is in flight: it holds the job's claim gate.
+    let in_flight = state.claim_gate.clone().lock_owned().await;
+    let recheck = tokio::spawn({
+        let (node, state) = (node.clone(), state.clone());
+        async move {
+            node.recheck_unanswered(&state, occurrence, None, Some(next), false)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its answer: fence 1, the unanswered win as its catch-up, run now.
+    state.took_fence(1);
+    drop(in_flight);
+    recheck.await.unwrap();
+    // Past the history writes' gathering window.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        store.history_len(),
+        0,
+        "the recheck recorded the fence a run of this node holds: {:?}",
+        store.history_outcomes("j")
+    );
+    shutdown.cancel();
+    task.await.unwrap();
 }

@@ -366,7 +366,7 @@ impl Node {
         match answer {
             Some((ClaimOutcome::Won(won), _)) => {
                 if let Some(state) = &state {
-                    state.saw_fence(won.fence);
+                    state.took_fence(won.fence);
                 }
                 let now = self.wall.now();
                 let record = crate::store::RunRecord {
@@ -482,7 +482,7 @@ impl Node {
             tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
         match answer {
             Ok(Ok((ClaimOutcome::Won(won), _))) => {
-                state.saw_fence(won.fence);
+                state.took_fence(won.fence);
                 let ticket = RunTicket {
                     fence: won.fence,
                     occurrence: occurrence.unwrap_or(won.occurrence),
@@ -574,7 +574,7 @@ impl Node {
             match answer {
                 Ok((ClaimOutcome::Won(won), answered)) => {
                     self.count_claim(&job.name, "won");
-                    state.saw_fence(won.fence);
+                    state.took_fence(won.fence);
                     state.lease_granted(first_sent.unwrap_or(sent).min(sent), lease);
                     state.note_standing(Standing::Holder, won.fence);
                     // A retry or a redelivery runs as its occurrence's
