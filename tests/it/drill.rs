@@ -21,6 +21,11 @@ use crate::cluster::Cluster;
 use crate::support::Backend;
 
 const MARGIN: f64 = 1.0;
+/// How long a node restarted beside a frozen peer may claim nothing on etcd:
+/// its start up to its first beat (up to 1.5 s with both cores busy) plus
+/// one heartbeat TTL at this margin (1.33 s, `beat_timing`), rounded up. Seen
+/// in the long tier: a restart at +0, its first claim at +2.48 s.
+const ETCD_SETTLING: f64 = 3.0;
 /// A run that starts within this long after a node froze (seconds) had its
 /// claim answered before the freeze: it says nothing of the store after it.
 const CLAIMED_BEFORE_FREEZE: f64 = 0.05;
@@ -79,6 +84,9 @@ pub struct Counts {
     /// SQLite: missed while a frozen node held the database file's write
     /// lock (nothing started anywhere from its freeze to its thaw).
     pub sqlite_locked_by_frozen_writer: usize,
+    /// etcd: missed while every node up had just restarted beside a frozen
+    /// peer, its clock median not yet settled.
+    pub etcd_clocks_settling: usize,
     /// Runs of the load jobs, and how many of their occurrences ran twice or
     /// got a fence lower than an earlier occurrence of the same job.
     pub load_runs: usize,
@@ -320,7 +328,7 @@ pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
     judge(&c, &disturbances, begin, judged_until, &mut counts);
     judge_load(&c, &mut counts);
     let summary = format!(
-        "drill {backend:?} {seconds}s seed {seed} with {load} load jobs ({} runs, ran twice {}, fences out of order {}): events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}; SQLite file locked by a frozen writer {}",
+        "drill {backend:?} {seconds}s seed {seed} with {load} load jobs ({} runs, ran twice {}, fences out of order {}): events {:?}; {} occurrences; ran twice {}; overlapping runs {}; stale writes fenced off {}; fences out of order {}; missed while a node was up {}; lost between claim and start {}; skipped by overlap {}; SQLite file locked by a frozen writer {}; etcd clocks settling {}",
         counts.load_runs,
         counts.load_ran_twice,
         counts.load_fence_out_of_order,
@@ -333,7 +341,8 @@ pub fn run_plan(backend: Backend, seconds: u64, plan: &Plan) -> Counts {
         counts.missed_while_up,
         counts.lost_between_claim_and_start,
         counts.skipped_overlap,
-        counts.sqlite_locked_by_frozen_writer
+        counts.sqlite_locked_by_frozen_writer,
+        counts.etcd_clocks_settling
     );
     eprintln!("{summary}");
     // The verdict last: a CI log cut to its tail still shows why.
@@ -522,6 +531,26 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
             .iter()
             .any(|d| d.node == node && d.from < to && d.to > from)
     };
+    // etcd judges whether an occurrence is due on the median of the live
+    // nodes' clocks, and a node (re)started while a peer with a live record
+    // is frozen waits for that peer's reading until one heartbeat TTL after
+    // its first beat (src/store/etcd/clocks.rs, `unsettled`): until then it
+    // claims nothing (docs/protocol.md, "Clock offset").
+    let settling = |node: &str, from: f64, to: f64| {
+        c.backend == Backend::Etcd
+            && disturbances.iter().any(|d| {
+                d.node == node
+                    && matches!(d.kind, "kill" | "term")
+                    && d.healed < to
+                    && d.healed + ETCD_SETTLING > from
+                    && disturbances.iter().any(|f| {
+                        f.node != node
+                            && f.kind == "stop"
+                            && f.from < d.healed + ETCD_SETTLING
+                            && f.healed > d.healed
+                    })
+            })
+    };
     let mut t = begin.ceil() as i64 + 2;
     while (t as f64) < until {
         let instant = t as f64;
@@ -580,6 +609,10 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                             r.start > d.from + CLAIMED_BEFORE_FREEZE && r.start < d.healed - 0.01
                         })
                 });
+            let clocks_settling = !["n1", "n2", "n3"].iter().any(|n| {
+                up(n, instant - 0.3, instant + MARGIN + 0.6)
+                    && !settling(n, instant - 0.3, instant + MARGIN + 0.6)
+            });
             if skipped.contains(&t) {
                 // overlap = "skip": a late run (a thawed holder) was still
                 // going at this instant; claimed and skipped, as configured.
@@ -592,6 +625,11 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                 );
             } else if file_locked {
                 counts.sqlite_locked_by_frozen_writer += 1;
+            } else if clocks_settling {
+                counts.etcd_clocks_settling += 1;
+                eprintln!(
+                    "etcd clocks settling: unix {t}; every node up had just restarted beside a frozen peer"
+                );
             } else {
                 counts.missed_while_up += 1;
                 let around: Vec<&Disturbance> = disturbances
