@@ -14,8 +14,10 @@
 //!   started to the end of the measured minute, over N × J.
 //!
 //! `cargo bench --all-features --bench simulate -- [--nodes 3,10,50]
-//! [--jobs 1000,10000] [--at spread,zero]`: `spread` puts the jobs' seconds
-//! evenly over the minute, `zero` every job at :00 (the worst case). Each
+//! [--jobs 1000,10000] [--at spread,zero] [--notices off,on]`: `spread`
+//! puts the jobs' seconds evenly over the minute, `zero` every job at :00
+//! (the worst case); `on` has the store announce requests, as Redis,
+//! PostgreSQL, ZooKeeper and etcd do, `off` not, as MariaDB and SQLite. Each
 //! row runs three virtual minutes and measures the third.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -95,8 +97,8 @@ fn cpu_seconds() -> f64 {
     t(usage.user_time()) + t(usage.system_time())
 }
 
-/// One row: (N, J, spread).
-fn simulate(nodes: usize, jobs: usize, spread: bool) -> String {
+/// One row: (N, J, spread, the store announces requests).
+fn simulate(nodes: usize, jobs: usize, spread: bool, notices: bool) -> String {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -105,6 +107,9 @@ fn simulate(nodes: usize, jobs: usize, spread: bool) -> String {
     rt.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
         let store = MemoryStore::starting_at(start() - chrono::Duration::milliseconds(500));
+        if notices {
+            store.announce_requests();
+        }
         let wall = Arc::new(TokioClock::starting_at(
             start() - chrono::Duration::milliseconds(500),
         ));
@@ -172,8 +177,9 @@ fn simulate(nodes: usize, jobs: usize, spread: bool) -> String {
         let nj = (nodes * jobs) as f64;
         let beats = calls.iter().filter(|c| c.op.starts_with("heartbeat")).count();
         format!(
-            "| {nodes} | {jobs} | {} | {} | {:.1} | {beats} | {:.1} | {:.2} | {:.1} µs | {:.2} KiB | {runs} |",
+            "| {nodes} | {jobs} | {} | {} | {} | {:.1} | {beats} | {:.1} | {:.2} | {:.1} µs | {:.2} KiB | {runs} |",
             if spread { "over the minute" } else { "all at :00" },
+            if notices { "on" } else { "off" },
             calls.len(),
             calls.len() as f64 / nodes as f64,
             claims as f64 / instants,
@@ -190,7 +196,10 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--row") {
         let n: usize = args[i + 1].parse().unwrap();
         let j: usize = args[i + 2].parse().unwrap();
-        println!("{}", simulate(n, j, args[i + 3] != "zero"));
+        println!(
+            "{}",
+            simulate(n, j, args[i + 3] != "zero", args[i + 4] == "on")
+        );
         return;
     }
     let list = |name: &str, default: &str| -> Vec<usize> {
@@ -202,18 +211,21 @@ fn main() {
     let nodes = list("--nodes", "3,10,50");
     let jobs = list("--jobs", "1000,10000");
     let at = common::arg("--at", "spread,zero");
+    let notices = common::arg("--notices", "off,on");
     println!(
-        "| nodes | jobs/min | schedules | store calls/min | per node | of which heartbeats on their own | claim calls/instant | claim requests per occurrence | CPU per job per node | memory per job per node | runs in the minute |"
+        "| nodes | jobs/min | schedules | notices | store calls/min | per node | of which heartbeats on their own | claim calls/instant | claim requests per occurrence | CPU per job per node | memory per job per node | runs in the minute |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &nodes {
         for &j in &jobs {
             for a in at.split(',') {
-                let out = std::process::Command::new(std::env::current_exe().unwrap())
-                    .args(["--row", &n.to_string(), &j.to_string(), a.trim()])
-                    .output()
-                    .unwrap();
-                print!("{}", String::from_utf8_lossy(&out.stdout));
+                for o in notices.split(',') {
+                    let out = std::process::Command::new(std::env::current_exe().unwrap())
+                        .args(["--row", &n.to_string(), &j.to_string(), a.trim(), o.trim()])
+                        .output()
+                        .unwrap();
+                    print!("{}", String::from_utf8_lossy(&out.stdout));
+                }
             }
         }
     }

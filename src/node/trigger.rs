@@ -50,10 +50,17 @@ async fn next_notice(notices: &mut Option<tokio::sync::mpsc::Receiver<()>>) {
 }
 
 /// How often a node looks for requests while some job is due within
-/// [`BUSY_WITHIN`]: a request handed back by a crashed daemon's guard (a
-/// redelivery) must start within its occurrence's window, a second for a
-/// job every second, so such a node looks as often as it used to.
+/// [`BUSY_WITHIN`], on a store that does not announce them: a request
+/// handed back by a crashed daemon's guard (a redelivery) must start within
+/// its occurrence's window, a second for a job every second, so such a node
+/// looks as often as it used to.
 const BUSY_LOOK: Duration = Duration::from_millis(250);
+/// [`BUSY_LOOK`] where the store announces requests (a live subscription,
+/// [`crate::store::Locks::notices`]): the hand-back and a broadcast's shards
+/// come with their notice, and the node's own look is there for a notice
+/// lost (a subscription being made again), so it comes half as often, still
+/// twice within a second.
+const NOTIFIED_BUSY_LOOK: Duration = Duration::from_millis(500);
 /// A node with an occurrence due within this is busy ([`BUSY_LOOK`]).
 const BUSY_WITHIN: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
 /// How long a resume's request waits for a node that has its job: a
@@ -142,7 +149,11 @@ impl Node {
             // shards' requests come then).
             let busy = next_due.saturating_sub(now_ms) <= BUSY_WITHIN.num_milliseconds()
                 || now_ms.saturating_sub(broadcast) <= BUSY_WITHIN.num_milliseconds();
-            let period = if busy { BUSY_LOOK } else { every + every / 4 };
+            let period = match (busy, notices.is_some()) {
+                (true, false) => BUSY_LOOK,
+                (true, true) => NOTIFIED_BUSY_LOOK,
+                (false, _) => every + every / 4,
+            };
             let due = looked.map_or_else(Instant::now, |at| at + period);
             let wake = retry_due.map_or(due, |r| r.min(due));
             let mut noticed = false;

@@ -11,7 +11,8 @@
 //! store calls (one batch is one call), [`MemoryStore::lose_claim_replies`]
 //! makes the next claims take effect and then fail as if the answer was lost
 //! on the way, [`MemoryStore::set_reachable`] cuts one handle off (a
-//! partitioned node), and [`MemoryStore::set_fence`] /
+//! partitioned node), [`MemoryStore::announce_requests`] makes it announce
+//! requests as the stores with notifications do, and [`MemoryStore::set_fence`] /
 //! [`MemoryStore::set_expiry_in`] tamper with a lock as an operator might.
 
 use std::collections::BTreeMap;
@@ -87,6 +88,10 @@ struct State {
     log: Vec<Call>,
     /// The next this many claim calls take effect, then fail as unanswered.
     lose_replies: usize,
+    /// Requests are announced ([`MemoryStore::announce_requests`]) to these
+    /// subscriptions, each with its handle's reachability.
+    announce: bool,
+    listeners: Vec<(Arc<AtomicBool>, tokio::sync::mpsc::Sender<()>)>,
     /// The node registry by owner: the record, last seen and end (ms).
     nodes: BTreeMap<String, (BeatData, i64, i64)>,
     /// The record format version (0: none yet), as the key-value stores
@@ -223,6 +228,15 @@ impl MemoryStore {
         self.state().lose_replies = n;
     }
 
+    /// From now on, [`Locks::notices`] subscriptions are made and each
+    /// request written is announced to them, as Redis, PostgreSQL,
+    /// ZooKeeper and etcd do (off by default: nodes look on their own, as
+    /// on MariaDB and SQLite). A handle cut off misses what is announced
+    /// meanwhile.
+    pub fn announce_requests(&self) {
+        self.state().announce = true;
+    }
+
     /// How many runs the history holds, all jobs together.
     pub fn history_len(&self) -> usize {
         self.state().runs.values().map(Vec::len).sum()
@@ -348,7 +362,33 @@ impl Locks for MemoryStore {
         let mut row = lock.row(now);
         let answer = trigger_row(&mut row, id);
         *lock = Lock::from_row(row);
+        if answer == TriggerAnswer::Accepted {
+            s.listeners.retain(|(_, tx)| !tx.is_closed());
+            for (reachable, tx) in &s.listeners {
+                if reachable.load(Ordering::SeqCst) {
+                    // Full: a notice is waiting already (they coalesce).
+                    let _ = tx.try_send(());
+                }
+            }
+        }
         Ok(answer)
+    }
+
+    fn notices(
+        self: Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::sync::mpsc::Receiver<()>> {
+        // The receiver ends the subscription when dropped.
+        let _ = stop;
+        let mut s = self.state();
+        if !s.announce {
+            return None;
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        // One at once, as a subscription made again sends one.
+        let _ = tx.try_send(());
+        s.listeners.push((self.reachable.clone(), tx));
+        Some(rx)
     }
 
     async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {

@@ -692,7 +692,9 @@ pub trait Locks: Send + Sync + 'static {
     }
 
     /// The pending manual runs' requests: (job, id), sorted by job. Asked by
-    /// every node once a second (four times while a job is due within 2 s),
+    /// every node once a second (while a job is due within 2 s, four times
+    /// where the store announces no request, twice where it does:
+    /// [`Locks::notices`]),
     /// so kept cheap (an index, a set, a directory), never a read of every
     /// lock.
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError>;

@@ -654,6 +654,69 @@ async fn an_idle_node_makes_one_store_call_a_second_and_still_finds_a_manual_run
     a.stop().await;
 }
 
+/// A node busy with a job every second, on a store that announces requests
+/// or not: how many looks for requests it makes from 12:00:02 to 12:00:12,
+/// and how long after it a request made at 12:00:12.3 starts.
+async fn busy_looks(announce: bool) -> (usize, i64) {
+    use cronlease::store::{Locks, TriggerId};
+    let w = World::new(VirtualRunner::default());
+    if announce {
+        w.store.announce_requests();
+    }
+    let jobs = "[[job]]\nname = \"tick\"\nschedule = \"* * * * * *\"\ncommand = [\"/bin/true\"]\n\
+                [[job]]\nname = \"yearly\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n";
+    let a = w.start("a", jobs);
+    w.until(t(2.0)).await;
+    let from = w.store.call_log().len();
+    w.until(t(12.0)).await;
+    let looks = w.store.call_log()[from..]
+        .iter()
+        .filter(|c| c.op == "pending_triggers")
+        .count();
+    w.until(t(12.3)).await;
+    let job = cronlease::config::JobName::parse("yearly").unwrap();
+    w.store
+        .connection()
+        .request_trigger(&job, TriggerId::made_at(t(12.3)))
+        .await
+        .unwrap();
+    w.until(t(14.0)).await;
+    let started = w
+        .runner
+        .runs()
+        .iter()
+        .find(|r| r.job == "yearly")
+        .map(|r| ms(r.started - t(12.3)))
+        .unwrap();
+    a.stop().await;
+    (looks, started)
+}
+
+/// With a job due every second a node looks for requests on its own four
+/// times a second where the store announces none (a guard's hand-back must
+/// start within the second). Where it announces them, the request comes
+/// with its notice and starts at once, and the node's own look, there for a
+/// notice lost, comes twice a second: half the calls.
+#[tokio::test(start_paused = true)]
+async fn a_busy_node_looks_half_as_often_where_the_store_announces_requests() {
+    let (polled, _) = busy_looks(false).await;
+    let (announced, waited) = busy_looks(true).await;
+    // Not 40 and 20 calls: a beat on its own reads the requests too, and a
+    // notice makes a look; 33-36 and 13-17 seen.
+    assert!(
+        (30..=42).contains(&polled),
+        "{polled} looks in 10 s without notices"
+    );
+    assert!(
+        (8..=20).contains(&announced) && announced * 5 <= polled * 3,
+        "{announced} looks in 10 s with notices, {polled} without"
+    );
+    assert!(
+        (0..=20).contains(&waited),
+        "announced, the run started {waited} ms after its request"
+    );
+}
+
 /// The delay jitter gives the job `name` within `bound` seconds, worked
 /// out here from docs/protocol.md ("Jitter"), not by the crate.
 fn jitter_delay_ms(name: &str, bound: u64) -> i64 {
