@@ -523,7 +523,7 @@ impl Node {
             (due.occurrence, due.previous, due.next, due.catch_up_only);
         let gave_up_unanswered = self.claim_occurrence(due, queued, mark).await;
         if gave_up_unanswered && !stop.is_cancelled() {
-            self.recheck_unanswered(&state, occurrence, previous, next, only)
+            self.recheck_unanswered(&state, &stop, occurrence, previous, next, only)
                 .await;
         }
     }
@@ -533,11 +533,11 @@ impl Node {
     /// by this node alone. A recheck asks without taking anything; a win
     /// found now is too late to run, so it is recorded `lease_lost` (as a
     /// run whose lease could not be proven at its start), never lost
-    /// silently, unless another claim of this node (the next occurrence's,
-    /// catching this one up) won the same fence meanwhile: its run stands.
+    /// silently. Not sent once the node stops.
     pub(super) async fn recheck_unanswered(
         &self,
         state: &JobState,
+        stop: &CancellationToken,
         occurrence: DateTime<Utc>,
         previous: Option<DateTime<Utc>>,
         next: Option<DateTime<Utc>>,
@@ -551,7 +551,13 @@ impl Node {
         // its catch-up) and recorded the fence being run as `lease_lost`:
         // the record ended the run's lease and a peer ran the next
         // occurrence beside it (an overlap under flapping partitions).
-        let gate = state.claim_gate.lock().await;
+        let gate = tokio::select! {
+            () = stop.cancelled() => return,
+            gate = state.claim_gate.lock() => gate,
+        };
+        if stop.is_cancelled() {
+            return;
+        }
         let mut request = self.request(state, occurrence, previous, next, true, only);
         request.recheck_only = true;
         let answer =
@@ -559,13 +565,7 @@ impl Node {
         let job = state.job();
         match answer {
             Ok(Ok((ClaimOutcome::Won(won), answered))) => {
-                if state.has_taken(won.fence) {
-                    // A store that ignores the floor still names a fence
-                    // this node runs or ran: its record is that run's.
-                    tracing::debug!(job = %job.name, fence = won.fence, occurrence = %Rfc3339(won.occurrence), "a claim answered only after its occurrence was over: another claim of this node won the same fence");
-                    return;
-                }
-                state.took_fence(won.fence);
+                state.saw_fence(won.fence);
                 drop(gate);
                 // It holds the lease: a follower that lost to it leaves the
                 // job to it (docs/protocol.md, "Followers leave held jobs to
@@ -851,7 +851,7 @@ impl Node {
     ) -> Flow {
         let (state, stop) = (&due.state, &due.stop);
         let job = state.job();
-        state.took_fence(won.fence);
+        state.saw_fence(won.fence);
         self.record_unclaimed(state, &won, decision_ms);
         if Instant::now() >= at.give_up_at {
             // Answered after the occurrence's window (it waited behind a

@@ -136,13 +136,7 @@ struct JobRuntime {
     /// head start (so a live peer takes it), until another node is seen to
     /// hold it, or this node wins it because none did.
     yielded: bool,
-    /// The last few fences this node won (newest last), so a recheck that
-    /// finds one of them knows another claim of this node took it.
-    taken: [u64; TAKEN],
 }
-
-/// How many of a job's fences won lately [`JobRuntime::taken`] keeps.
-const TAKEN: usize = 4;
 
 /// Per-job state shared by the scheduler, the job's occurrence handlers and
 /// its runs: one [`JobRuntime`] behind one lock, plus two waits (the end of
@@ -169,7 +163,6 @@ impl JobState {
                 standing: Standing::Unknown,
                 follow_released: None,
                 yielded: false,
-                taken: [0; TAKEN],
             }),
             run_ended: tokio::sync::Notify::new(),
             claim_gate: Arc::new(tokio::sync::Mutex::new(())),
@@ -267,22 +260,6 @@ impl JobState {
     fn saw_fence(&self, fence: u64) {
         let mut rt = self.rt();
         rt.fence_floor = rt.fence_floor.max(fence);
-    }
-
-    /// A claim of this node won `fence`: seen, and kept among the fences
-    /// taken lately.
-    fn took_fence(&self, fence: u64) {
-        let mut rt = self.rt();
-        rt.fence_floor = rt.fence_floor.max(fence);
-        if !rt.taken.contains(&fence) {
-            rt.taken.rotate_left(1);
-            rt.taken[TAKEN - 1] = fence;
-        }
-    }
-
-    /// Whether a claim of this node won `fence` lately.
-    fn has_taken(&self, fence: u64) -> bool {
-        fence > 0 && self.rt().taken.contains(&fence)
     }
 
     /// Whether a step-down gave the job up and no node has held it since.

@@ -121,18 +121,22 @@ async fn a_recheck_waits_for_the_claim_in_flight_and_records_nothing_it_won() {
     let state = node.state_of("j").unwrap();
     // A claim of the job is in flight: it holds the job's claim gate.
     let in_flight = state.claim_gate.clone().lock_owned().await;
+    let claims = store.calls("claim");
     let recheck = tokio::spawn({
-        let (node, state) = (node.clone(), state.clone());
+        let (node, state, stop) = (node.clone(), state.clone(), shutdown.clone());
         async move {
-            node.recheck_unanswered(&state, occurrence, None, Some(next), false)
+            node.recheck_unanswered(&state, &stop, occurrence, None, Some(next), false)
                 .await
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // Its answer: fence 1, the unanswered win as its catch-up, run now.
-    state.took_fence(1);
+    assert_eq!(store.calls("claim"), claims, "no recheck beside the claim");
+    // Its answer: fence 1, the unanswered win as its catch-up, run now
+    // (`on_won` raises the floor first).
+    state.saw_fence(1);
     drop(in_flight);
     recheck.await.unwrap();
+    assert_eq!(store.calls("claim"), claims + 1, "the recheck was sent");
     // Past the history writes' gathering window.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(

@@ -55,11 +55,12 @@ async fn next_notice(notices: &mut Option<tokio::sync::mpsc::Receiver<()>>) {
 /// its occurrence's window, a second for a job every second, so such a node
 /// looks as often as it used to.
 const BUSY_LOOK: Duration = Duration::from_millis(250);
-/// [`BUSY_LOOK`] where the store announces requests (a live subscription,
-/// [`crate::store::Locks::notices`]): the hand-back and a broadcast's shards
-/// come with their notice, and the node's own look is there for a notice
-/// lost (a subscription being made again), so it comes half as often, still
-/// twice within a second.
+/// [`BUSY_LOOK`] where the store announces requests
+/// ([`crate::store::Locks::notices`] gave a subscription): the hand-back and
+/// a broadcast's shards come with their notice, and the node's own look is
+/// there for a notice lost (the subscription being made again, or refused
+/// and tried again), so it comes half as often, still twice within a
+/// second.
 const NOTIFIED_BUSY_LOOK: Duration = Duration::from_millis(500);
 /// A node with an occurrence due within this is busy ([`BUSY_LOOK`]).
 const BUSY_WITHIN: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
@@ -377,7 +378,7 @@ impl Node {
         match answer {
             Some((ClaimOutcome::Won(won), _)) => {
                 if let Some(state) = &state {
-                    state.took_fence(won.fence);
+                    state.saw_fence(won.fence);
                 }
                 let now = self.wall.now();
                 let record = crate::store::RunRecord {
@@ -493,7 +494,7 @@ impl Node {
             tokio::time::timeout(self.settings.op_timeout, self.batch.claims.call(request)).await;
         match answer {
             Ok(Ok((ClaimOutcome::Won(won), _))) => {
-                state.took_fence(won.fence);
+                state.saw_fence(won.fence);
                 let ticket = RunTicket {
                     fence: won.fence,
                     occurrence: occurrence.unwrap_or(won.occurrence),
@@ -585,7 +586,7 @@ impl Node {
             match answer {
                 Ok((ClaimOutcome::Won(won), answered)) => {
                     self.count_claim(&job.name, "won");
-                    state.took_fence(won.fence);
+                    state.saw_fence(won.fence);
                     state.lease_granted(first_sent.unwrap_or(sent).min(sent), lease);
                     state.note_standing(Standing::Holder, won.fence);
                     // A retry or a redelivery runs as its occurrence's

@@ -166,9 +166,20 @@ impl MemoryStore {
         }
     }
 
-    /// Cuts this handle off the store (`false`) or reconnects it.
+    /// Cuts this handle off the store (`false`) or reconnects it; a
+    /// reconnected handle's subscriptions get a notice, as one made again
+    /// does ([`Locks::notices`]).
     pub fn set_reachable(&self, reachable: bool) {
-        self.reachable.store(reachable, Ordering::SeqCst);
+        let was = self.reachable.swap(reachable, Ordering::SeqCst);
+        if reachable && !was {
+            let mut s = self.state();
+            s.listeners.retain(|(_, tx)| !tx.is_closed());
+            for (handle, tx) in &s.listeners {
+                if Arc::ptr_eq(handle, &self.reachable) {
+                    let _ = tx.try_send(());
+                }
+            }
+        }
     }
 
     fn reach(&self) -> Result<(), StoreError> {

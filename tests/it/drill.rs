@@ -544,9 +544,11 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                     && d.healed < to
                     && d.healed + ETCD_SETTLING > from
                     && disturbances.iter().any(|f| {
+                        // Frozen by the time the restarted node first
+                        // beats (its start, up to half a second).
                         f.node != node
                             && f.kind == "stop"
-                            && f.from < d.healed + ETCD_SETTLING
+                            && f.from < d.healed + 0.5
                             && f.healed > d.healed
                     })
             })
