@@ -172,13 +172,9 @@ impl MemoryStore {
     pub fn set_reachable(&self, reachable: bool) {
         let was = self.reachable.swap(reachable, Ordering::SeqCst);
         if reachable && !was {
-            let mut s = self.state();
-            s.listeners.retain(|(_, tx)| !tx.is_closed());
-            for (handle, tx) in &s.listeners {
-                if Arc::ptr_eq(handle, &self.reachable) {
-                    let _ = tx.try_send(());
-                }
-            }
+            notify(&mut self.state(), |handle| {
+                Arc::ptr_eq(handle, &self.reachable)
+            });
         }
     }
 
@@ -374,13 +370,7 @@ impl Locks for MemoryStore {
         let answer = trigger_row(&mut row, id);
         *lock = Lock::from_row(row);
         if answer == TriggerAnswer::Accepted {
-            s.listeners.retain(|(_, tx)| !tx.is_closed());
-            for (reachable, tx) in &s.listeners {
-                if reachable.load(Ordering::SeqCst) {
-                    // Full: a notice is waiting already (they coalesce).
-                    let _ = tx.try_send(());
-                }
-            }
+            notify(&mut s, |reachable| reachable.load(Ordering::SeqCst));
         }
         Ok(answer)
     }
@@ -622,6 +612,18 @@ fn pending_in(s: &State) -> Vec<(String, TriggerId)> {
         .iter()
         .filter_map(|(job, l)| Some((job.clone(), TriggerId::from_stored(l.trigger?)?)))
         .collect()
+}
+
+/// Sends a notice to the live subscriptions whose handle `to` picks (by its
+/// reachability flag), forgetting the ended ones; one already waiting
+/// stands for it (notices coalesce).
+fn notify(s: &mut State, to: impl Fn(&Arc<AtomicBool>) -> bool) {
+    s.listeners.retain(|(_, tx)| !tx.is_closed());
+    for (handle, tx) in &s.listeners {
+        if to(handle) {
+            let _ = tx.try_send(());
+        }
+    }
 }
 
 /// Decides `requests` on the locks of `s`, at `now`, with the shared batch
