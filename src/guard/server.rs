@@ -100,7 +100,8 @@ impl Succession {
 /// run, the guard also notes their descendants every second. A process
 /// whose parent exits is adopted by the guard (its subreaper) and counts
 /// for the job it was noted under, or, adopted before any note, for every
-/// job running then ([`Orphans`]); one adopted while no job ran, or whose
+/// job running when it is first seen, or ended since the last look
+/// ([`Orphans`], [`Watched::look`]); one adopted while no job ran, or whose
 /// jobs have all ended, was left behind on purpose and is never killed.
 pub fn serve() -> std::process::ExitCode {
     let ignored = Arc::new(AtomicBool::new(false));
@@ -203,6 +204,12 @@ struct Watched {
     orphans: Orphans,
     /// The runs' systemd units.
     units: BTreeSet<String>,
+    /// Jobs ended since the orphans were last looked at, with what was
+    /// noted below each: the orphans adopted meanwhile count for them too.
+    /// Looking once per job end read the guard's children a thousand
+    /// times when a thousand jobs ended at one instant (most of the
+    /// guard's CPU then); it is done with the scan, once a second.
+    ended: Vec<(i32, BTreeMap<i32, u64>)>,
 }
 
 impl Watched {
@@ -218,14 +225,11 @@ impl Watched {
                 }
             }
             Event::Forget(pgid) => {
-                // Orphans adopted since the last look count for this job
-                // too, until it is forgotten here.
-                if self.orphans.counts_any() || !self.groups.is_empty() {
-                    self.orphans.note(&self.groups, &self.known);
-                }
-                self.orphans.forget(pgid);
+                // Orphans adopted until the next look count for this job
+                // too; it is forgotten for them then ([`Watched::look`]).
                 self.groups.remove(&pgid);
-                self.known.remove(&pgid);
+                let noted = self.known.remove(&pgid).unwrap_or_default();
+                self.ended.push((pgid, noted));
                 self.succession.runs.remove(&pgid);
             }
             Event::WatchUnit(unit, run) => {
@@ -261,8 +265,40 @@ impl Watched {
         }
     }
 
+    /// Notes the orphans adopted since the last look, counting them for
+    /// the jobs running and those ended since, which are then forgotten:
+    /// an orphan counted only for ended jobs was left behind on purpose.
+    fn look(&mut self) {
+        let ended = std::mem::take(&mut self.ended);
+        if ended.is_empty() {
+            if self.orphans.counts_any() || !self.groups.is_empty() {
+                self.orphans.note(&self.groups, &self.known);
+            }
+            return;
+        }
+        let mut groups = self.groups.clone();
+        let mut known = self.known.clone();
+        // A pid that ended and already leads a new job (its number used
+        // again) is that job's.
+        let ended: Vec<(i32, BTreeMap<i32, u64>)> = ended
+            .into_iter()
+            .filter(|(pgid, _)| !self.groups.contains(pgid))
+            .collect();
+        for (pgid, noted) in &ended {
+            groups.insert(*pgid);
+            known.entry(*pgid).or_insert_with(|| noted.clone());
+        }
+        self.orphans.note(&groups, &known);
+        for (pgid, _) in ended {
+            self.orphans.forget(pgid);
+        }
+    }
+
     /// Notes the processes below each running job, and the orphans.
     fn scan(&mut self) {
+        if !self.ended.is_empty() {
+            self.look();
+        }
         if self.groups.is_empty() {
             return;
         }
@@ -282,7 +318,7 @@ impl Watched {
     /// The daemon's end of the socket closed (at `died`): kills what is
     /// left and, unless it said goodbye, hands over.
     fn daemon_gone(mut self, died: std::time::Instant) {
-        self.orphans.note(&self.groups, &self.known);
+        self.look();
         let mut known: BTreeMap<i32, u64> = self.known.into_values().flatten().collect();
         known.extend(self.orphans.counted());
         let doomed = kill_trees(&self.groups, &known);
@@ -590,6 +626,71 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::guard::handover::tests::claim;
+
+    /// The ends of many jobs do not each look at the guard's children: the
+    /// jobs ended wait for the next look (the scan), where an orphan found
+    /// counts for them and for the jobs running, and is then counted for
+    /// the running ones only; once they end too, it was left behind.
+    #[test]
+    fn jobs_ended_wait_for_the_next_look_and_their_orphans_count_for_the_jobs_still_running() {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        nix::sys::prctl::set_child_subreaper(true).unwrap();
+        let mut watched = Watched::default();
+        // B runs on; A leaves a process behind and exits.
+        let mut b = Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let b_pid = b.id() as i32;
+        watched.apply(Event::Watch(b_pid, None));
+        let mut a = Command::new("sh")
+            .args(["-c", "sleep 30 >/dev/null & echo $!"])
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let a_pid = a.id() as i32;
+        watched.apply(Event::Watch(a_pid, None));
+        let mut line = String::new();
+        std::io::BufReader::new(a.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let orphan: i32 = line.trim().parse().unwrap();
+        assert!(a.wait().unwrap().success());
+        // Adopted: its parent is this process now.
+        let adopted = (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            proc_info(orphan).is_some_and(|p| p.ppid == std::process::id() as i32)
+        });
+        assert!(adopted, "the orphan was not adopted");
+        // Many ends (A's among them): no look yet.
+        watched.apply(Event::Forget(a_pid));
+        for pgid in 1_000_000..1_000_500 {
+            watched.apply(Event::Forget(pgid));
+        }
+        assert!(watched.orphans.counted.is_empty() && watched.orphans.released.is_empty());
+        assert_eq!(watched.ended.len(), 501);
+        // The scan looks: the orphan counts for B alone.
+        watched.scan();
+        assert!(watched.ended.is_empty());
+        let counted: Vec<(i32, Vec<i32>)> = watched
+            .orphans
+            .counted
+            .iter()
+            .map(|(pid, (_, groups))| (*pid, groups.iter().copied().collect()))
+            .collect();
+        assert_eq!(counted, vec![(orphan, vec![b_pid])]);
+        // B ends too: the orphan was left behind, never to be killed.
+        b.kill().unwrap();
+        b.wait().unwrap();
+        watched.apply(Event::Forget(b_pid));
+        watched.scan();
+        assert!(watched.orphans.counted.is_empty());
+        assert!(watched.orphans.released.contains_key(&orphan));
+        let _ = nix::sys::signal::kill(Pid::from_raw(orphan), Signal::SIGKILL);
+    }
 
     #[test]
     fn only_claims_neither_started_nor_settled_are_handed_back_whatever_the_order() {

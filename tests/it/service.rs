@@ -1046,8 +1046,15 @@ fn healthz_and_metrics_answer_with_every_connection_taken() {
     let idle: Vec<std::net::TcpStream> = (0..64)
         .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();
-    // Let the listener accept them all before the probes come.
-    std::thread::sleep(Duration::from_millis(300));
+    // Once the listener accepted them all (300 ms was not always enough
+    // on a loaded machine), other paths are busy...
+    wait_until(
+        "/api/status to be busy (503) with every general slot taken",
+        Duration::from_secs(10),
+        || c.report(),
+        || (http_get(port, "/api/status").0 == 503).then_some(()),
+    );
+    // ...and the probes still answer.
     let (code, text) = http_get(port, "/healthz");
     assert_eq!(code, 200, "{text}");
     let (code, text) = http_get(port, "/metrics");
