@@ -269,37 +269,37 @@ impl Watched {
     /// the jobs running and those ended since, which are then forgotten:
     /// an orphan counted only for ended jobs was left behind on purpose.
     fn look(&mut self) {
-        let ended = std::mem::take(&mut self.ended);
-        if ended.is_empty() {
-            if self.orphans.counts_any() || !self.groups.is_empty() {
-                self.orphans.note(&self.groups, &self.known);
-            }
-            return;
-        }
-        let mut groups = self.groups.clone();
-        let mut known = self.known.clone();
         // A pid that ended and already leads a new job (its number used
         // again) is that job's.
-        let ended: Vec<(i32, BTreeMap<i32, u64>)> = ended
+        let ended: Vec<(i32, BTreeMap<i32, u64>)> = std::mem::take(&mut self.ended)
             .into_iter()
             .filter(|(pgid, _)| !self.groups.contains(pgid))
             .collect();
-        for (pgid, noted) in &ended {
-            groups.insert(*pgid);
-            known.entry(*pgid).or_insert_with(|| noted.clone());
+        if ended.is_empty() && self.groups.is_empty() && !self.orphans.counts_any() {
+            return;
         }
-        self.orphans.note(&groups, &known);
-        for (pgid, _) in ended {
+        // Counted as running for this look only.
+        let mut pgids = Vec::with_capacity(ended.len());
+        for (pgid, noted) in ended {
+            self.groups.insert(pgid);
+            self.known.insert(pgid, noted);
+            pgids.push(pgid);
+        }
+        self.orphans.note(&self.groups, &self.known);
+        for pgid in pgids {
+            self.groups.remove(&pgid);
+            self.known.remove(&pgid);
             self.orphans.forget(pgid);
         }
     }
 
-    /// Notes the processes below each running job, and the orphans.
+    /// Notes the processes below each running job, then looks at the
+    /// orphans.
     fn scan(&mut self) {
-        if !self.ended.is_empty() {
-            self.look();
-        }
         if self.groups.is_empty() {
+            if !self.ended.is_empty() {
+                self.look();
+            }
             return;
         }
         let table = process_table();
@@ -312,7 +312,7 @@ impl Watched {
                 }
             }
         }
-        self.orphans.note(&self.groups, &self.known);
+        self.look();
     }
 
     /// The daemon's end of the socket closed (at `died`): kills what is
