@@ -9,9 +9,18 @@ pub(super) struct Queries {
     pub(super) status: SqlStr,
     pub(super) history_all: SqlStr,
     pub(super) history_job: SqlStr,
+    /// The heartbeat's upsert of its registry row ([`SqlStore::at_now`]).
+    pub(super) beat: SqlStr,
+    /// The live registry rows, with the store's `now`.
+    pub(super) live_nodes: SqlStr,
+    /// Deletes registry rows ended longer ago than the bound duration.
+    pub(super) forget_nodes: SqlStr,
 }
 
 pub(super) const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output, trigger_id, cpu_ms, memory_peak";
+
+/// The columns of a node registry row, as `nodes` reads them.
+pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions, running_runs, tags, claimed_through, releases";
 
 pub(super) const LOCK_COLUMNS: &str = "lock_name, owner, fence, expires_at, last_occurrence, modified_at, running, trigger_id, last_trigger";
 
@@ -35,6 +44,7 @@ impl Queries {
             };
             AssertSqlSafe(sql).into_sql_str()
         };
+        let at = |sql: String| -> SqlStr { AssertSqlSafe(bound_now(d, &sql)).into_sql_str() };
         Queries {
             clock: q(format!("SELECT {now}")),
             pending_triggers: q(format!(
@@ -49,8 +59,59 @@ impl Queries {
             history_job: q(format!(
                 "SELECT {RUN_COLUMNS} FROM {p}job_runs WHERE job = ? ORDER BY id DESC LIMIT ?"
             )),
+            beat: at(format!(
+                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?, ?, ?, ?){}",
+                d.upsert_node
+            )),
+            live_nodes: at(format!(
+                "SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes WHERE expires_at > {{now}}"
+            )),
+            forget_nodes: at(format!(
+                "DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"
+            )),
         }
     }
+}
+
+/// Where `{now}` is the file-system clock's instant ([`Dialect::now_ms`]
+/// is `{now}` itself: SQLite).
+pub(super) const FILE_NOW: &str = "{now}";
+
+/// `sql` (with `{now}` for the store's clock) as a statement whose text is
+/// the same at every call, so each connection prepares it once: on SQLite
+/// `{now}` becomes the parameter `?1` and the other placeholders `?2`,
+/// `?3`… in order ([`SqlStore::at_now`] binds the instant first, then the
+/// caller its values); elsewhere `{now}` is the database's own clock and
+/// the placeholders are the dialect's.
+pub(super) fn bound_now(d: &Dialect, sql: &str) -> String {
+    if d.now_ms != FILE_NOW {
+        let sql = sql.replace("{now}", d.now_ms);
+        return if d.numbered_params {
+            number_params(&sql)
+        } else {
+            sql
+        };
+    }
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 1;
+    let mut rest = sql;
+    while let Some(i) = rest.find(['?', '{']) {
+        out.push_str(&rest[..i]);
+        if rest[i..].starts_with('?') {
+            n += 1;
+            out.push('?');
+            out.push_str(&n.to_string());
+            rest = &rest[i + 1..];
+        } else if let Some(after) = rest[i..].strip_prefix(FILE_NOW) {
+            out.push_str("?1");
+            rest = after;
+        } else {
+            out.push('{');
+            rest = &rest[i + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `(?, ?, ...)` with `n` placeholders.
@@ -238,5 +299,26 @@ impl SqlStore {
             text
         };
         Ok(AssertSqlSafe(text).into_sql_str())
+    }
+
+    /// `sql`, one of the [`Queries`] built by [`bound_now`], ready for the
+    /// caller's values: on SQLite with the store's clock bound first (`now`
+    /// if given, else the file-system clock read now).
+    pub(super) fn at_now(
+        &self,
+        sql: &SqlStr,
+        now: Option<i64>,
+    ) -> Result<sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>, sqlx::Error> {
+        let query = sqlx::query(sql.clone());
+        if self.dialect.now_ms != FILE_NOW {
+            return Ok(query);
+        }
+        let now = match now {
+            Some(now) => now,
+            None => self.file_clock_now()?.ok_or_else(|| {
+                sqlx::Error::Protocol("no file-system clock for a SQLite store".into())
+            })?,
+        };
+        Ok(query.bind(now))
     }
 }

@@ -113,6 +113,54 @@ pub struct SqlStore {
     /// The last verdict of [`nothing_listens`] on the server, and when:
     /// asked again at most once a [`PROBE_EVERY`].
     refused: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
+    /// Each connection's setup statements.
+    setup: std::sync::Arc<[String]>,
+    /// SQLite: the heartbeats' own connection ([`SqlStore::beat_connection`]),
+    /// with the [`SqlStore::reopen`] generation it was opened in.
+    beat_conn: Option<tokio::sync::Mutex<Option<(u64, AnyConnection)>>>,
+    /// Bumped by each [`SqlStore::reopen`].
+    generation: std::sync::atomic::AtomicU64,
+}
+
+/// A connection for a heartbeat: SQLite's own one, or one of the pool's.
+pub(super) enum BeatConn<'a> {
+    Own(tokio::sync::MutexGuard<'a, Option<(u64, AnyConnection)>>),
+    Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
+}
+
+impl BeatConn<'_> {
+    pub(super) fn conn(&mut self) -> Result<&mut AnyConnection, sqlx::Error> {
+        match self {
+            BeatConn::Own(own) => own
+                .as_mut()
+                .map(|(_, conn)| conn)
+                .ok_or_else(|| sqlx::Error::Protocol("the heartbeat connection is closed".into())),
+            BeatConn::Pooled(conn) => Ok(&mut **conn),
+        }
+    }
+
+    /// After an error: the connection is not used again.
+    pub(super) fn discard(&mut self) {
+        match self {
+            BeatConn::Own(own) => **own = None,
+            BeatConn::Pooled(conn) => conn.close_on_drop(),
+        }
+    }
+}
+
+/// Runs `setup` on a fresh connection; a statement marked [`OPTIONAL`]
+/// may fail (a setting only some servers know: MariaDB's
+/// idle_transaction_timeout on MySQL).
+async fn set_up(conn: &mut AnyConnection, setup: &[String]) -> Result<(), sqlx::Error> {
+    for stmt in setup {
+        let done = sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
+            .execute(&mut *conn)
+            .await;
+        if done.is_err() && !stmt.starts_with(OPTIONAL) {
+            done?;
+        }
+    }
+    Ok(())
 }
 
 /// A SQLite database file and its (device, inode) when this store opened it.
@@ -198,11 +246,12 @@ impl SqlStore {
             _ => None,
         };
         let setup: std::sync::Arc<[String]> = setup.into();
+        let pool_setup = setup.clone();
         let op_timeout = config.op_timeout;
         let max_connections = config.max_connections.max(1);
         let pool_url = connect_url.clone();
         let make_pool = move || -> Result<AnyPool, sqlx::Error> {
-            let setup = setup.clone();
+            let setup = pool_setup.clone();
             AnyPoolOptions::new()
                 .max_connections(if dialect.name == "sqlite" {
                     max_connections.min(2)
@@ -214,19 +263,7 @@ impl SqlStore {
                 .idle_timeout(Some(Duration::from_secs(300)))
                 .after_connect(move |conn, _meta| {
                     let setup = setup.clone();
-                    Box::pin(async move {
-                        for stmt in setup.iter() {
-                            let done = sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
-                                .execute(&mut *conn)
-                                .await;
-                            // A setting only some servers know (MariaDB's
-                            // idle_transaction_timeout on MySQL) is skipped.
-                            if done.is_err() && !stmt.starts_with(OPTIONAL) {
-                                done?;
-                            }
-                        }
-                        Ok(())
-                    })
+                    Box::pin(async move { set_up(conn, &setup).await })
                 })
                 .connect_lazy(&pool_url)
         };
@@ -255,7 +292,38 @@ impl SqlStore {
             schema_notice: SchemaNotice::default(),
             forgot_at: std::sync::Mutex::new(None),
             refused: std::sync::Mutex::new(None),
+            beat_conn: (dialect.now_ms == FILE_NOW).then(|| tokio::sync::Mutex::new(None)),
+            setup,
+            generation: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// The connection a heartbeat goes on. SQLite: a connection of its own
+    /// (opened again after an error, or when the file was replaced), with
+    /// `synchronous = NORMAL`: a beat commits without an fsync of the
+    /// write-ahead log, which the next claim's commit (`FULL`) syncs with
+    /// it. A power cut may lose the beats written since the last claim,
+    /// and with them nothing: every node of the host is down with it, and
+    /// a beat is only a node saying it lives. That fsync was a fifth of an
+    /// idle node's CPU (docs/benchmarks.md, "Idle cost"); the claims' own
+    /// commits keep `FULL`, on the pool's connections. Elsewhere: one of
+    /// the pool's.
+    pub(super) async fn beat_connection(&self) -> Result<BeatConn<'_>, sqlx::Error> {
+        let Some(own) = &self.beat_conn else {
+            return Ok(BeatConn::Pooled(self.pool().acquire().await?));
+        };
+        let mut own = own.lock().await;
+        let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+        if own.as_ref().is_none_or(|(g, _)| *g != generation) {
+            *own = None;
+            let mut conn = AnyConnection::connect(&self.connect_url).await?;
+            set_up(&mut conn, &self.setup).await?;
+            sqlx::raw_sql("PRAGMA synchronous = NORMAL")
+                .execute(&mut conn)
+                .await?;
+            *own = Some((generation, conn));
+        }
+        Ok(BeatConn::Own(own))
     }
 
     /// Whether this beat should delete long-dead registry rows (once a
@@ -479,6 +547,8 @@ impl SqlStore {
     /// After a deleted or replaced SQLite file: fresh connections, to the
     /// file now at the path.
     fn reopen(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         match (self.make_pool)() {
             Ok(fresh) => {
                 if let Ok(mut pool) = self.pool.write() {

@@ -2,17 +2,14 @@
 
 use super::*;
 
-/// The columns of a node registry row, as `nodes` reads them.
-pub(super) const NODE_COLUMNS: &str = "owner, node, version, started_at, last_seen, expires_at, clock_offset_ms, jobs_held, definitions, running_runs, tags, claimed_through, releases";
-
 #[async_trait]
 impl Registry for SqlStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         self.retrying(|| async {
-            let mut conn = self.pool().acquire().await?;
-            let nodes = self.beat_on(&mut conn, beat, self.forget_due()).await;
-            if nodes.is_err() {
-                conn.close_on_drop();
+            let mut held = self.beat_connection().await?;
+            let nodes = self.beat_on(held.conn()?, beat, self.forget_due()).await;
+            if nodes.as_ref().is_err_and(|e| !is_transient(e)) {
+                held.discard();
             }
             nodes
         })
@@ -24,22 +21,24 @@ impl Registry for SqlStore {
     /// connection in one call.
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
         self.retrying(|| async {
-            let mut conn = self.pool().acquire().await?;
-            let nodes = match self.beat_on(&mut conn, beat, self.forget_due()).await {
+            let mut held = self.beat_connection().await?;
+            let nodes = match self.beat_on(held.conn()?, beat, self.forget_due()).await {
                 Ok(nodes) => nodes,
                 Err(e) => {
-                    conn.close_on_drop();
+                    if !is_transient(&e) {
+                        held.discard();
+                    }
                     return Err(e);
                 }
             };
-            let pending = match self.pending_on(&mut conn).await {
+            let pending = match self.pending_on(held.conn()?).await {
                 Ok(pending) => Some(pending),
                 Err(e) => {
                     tracing::debug!(
                         "the look for manual runs sent with a heartbeat failed: {}",
                         self.err(e)
                     );
-                    conn.close_on_drop();
+                    held.discard();
                     None
                 }
             };
@@ -116,15 +115,10 @@ impl SqlStore {
         conn: &mut AnyConnection,
         now: Option<i64>,
     ) -> Result<Vec<NodeRecord>, sqlx::Error> {
-        let p = &self.prefix;
-        let rows = sqlx::query(self.sql(
-            format!(
-                "SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes WHERE expires_at > {{now}}"
-            ),
-            now,
-        )?)
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows = self
+            .at_now(&self.queries.live_nodes, now)?
+            .fetch_all(&mut *conn)
+            .await?;
         let nodes = rows
             .iter()
             .map(|r| -> Result<NodeRecord, sqlx::Error> {
@@ -179,53 +173,43 @@ impl SqlStore {
         beat: &Heartbeat,
         forget: bool,
     ) -> Result<Vec<NodeRecord>, sqlx::Error> {
-        let p = &self.prefix;
         // One reading of SQLite's clock for the three statements.
         let now = self.file_clock_now()?;
-        sqlx::query(self.sql(
-            format!(
-                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?, ?, ?, ?){}",
-                self.dialect.upsert_node
-            ),
-            now,
-        )?)
-        .bind(beat.owner.as_str().to_string())
-        .bind(beat.node.clone())
-        .bind(beat.version.clone())
-        .bind(to_ms(beat.started_at))
-        .bind(duration_ms(beat.ttl))
-        .bind(beat.clock_offset_ms)
-        .bind(i64::from(beat.jobs_held))
-        .bind(
-            beat.definitions
-                .as_ref()
-                .and_then(|d| serde_json::to_string(d).ok()),
-        )
-        .bind(
-            (!beat.running.is_empty())
-                .then(|| serde_json::to_string(&beat.running).ok())
-                .flatten(),
-        )
-        .bind(
-            (!beat.tags.is_empty())
-                .then(|| serde_json::to_string(&beat.tags).ok())
-                .flatten(),
-        )
-        .bind(beat.progress.map(|p| p.through))
-        .bind(
-            beat.progress
-                .map(|p| i64::try_from(p.released).unwrap_or(i64::MAX)),
-        )
-        .execute(&mut *conn)
-        .await?;
-        if forget {
-            sqlx::query(self.sql(
-                format!("DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"),
-                now,
-            )?)
-            .bind(duration_ms(registry::FORGET_AFTER))
+        self.at_now(&self.queries.beat, now)?
+            .bind(beat.owner.as_str().to_string())
+            .bind(beat.node.clone())
+            .bind(beat.version.clone())
+            .bind(to_ms(beat.started_at))
+            .bind(duration_ms(beat.ttl))
+            .bind(beat.clock_offset_ms)
+            .bind(i64::from(beat.jobs_held))
+            .bind(
+                beat.definitions
+                    .as_ref()
+                    .and_then(|d| serde_json::to_string(d).ok()),
+            )
+            .bind(
+                (!beat.running.is_empty())
+                    .then(|| serde_json::to_string(&beat.running).ok())
+                    .flatten(),
+            )
+            .bind(
+                (!beat.tags.is_empty())
+                    .then(|| serde_json::to_string(&beat.tags).ok())
+                    .flatten(),
+            )
+            .bind(beat.progress.map(|p| p.through))
+            .bind(
+                beat.progress
+                    .map(|p| i64::try_from(p.released).unwrap_or(i64::MAX)),
+            )
             .execute(&mut *conn)
             .await?;
+        if forget {
+            self.at_now(&self.queries.forget_nodes, now)?
+                .bind(duration_ms(registry::FORGET_AFTER))
+                .execute(&mut *conn)
+                .await?;
         }
         self.live_nodes(conn, now).await
     }
