@@ -157,7 +157,7 @@ pub struct StoreConfig {
     /// Runs kept in history per job.
     pub history_limit: u32,
     /// Connections per node: the SQL pool's size (SQLite: at most 2, one
-    /// file has one writer). Redis uses one multiplexed connection.
+    /// file has one writer, and one more for heartbeats). Redis uses one multiplexed connection.
     pub max_connections: u32,
     /// TLS trust and client identity (`rediss://`, `etcds://`, MySQL, PostgreSQL).
     pub tls: Option<TlsFiles>,

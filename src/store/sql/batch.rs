@@ -82,8 +82,17 @@ pub(super) const FILE_NOW: &str = "{now}";
 /// `{now}` becomes the parameter `?1` and the other placeholders `?2`,
 /// `?3`… in order ([`SqlStore::at_now`] binds the instant first, then the
 /// caller its values); elsewhere `{now}` is the database's own clock and
-/// the placeholders are the dialect's.
+/// the placeholders are the dialect's. As [`number_params`], it takes every
+/// `?` for a placeholder: the text has none in a literal, and none already
+/// numbered (sqlx binds a missing argument as NULL without an error, so a
+/// miscount would go unnoticed).
 pub(super) fn bound_now(d: &Dialect, sql: &str) -> String {
+    debug_assert!(
+        !sql.as_bytes()
+            .windows(2)
+            .any(|w| w[0] == b'?' && w[1].is_ascii_digit()),
+        "already numbered: {sql}"
+    );
     if d.now_ms != FILE_NOW {
         let sql = sql.replace("{now}", d.now_ms);
         return if d.numbered_params {

@@ -115,16 +115,26 @@ pub struct SqlStore {
     refused: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
     /// Each connection's setup statements.
     setup: std::sync::Arc<[String]>,
-    /// SQLite: the heartbeats' own connection ([`SqlStore::beat_connection`]),
-    /// with the [`SqlStore::reopen`] generation it was opened in.
-    beat_conn: Option<tokio::sync::Mutex<Option<(u64, AnyConnection)>>>,
+    /// SQLite: the heartbeats' own connection ([`SqlStore::beat_connection`]).
+    beat_conn: Option<tokio::sync::Mutex<Option<OwnBeat>>>,
     /// Bumped by each [`SqlStore::reopen`].
     generation: std::sync::atomic::AtomicU64,
 }
 
+/// SQLite's heartbeat connection.
+pub(super) struct OwnBeat {
+    conn: AnyConnection,
+    /// The [`SqlStore::reopen`] generation it was opened in.
+    generation: u64,
+    /// A beat on it began and did not finish (its future was dropped, by
+    /// a timeout): the connection may still be busy with it, so the next
+    /// beat opens another.
+    unfinished: bool,
+}
+
 /// A connection for a heartbeat: SQLite's own one, or one of the pool's.
 pub(super) enum BeatConn<'a> {
-    Own(tokio::sync::MutexGuard<'a, Option<(u64, AnyConnection)>>),
+    Own(tokio::sync::MutexGuard<'a, Option<OwnBeat>>),
     Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
 }
 
@@ -133,16 +143,24 @@ impl BeatConn<'_> {
         match self {
             BeatConn::Own(own) => own
                 .as_mut()
-                .map(|(_, conn)| conn)
+                .map(|own| &mut own.conn)
                 .ok_or_else(|| sqlx::Error::Protocol("the heartbeat connection is closed".into())),
             BeatConn::Pooled(conn) => Ok(&mut **conn),
         }
     }
 
-    /// After an error: the connection is not used again.
-    pub(super) fn discard(&mut self) {
+    /// A beat's statements are over with `done`: after an error other than
+    /// a busy database the connection is not used again.
+    pub(super) fn finish<T>(&mut self, done: &Result<T, sqlx::Error>) {
+        let keep = done.as_ref().err().is_none_or(is_transient);
         match self {
+            BeatConn::Own(own) if keep => {
+                if let Some(own) = own.as_mut() {
+                    own.unfinished = false;
+                }
+            }
             BeatConn::Own(own) => **own = None,
+            BeatConn::Pooled(_) if keep => {}
             BeatConn::Pooled(conn) => conn.close_on_drop(),
         }
     }
@@ -292,36 +310,58 @@ impl SqlStore {
             schema_notice: SchemaNotice::default(),
             forgot_at: std::sync::Mutex::new(None),
             refused: std::sync::Mutex::new(None),
-            beat_conn: (dialect.now_ms == FILE_NOW).then(|| tokio::sync::Mutex::new(None)),
+            beat_conn: (dialect.name == "sqlite").then(|| tokio::sync::Mutex::new(None)),
             setup,
             generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    /// The connection a heartbeat goes on. SQLite: a connection of its own
-    /// (opened again after an error, or when the file was replaced), with
-    /// `synchronous = NORMAL`: a beat commits without an fsync of the
-    /// write-ahead log, which the next claim's commit (`FULL`) syncs with
-    /// it. A power cut may lose the beats written since the last claim,
-    /// and with them nothing: every node of the host is down with it, and
-    /// a beat is only a node saying it lives. That fsync was a fifth of an
-    /// idle node's CPU (docs/benchmarks.md, "Idle cost"); the claims' own
-    /// commits keep `FULL`, on the pool's connections. Elsewhere: one of
-    /// the pool's.
+    /// The connection a heartbeat sent on its own goes on (the caller
+    /// [`BeatConn::finish`]es it). SQLite: a connection of its own (opened
+    /// again after an error, a beat left unfinished, or when the file was
+    /// replaced), with `synchronous = NORMAL` when the file is in WAL mode:
+    /// a beat commits without an fsync of the write-ahead log, which the
+    /// next `FULL` commit (a claim won, a renewal, a release, a history
+    /// write) or checkpoint syncs with it. A power cut may lose the beats
+    /// since then, which no write depends on: what a reader does on a beat
+    /// (leave an occurrence to its holder, list a node) writes nothing, a
+    /// write made after it is `FULL` and syncs the log with the beat, and
+    /// every reader is on this host, down with it. That fsync was a fifth
+    /// of an idle node's CPU (docs/benchmarks.md, "Idle cost"). Beats sent
+    /// inside claim batches stay on the pool's `FULL` connections.
+    /// Elsewhere: one of the pool's.
     pub(super) async fn beat_connection(&self) -> Result<BeatConn<'_>, sqlx::Error> {
         let Some(own) = &self.beat_conn else {
             return Ok(BeatConn::Pooled(self.pool().acquire().await?));
         };
         let mut own = own.lock().await;
         let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
-        if own.as_ref().is_none_or(|(g, _)| *g != generation) {
+        if own
+            .as_ref()
+            .is_none_or(|o| o.generation != generation || o.unfinished)
+        {
             *own = None;
             let mut conn = AnyConnection::connect(&self.connect_url).await?;
             set_up(&mut conn, &self.setup).await?;
-            sqlx::raw_sql("PRAGMA synchronous = NORMAL")
-                .execute(&mut conn)
+            // In a rollback journal `NORMAL` could corrupt the file on a
+            // power cut: only in WAL mode (the setup asks for it, and a
+            // failure to switch is tolerated there).
+            let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&mut conn)
                 .await?;
-            *own = Some((generation, conn));
+            if mode.eq_ignore_ascii_case("wal") {
+                sqlx::raw_sql("PRAGMA synchronous = NORMAL")
+                    .execute(&mut conn)
+                    .await?;
+            }
+            *own = Some(OwnBeat {
+                conn,
+                generation,
+                unfinished: false,
+            });
+        }
+        if let Some(own) = own.as_mut() {
+            own.unfinished = true;
         }
         Ok(BeatConn::Own(own))
     }

@@ -1,4 +1,6 @@
-//! The node registry: one row per owner, written by its heartbeat.
+//! The node registry: one row per owner, written by its heartbeat (a beat
+//! sent on its own goes on [`SqlStore::beat_connection`]: SQLite's own
+//! connection, without an fsync).
 
 use super::*;
 
@@ -8,9 +10,7 @@ impl Registry for SqlStore {
         self.retrying(|| async {
             let mut held = self.beat_connection().await?;
             let nodes = self.beat_on(held.conn()?, beat, self.forget_due()).await;
-            if nodes.as_ref().is_err_and(|e| !is_transient(e)) {
-                held.discard();
-            }
+            held.finish(&nodes);
             nodes
         })
         .await
@@ -22,23 +22,24 @@ impl Registry for SqlStore {
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
         self.retrying(|| async {
             let mut held = self.beat_connection().await?;
-            let nodes = match self.beat_on(held.conn()?, beat, self.forget_due()).await {
+            let nodes = self.beat_on(held.conn()?, beat, self.forget_due()).await;
+            let nodes = match nodes {
                 Ok(nodes) => nodes,
                 Err(e) => {
-                    if !is_transient(&e) {
-                        held.discard();
-                    }
-                    return Err(e);
+                    let done = Err(e);
+                    held.finish(&done);
+                    return done;
                 }
             };
-            let pending = match self.pending_on(held.conn()?).await {
+            let pending = self.pending_on(held.conn()?).await;
+            held.finish(&pending);
+            let pending = match pending {
                 Ok(pending) => Some(pending),
                 Err(e) => {
                     tracing::debug!(
                         "the look for manual runs sent with a heartbeat failed: {}",
                         self.err(e)
                     );
-                    held.discard();
                     None
                 }
             };

@@ -1,7 +1,8 @@
 //! SQLite: the embedded default. One database file shared by every node
 //! process on this host, in WAL mode with a busy timeout, `synchronous = FULL`
-//! so an acknowledged claim survives a power cut (heartbeats go on their own
-//! connection without an fsync: [`super::SqlStore::beat_connection`]). A claim batch reads its rows
+//! so an acknowledged claim survives a power cut (heartbeats sent on their
+//! own go on a connection of their own without an fsync, `beat_connection`
+//! in the SQL store). A claim batch reads its rows
 //! without any lock (WAL readers never wait) and takes the write lock only
 //! with its first write, so a node whose claims all lose never holds it, and
 //! a node stopped (SIGSTOP) between instants blocks nobody. A write that finds

@@ -18,6 +18,7 @@ fn splits_scripts() {
     );
 }
 
+#[cfg(feature = "sqlite")]
 #[test]
 fn binds_the_file_clock_first_and_numbers_the_rest() {
     let text = "INSERT INTO n (a, b, c) VALUES (?, {now}, {now} + ?) -- {x}";
@@ -77,7 +78,8 @@ async fn sqlite_beats_bind_the_clock_and_read_back_what_they_wrote() {
 /// SQLite's heartbeats go on a connection of their own that commits
 /// without an fsync (`synchronous = NORMAL`), while the pool's connections,
 /// which carry the claims, keep `FULL`; a reopened file (deleted or
-/// replaced under the node) gets a new beat connection too.
+/// replaced under the node) and a beat left unfinished get a new beat
+/// connection.
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_beats_commit_without_an_fsync_and_claims_with_one() {
@@ -96,6 +98,7 @@ async fn sqlite_beats_commit_without_an_fsync_and_claims_with_one() {
         .execute(&mut *beat)
         .await
         .unwrap();
+    held.finish(&Ok::<(), sqlx::Error>(()));
     drop(held);
     let mut pooled = store.pool().acquire().await.unwrap();
     assert_eq!(
@@ -110,8 +113,9 @@ async fn sqlite_beats_commit_without_an_fsync_and_claims_with_one() {
     let mut held = store.beat_connection().await.unwrap();
     let cache = pragma("PRAGMA cache_size");
     assert_eq!(cache.fetch_one(held.conn().unwrap()).await.unwrap(), -123);
+    held.finish(&Ok::<(), sqlx::Error>(()));
     drop(held);
-    // ...and a new one once the file is reopened.
+    // ...a new one once the file is reopened...
     store.reopen();
     let mut held = store.beat_connection().await.unwrap();
     let beat = held.conn().unwrap();
@@ -128,6 +132,22 @@ async fn sqlite_beats_commit_without_an_fsync_and_claims_with_one() {
             .await
             .unwrap(),
         1
+    );
+    sqlx::raw_sql("PRAGMA cache_size = -321")
+        .execute(&mut *beat)
+        .await
+        .unwrap();
+    // ...and after a beat left unfinished (its future dropped by a
+    // timeout: the connection may still be busy with it).
+    drop(held);
+    let mut held = store.beat_connection().await.unwrap();
+    let beat = held.conn().unwrap();
+    assert_ne!(
+        pragma("PRAGMA cache_size")
+            .fetch_one(&mut *beat)
+            .await
+            .unwrap(),
+        -321
     );
 }
 
