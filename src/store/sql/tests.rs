@@ -84,71 +84,41 @@ async fn sqlite_beats_bind_the_clock_and_read_back_what_they_wrote() {
 #[tokio::test]
 async fn sqlite_beats_commit_without_an_fsync_and_claims_with_one() {
     let (_dir, store) = sqlite_store().await;
-    let pragma = |q: &'static str| sqlx::query_scalar::<_, i64>(q);
+    let done = Ok::<(), sqlx::Error>(());
     let mut held = store.beat_connection().await.unwrap();
-    let beat = held.conn().unwrap();
-    assert_eq!(
-        pragma("PRAGMA synchronous")
-            .fetch_one(&mut *beat)
-            .await
-            .unwrap(),
-        1
-    );
-    sqlx::raw_sql("PRAGMA cache_size = -123")
-        .execute(&mut *beat)
-        .await
-        .unwrap();
-    held.finish(&Ok::<(), sqlx::Error>(()));
+    assert_eq!(pragma(held.conn().unwrap(), "synchronous").await, 1);
+    pragma(held.conn().unwrap(), "cache_size = -123").await;
+    held.finish(&done);
     drop(held);
     let mut pooled = store.pool().acquire().await.unwrap();
-    assert_eq!(
-        pragma("PRAGMA synchronous")
-            .fetch_one(&mut *pooled)
-            .await
-            .unwrap(),
-        2
-    );
+    assert_eq!(pragma(&mut pooled, "synchronous").await, 2);
     drop(pooled);
     // The same connection at the next beat...
     let mut held = store.beat_connection().await.unwrap();
-    let cache = pragma("PRAGMA cache_size");
-    assert_eq!(cache.fetch_one(held.conn().unwrap()).await.unwrap(), -123);
-    held.finish(&Ok::<(), sqlx::Error>(()));
+    assert_eq!(pragma(held.conn().unwrap(), "cache_size").await, -123);
+    held.finish(&done);
     drop(held);
     // ...a new one once the file is reopened...
     store.reopen();
     let mut held = store.beat_connection().await.unwrap();
-    let beat = held.conn().unwrap();
-    assert_ne!(
-        pragma("PRAGMA cache_size")
-            .fetch_one(&mut *beat)
-            .await
-            .unwrap(),
-        -123
-    );
-    assert_eq!(
-        pragma("PRAGMA synchronous")
-            .fetch_one(&mut *beat)
-            .await
-            .unwrap(),
-        1
-    );
-    sqlx::raw_sql("PRAGMA cache_size = -321")
-        .execute(&mut *beat)
-        .await
-        .unwrap();
+    assert_ne!(pragma(held.conn().unwrap(), "cache_size").await, -123);
+    assert_eq!(pragma(held.conn().unwrap(), "synchronous").await, 1);
+    pragma(held.conn().unwrap(), "cache_size = -321").await;
     // ...and after a beat left unfinished (its future dropped by a
     // timeout: the connection may still be busy with it).
     drop(held);
     let mut held = store.beat_connection().await.unwrap();
-    let beat = held.conn().unwrap();
-    assert_ne!(
-        pragma("PRAGMA cache_size")
-            .fetch_one(&mut *beat)
-            .await
-            .unwrap(),
-        -321
-    );
+    assert_ne!(pragma(held.conn().unwrap(), "cache_size").await, -321);
+}
+
+/// `PRAGMA {pragma}` on `conn`: the value it reads (0 for a setting made).
+#[cfg(feature = "sqlite")]
+async fn pragma(conn: &mut AnyConnection, pragma: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!("PRAGMA {pragma}")))
+        .fetch_optional(conn)
+        .await
+        .unwrap()
+        .unwrap_or(0)
 }
 
 /// A SQLite store on a file of its own, prepared.
