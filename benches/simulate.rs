@@ -11,7 +11,15 @@
 //!   measured minute (every node's scheduling, claims, runs and records,
 //!   and the in-memory store's own decisions) over N × J;
 //! - memory per job per node: the resident set grown from before the nodes
-//!   started to the end of the measured minute, over N × J.
+//!   started to the end of the measured minute, over N × J; and its peak
+//!   within the measured minute (the kernel's high-water mark, reset as
+//!   the minute starts), over N × J.
+//!
+//! The process allocates as the daemon does: mimalloc, purging freed
+//! pages at once (`tune_allocator` in src/main.rs; here
+//! `MIMALLOC_PURGE_DELAY=0`, set for each row's process). Measured on
+//! glibc's malloc, which keeps what it freed, the figures were those of
+//! another program.
 //!
 //! `cargo bench --all-features --bench simulate -- [--nodes 3,10,50]
 //! [--jobs 1000,10000] [--at spread,zero] [--notices off,on]`: `spread`
@@ -39,6 +47,11 @@ use cronlease::store::Outcome;
 use cronlease::store::memory::MemoryStore;
 use cronlease::wallclock::{TokioClock, WallClock};
 use tokio_util::sync::CancellationToken;
+
+/// The daemon's allocator (src/main.rs), so that memory and CPU are the
+/// daemon's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A job that takes no time and succeeds; counts its runs.
 #[derive(Default)]
@@ -82,13 +95,25 @@ fn job_file(jobs: usize, spread: bool) -> String {
         .collect()
 }
 
-fn rss_kib() -> f64 {
+/// A `/proc/self/status` figure in KiB: `VmRSS` (resident now) or
+/// `VmHWM` (the peak since the last [`reset_peak`]).
+fn status_kib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .unwrap_or(0.0)
+}
+
+fn rss_kib() -> f64 {
+    status_kib("VmRSS")
+}
+
+/// Resets the kernel's peak resident set (`VmHWM`) to the current one
+/// (proc(5), `clear_refs`: 5).
+fn reset_peak() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("/proc/self/clear_refs");
 }
 
 fn cpu_seconds() -> f64 {
@@ -156,10 +181,12 @@ fn simulate(nodes: usize, jobs: usize, spread: bool, notices: bool) -> String {
         let from = store.call_log().len();
         let runs0 = counter.0.load(std::sync::atomic::Ordering::Relaxed);
         let cpu0 = cpu_seconds();
+        reset_peak();
         until(start() + chrono::Duration::seconds(179) + chrono::Duration::milliseconds(900))
             .await;
         let cpu = cpu_seconds() - cpu0;
         let rss = rss_kib() - rss0;
+        let peak = status_kib("VmHWM") - rss0;
         let log = store.call_log();
         let calls = &log[from..];
         let instants = if spread { jobs.min(60) } else { 1 } as f64;
@@ -177,7 +204,7 @@ fn simulate(nodes: usize, jobs: usize, spread: bool, notices: bool) -> String {
         let nj = (nodes * jobs) as f64;
         let beats = calls.iter().filter(|c| c.op.starts_with("heartbeat")).count();
         format!(
-            "| {nodes} | {jobs} | {} | {} | {} | {:.1} | {beats} | {:.1} | {:.2} | {:.1} µs | {:.2} KiB | {runs} |",
+            "| {nodes} | {jobs} | {} | {} | {} | {:.1} | {beats} | {:.1} | {:.2} | {:.1} µs | {:.2} KiB | {:.2} KiB | {runs} |",
             if spread { "over the minute" } else { "all at :00" },
             if notices { "on" } else { "off" },
             calls.len(),
@@ -186,6 +213,7 @@ fn simulate(nodes: usize, jobs: usize, spread: bool, notices: bool) -> String {
             claim_requests as f64 / jobs as f64,
             cpu * 1e6 / nj,
             rss / nj,
+            peak / nj,
         )
     })
 }
@@ -213,14 +241,19 @@ fn main() {
     let at = common::arg("--at", "spread,zero");
     let notices = common::arg("--notices", "off,on");
     println!(
-        "| nodes | jobs/min | schedules | notices | store calls/min | per node | of which heartbeats on their own | claim calls/instant | claim requests per occurrence | CPU per job per node | memory per job per node | runs in the minute |"
+        "| nodes | jobs/min | schedules | notices | store calls/min | per node | of which heartbeats on their own | claim calls/instant | claim requests per occurrence | CPU per job per node | memory per job per node | peak in the minute | runs in the minute |"
     );
-    println!("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &nodes {
         for &j in &jobs {
             for a in at.split(',') {
                 for o in notices.split(',') {
-                    let out = std::process::Command::new(std::env::current_exe().unwrap())
+                    let mut row = std::process::Command::new(std::env::current_exe().unwrap());
+                    // The daemon's default; one set in the environment wins, as there.
+                    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+                        row.env("MIMALLOC_PURGE_DELAY", "0");
+                    }
+                    let out = row
                         .args(["--row", &n.to_string(), &j.to_string(), a.trim(), o.trim()])
                         .output()
                         .unwrap();
