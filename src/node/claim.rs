@@ -293,8 +293,7 @@ impl Node {
 
     /// The earliest next occurrence of any job.
     fn next_instant(&self) -> Option<DateTime<Utc>> {
-        let jobs = self.jobs.lock().ok()?;
-        jobs.values().filter_map(|e| e.next).min()
+        self.jobs.lock().ok()?.next_instant()
     }
 
     /// Takes every occurrence due at `now` off the schedule. A job woken
@@ -306,8 +305,13 @@ impl Node {
             return Vec::new();
         };
         let mut due = Vec::new();
-        for (name, entry) in jobs.iter_mut() {
+        for name in jobs.take_due_names(now) {
+            let Some(entry) = jobs.get(&name) else {
+                continue;
+            };
             let Some(mut occurrence) = entry.next.filter(|n| *n <= now) else {
+                let next = entry.next;
+                jobs.requeue(name, next);
                 continue;
             };
             let job = entry.state.job();
@@ -319,7 +323,6 @@ impl Node {
             if next.is_none() {
                 tracing::warn!(job = %name, "the schedule has no further occurrence");
             }
-            entry.next = next;
             due.push(Due {
                 state: entry.state.clone(),
                 stop: entry.handlers_stop.clone(),
@@ -329,6 +332,7 @@ impl Node {
                 catch_up_only: false,
                 released_seen: Arc::default(),
             });
+            jobs.requeue(name, next);
         }
         due
     }

@@ -3,8 +3,10 @@
 //! lease watchdog, and an orderly shutdown.
 //!
 //! - [`Node::run`] starts one scheduler ([`claim`]) that sleeps on tokio's
-//!   clock until the next instant any job is due, sends the claims of every
-//!   job due then as one batch ([`batch`]), and hands each occurrence to its
+//!   clock until the next instant any job is due (the job table keeps the
+//!   jobs in the order of their next occurrence: an instant costs what is
+//!   due then), sends the claims of every job due then as one batch
+//!   ([`batch`]), and hands each occurrence to its
 //!   own task, so waiting for a takeover, a catch-up or a running job never
 //!   delays another occurrence.
 //! - A won claim starts a run ([`run`]) guarded by the watchdog: the lease is
@@ -26,7 +28,7 @@
 //!
 //! Locks, always taken in this order and never held across an `await`
 //! except the claim gate: the job table (`jobs`), then a job's claim gate,
-//! then its [`JobRuntime`].
+//! then its [`JobRuntime`], then the count of held leases ([`held`]).
 
 mod batch;
 mod broadcast;
@@ -37,6 +39,7 @@ pub mod clock;
 pub mod definitions;
 mod guard_link;
 pub mod health;
+mod held;
 pub mod lease;
 mod membership;
 pub mod owed;
@@ -68,6 +71,7 @@ use chrono::{DateTime, Utc};
 use clock::ClockWatch;
 use guard_link::GuardLink;
 use health::StoreHealth;
+use held::LeaseBook;
 
 /// How long renewals are gathered before their store call: those due
 /// together (after a takeover) go as one.
@@ -148,11 +152,23 @@ pub(crate) struct JobState {
     /// Held from a claim until its run has started, so a step-down never
     /// sees a job as idle while a claim of it is in flight.
     claim_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Where the node counts its jobs' leases ([`held`]); none for a
+    /// shard's lock.
+    book: Option<Arc<Mutex<LeaseBook>>>,
 }
 
 impl JobState {
+    /// A job's state, its lease counted in `book`.
+    fn counted(job: Job, book: Arc<Mutex<LeaseBook>>) -> Self {
+        JobState {
+            book: Some(book),
+            ..JobState::new(job)
+        }
+    }
+
     fn new(job: Job) -> Self {
         JobState {
+            book: None,
             runtime: Mutex::new(JobRuntime {
                 job: Arc::new(job),
                 fence_floor: 0,
@@ -180,6 +196,18 @@ impl JobState {
 
     fn job(&self) -> Arc<Job> {
         self.rt().job.clone()
+    }
+
+    /// Sets the lease clock under `rt`, telling the node's count of held
+    /// leases.
+    fn set_lease(&self, rt: &mut JobRuntime, lease: Option<LeaseClock>) {
+        let old = rt.lease.map(|c| c.expiry());
+        rt.lease = lease;
+        if let Some(book) = &self.book
+            && let Ok(mut book) = book.lock()
+        {
+            book.change(old, lease.map(|c| c.expiry()));
+        }
     }
 
     fn set_job(&self, job: Job) {
@@ -243,7 +271,7 @@ impl JobState {
             rt.release_after_run = true;
             false
         } else {
-            rt.lease = None;
+            self.set_lease(&mut rt, None);
             true
         }
     }
@@ -311,12 +339,13 @@ impl JobState {
     fn lease_granted(&self, sent: Instant, lease: Duration) {
         let mut rt = self.rt();
         if rt.lease.is_none_or(|c| c.sent <= sent) {
-            rt.lease = Some(LeaseClock { sent, lease });
+            self.set_lease(&mut rt, Some(LeaseClock { sent, lease }));
         }
     }
 
     fn lease_ended(&self) {
-        self.rt().lease = None;
+        let mut rt = self.rt();
+        self.set_lease(&mut rt, None);
     }
 
     /// Logs at info when this node's standing for the job changes.
@@ -360,6 +389,97 @@ struct JobEntry {
     allowed: bool,
 }
 
+/// The configured jobs by name, and the scheduler's queue: every job's
+/// next occurrence, earliest first, so that an instant costs what is due
+/// then, not a walk over every job. A job's `next` is set only through
+/// [`JobTable::set_next`], [`JobTable::insert`], [`JobTable::remove`] and
+/// [`JobTable::requeue`], which keep the two in step; reads go through
+/// `Deref` to the map.
+#[derive(Default)]
+struct JobTable {
+    by_name: BTreeMap<JobName, JobEntry>,
+    queue: std::collections::BTreeSet<(DateTime<Utc>, JobName)>,
+}
+
+impl std::ops::Deref for JobTable {
+    type Target = BTreeMap<JobName, JobEntry>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.by_name
+    }
+}
+
+impl JobTable {
+    fn insert(&mut self, name: JobName, entry: JobEntry) {
+        self.remove(&name);
+        if let Some(at) = entry.next {
+            self.queue.insert((at, name.clone()));
+        }
+        self.by_name.insert(name, entry);
+    }
+
+    fn remove(&mut self, name: &JobName) -> Option<JobEntry> {
+        let entry = self.by_name.remove(name)?;
+        if let Some(at) = entry.next {
+            self.queue.remove(&(at, name.clone()));
+        }
+        Some(entry)
+    }
+
+    /// The entry of `name`, to change anything but its `next`.
+    fn get_mut(&mut self, name: &JobName) -> Option<&mut JobEntry> {
+        self.by_name.get_mut(name)
+    }
+
+    /// Sets the next occurrence `name`'s scheduler claims.
+    fn set_next(&mut self, name: &JobName, next: Option<DateTime<Utc>>) {
+        let Some(entry) = self.by_name.get_mut(name) else {
+            return;
+        };
+        if entry.next == next {
+            return;
+        }
+        if let Some(at) = entry.next {
+            self.queue.remove(&(at, name.clone()));
+        }
+        if let Some(at) = next {
+            self.queue.insert((at, name.clone()));
+        }
+        entry.next = next;
+    }
+
+    /// The earliest next occurrence of any job.
+    fn next_instant(&self) -> Option<DateTime<Utc>> {
+        self.queue.first().map(|(at, _)| *at)
+    }
+
+    /// Takes the jobs whose next occurrence is at or before `now` off the
+    /// queue, in name order; each goes back with [`JobTable::requeue`]
+    /// before the lock is let go.
+    fn take_due_names(&mut self, now: DateTime<Utc>) -> Vec<JobName> {
+        let mut names = Vec::new();
+        while self.queue.first().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, name)) = self.queue.pop_first() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        names
+    }
+
+    /// Puts `name`, taken off by [`JobTable::take_due_names`], back with
+    /// its next occurrence.
+    fn requeue(&mut self, name: JobName, next: Option<DateTime<Utc>>) {
+        let Some(entry) = self.by_name.get_mut(&name) else {
+            return;
+        };
+        entry.next = next;
+        if let Some(at) = next {
+            self.queue.insert((at, name));
+        }
+    }
+}
+
 /// A running cronlease node.
 pub struct Node {
     owner: Owner,
@@ -373,7 +493,9 @@ pub struct Node {
     guard: GuardLink,
     prepare: Prepared,
     life: Lifecycle,
-    jobs: Mutex<BTreeMap<JobName, JobEntry>>,
+    jobs: Mutex<JobTable>,
+    /// The leases its jobs hold, counted for the beats ([`held`]).
+    leases: Arc<Mutex<LeaseBook>>,
     /// Wakes the scheduler when the job set changed.
     jobs_changed: tokio::sync::Notify,
     step_down_until: Mutex<Option<Instant>>,
@@ -624,7 +746,8 @@ impl Node {
                 handlers: TaskTracker::new(),
                 runs: TaskTracker::new(),
             },
-            jobs: Mutex::new(BTreeMap::new()),
+            jobs: Mutex::new(JobTable::default()),
+            leases: Arc::default(),
             jobs_changed: tokio::sync::Notify::new(),
             step_down_until: Mutex::new(None),
             metrics,
@@ -1052,27 +1175,29 @@ impl Node {
             }
             match current.get_mut(&name) {
                 Some(entry) => {
+                    let mut next = entry.next;
                     if !entry.state.job().same_definition(&job) {
                         tracing::info!(job = %name, "job changed: applying the new definition");
-                        entry.next = job.schedule.next_after(now).filter(|_| allowed);
+                        next = job.schedule.next_after(now).filter(|_| allowed);
                         entry.state.set_job(job);
                     }
                     if allowed && !entry.allowed {
                         tracing::info!(job = %name, "this node has the job's run_on tags now: claiming it");
-                        entry.next = entry.state.job().schedule.next_after(now);
+                        next = entry.state.job().schedule.next_after(now);
                     } else if !allowed && entry.allowed {
                         tracing::info!(job = %name, "this node lacks a tag of the job's run_on now: no longer claimed here");
-                        entry.next = None;
+                        next = None;
                         entry.handlers_stop.cancel();
                         entry.handlers_stop = self.life.claims.child_token();
                         self.release_when_idle(entry.state.clone());
                     }
                     entry.allowed = allowed;
+                    current.set_next(&name, next);
                 }
                 None => {
                     let entry = JobEntry {
                         next: job.schedule.next_after(now).filter(|_| allowed),
-                        state: Arc::new(JobState::new(job)),
+                        state: Arc::new(JobState::counted(job, self.leases.clone())),
                         handlers_stop: self.life.claims.child_token(),
                         allowed,
                     };

@@ -113,13 +113,12 @@ impl Node {
     /// How many jobs are configured and how many of their leases this node
     /// holds now.
     pub(super) fn job_and_lease_counts(&self) -> (usize, usize) {
-        let states = self.states();
-        let now = Instant::now();
-        let held = states
-            .iter()
-            .filter(|s| s.lease_clock().is_some_and(|c| c.expiry() > now))
-            .count();
-        (states.len(), held)
+        let jobs = self.jobs.lock().map_or(0, |jobs| jobs.len());
+        let held = self
+            .leases
+            .lock()
+            .map_or(0, |mut book| book.held_at(Instant::now()));
+        (jobs, held)
     }
 
     /// `N jobs, holding M leases, store up|down` for `STATUS=` and logs.

@@ -1,6 +1,6 @@
 //! Unit tests of the node: the watchdog's stuck check, the local lease
-//! deadline and renewal point (pure arithmetic), and a recheck beside a claim
-//! in flight (on the in-memory store).
+//! deadline and renewal point (pure arithmetic), the scheduler's queue, and
+//! a recheck beside a claim in flight (on the in-memory store).
 #![allow(clippy::unwrap_used)]
 
 use super::service::scheduler_stuck;
@@ -49,6 +49,63 @@ fn renewal_leaves_a_third_of_the_provable_time() {
         );
         assert!(clock.renew_at(margin) > sent);
     }
+}
+
+/// The job table's queue holds each job once, at its `next`, through every
+/// change: the scheduler's due jobs and next instant are read from it
+/// alone, so one left behind or missing would fire a job at a stale
+/// instant or never.
+#[test]
+fn the_scheduler_queue_follows_every_next() {
+    let at = |s: i64| chrono::TimeZone::timestamp_opt(&Utc, 1_800_000_000 + s, 0).unwrap();
+    let name = |n: &str| JobName::parse(n).unwrap();
+    let entry = |n: &str, next: Option<DateTime<Utc>>| JobEntry {
+        state: Arc::new(JobState::new(crate::config::test_job(
+            n,
+            "* * * * * *",
+            "/bin/true",
+        ))),
+        next,
+        handlers_stop: CancellationToken::new(),
+        allowed: true,
+    };
+    let in_step = |t: &JobTable| {
+        let queued: Vec<(DateTime<Utc>, JobName)> = t.queue.iter().cloned().collect();
+        let mut expected: Vec<(DateTime<Utc>, JobName)> = t
+            .by_name
+            .iter()
+            .filter_map(|(n, e)| Some((e.next?, n.clone())))
+            .collect();
+        expected.sort();
+        assert_eq!(queued, expected);
+    };
+    let mut t = JobTable::default();
+    t.insert(name("c"), entry("c", Some(at(3))));
+    t.insert(name("b"), entry("b", Some(at(1))));
+    t.insert(name("a"), entry("a", Some(at(1))));
+    t.insert(name("idle"), entry("idle", None));
+    in_step(&t);
+    assert_eq!(t.next_instant(), Some(at(1)));
+    // Replaced: the old instant leaves the queue.
+    t.insert(name("c"), entry("c", Some(at(5))));
+    in_step(&t);
+    t.set_next(&name("idle"), Some(at(2)));
+    t.set_next(&name("b"), None);
+    in_step(&t);
+    // Due at 2: `a` (at 1) and `idle` (at 2), in name order; taken off
+    // until put back.
+    let due = t.take_due_names(at(2));
+    assert_eq!(due, vec![name("a"), name("idle")]);
+    assert_eq!(t.next_instant(), Some(at(5)));
+    t.requeue(name("a"), Some(at(4)));
+    t.requeue(name("idle"), None);
+    in_step(&t);
+    assert_eq!(t.next_instant(), Some(at(4)));
+    assert!(t.take_due_names(at(3)).is_empty());
+    assert!(t.remove(&name("a")).is_some());
+    in_step(&t);
+    assert_eq!(t.next_instant(), Some(at(5)));
+    assert!(t.remove(&name("a")).is_none());
 }
 
 /// A claim of the job in flight when a recheck of an unanswered claim is

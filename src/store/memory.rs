@@ -15,7 +15,7 @@
 //! requests as the stores with notifications do, and [`MemoryStore::set_fence`] /
 //! [`MemoryStore::set_expiry_in`] tamper with a lock as an operator might.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -79,6 +79,10 @@ impl Lock {
 #[derive(Default)]
 struct State {
     locks: BTreeMap<String, Lock>,
+    /// The jobs whose lock holds a pending request: the index the SQL
+    /// stores keep on `trigger_id` (migrations, `0008_trigger.sql`), so a
+    /// look for manual runs reads those, not every lock.
+    pending: BTreeSet<String>,
     /// Per job: (insertion id, run), oldest first.
     runs: BTreeMap<String, Vec<(u64, RunRecord)>>,
     next_id: u64,
@@ -368,7 +372,9 @@ impl Locks for MemoryStore {
         let lock = s.locks.entry(job.to_string()).or_default();
         let mut row = lock.row(now);
         let answer = trigger_row(&mut row, id);
+        let pending = row.trigger.is_some();
         *lock = Lock::from_row(row);
+        index_pending(&mut s, job.as_str(), pending);
         if answer == TriggerAnswer::Accepted {
             notify(&mut s, |reachable| reachable.load(Ordering::SeqCst));
         }
@@ -394,13 +400,17 @@ impl Locks for MemoryStore {
 
     async fn withdraw_trigger(&self, job: &JobName, id: TriggerId) -> Result<bool, StoreError> {
         let mut s = self.count("withdraw_trigger", 1)?;
-        Ok(match s.locks.get_mut(job.as_str()) {
+        let withdrawn = match s.locks.get_mut(job.as_str()) {
             Some(l) if l.trigger == Some(id.get()) => {
                 l.trigger = None;
                 true
             }
             _ => false,
-        })
+        };
+        if withdrawn {
+            index_pending(&mut s, job.as_str(), false);
+        }
+        Ok(withdrawn)
     }
 
     async fn pending_triggers(&self) -> Result<Vec<(String, TriggerId)>, StoreError> {
@@ -608,10 +618,25 @@ impl Registry for MemoryStore {
 
 /// The pending requests in `s`, sorted by job.
 fn pending_in(s: &State) -> Vec<(String, TriggerId)> {
-    s.locks
+    s.pending
         .iter()
-        .filter_map(|(job, l)| Some((job.clone(), TriggerId::from_stored(l.trigger?)?)))
+        .filter_map(|job| {
+            let id = s.locks.get(job)?.trigger?;
+            Some((job.clone(), TriggerId::from_stored(id)?))
+        })
         .collect()
+}
+
+/// Keeps [`State::pending`] in step with whether `job`'s lock holds a
+/// pending request.
+fn index_pending(s: &mut State, job: &str, pending: bool) {
+    if pending {
+        if !s.pending.contains(job) {
+            s.pending.insert(job.to_string());
+        }
+    } else {
+        s.pending.remove(job);
+    }
 }
 
 /// Sends a notice to the live subscriptions whose handle `to` picks (by its
@@ -638,6 +663,7 @@ fn claim_in(s: &mut State, requests: &[ClaimRequest], now: i64) -> Vec<ClaimOutc
         .collect();
     let outcomes = claim_rows(&mut rows, requests, now);
     for (job, row) in rows {
+        index_pending(s, &job, row.trigger.is_some());
         s.locks.insert(job, Lock::from_row(row));
     }
     outcomes
