@@ -319,7 +319,7 @@ impl State<'_> {
             origin: self.origin.to_string(),
             line: number,
             column: column(line, at),
-            message: message.into(),
+            message: escaped_controls(message.into()),
         }
     }
 
@@ -327,7 +327,7 @@ impl State<'_> {
         self.warnings.push(Warning {
             origin: self.origin.to_string(),
             line: number,
-            message: message.into(),
+            message: escaped_controls(message.into()),
         });
     }
 
@@ -968,6 +968,24 @@ fn toml_array(items: &[&str]) -> String {
             .collect(),
     )
     .to_string()
+}
+
+/// A message quoting the crontab, on one line: its control characters but
+/// tab (a lone `\r` inside a field, say) written as escapes (`\r`).
+fn escaped_controls(message: String) -> String {
+    let control = |c: char| c.is_control() && c != '\t';
+    if !message.contains(control) {
+        return message;
+    }
+    let mut out = String::with_capacity(message.len() + 8);
+    for c in message.chars() {
+        if control(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `s` fit for a TOML comment: no control characters but tab.

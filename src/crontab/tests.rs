@@ -582,6 +582,12 @@ fn errors_name_line_and_column() {
     let (_, col, msg) = line_err("0 5/15 * * * x\n", false);
     assert_eq!(col, 3);
     assert!(msg.contains("a step needs a range"), "{msg}");
+    // A control character in a field (the fuzzer's `\r`) is quoted as an
+    // escape: the error stays on one line.
+    let (_, col, msg) = line_err("00 0/*\r\r **x\n", false);
+    assert_eq!(col, 4);
+    assert!(msg.contains("0/*\\r\\r: a step needs a range"), "{msg}");
+    assert!(!msg.contains(['\r', '\n']), "{msg:?}");
     let (_, col, msg) = line_err("*/0 * * * * x\n", false);
     assert_eq!(col, 3);
     assert!(msg.contains("expected a step from 1 to 60"), "{msg}");

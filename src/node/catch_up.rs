@@ -84,7 +84,7 @@ fn catch_up_due(entry: &JobEntry, before: DateTime<Utc>, now: DateTime<Utc>) -> 
     if job.misfire != crate::config::Misfire::RunOnce || job.every_node {
         return None;
     }
-    let next = entry.next?;
+    let next = entry.next()?;
     let occurrence = job.schedule.previous_before(next).filter(|p| *p < before)?;
     catch_up_open(&job, occurrence, Some(next), now).then(|| Due {
         released_seen: Arc::default(),

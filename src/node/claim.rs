@@ -292,7 +292,7 @@ impl Node {
     }
 
     /// The earliest next occurrence of any job.
-    fn next_instant(&self) -> Option<DateTime<Utc>> {
+    pub(super) fn next_instant(&self) -> Option<DateTime<Utc>> {
         self.jobs.lock().ok()?.next_instant()
     }
 
@@ -300,7 +300,7 @@ impl Node {
     /// late (a paused process, a suspended VM) claims only its latest due
     /// occurrence; the store's misfire rule covers the rest, and a stale
     /// occurrence is never started.
-    fn take_due(&self, now: DateTime<Utc>) -> Vec<Due> {
+    pub(super) fn take_due(&self, now: DateTime<Utc>) -> Vec<Due> {
         let Ok(mut jobs) = self.jobs.lock() else {
             return Vec::new();
         };
@@ -309,8 +309,8 @@ impl Node {
             let Some(entry) = jobs.get(&name) else {
                 continue;
             };
-            let Some(mut occurrence) = entry.next.filter(|n| *n <= now) else {
-                let next = entry.next;
+            let Some(mut occurrence) = entry.next().filter(|n| *n <= now) else {
+                let next = entry.next();
                 jobs.requeue(name, next);
                 continue;
             };

@@ -1,6 +1,12 @@
 //! How many leases this node's jobs hold, kept as the leases change: each
 //! beat says it (`jobs_held`, `cronlease nodes`), and a walk over every
 //! job's state per beat was O(jobs) at each beat (issue 35, item 6).
+//!
+//! It counts the lease clock of every job state that has one, also a
+//! removed job's until its step-down ends it (at once when idle, at the
+//! end of its run otherwise): the leases this node holds in the store. The
+//! walk it replaced counted only the jobs configured now. Shard locks
+//! ([`super::broadcast`]) are not counted, as before.
 
 use std::collections::BTreeMap;
 

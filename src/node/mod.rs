@@ -46,6 +46,7 @@ pub mod owed;
 mod progress;
 mod run;
 mod service;
+mod table;
 mod trigger;
 
 pub(crate) use catch_up::catch_up_open;
@@ -72,6 +73,7 @@ use clock::ClockWatch;
 use guard_link::GuardLink;
 use health::StoreHealth;
 use held::LeaseBook;
+use table::{JobEntry, JobTable};
 
 /// How long renewals are gathered before their store call: those due
 /// together (after a takeover) go as one.
@@ -203,9 +205,11 @@ impl JobState {
     fn set_lease(&self, rt: &mut JobRuntime, lease: Option<LeaseClock>) {
         let old = rt.lease.map(|c| c.expiry());
         rt.lease = lease;
-        if let Some(book) = &self.book
-            && let Ok(mut book) = book.lock()
-        {
+        if let Some(book) = &self.book {
+            // A poisoned count is still the count: every change is whole.
+            let mut book = book
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             book.change(old, lease.map(|c| c.expiry()));
         }
     }
@@ -374,109 +378,6 @@ impl JobState {
         }
         rt.follow_released = None;
         rt.standing = now;
-    }
-}
-
-struct JobEntry {
-    state: Arc<JobState>,
-    /// The next occurrence the scheduler will claim.
-    next: Option<DateTime<Utc>>,
-    /// Stops the job's in-flight occurrence handlers (removal).
-    handlers_stop: CancellationToken,
-    /// This node has every tag of the job's `run_on`: it claims the job.
-    /// Otherwise the job is known here (status, definitions) but never
-    /// claimed: `next` stays `None` and manual runs are left to others.
-    allowed: bool,
-}
-
-/// The configured jobs by name, and the scheduler's queue: every job's
-/// next occurrence, earliest first, so that an instant costs what is due
-/// then, not a walk over every job. A job's `next` is set only through
-/// [`JobTable::set_next`], [`JobTable::insert`], [`JobTable::remove`] and
-/// [`JobTable::requeue`], which keep the two in step; reads go through
-/// `Deref` to the map.
-#[derive(Default)]
-struct JobTable {
-    by_name: BTreeMap<JobName, JobEntry>,
-    queue: std::collections::BTreeSet<(DateTime<Utc>, JobName)>,
-}
-
-impl std::ops::Deref for JobTable {
-    type Target = BTreeMap<JobName, JobEntry>;
-
-    fn deref(&self) -> &Self::Target {
-        &self.by_name
-    }
-}
-
-impl JobTable {
-    fn insert(&mut self, name: JobName, entry: JobEntry) {
-        self.remove(&name);
-        if let Some(at) = entry.next {
-            self.queue.insert((at, name.clone()));
-        }
-        self.by_name.insert(name, entry);
-    }
-
-    fn remove(&mut self, name: &JobName) -> Option<JobEntry> {
-        let entry = self.by_name.remove(name)?;
-        if let Some(at) = entry.next {
-            self.queue.remove(&(at, name.clone()));
-        }
-        Some(entry)
-    }
-
-    /// The entry of `name`, to change anything but its `next`.
-    fn get_mut(&mut self, name: &JobName) -> Option<&mut JobEntry> {
-        self.by_name.get_mut(name)
-    }
-
-    /// Sets the next occurrence `name`'s scheduler claims.
-    fn set_next(&mut self, name: &JobName, next: Option<DateTime<Utc>>) {
-        let Some(entry) = self.by_name.get_mut(name) else {
-            return;
-        };
-        if entry.next == next {
-            return;
-        }
-        if let Some(at) = entry.next {
-            self.queue.remove(&(at, name.clone()));
-        }
-        if let Some(at) = next {
-            self.queue.insert((at, name.clone()));
-        }
-        entry.next = next;
-    }
-
-    /// The earliest next occurrence of any job.
-    fn next_instant(&self) -> Option<DateTime<Utc>> {
-        self.queue.first().map(|(at, _)| *at)
-    }
-
-    /// Takes the jobs whose next occurrence is at or before `now` off the
-    /// queue, in name order; each goes back with [`JobTable::requeue`]
-    /// before the lock is let go.
-    fn take_due_names(&mut self, now: DateTime<Utc>) -> Vec<JobName> {
-        let mut names = Vec::new();
-        while self.queue.first().is_some_and(|(at, _)| *at <= now) {
-            if let Some((_, name)) = self.queue.pop_first() {
-                names.push(name);
-            }
-        }
-        names.sort();
-        names
-    }
-
-    /// Puts `name`, taken off by [`JobTable::take_due_names`], back with
-    /// its next occurrence.
-    fn requeue(&mut self, name: JobName, next: Option<DateTime<Utc>>) {
-        let Some(entry) = self.by_name.get_mut(&name) else {
-            return;
-        };
-        entry.next = next;
-        if let Some(at) = next {
-            self.queue.insert((at, name));
-        }
     }
 }
 
@@ -1175,7 +1076,7 @@ impl Node {
             }
             match current.get_mut(&name) {
                 Some(entry) => {
-                    let mut next = entry.next;
+                    let mut next = entry.next();
                     if !entry.state.job().same_definition(&job) {
                         tracing::info!(job = %name, "job changed: applying the new definition");
                         next = job.schedule.next_after(now).filter(|_| allowed);
@@ -1195,12 +1096,13 @@ impl Node {
                     current.set_next(&name, next);
                 }
                 None => {
-                    let entry = JobEntry {
-                        next: job.schedule.next_after(now).filter(|_| allowed),
-                        state: Arc::new(JobState::counted(job, self.leases.clone())),
-                        handlers_stop: self.life.claims.child_token(),
+                    let next = job.schedule.next_after(now).filter(|_| allowed);
+                    let entry = JobEntry::new(
+                        Arc::new(JobState::counted(job, self.leases.clone())),
+                        next,
+                        self.life.claims.child_token(),
                         allowed,
-                    };
+                    );
                     current.insert(name, entry);
                 }
             }

@@ -117,7 +117,8 @@ impl Node {
         let held = self
             .leases
             .lock()
-            .map_or(0, |mut book| book.held_at(Instant::now()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .held_at(Instant::now());
         (jobs, held)
     }
 

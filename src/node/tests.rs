@@ -1,6 +1,7 @@
 //! Unit tests of the node: the watchdog's stuck check, the local lease
-//! deadline and renewal point (pure arithmetic), the scheduler's queue, and
-//! a recheck beside a claim in flight (on the in-memory store).
+//! deadline and renewal point (pure arithmetic), the scheduler's queue
+//! through reloads and instants, and a recheck beside a claim in flight (on
+//! the in-memory store).
 #![allow(clippy::unwrap_used)]
 
 use super::service::scheduler_stuck;
@@ -51,61 +52,126 @@ fn renewal_leaves_a_third_of_the_provable_time() {
     }
 }
 
-/// The job table's queue holds each job once, at its `next`, through every
-/// change: the scheduler's due jobs and next instant are read from it
-/// alone, so one left behind or missing would fire a job at a stale
-/// instant or never.
-#[test]
-fn the_scheduler_queue_follows_every_next() {
+/// The scheduler reads its due jobs and next instant from the job table's
+/// queue alone: after every kind of reload (a job added, changed, moved
+/// off this node by `run_on` and back, removed, added again) and every
+/// instant taken, the queue holds each job once, at its next occurrence.
+/// One left behind would fire at a stale instant; one missing, never.
+#[cfg(feature = "memory")]
+#[tokio::test(start_paused = true)]
+async fn the_scheduler_queue_follows_every_reload_and_instant() {
+    use crate::store::memory::MemoryStore;
     let at = |s: i64| chrono::TimeZone::timestamp_opt(&Utc, 1_800_000_000 + s, 0).unwrap();
-    let name = |n: &str| JobName::parse(n).unwrap();
-    let entry = |n: &str, next: Option<DateTime<Utc>>| JobEntry {
-        state: Arc::new(JobState::new(crate::config::test_job(
-            n,
-            "* * * * * *",
-            "/bin/true",
-        ))),
-        next,
-        handlers_stop: CancellationToken::new(),
-        allowed: true,
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.toml");
+    let write = |jobs: &str| {
+        std::fs::write(
+            &path,
+            format!(
+                "[node]\nname = \"a\"\ntags = [\"x\"]\n[store]\nurl = \"sqlite://{}/unused.db\"\n{jobs}",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        crate::config::load(&path, &crate::config::Overrides::default())
+            .unwrap()
+            .jobs
     };
-    let in_step = |t: &JobTable| {
-        let queued: Vec<(DateTime<Utc>, JobName)> = t.queue.iter().cloned().collect();
-        let mut expected: Vec<(DateTime<Utc>, JobName)> = t
-            .by_name
-            .iter()
-            .filter_map(|(n, e)| Some((e.next?, n.clone())))
-            .collect();
-        expected.sort();
-        assert_eq!(queued, expected);
+    let job = |name: &str, schedule: &str, run_on: &str| {
+        let run_on = if run_on.is_empty() {
+            String::new()
+        } else {
+            format!("run_on = [{run_on}]\n")
+        };
+        format!(
+            "[[job]]\nname = \"{name}\"\nschedule = \"{schedule}\"\ncommand = [\"/bin/true\"]\n{run_on}"
+        )
     };
-    let mut t = JobTable::default();
-    t.insert(name("c"), entry("c", Some(at(3))));
-    t.insert(name("b"), entry("b", Some(at(1))));
-    t.insert(name("a"), entry("a", Some(at(1))));
-    t.insert(name("idle"), entry("idle", None));
-    in_step(&t);
-    assert_eq!(t.next_instant(), Some(at(1)));
-    // Replaced: the old instant leaves the queue.
-    t.insert(name("c"), entry("c", Some(at(5))));
-    in_step(&t);
-    t.set_next(&name("idle"), Some(at(2)));
-    t.set_next(&name("b"), None);
-    in_step(&t);
-    // Due at 2: `a` (at 1) and `idle` (at 2), in name order; taken off
-    // until put back.
-    let due = t.take_due_names(at(2));
-    assert_eq!(due, vec![name("a"), name("idle")]);
-    assert_eq!(t.next_instant(), Some(at(5)));
-    t.requeue(name("a"), Some(at(4)));
-    t.requeue(name("idle"), None);
-    in_step(&t);
-    assert_eq!(t.next_instant(), Some(at(4)));
-    assert!(t.take_due_names(at(3)).is_empty());
-    assert!(t.remove(&name("a")).is_some());
-    in_step(&t);
-    assert_eq!(t.next_instant(), Some(at(5)));
-    assert!(t.remove(&name("a")).is_none());
+    let first = write(
+        &[
+            job("a", "*/10 * * * * *", ""),
+            job("b", "0 * * * * *", ""),
+            job("c", "30 * * * * *", ""),
+        ]
+        .concat(),
+    );
+    let config = crate::config::load(&path, &crate::config::Overrides::default()).unwrap();
+    let wall = Arc::new(crate::wallclock::TokioClock::starting_at(at(0)));
+    let node = Node::with_parts(
+        &config,
+        Arc::new(MemoryStore::starting_at(at(0)).connection()),
+        NodeParts::in_process(
+            wall.clone(),
+            Arc::new(crate::exec::ProcessRunner::with_cgroups()),
+        ),
+    );
+    let in_step = |node: &Node| {
+        let jobs = node.jobs.lock().unwrap();
+        assert!(jobs.in_step(), "queue out of step");
+        jobs.iter()
+            .map(|(n, e)| (n.as_str().to_string(), e.next()))
+            .collect::<Vec<_>>()
+    };
+    node.apply_jobs(first);
+    assert_eq!(node.next_instant(), Some(at(10)));
+    in_step(&node);
+    // Instants: at 10 only `a` is due; at 31 `a` (its latest, 30), `c`
+    // (30), not `b` (60).
+    let due: Vec<String> = node
+        .take_due(at(10))
+        .iter()
+        .map(|d| d.state.job().name.to_string())
+        .collect();
+    assert_eq!(due, ["a"]);
+    in_step(&node);
+    let due: Vec<String> = node
+        .take_due(at(31))
+        .iter()
+        .map(|d| d.state.job().name.to_string())
+        .collect();
+    assert_eq!(due, ["a", "c"]);
+    let nexts = in_step(&node);
+    assert_eq!(
+        nexts,
+        [
+            ("a".into(), Some(at(40))),
+            ("b".into(), Some(at(60))),
+            ("c".into(), Some(at(90)))
+        ]
+    );
+    // `a` changed, `b` needs a tag this node lacks, `c` removed, `d` new.
+    node.apply_jobs(write(
+        &[
+            job("a", "*/15 * * * * *", ""),
+            job("b", "0 * * * * *", "\"y\""),
+            job("d", "50 * * * * *", ""),
+        ]
+        .concat(),
+    ));
+    let nexts = in_step(&node);
+    assert_eq!(nexts[0].0, "a");
+    assert_eq!(nexts[1], ("b".into(), None));
+    assert_eq!(nexts[2].0, "d");
+    assert_eq!(nexts.len(), 3);
+    // `b` claimable here again, `c` back.
+    node.apply_jobs(write(
+        &[
+            job("a", "*/15 * * * * *", ""),
+            job("b", "0 * * * * *", "\"x\""),
+            job("c", "30 * * * * *", ""),
+            job("d", "50 * * * * *", ""),
+        ]
+        .concat(),
+    ));
+    let nexts = in_step(&node);
+    assert!(nexts.iter().all(|(_, next)| next.is_some()), "{nexts:?}");
+    assert_eq!(
+        node.next_instant(),
+        nexts.iter().filter_map(|(_, n)| *n).min()
+    );
+    let due = node.take_due(at(3600));
+    assert_eq!(due.len(), 4);
+    in_step(&node);
 }
 
 /// A claim of the job in flight when a recheck of an unanswered claim is

@@ -79,9 +79,9 @@ impl Lock {
 #[derive(Default)]
 struct State {
     locks: BTreeMap<String, Lock>,
-    /// The jobs whose lock holds a pending request: the index the SQL
-    /// stores keep on `trigger_id` (migrations, `0008_trigger.sql`), so a
-    /// look for manual runs reads those, not every lock.
+    /// The jobs whose lock holds a pending request, as the SQL stores'
+    /// index on `trigger_id` (migrations, `0008_trigger.sql`): a look for
+    /// manual runs reads those, not every lock.
     pending: BTreeSet<String>,
     /// Per job: (insertion id, run), oldest first.
     runs: BTreeMap<String, Vec<(u64, RunRecord)>>,
