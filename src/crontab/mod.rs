@@ -971,21 +971,10 @@ fn toml_array(items: &[&str]) -> String {
 }
 
 /// A message quoting the crontab, on one line: its control characters but
-/// tab (a lone `\r` inside a field, say) written as escapes (`\r`).
+/// tab (a lone `\r` inside a field, say) written as escapes (`\r`), as the
+/// text log writes them.
 fn escaped_controls(message: String) -> String {
-    let control = |c: char| c.is_control() && c != '\t';
-    if !message.contains(control) {
-        return message;
-    }
-    let mut out = String::with_capacity(message.len() + 8);
-    for c in message.chars() {
-        if control(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::output::escape_controls(&message).into_owned()
 }
 
 /// `s` fit for a TOML comment: no control characters but tab.
