@@ -305,13 +305,8 @@ impl Node {
             return Vec::new();
         };
         let mut due = Vec::new();
-        for name in jobs.take_due_names(now) {
+        for (name, mut occurrence) in jobs.take_due(now) {
             let Some(entry) = jobs.get(&name) else {
-                continue;
-            };
-            let Some(mut occurrence) = entry.next().filter(|n| *n <= now) else {
-                let next = entry.next();
-                jobs.requeue(name, next);
                 continue;
             };
             let job = entry.state.job();

@@ -109,20 +109,20 @@ impl JobTable {
     }
 
     /// Takes the jobs whose next occurrence is at or before `now` off the
-    /// queue, in name order. Each must go back with [`JobTable::requeue`]
-    /// before the lock is let go.
-    pub(super) fn take_due_names(&mut self, now: DateTime<Utc>) -> Vec<JobName> {
-        let mut names = Vec::new();
+    /// queue, with that occurrence, in name order. Each must go back with
+    /// [`JobTable::requeue`] before the lock is let go.
+    pub(super) fn take_due(&mut self, now: DateTime<Utc>) -> Vec<(JobName, DateTime<Utc>)> {
+        let mut due = Vec::new();
         while self.queue.first().is_some_and(|(at, _)| *at <= now) {
-            if let Some((_, name)) = self.queue.pop_first() {
-                names.push(name);
+            if let Some((at, name)) = self.queue.pop_first() {
+                due.push((name, at));
             }
         }
-        names.sort();
-        names
+        due.sort();
+        due
     }
 
-    /// Puts `name`, taken off by [`JobTable::take_due_names`], back with
+    /// Puts `name`, taken off by [`JobTable::take_due`], back with
     /// its next occurrence (only such a name: it is not in the queue).
     pub(super) fn requeue(&mut self, name: JobName, next: Option<DateTime<Utc>>) {
         let Some(entry) = self.by_name.get_mut(&name) else {
@@ -184,14 +184,14 @@ mod tests {
         t.set_next(&name("idle"), Some(at(2)));
         t.set_next(&name("b"), None);
         assert!(t.in_step());
-        let due = t.take_due_names(at(2));
-        assert_eq!(due, vec![name("a"), name("idle")]);
+        let due = t.take_due(at(2));
+        assert_eq!(due, vec![(name("a"), at(1)), (name("idle"), at(2))]);
         assert_eq!(t.next_instant(), Some(at(5)));
         t.requeue(name("a"), Some(at(4)));
         t.requeue(name("idle"), None);
         assert!(t.in_step());
         assert_eq!(t.next_instant(), Some(at(4)));
-        assert!(t.take_due_names(at(3)).is_empty());
+        assert!(t.take_due(at(3)).is_empty());
         assert!(t.remove(&name("a")).is_some());
         assert!(t.in_step());
         assert_eq!(t.next_instant(), Some(at(5)));

@@ -52,6 +52,32 @@ fn renewal_leaves_a_third_of_the_provable_time() {
     }
 }
 
+/// The config `text` as loaded from a file `a.toml` in `dir`.
+#[cfg(feature = "memory")]
+fn config_in(dir: &std::path::Path, text: &str) -> Config {
+    let path = dir.join("a.toml");
+    std::fs::write(&path, text).unwrap();
+    crate::config::load(&path, &crate::config::Overrides::default()).unwrap()
+}
+
+/// A node of `config` on `store`, its clocks tokio's from `start`, its
+/// jobs run as processes.
+#[cfg(feature = "memory")]
+fn node_in_process(
+    config: &Config,
+    store: &crate::store::memory::MemoryStore,
+    start: DateTime<Utc>,
+) -> Arc<Node> {
+    Node::with_parts(
+        config,
+        Arc::new(store.connection()),
+        NodeParts::in_process(
+            Arc::new(crate::wallclock::TokioClock::starting_at(start)),
+            Arc::new(crate::exec::ProcessRunner::with_cgroups()),
+        ),
+    )
+}
+
 /// The scheduler reads its due jobs and next instant from the job table's
 /// queue alone: after every kind of reload (a job added, changed, moved
 /// off this node by `run_on` and back, removed, added again) and every
@@ -63,19 +89,14 @@ async fn the_scheduler_queue_follows_every_reload_and_instant() {
     use crate::store::memory::MemoryStore;
     let at = |s: i64| chrono::TimeZone::timestamp_opt(&Utc, 1_800_000_000 + s, 0).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.toml");
     let write = |jobs: &str| {
-        std::fs::write(
-            &path,
-            format!(
+        config_in(
+            dir.path(),
+            &format!(
                 "[node]\nname = \"a\"\ntags = [\"x\"]\n[store]\nurl = \"sqlite://{}/unused.db\"\n{jobs}",
                 dir.path().display()
             ),
         )
-        .unwrap();
-        crate::config::load(&path, &crate::config::Overrides::default())
-            .unwrap()
-            .jobs
     };
     let job = |name: &str, schedule: &str, run_on: &str| {
         let run_on = if run_on.is_empty() {
@@ -87,7 +108,7 @@ async fn the_scheduler_queue_follows_every_reload_and_instant() {
             "[[job]]\nname = \"{name}\"\nschedule = \"{schedule}\"\ncommand = [\"/bin/true\"]\n{run_on}"
         )
     };
-    let first = write(
+    let config = write(
         &[
             job("a", "*/10 * * * * *", ""),
             job("b", "0 * * * * *", ""),
@@ -95,16 +116,7 @@ async fn the_scheduler_queue_follows_every_reload_and_instant() {
         ]
         .concat(),
     );
-    let config = crate::config::load(&path, &crate::config::Overrides::default()).unwrap();
-    let wall = Arc::new(crate::wallclock::TokioClock::starting_at(at(0)));
-    let node = Node::with_parts(
-        &config,
-        Arc::new(MemoryStore::starting_at(at(0)).connection()),
-        NodeParts::in_process(
-            wall.clone(),
-            Arc::new(crate::exec::ProcessRunner::with_cgroups()),
-        ),
-    );
+    let node = node_in_process(&config, &MemoryStore::starting_at(at(0)), at(0));
     let in_step = |node: &Node| {
         let jobs = node.jobs.lock().unwrap();
         assert!(jobs.in_step(), "queue out of step");
@@ -112,7 +124,7 @@ async fn the_scheduler_queue_follows_every_reload_and_instant() {
             .map(|(n, e)| (n.as_str().to_string(), e.next()))
             .collect::<Vec<_>>()
     };
-    node.apply_jobs(first);
+    node.apply_jobs(config.jobs);
     assert_eq!(node.next_instant(), Some(at(10)));
     in_step(&node);
     // Instants: at 10 only `a` is due; at 31 `a` (its latest, 30), `c`
@@ -140,29 +152,35 @@ async fn the_scheduler_queue_follows_every_reload_and_instant() {
         ]
     );
     // `a` changed, `b` needs a tag this node lacks, `c` removed, `d` new.
-    node.apply_jobs(write(
-        &[
-            job("a", "*/15 * * * * *", ""),
-            job("b", "0 * * * * *", "\"y\""),
-            job("d", "50 * * * * *", ""),
-        ]
-        .concat(),
-    ));
+    node.apply_jobs(
+        write(
+            &[
+                job("a", "*/15 * * * * *", ""),
+                job("b", "0 * * * * *", "\"y\""),
+                job("d", "50 * * * * *", ""),
+            ]
+            .concat(),
+        )
+        .jobs,
+    );
     let nexts = in_step(&node);
     assert_eq!(nexts[0].0, "a");
     assert_eq!(nexts[1], ("b".into(), None));
     assert_eq!(nexts[2].0, "d");
     assert_eq!(nexts.len(), 3);
     // `b` claimable here again, `c` back.
-    node.apply_jobs(write(
-        &[
-            job("a", "*/15 * * * * *", ""),
-            job("b", "0 * * * * *", "\"x\""),
-            job("c", "30 * * * * *", ""),
-            job("d", "50 * * * * *", ""),
-        ]
-        .concat(),
-    ));
+    node.apply_jobs(
+        write(
+            &[
+                job("a", "*/15 * * * * *", ""),
+                job("b", "0 * * * * *", "\"x\""),
+                job("c", "30 * * * * *", ""),
+                job("d", "50 * * * * *", ""),
+            ]
+            .concat(),
+        )
+        .jobs,
+    );
     let nexts = in_step(&node);
     assert!(nexts.iter().all(|(_, next)| next.is_some()), "{nexts:?}");
     assert_eq!(
@@ -191,24 +209,14 @@ async fn a_recheck_waits_for_the_claim_in_flight_and_records_nothing_it_won() {
     let at = |s: i64| chrono::TimeZone::timestamp_opt(&Utc, 1_800_000_000 + s, 0).unwrap();
     let store = MemoryStore::starting_at(at(0));
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.toml");
-    std::fs::write(
-        &path,
-        format!(
+    let config = config_in(
+        dir.path(),
+        &format!(
             "node = \"a\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[[job]]\nname = \"j\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n",
             dir.path().display()
         ),
-    )
-    .unwrap();
-    let config = crate::config::load(&path, &crate::config::Overrides::default()).unwrap();
-    let node = Node::with_parts(
-        &config,
-        Arc::new(store.connection()),
-        NodeParts::in_process(
-            Arc::new(crate::wallclock::TokioClock::starting_at(at(0))),
-            Arc::new(crate::exec::ProcessRunner::with_cgroups()),
-        ),
     );
+    let node = node_in_process(&config, &store, at(0));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
         let (node, shutdown) = (node.clone(), shutdown.clone());
