@@ -162,7 +162,7 @@ pub(super) struct Due {
 }
 
 /// A claim the scheduler already queued for a handler, with the job's gate.
-struct Queued {
+pub(super) struct Queued {
     gate: OwnedMutexGuard<()>,
     answer: Pending<(ClaimOutcome, DateTime<Utc>)>,
     sent: Instant,
@@ -430,21 +430,18 @@ impl Node {
                     .then(|| self.progress.mark(d.occurrence, d.state.holds()))
             })
             .collect();
+        let mut left_to_holders = Vec::new();
         for (((d, queued), left), mark) in due.into_iter().zip(queued).zip(left).zip(marks) {
+            if let Some(left) = left {
+                left_to_holders.push((left, d));
+                continue;
+            }
             let node = self.clone();
-            match left {
-                Some(left) => self.life.handlers.spawn(async move {
-                    if !node.left_to_holder(&d, &left).await {
-                        // Claimed after all: marked as any claim of it.
-                        let mark = node.progress.mark(d.occurrence, false);
-                        node.handle_occurrence(d, None, Some(mark)).await;
-                    }
-                }),
-                None => self.life.handlers.spawn(async move {
-                    node.handle_occurrence(d, queued, mark).await;
-                }),
-            };
+            self.life.handlers.spawn(async move {
+                node.handle_occurrence(d, queued, mark).await;
+            });
         }
+        self.leave_to_holders(left_to_holders);
     }
 
     /// Whether this node claims now: not stepped down, its clock within
@@ -511,7 +508,7 @@ impl Node {
     /// due, starting from the claim the scheduler queued, if it did. When
     /// its window closes on a claim that never got an answer, asks once
     /// whether that claim won ([`Node::recheck_unanswered`]).
-    async fn handle_occurrence(
+    pub(super) async fn handle_occurrence(
         self: Arc<Self>,
         due: Due,
         queued: Option<Queued>,

@@ -278,7 +278,11 @@ impl Node {
     /// What this node says of itself now.
     fn heartbeat(&self) -> Heartbeat {
         let (_, ttl) = beat_timing(self.settings.margin);
-        let (_, held) = self.job_and_lease_counts();
+        let (jobs, held) = self.job_and_lease_counts();
+        // The gauges as the beat says them (the service's tick sets them
+        // too, every few seconds).
+        self.metrics.jobs.set(jobs as i64);
+        self.metrics.leases_held.set(held as i64);
         Heartbeat {
             owner: self.owner.clone(),
             node: self.name.to_string(),

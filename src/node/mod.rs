@@ -1175,6 +1175,13 @@ impl Node {
         (until > Instant::now()).then_some(until)
     }
 
+    /// How many occurrence handlers are going now (in-process tests: what a
+    /// node keeps per occurrence while it waits).
+    #[cfg(feature = "memory")]
+    pub fn handlers_in_flight(&self) -> usize {
+        self.life.handlers.len()
+    }
+
     /// Step-down: release every lease of this node (a running job's as soon
     /// as its run ends) and claim nothing for one lease margin.
     pub async fn step_down(self: &Arc<Self>) {

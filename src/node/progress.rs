@@ -224,13 +224,45 @@ impl Node {
         left
     }
 
-    /// Waits for the registry's word on an occurrence left to its holder:
-    /// true when the holder claimed it, or when the job's handlers stop (a
-    /// reload that removed it, shutdown): nothing to do; false when this
-    /// node claims it after all.
-    pub(super) async fn left_to_holder(&self, due: &Due, left: &Left) -> bool {
-        let instant = self.instant_of(due.occurrence);
-        let at = due.occurrence.timestamp_millis();
+    /// Hands the occurrences this node leaves to their holders to one task
+    /// per holder and instant ([`Node::left_to_holder`]), not one per
+    /// occurrence: at an instant of many jobs, what a follower keeps while
+    /// it waits is one small entry per occurrence.
+    pub(super) fn leave_to_holders(self: &Arc<Self>, left: Vec<(Left, Due)>) {
+        let mut groups: BTreeMap<(String, u64, i64), (Left, Vec<Due>)> = BTreeMap::new();
+        for (left, due) in left {
+            let key = (
+                left.holder.clone(),
+                left.released,
+                due.occurrence.timestamp_millis(),
+            );
+            groups
+                .entry(key)
+                .or_insert_with(|| (left, Vec::new()))
+                .1
+                .push(due);
+        }
+        for (left, dues) in groups.into_values() {
+            let node = self.clone();
+            self.life.handlers.spawn(async move {
+                node.left_to_holder(&left, dues).await;
+            });
+        }
+    }
+
+    /// Waits for the registry's word on occurrences of one instant left to
+    /// one holder (its two reads, shared with every other occurrence of the
+    /// instant): when the holder claimed them, counts each `left`; else
+    /// claims each after all, in a handler of its own. An occurrence whose
+    /// job's handlers stopped meanwhile (a reload that removed it) is
+    /// dropped, and a stop of claiming (shutdown) drops them all.
+    async fn left_to_holder(self: Arc<Self>, left: &Left, dues: Vec<Due>) {
+        let Some(occurrence) = dues.first().map(|d| d.occurrence) else {
+            return;
+        };
+        let instant = self.instant_of(occurrence);
+        let at = occurrence.timestamp_millis();
+        let mut kept = true;
         for (read, after) in [
             (Read::Early, FOLLOWER_LEAD),
             (
@@ -242,16 +274,29 @@ impl Node {
             // left either (before, a stopping node's follower went on to
             // read the registry, and took over what its reads said).
             let nodes = tokio::select! {
-                () = due.stop.cancelled() => return true,
-                () = self.life.claims.cancelled() => return true,
+                () = self.life.claims.cancelled() => return,
                 nodes = self.registry_read((at, read), instant + after) => nodes,
             };
             if !nodes.is_some_and(|nodes| left.kept(&nodes, at, read)) {
-                return false;
+                kept = false;
+                break;
             }
         }
-        self.count_claim(&due.state.job().name, "left");
-        true
+        for due in dues {
+            if due.stop.is_cancelled() {
+                continue;
+            }
+            if kept {
+                self.count_claim(&due.state.job().name, "left");
+                continue;
+            }
+            // Claimed after all: marked as any claim of it.
+            let mark = self.progress.mark(due.occurrence, false);
+            let node = self.clone();
+            self.life.handlers.spawn(async move {
+                node.handle_occurrence(due, None, Some(mark)).await;
+            });
+        }
     }
 
     /// The live records as read once, at `at`, for the read `key` (an

@@ -133,23 +133,22 @@ impl Node {
         format!("{jobs} jobs, holding {held} leases, store {store}")
     }
 
-    /// The service's own tick: systemd watchdog pings (only while every job
-    /// loop is alive), `STATUS=` lines and gauges, and a store ping when the
-    /// store has been quiet for a beat period and half a margin (the beats
-    /// failed to go) and `/healthz` is served.
+    /// The service's own tick, every 5 s (a third of the systemd watchdog's
+    /// interval if that is shorter): watchdog pings (only while every job
+    /// loop is alive), `STATUS=` lines and gauges (each beat sets the
+    /// gauges too), and a store ping when the store has been quiet for a
+    /// beat period and half a margin and `/healthz` is served. The beats
+    /// keep the store from being quiet (a call each period: that is what
+    /// `/healthz` waits for), so the ping is the net for when they did not
+    /// go; the tick no longer runs at the beat's period, which woke an idle
+    /// daemon once more a second.
     pub(super) async fn supervise_service(self: Arc<Self>) {
-        let mut tick = self
+        let tick = self
             .notifier
             .watchdog()
             .map_or(Duration::from_secs(5), |w| {
                 (w / 3).min(Duration::from_secs(5))
             });
-        if self.settings.keep_health_fresh {
-            // The ping goes once the store was quiet for a beat period and
-            // half a margin: checked each beat period.
-            let (every, _) = super::membership::beat_timing(self.settings.margin);
-            tick = tick.min(every);
-        }
         let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stuck_reported = false;

@@ -491,7 +491,12 @@ async fn a_follower_leaves_a_live_holders_jobs_to_it_and_takes_them_when_it_goes
     w.until(t(1.0)).await;
     let b = w.start("b", &jobs(20));
     // 12:00:10: b claims as it has not seen a hold them; then it leaves
-    // them to a at 12:00:20 and 12:00:30.
+    // them to a at 12:00:20 and 12:00:30, waiting for its reads in one task
+    // for the 20 (not a task each).
+    w.until(t(19.9)).await;
+    let before = b.node.handlers_in_flight();
+    w.until(t(20.002)).await;
+    assert_eq!(b.node.handlers_in_flight(), before + 1, "{before} before");
     w.until(t(35.0)).await;
     let (claims, reads) = claims_and_reads(&w, t(9.9), t(10.9));
     assert!(claims >= 40 && reads == 0, "{claims} {reads}");

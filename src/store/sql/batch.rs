@@ -15,6 +15,14 @@ pub(super) struct Queries {
     pub(super) live_nodes: SqlStr,
     /// Deletes registry rows ended longer ago than the bound duration.
     pub(super) forget_nodes: SqlStr,
+    /// SQLite only: [`Queries::beat`] then [`Queries::live_nodes`] as one
+    /// list of statements, which sqlx's SQLite worker runs in one call
+    /// (each call is a wake of its thread and one of the runtime: most of
+    /// an idle node's CPU); `None` elsewhere, where a prepared statement is
+    /// one statement.
+    pub(super) beat_live: Option<SqlStr>,
+    /// As [`Queries::beat_live`], then [`Queries::pending_triggers`].
+    pub(super) beat_live_pending: Option<SqlStr>,
 }
 
 pub(super) const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output, trigger_id, cpu_ms, memory_peak";
@@ -45,11 +53,20 @@ impl Queries {
             AssertSqlSafe(sql).into_sql_str()
         };
         let at = |sql: String| -> SqlStr { AssertSqlSafe(bound_now(d, &sql)).into_sql_str() };
+        let beat = format!(
+            "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?, ?, ?, ?){}",
+            d.upsert_node
+        );
+        let live = format!(
+            "SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes WHERE expires_at > {{now}}"
+        );
+        let pending = format!(
+            "SELECT lock_name, trigger_id FROM {p}lock_info WHERE trigger_id IS NOT NULL ORDER BY lock_name"
+        );
+        let file_clock = d.now_ms == FILE_NOW;
         Queries {
             clock: q(format!("SELECT {now}")),
-            pending_triggers: q(format!(
-                "SELECT lock_name, trigger_id FROM {p}lock_info WHERE trigger_id IS NOT NULL ORDER BY lock_name"
-            )),
+            pending_triggers: q(pending.clone()),
             status: q(format!(
                 "SELECT lock_name, owner, fence, expires_at, last_occurrence, {now} AS now_ms, paused FROM {p}lock_info ORDER BY lock_name"
             )),
@@ -59,16 +76,13 @@ impl Queries {
             history_job: q(format!(
                 "SELECT {RUN_COLUMNS} FROM {p}job_runs WHERE job = ? ORDER BY id DESC LIMIT ?"
             )),
-            beat: at(format!(
-                "INSERT INTO {p}nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, {{now}}, {{now}} + ?, ?, ?, ?, ?, ?, ?, ?){}",
-                d.upsert_node
-            )),
-            live_nodes: at(format!(
-                "SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes WHERE expires_at > {{now}}"
-            )),
+            beat: at(beat.clone()),
+            live_nodes: at(live.clone()),
             forget_nodes: at(format!(
                 "DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"
             )),
+            beat_live: file_clock.then(|| at(format!("{beat}; {live}"))),
+            beat_live_pending: file_clock.then(|| at(format!("{beat}; {live}; {pending}"))),
         }
     }
 }

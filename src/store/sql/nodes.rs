@@ -9,7 +9,14 @@ impl Registry for SqlStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         self.retrying(|| async {
             let mut held = self.beat_connection().await?;
-            let nodes = self.beat_on(held.conn()?, beat, self.forget_due()).await;
+            let forget = self.forget_due();
+            let nodes = match self.one_call_beat(forget, false) {
+                Some(sql) => self
+                    .beat_in_one_call(held.conn()?, sql, beat, false)
+                    .await
+                    .map(|(nodes, _)| nodes),
+                None => self.beat_on(held.conn()?, beat, forget).await,
+            };
             held.finish(&nodes);
             nodes
         })
@@ -18,11 +25,17 @@ impl Registry for SqlStore {
     }
 
     /// The beat's statements, then the read of the requests, on one
-    /// connection in one call.
+    /// connection (on SQLite in one call to its thread).
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
         self.retrying(|| async {
             let mut held = self.beat_connection().await?;
-            let nodes = self.beat_on(held.conn()?, beat, self.forget_due()).await;
+            let forget = self.forget_due();
+            if let Some(sql) = self.one_call_beat(forget, true) {
+                let looked = self.beat_in_one_call(held.conn()?, sql, beat, true).await;
+                held.finish(&looked);
+                return looked;
+            }
+            let nodes = self.beat_on(held.conn()?, beat, forget).await;
             let nodes = match nodes {
                 Ok(nodes) => nodes,
                 Err(e) => {
@@ -100,14 +113,7 @@ impl SqlStore {
         let rows = sqlx::query(self.queries.pending_triggers.clone())
             .fetch_all(&mut *conn)
             .await?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| {
-                let job: String = r.try_get(0).ok()?;
-                let id: i64 = r.try_get(1).ok()?;
-                Some((job, TriggerId::from_stored(id)?))
-            })
-            .collect())
+        Ok(rows.iter().filter_map(pending_row).collect())
     }
 
     /// The live registry rows, read on `conn` at the store's `now`.
@@ -122,46 +128,7 @@ impl SqlStore {
             .await?;
         let nodes = rows
             .iter()
-            .map(|r| -> Result<NodeRecord, sqlx::Error> {
-                let expires_at: i64 = r.try_get(5)?;
-                let now: i64 = r.try_get(13)?;
-                // JSON of what the beat said of its definitions; an
-                // unreadable one (a hand edit) says nothing.
-                let definitions: Option<String> = r.try_get(8)?;
-                Ok(NodeRecord {
-                    owner: r.try_get(0)?,
-                    node: r.try_get(1)?,
-                    // A JSON list; none from an earlier version or a hand
-                    // edit.
-                    tags: r
-                        .try_get::<Option<String>, _>(10)?
-                        .and_then(|d| serde_json::from_str(&d).ok())
-                        .unwrap_or_default(),
-                    version: r.try_get(2)?,
-                    started_at: from_ms(r.try_get(3)?),
-                    last_seen: from_ms(r.try_get(4)?),
-                    expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
-                    clock_offset_ms: r.try_get(6)?,
-                    jobs_held: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
-                    definitions: definitions.and_then(|d| serde_json::from_str(&d).ok()),
-                    // Likewise the runs going on it.
-                    running: r
-                        .try_get::<Option<String>, _>(9)?
-                        .and_then(|d| serde_json::from_str(&d).ok())
-                        .unwrap_or_default(),
-                    // Both or nothing (an earlier version wrote neither).
-                    progress: match (
-                        r.try_get::<Option<i64>, _>(11)?,
-                        r.try_get::<Option<i64>, _>(12)?,
-                    ) {
-                        (Some(through), Some(released)) => Some(registry::ClaimProgress {
-                            through,
-                            released: u64::try_from(released).unwrap_or(0),
-                        }),
-                        _ => None,
-                    },
-                })
-            })
+            .map(node_record)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(registry::sorted(nodes))
     }
@@ -176,34 +143,7 @@ impl SqlStore {
     ) -> Result<Vec<NodeRecord>, sqlx::Error> {
         // One reading of SQLite's clock for the three statements.
         let now = self.file_clock_now()?;
-        self.at_now(&self.queries.beat, now)?
-            .bind(beat.owner.as_str().to_string())
-            .bind(beat.node.clone())
-            .bind(beat.version.clone())
-            .bind(to_ms(beat.started_at))
-            .bind(duration_ms(beat.ttl))
-            .bind(beat.clock_offset_ms)
-            .bind(i64::from(beat.jobs_held))
-            .bind(
-                beat.definitions
-                    .as_ref()
-                    .and_then(|d| serde_json::to_string(d).ok()),
-            )
-            .bind(
-                (!beat.running.is_empty())
-                    .then(|| serde_json::to_string(&beat.running).ok())
-                    .flatten(),
-            )
-            .bind(
-                (!beat.tags.is_empty())
-                    .then(|| serde_json::to_string(&beat.tags).ok())
-                    .flatten(),
-            )
-            .bind(beat.progress.map(|p| p.through))
-            .bind(
-                beat.progress
-                    .map(|p| i64::try_from(p.released).unwrap_or(i64::MAX)),
-            )
+        bind_beat(self.at_now(&self.queries.beat, now)?, beat)
             .execute(&mut *conn)
             .await?;
         if forget {
@@ -214,4 +154,135 @@ impl SqlStore {
         }
         self.live_nodes(conn, now).await
     }
+
+    /// The statement list that sends a beat in one call, where the store
+    /// has one ([`Queries::beat_live`]) and the beat does not forget dead
+    /// rows too (once a minute: that beat takes the separate statements).
+    pub(super) fn one_call_beat(&self, forget: bool, look: bool) -> Option<&SqlStr> {
+        if forget {
+            return None;
+        }
+        if look {
+            self.queries.beat_live_pending.as_ref()
+        } else {
+            self.queries.beat_live.as_ref()
+        }
+    }
+
+    /// A beat sent as the statement list `sql` (SQLite's [`one_call_beat`]:
+    /// the upsert, the live rows, perhaps the pending requests) in one
+    /// call: the live rows (fourteen columns) and the requests (two) come
+    /// back as one stream of rows. `look`: `sql` reads the requests (else
+    /// they are `None`).
+    ///
+    /// [`one_call_beat`]: SqlStore::one_call_beat
+    pub(super) async fn beat_in_one_call(
+        &self,
+        conn: &mut AnyConnection,
+        sql: &SqlStr,
+        beat: &Heartbeat,
+        look: bool,
+    ) -> Result<registry::Looked, sqlx::Error> {
+        let now = self.file_clock_now()?;
+        let rows = bind_beat(self.at_now(sql, now)?, beat)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut nodes = Vec::new();
+        let mut pending = Vec::new();
+        for r in &rows {
+            if r.len() == PENDING_COLUMNS {
+                pending.extend(pending_row(r));
+            } else {
+                nodes.push(node_record(r)?);
+            }
+        }
+        Ok((registry::sorted(nodes), look.then_some(pending)))
+    }
+}
+
+/// Columns of a row of [`Queries::pending_triggers`].
+const PENDING_COLUMNS: usize = 2;
+
+/// A pending request's row: its job and id (`None`: an id that is not one).
+fn pending_row(r: &AnyRow) -> Option<(String, TriggerId)> {
+    let job: String = r.try_get(0).ok()?;
+    let id: i64 = r.try_get(1).ok()?;
+    Some((job, TriggerId::from_stored(id)?))
+}
+
+/// The beat's values bound to [`Queries::beat`] (or a statement list that
+/// starts with it), after the store's `now` if it has one.
+fn bind_beat<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    beat: &Heartbeat,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    query
+        .bind(beat.owner.as_str().to_string())
+        .bind(beat.node.clone())
+        .bind(beat.version.clone())
+        .bind(to_ms(beat.started_at))
+        .bind(duration_ms(beat.ttl))
+        .bind(beat.clock_offset_ms)
+        .bind(i64::from(beat.jobs_held))
+        .bind(
+            beat.definitions
+                .as_ref()
+                .and_then(|d| serde_json::to_string(d).ok()),
+        )
+        .bind(
+            (!beat.running.is_empty())
+                .then(|| serde_json::to_string(&beat.running).ok())
+                .flatten(),
+        )
+        .bind(
+            (!beat.tags.is_empty())
+                .then(|| serde_json::to_string(&beat.tags).ok())
+                .flatten(),
+        )
+        .bind(beat.progress.map(|p| p.through))
+        .bind(
+            beat.progress
+                .map(|p| i64::try_from(p.released).unwrap_or(i64::MAX)),
+        )
+}
+
+/// A live registry row ([`NODE_COLUMNS`], then the store's `now`).
+fn node_record(r: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
+    let expires_at: i64 = r.try_get(5)?;
+    let now: i64 = r.try_get(13)?;
+    // JSON of what the beat said of its definitions; an unreadable one (a
+    // hand edit) says nothing.
+    let definitions: Option<String> = r.try_get(8)?;
+    Ok(NodeRecord {
+        owner: r.try_get(0)?,
+        node: r.try_get(1)?,
+        // A JSON list; none from an earlier version or a hand edit.
+        tags: r
+            .try_get::<Option<String>, _>(10)?
+            .and_then(|d| serde_json::from_str(&d).ok())
+            .unwrap_or_default(),
+        version: r.try_get(2)?,
+        started_at: from_ms(r.try_get(3)?),
+        last_seen: from_ms(r.try_get(4)?),
+        expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
+        clock_offset_ms: r.try_get(6)?,
+        jobs_held: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
+        definitions: definitions.and_then(|d| serde_json::from_str(&d).ok()),
+        // Likewise the runs going on it.
+        running: r
+            .try_get::<Option<String>, _>(9)?
+            .and_then(|d| serde_json::from_str(&d).ok())
+            .unwrap_or_default(),
+        // Both or nothing (an earlier version wrote neither).
+        progress: match (
+            r.try_get::<Option<i64>, _>(11)?,
+            r.try_get::<Option<i64>, _>(12)?,
+        ) {
+            (Some(through), Some(released)) => Some(registry::ClaimProgress {
+                through,
+                released: u64::try_from(released).unwrap_or(0),
+            }),
+            _ => None,
+        },
+    })
 }

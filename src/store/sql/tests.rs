@@ -75,6 +75,95 @@ async fn sqlite_beats_bind_the_clock_and_read_back_what_they_wrote() {
     }
 }
 
+/// On SQLite a beat goes as one list of statements in one call to sqlx's
+/// SQLite thread (the upsert, the live rows, the pending requests), except
+/// the once-a-minute beat that deletes long-dead rows: both read the same
+/// nodes and the same requests, told apart in the one stream of rows by
+/// their columns.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
+    let (_dir, store) = sqlite_store().await;
+    assert!(store.one_call_beat(false, true).is_some());
+    assert!(store.one_call_beat(false, false).is_some());
+    assert!(
+        store.one_call_beat(true, true).is_none(),
+        "forgetting: apart"
+    );
+    let beat = |owner: &str, node: &str| Heartbeat {
+        owner: Owner::from_raw(owner),
+        node: node.into(),
+        tags: Vec::new(),
+        version: "test".into(),
+        started_at: Utc::now(),
+        clock_offset_ms: None,
+        jobs_held: 1,
+        ttl: Duration::from_secs(7),
+        definitions: None,
+        running: Vec::new(),
+        progress: Some(registry::ClaimProgress {
+            through: 5,
+            released: 2,
+        }),
+    };
+    let (a, b) = (beat("a~1", "a"), beat("b~1", "b"));
+    let mut ids = Vec::new();
+    for job in ["j2", "j1"] {
+        let id = TriggerId::new();
+        let answer = store
+            .request_trigger(&JobName::parse(job).unwrap(), id)
+            .await
+            .unwrap();
+        assert_eq!(answer, TriggerAnswer::Accepted);
+        ids.push((job.to_string(), id));
+    }
+    ids.sort();
+    let mut held = store.beat_connection().await.unwrap();
+    let sql = store.one_call_beat(false, false).unwrap();
+    let (nodes, pending) = store
+        .beat_in_one_call(held.conn().unwrap(), sql, &a, false)
+        .await
+        .unwrap();
+    assert_eq!((nodes.len(), pending), (1, None), "no look asked for");
+    let sql = store.one_call_beat(false, true).unwrap();
+    let (one_call, pending) = store
+        .beat_in_one_call(held.conn().unwrap(), sql, &b, true)
+        .await
+        .unwrap();
+    assert_eq!(pending.as_deref(), Some(&ids[..]));
+    let apart = store.beat_on(held.conn().unwrap(), &b, true).await.unwrap();
+    let apart_pending = store.pending_on(held.conn().unwrap()).await.unwrap();
+    assert_eq!(apart_pending, ids);
+    let summary =
+        |nodes: &[NodeRecord]| -> Vec<(String, String, u32, Option<registry::ClaimProgress>)> {
+            nodes
+                .iter()
+                .map(|n| (n.owner.clone(), n.node.clone(), n.jobs_held, n.progress))
+                .collect()
+        };
+    assert_eq!(summary(&one_call), summary(&apart));
+    assert_eq!(
+        summary(&one_call)
+            .iter()
+            .map(|n| n.1.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    // Through the registry's own calls too, beat after beat (the list is
+    // prepared once and kept); they take the beat connection themselves.
+    held.finish(&Ok::<(), sqlx::Error>(()));
+    drop(held);
+    for _ in 0..3 {
+        let (nodes, pending) = store.heartbeat_looking(&a).await.unwrap();
+        assert_eq!(summary(&nodes), summary(&apart));
+        assert_eq!(pending.as_deref(), Some(&ids[..]));
+        assert_eq!(
+            summary(&store.heartbeat(&b).await.unwrap()),
+            summary(&apart)
+        );
+    }
+}
+
 /// SQLite's heartbeats go on a connection of their own that commits
 /// without an fsync (`synchronous = NORMAL`), while the pool's connections,
 /// which carry the claims, keep `FULL`; a reopened file (deleted or
