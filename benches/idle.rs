@@ -3,7 +3,9 @@
 //! on the embedded SQLite store unless `--stores` says. Prints RSS and PSS
 //! (shared pages split among the processes that map them: the guard is the
 //! daemon's own binary) of the daemon and its guard, CPU seconds per hour
-//! and as a share of one core, and store calls per second by op (the
+//! and as a share of one core (the scheduler's exact run time of their
+//! threads; clock ticks where the kernel has no schedstat), and store
+//! calls per second by op (the
 //! daemon's own `/metrics`, `cronlease_store_call_seconds_count`), measured
 //! over `--seconds` after a warm-up; then, for `--fsync-seconds`, the
 //! daemon's and guard's `fsync`/`fdatasync` calls per second counted by
@@ -57,7 +59,23 @@ fn syncs_per_second(pids: &[i32], seconds: u64) -> Option<f64> {
     Some(n as f64 / seconds as f64)
 }
 
-/// CPU time of a process: utime + stime, in clock ticks.
+/// CPU time of a process in nanoseconds, exact: the sum of its threads'
+/// run time as the scheduler counts it at each switch
+/// (`/proc/PID/task/*/schedstat`, first field). An idle daemon keeps its
+/// threads, so none that ended is missing from the sum. `None` where the
+/// kernel has no schedstat.
+fn cpu_ns(pid: i32) -> Option<u64> {
+    let mut sum = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        let text = std::fs::read_to_string(path).ok()?;
+        sum += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
+}
+
+/// CPU time of a process: utime + stime, in clock ticks (sampled at each
+/// tick: over a minute an idle daemon's is a handful of them).
 fn cpu_ticks(pid: i32) -> u64 {
     let fields = support::proc_stat(pid);
     [11, 12]
@@ -137,14 +155,20 @@ fn main() {
         std::thread::sleep(Duration::from_secs(5));
         let tree = c.tree("n1");
         let (daemon, guard) = (tree[0], tree.get(1).copied().unwrap_or(tree[0]));
-        let before: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
+        let exact = || -> Option<u64> { tree.iter().map(|p| cpu_ns(*p)).sum() };
+        let ticks = || -> u64 { tree.iter().map(|p| cpu_ticks(*p)).sum() };
+        let (before, before_ticks) = (exact(), ticks());
         let calls_before = common::calls(port);
         let started = Instant::now();
         std::thread::sleep(Duration::from_secs(seconds));
-        let after: u64 = tree.iter().map(|p| cpu_ticks(*p)).sum();
+        let (after, after_ticks) = (exact(), ticks());
         let calls_after = common::calls(port);
         let took = started.elapsed().as_secs_f64();
-        let cpu_per_hour = (after - before) as f64 / hz * 3600.0 / took;
+        let cpu_per_hour = match (before, after) {
+            (Some(before), Some(after)) => after.saturating_sub(before) as f64 / 1e9,
+            _ => after_ticks.saturating_sub(before_ticks) as f64 / hz,
+        } * 3600.0
+            / took;
         let (rss_d, rss_g) = (rss(daemon), rss(guard));
         let (pss_d, pss_g) = (pss(daemon), pss(guard));
         let syncs = if fsync_seconds > 0 {
