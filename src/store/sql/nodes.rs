@@ -11,8 +11,8 @@ impl Registry for SqlStore {
             let mut held = self.beat_connection().await?;
             let forget = self.forget_due();
             let nodes = match self.one_call_beat(forget, false) {
-                Some(sql) => self
-                    .beat_in_one_call(held.conn()?, sql, beat, false)
+                Some(call) => self
+                    .beat_in_one_call(held.conn()?, call, beat)
                     .await
                     .map(|(nodes, _)| nodes),
                 None => self.beat_on(held.conn()?, beat, forget).await,
@@ -30,8 +30,8 @@ impl Registry for SqlStore {
         self.retrying(|| async {
             let mut held = self.beat_connection().await?;
             let forget = self.forget_due();
-            if let Some(sql) = self.one_call_beat(forget, true) {
-                let looked = self.beat_in_one_call(held.conn()?, sql, beat, true).await;
+            if let Some(call) = self.one_call_beat(forget, true) {
+                let looked = self.beat_in_one_call(held.conn()?, call, beat).await;
                 held.finish(&looked);
                 return looked;
             }
@@ -155,36 +155,37 @@ impl SqlStore {
         self.live_nodes(conn, now).await
     }
 
-    /// The statement list that sends a beat in one call, where the store
-    /// has one ([`Queries::beat_live`]) and the beat does not forget dead
-    /// rows too (once a minute: that beat takes the separate statements).
-    pub(super) fn one_call_beat(&self, forget: bool, look: bool) -> Option<&SqlStr> {
+    /// The statement list that sends a beat in one call (reading the
+    /// requests too when `look`), where the store has one
+    /// ([`Queries::beat_live`]) and the beat does not forget dead rows too
+    /// (once a minute: that beat takes the separate statements).
+    pub(super) fn one_call_beat(&self, forget: bool, look: bool) -> Option<OneCallBeat<'_>> {
         if forget {
             return None;
         }
-        if look {
+        let sql = if look {
             self.queries.beat_live_pending.as_ref()
         } else {
             self.queries.beat_live.as_ref()
-        }
+        }?;
+        Some(OneCallBeat { sql, look })
     }
 
-    /// A beat sent as the statement list `sql` (SQLite's [`one_call_beat`]:
-    /// the upsert, the live rows, perhaps the pending requests) in one
-    /// call: the live rows (fourteen columns) and the requests (two) come
-    /// back as one stream of rows. `look`: `sql` reads the requests (else
-    /// they are `None`).
+    /// A beat sent as the statement list of `call` (SQLite's
+    /// [`one_call_beat`]: the upsert, the live rows, perhaps the pending
+    /// requests) in one call: the live rows (fourteen columns) and the
+    /// requests (two) come back as one stream of rows; the requests are
+    /// `None` when the list does not read them.
     ///
     /// [`one_call_beat`]: SqlStore::one_call_beat
     pub(super) async fn beat_in_one_call(
         &self,
         conn: &mut AnyConnection,
-        sql: &SqlStr,
+        call: OneCallBeat<'_>,
         beat: &Heartbeat,
-        look: bool,
     ) -> Result<registry::Looked, sqlx::Error> {
         let now = self.file_clock_now()?;
-        let rows = bind_beat(self.at_now(sql, now)?, beat)
+        let rows = bind_beat(self.at_now(call.sql, now)?, beat)
             .fetch_all(&mut *conn)
             .await?;
         let mut nodes = Vec::new();
@@ -196,8 +197,16 @@ impl SqlStore {
                 nodes.push(node_record(r)?);
             }
         }
-        Ok((registry::sorted(nodes), look.then_some(pending)))
+        Ok((registry::sorted(nodes), call.look.then_some(pending)))
     }
+}
+
+/// A beat's statement list ([`SqlStore::one_call_beat`]) and whether it
+/// reads the pending requests, chosen together.
+#[derive(Clone, Copy)]
+pub(super) struct OneCallBeat<'a> {
+    sql: &'a SqlStr,
+    look: bool,
 }
 
 /// Columns of a row of [`Queries::pending_triggers`].

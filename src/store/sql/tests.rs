@@ -119,15 +119,15 @@ async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
     }
     ids.sort();
     let mut held = store.beat_connection().await.unwrap();
-    let sql = store.one_call_beat(false, false).unwrap();
+    let call = store.one_call_beat(false, false).unwrap();
     let (nodes, pending) = store
-        .beat_in_one_call(held.conn().unwrap(), sql, &a, false)
+        .beat_in_one_call(held.conn().unwrap(), call, &a)
         .await
         .unwrap();
     assert_eq!((nodes.len(), pending), (1, None), "no look asked for");
-    let sql = store.one_call_beat(false, true).unwrap();
+    let call = store.one_call_beat(false, true).unwrap();
     let (one_call, pending) = store
-        .beat_in_one_call(held.conn().unwrap(), sql, &b, true)
+        .beat_in_one_call(held.conn().unwrap(), call, &b)
         .await
         .unwrap();
     assert_eq!(pending.as_deref(), Some(&ids[..]));
