@@ -2437,6 +2437,44 @@ async fn zookeeper_a_claim_batch_writes_the_heartbeat_in_its_clock_multi() {
     );
 }
 
+/// ZooKeeper only: a heartbeat reads the records of the nodes it listed
+/// last time in the same multi read as the list; a node listed since is
+/// read after, one that left is dropped, and a record rewritten since is
+/// read as it is now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_a_heartbeat_reads_who_joined_left_and_changed_since_its_last_list() {
+    let h = Harness::new(Backend::ZooKeeper).await;
+    let (a, b, c) = (h.store().await, h.store().await, h.store().await);
+    let owners = |nodes: &[cronlease::store::NodeRecord]| {
+        nodes
+            .iter()
+            .map(|n| (n.owner.clone(), n.jobs_held))
+            .collect::<Vec<_>>()
+    };
+    let own = |o: &str, held: u32| (o.to_string(), held);
+    a.heartbeat(&beat("a#1", 30_000, None, 0)).await.unwrap();
+    // Listed by a's next beat: read with the list from then on.
+    assert_eq!(
+        owners(&a.heartbeat(&beat("a#1", 30_000, None, 1)).await.unwrap()),
+        [own("a#1", 1)]
+    );
+    b.heartbeat(&beat("b#1", 30_000, None, 5)).await.unwrap();
+    c.heartbeat(&beat("c#1", 30_000, None, 7)).await.unwrap();
+    // b and c joined since a's last list: read after it.
+    assert_eq!(
+        owners(&a.heartbeat(&beat("a#1", 30_000, None, 2)).await.unwrap()),
+        [own("a#1", 2), own("b#1", 5), own("c#1", 7)]
+    );
+    // b leaves, c beats again with another count: a's list still names
+    // b, and c's record is the one written last.
+    b.leave(&Owner::from_raw("b#1")).await.unwrap();
+    c.heartbeat(&beat("c#1", 30_000, None, 9)).await.unwrap();
+    assert_eq!(
+        owners(&a.heartbeat(&beat("a#1", 30_000, None, 3)).await.unwrap()),
+        [own("a#1", 3), own("c#1", 9)]
+    );
+}
+
 /// etcd only: a claim batch's heartbeat rides in the claim's first
 /// transaction with the etcd lease of the node's last own heartbeat (no
 /// lease granted, no request of its own), and the batch answers with the

@@ -95,6 +95,9 @@ pub struct ZkStore {
     session: Arc<Mutex<Option<Session>>>,
     /// Run directories known to exist.
     run_dirs: Mutex<HashSet<String>>,
+    /// The owners the registry listed at the last read: a heartbeat reads
+    /// their records with the list, in the same multi read.
+    listed: Mutex<Vec<String>>,
     schema_notice: SchemaNotice,
 }
 
@@ -119,6 +122,7 @@ impl ZkStore {
             client: tokio::sync::Mutex::new(None),
             session: Arc::new(Mutex::new(None)),
             run_dirs: Mutex::new(HashSet::new()),
+            listed: Mutex::new(Vec::new()),
             schema_notice: SchemaNotice::default(),
         })
     }

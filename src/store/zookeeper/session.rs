@@ -46,14 +46,24 @@ pub(super) fn session_alive(d: &LockData, live: Option<&HashSet<String>>) -> boo
 }
 
 /// Confirms the client's session every quarter of its timeout, for as long
-/// as the store and the session last.
+/// as the store and the session last. A quarter in which another request
+/// was answered (a heartbeat, a claim) confirmed it already: then nothing
+/// is sent.
 pub(super) async fn keep_confirming(session: Weak<Mutex<Option<Session>>>, client: zk::Client) {
     let id = client.session_id();
     let every = (client.session_timeout() / 4).max(Duration::from_millis(10));
+    let mut next = Instant::now() + every;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep_until(next).await;
         if client.state().is_terminated() {
             return;
+        }
+        let Some(confirmed) = confirmed_at(&session, id) else {
+            return;
+        };
+        if confirmed + every > Instant::now() {
+            next = confirmed + every;
+            continue;
         }
         let sent = Instant::now();
         let answered = matches!(
@@ -73,7 +83,16 @@ pub(super) async fn keep_confirming(session: Weak<Mutex<Option<Session>>>, clien
             // The store moved on to another session.
             _ => return,
         }
+        next = Instant::now() + every;
     }
+}
+
+/// When session `id` was last confirmed; `None` once the store is gone or
+/// in another session.
+fn confirmed_at(session: &Weak<Mutex<Option<Session>>>, id: zk::SessionId) -> Option<Instant> {
+    let slot = session.upgrade()?;
+    let guard = lock(&slot);
+    guard.as_ref().filter(|s| s.id == id).map(|s| s.confirmed)
 }
 
 impl ZkStore {
