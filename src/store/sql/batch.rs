@@ -15,13 +15,15 @@ pub(super) struct Queries {
     pub(super) live_nodes: SqlStr,
     /// Deletes registry rows ended longer ago than the bound duration.
     pub(super) forget_nodes: SqlStr,
-    /// SQLite only: [`Queries::beat`] then [`Queries::live_nodes`] as one
-    /// list of statements, which sqlx's SQLite worker runs in one call
-    /// (each call is a wake of its thread and one of the runtime: most of
-    /// an idle node's CPU); `None` elsewhere, where a prepared statement is
-    /// one statement.
+    /// [`Queries::beat`] and [`Queries::live_nodes`] in one call (each call
+    /// is a wake of the runtime, and on SQLite of sqlx's thread: most of an
+    /// idle node's CPU): on SQLite as one list of statements, which sqlx's
+    /// SQLite worker runs in one call; on PostgreSQL as one statement (the
+    /// upsert in a `WITH`); `None` on MySQL/MariaDB, where a prepared
+    /// statement is one statement and an upsert cannot be a `WITH`.
     pub(super) beat_live: Option<SqlStr>,
-    /// As [`Queries::beat_live`], then [`Queries::pending_triggers`].
+    /// SQLite only: as [`Queries::beat_live`], then
+    /// [`Queries::pending_triggers`].
     pub(super) beat_live_pending: Option<SqlStr>,
 }
 
@@ -81,7 +83,22 @@ impl Queries {
             forget_nodes: at(format!(
                 "DELETE FROM {p}nodes WHERE expires_at < {{now}} - ?"
             )),
-            beat_live: file_clock.then(|| at(format!("{beat}; {live}"))),
+            beat_live: if file_clock {
+                Some(at(format!("{beat}; {live}")))
+            } else if d.numbered_params {
+                // PostgreSQL: one statement. Its main query reads the
+                // snapshot taken before the upsert, so the beat's own row
+                // comes from `RETURNING` and the table gives the others
+                // (`$1`: the owner, the upsert's first parameter).
+                Some(at(format!(
+                    "WITH beat AS ({beat} RETURNING {NODE_COLUMNS}) \
+                     SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM beat \
+                     UNION ALL SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes \
+                     WHERE expires_at > {{now}} AND owner <> $1"
+                )))
+            } else {
+                None
+            },
             beat_live_pending: file_clock.then(|| at(format!("{beat}; {live}; {pending}"))),
         }
     }

@@ -25,17 +25,24 @@ impl Registry for SqlStore {
     }
 
     /// The beat's statements, then the read of the requests, on one
-    /// connection (on SQLite in one call to its thread).
+    /// connection (on SQLite all in one call to its thread; on PostgreSQL
+    /// the beat as one statement, then the read).
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
         self.retrying(|| async {
             let mut held = self.beat_connection().await?;
             let forget = self.forget_due();
-            if let Some(call) = self.one_call_beat(forget, true) {
-                let looked = self.beat_in_one_call(held.conn()?, call, beat).await;
-                held.finish(&looked);
-                return looked;
-            }
-            let nodes = self.beat_on(held.conn()?, beat, forget).await;
+            let nodes = match self.one_call_beat(forget, true) {
+                Some(call) if call.look => {
+                    let looked = self.beat_in_one_call(held.conn()?, call, beat).await;
+                    held.finish(&looked);
+                    return looked;
+                }
+                Some(call) => self
+                    .beat_in_one_call(held.conn()?, call, beat)
+                    .await
+                    .map(|(nodes, _)| nodes),
+                None => self.beat_on(held.conn()?, beat, forget).await,
+            };
             let nodes = match nodes {
                 Ok(nodes) => nodes,
                 Err(e) => {
@@ -155,27 +162,26 @@ impl SqlStore {
         self.live_nodes(conn, now).await
     }
 
-    /// The statement list that sends a beat in one call (reading the
-    /// requests too when `look`), where the store has one
-    /// ([`Queries::beat_live`]) and the beat does not forget dead rows too
-    /// (once a minute: that beat takes the separate statements).
+    /// The statement (or SQLite's statement list) that sends a beat in one
+    /// call, reading the requests too when `look` and the store can
+    /// ([`Queries::beat_live`]; `look` in the answer says whether it
+    /// does), where the store has one and the beat does not forget dead
+    /// rows too (once a minute: that beat takes the separate statements).
     pub(super) fn one_call_beat(&self, forget: bool, look: bool) -> Option<OneCallBeat<'_>> {
         if forget {
             return None;
         }
-        let sql = if look {
-            self.queries.beat_live_pending.as_ref()
-        } else {
-            self.queries.beat_live.as_ref()
-        }?;
-        Some(OneCallBeat { sql, look })
+        if look && let Some(sql) = self.queries.beat_live_pending.as_ref() {
+            return Some(OneCallBeat { sql, look: true });
+        }
+        let sql = self.queries.beat_live.as_ref()?;
+        Some(OneCallBeat { sql, look: false })
     }
 
-    /// A beat sent as the statement list of `call` (SQLite's
-    /// [`one_call_beat`]: the upsert, the live rows, perhaps the pending
-    /// requests) in one call: the live rows (fourteen columns) and the
-    /// requests (two) come back as one stream of rows; the requests are
-    /// `None` when the list does not read them.
+    /// A beat sent as `call` ([`one_call_beat`]: the upsert, the live rows,
+    /// on SQLite perhaps the pending requests) in one call: the live rows
+    /// (fourteen columns) and the requests (two) come back as one stream
+    /// of rows; the requests are `None` when the call does not read them.
     ///
     /// [`one_call_beat`]: SqlStore::one_call_beat
     pub(super) async fn beat_in_one_call(
@@ -206,7 +212,8 @@ impl SqlStore {
 #[derive(Clone, Copy)]
 pub(super) struct OneCallBeat<'a> {
     sql: &'a SqlStr,
-    look: bool,
+    /// The call reads the pending requests too.
+    pub(super) look: bool,
 }
 
 /// Columns of a row of [`Queries::pending_triggers`].

@@ -1,5 +1,6 @@
-//! Unit tests of the SQL store: its pure parts, and SQLite's heartbeat
-//! connection on a file of its own.
+//! Unit tests of the SQL store: its pure parts, SQLite's heartbeat
+//! connection on a file of its own, and PostgreSQL's heartbeat statement
+//! (on the local server, tables of its own).
 #![allow(clippy::unwrap_used)]
 use super::schema::split_statements;
 use super::*;
@@ -162,6 +163,120 @@ async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
             summary(&apart)
         );
     }
+}
+
+/// PostgreSQL's heartbeat is one statement (the upsert in a `WITH`, the
+/// live rows read beside it), and reads what the separate statements read:
+/// its own row as just written (the statement's main query reads the
+/// snapshot from before the upsert), the others from the table, no row
+/// twice; the requests are read after it.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_beats_in_one_statement_read_what_the_separate_statements_read() {
+    let url = std::env::var("CRONLEASE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let store = SqlStore::open(&StoreConfig {
+        url: StoreUrl::parse(&url, std::path::Path::new("/")).unwrap(),
+        table_prefix: format!(
+            "unit_beat_{}_{}_",
+            std::process::id(),
+            Utc::now().timestamp_micros()
+        ),
+        key_prefix: String::new(),
+        op_timeout: Duration::from_secs(5),
+        history_limit: 10,
+        max_connections: 2,
+        tls: None,
+    })
+    .unwrap();
+    if let Err(e) = store.prepare().await {
+        panic!(
+            "PostgreSQL at {url}: {e}; start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`"
+        );
+    }
+    let call = store.one_call_beat(false, false).unwrap();
+    assert!(!call.look, "the requests are read apart");
+    assert!(!store.one_call_beat(false, true).unwrap().look);
+    assert!(
+        store.one_call_beat(true, true).is_none(),
+        "forgetting: apart"
+    );
+    let beat = |owner: &str, node: &str, held: u32| Heartbeat {
+        owner: Owner::from_raw(owner),
+        node: node.into(),
+        tags: vec!["db".into()],
+        version: "test".into(),
+        started_at: Utc::now(),
+        clock_offset_ms: Some(-4),
+        jobs_held: held,
+        ttl: Duration::from_secs(7),
+        definitions: None,
+        running: Vec::new(),
+        progress: Some(registry::ClaimProgress {
+            through: 5,
+            released: 2,
+        }),
+    };
+    let id = TriggerId::new();
+    let answer = store
+        .request_trigger(&JobName::parse("j1").unwrap(), id)
+        .await
+        .unwrap();
+    assert_eq!(answer, TriggerAnswer::Accepted);
+    type Summary = (String, String, u32, Vec<String>, Option<i64>);
+    let summary = |nodes: &[NodeRecord]| -> Vec<Summary> {
+        nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.owner.clone(),
+                    n.node.clone(),
+                    n.jobs_held,
+                    n.tags.clone(),
+                    n.clock_offset_ms,
+                )
+            })
+            .collect()
+    };
+    let mut conn = store.pool().acquire().await.unwrap();
+    let (first, pending) = store
+        .beat_in_one_call(&mut conn, call, &beat("a~1", "a", 1))
+        .await
+        .unwrap();
+    assert_eq!(pending, None);
+    assert_eq!(
+        summary(&first),
+        [("a~1".into(), "a".into(), 1, vec!["db".into()], Some(-4))]
+    );
+    store
+        .beat_on(&mut conn, &beat("b~1", "b", 2), false)
+        .await
+        .unwrap();
+    // a beats again with another count: read as written now, once.
+    let (one_call, _) = store
+        .beat_in_one_call(&mut conn, call, &beat("a~1", "a", 3))
+        .await
+        .unwrap();
+    let apart = store.live_nodes(&mut conn, None).await.unwrap();
+    assert_eq!(summary(&one_call), summary(&apart));
+    assert_eq!(
+        summary(&one_call)
+            .iter()
+            .map(|n| (n.1.as_str(), n.2))
+            .collect::<Vec<_>>(),
+        [("a", 3), ("b", 2)]
+    );
+    assert!(
+        one_call.iter().all(|n| n.expires_in_ms > 5_000),
+        "{one_call:?}"
+    );
+    drop(conn);
+    let (nodes, pending) = store.heartbeat_looking(&beat("b~1", "b", 4)).await.unwrap();
+    assert_eq!(
+        nodes.iter().map(|n| n.jobs_held).collect::<Vec<_>>(),
+        [3, 4]
+    );
+    assert_eq!(pending, Some(vec![("j1".to_string(), id)]));
 }
 
 /// SQLite's heartbeats go on a connection of their own that commits
