@@ -91,22 +91,7 @@ async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
         store.one_call_beat(true, true).is_none(),
         "forgetting: apart"
     );
-    let beat = |owner: &str, node: &str| Heartbeat {
-        owner: Owner::from_raw(owner),
-        node: node.into(),
-        tags: Vec::new(),
-        version: "test".into(),
-        started_at: Utc::now(),
-        clock_offset_ms: None,
-        jobs_held: 1,
-        ttl: Duration::from_secs(7),
-        definitions: None,
-        running: Vec::new(),
-        progress: Some(registry::ClaimProgress {
-            through: 5,
-            released: 2,
-        }),
-    };
+    let beat = |owner: &str, node: &str| test_beat(owner, node, 1);
     let (a, b) = (beat("a~1", "a"), beat("b~1", "b"));
     let mut ids = Vec::new();
     for job in ["j2", "j1"] {
@@ -175,20 +160,15 @@ async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
 async fn postgres_beats_in_one_statement_read_what_the_separate_statements_read() {
     let url = std::env::var("CRONLEASE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let store = SqlStore::open(&StoreConfig {
-        url: StoreUrl::parse(&url, std::path::Path::new("/")).unwrap(),
-        table_prefix: format!(
-            "unit_beat_{}_{}_",
-            std::process::id(),
-            Utc::now().timestamp_micros()
-        ),
-        key_prefix: String::new(),
-        op_timeout: Duration::from_secs(5),
-        history_limit: 10,
-        max_connections: 2,
-        tls: None,
-    })
-    .unwrap();
+    let prefix = format!(
+        "unit_beat_{}_{}_",
+        std::process::id(),
+        Utc::now().timestamp_micros()
+    );
+    let store = open_store(
+        StoreUrl::parse(&url, std::path::Path::new("/")).unwrap(),
+        prefix,
+    );
     if let Err(e) = store.prepare().await {
         panic!(
             "PostgreSQL at {url}: {e}; start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`"
@@ -202,20 +182,9 @@ async fn postgres_beats_in_one_statement_read_what_the_separate_statements_read(
         "forgetting: apart"
     );
     let beat = |owner: &str, node: &str, held: u32| Heartbeat {
-        owner: Owner::from_raw(owner),
-        node: node.into(),
         tags: vec!["db".into()],
-        version: "test".into(),
-        started_at: Utc::now(),
         clock_offset_ms: Some(-4),
-        jobs_held: held,
-        ttl: Duration::from_secs(7),
-        definitions: None,
-        running: Vec::new(),
-        progress: Some(registry::ClaimProgress {
-            through: 5,
-            released: 2,
-        }),
+        ..test_beat(owner, node, held)
     };
     let id = TriggerId::new();
     let answer = store
@@ -334,16 +303,43 @@ async fn sqlite_store() -> (tempfile::TempDir, SqlStore) {
         dir.path(),
     )
     .unwrap();
-    let store = SqlStore::open(&StoreConfig {
+    let store = open_store(url, String::new());
+    store.prepare().await.unwrap();
+    (dir, store)
+}
+
+/// A heartbeat of `owner` on `node` holding `held` jobs, living 7 s.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn test_beat(owner: &str, node: &str, held: u32) -> Heartbeat {
+    Heartbeat {
+        owner: Owner::from_raw(owner),
+        node: node.into(),
+        tags: Vec::new(),
+        version: "test".into(),
+        started_at: Utc::now(),
+        clock_offset_ms: None,
+        jobs_held: held,
+        ttl: Duration::from_secs(7),
+        definitions: None,
+        running: Vec::new(),
+        progress: Some(registry::ClaimProgress {
+            through: 5,
+            released: 2,
+        }),
+    }
+}
+
+/// A store at `url` with its tables under `prefix`, not prepared.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn open_store(url: StoreUrl, prefix: String) -> SqlStore {
+    SqlStore::open(&StoreConfig {
         url,
-        table_prefix: String::new(),
+        table_prefix: prefix,
         key_prefix: String::new(),
         op_timeout: Duration::from_secs(5),
         history_limit: 10,
         max_connections: 2,
         tls: None,
     })
-    .unwrap();
-    store.prepare().await.unwrap();
-    (dir, store)
+    .unwrap()
 }
