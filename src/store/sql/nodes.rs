@@ -32,15 +32,14 @@ impl Registry for SqlStore {
             let mut held = self.beat_connection().await?;
             let forget = self.forget_due();
             let nodes = match self.one_call_beat(forget, true) {
-                Some(call) if call.look => {
+                Some(call) => {
                     let looked = self.beat_in_one_call(held.conn()?, call, beat).await;
-                    held.finish(&looked);
-                    return looked;
+                    if call.look {
+                        held.finish(&looked);
+                        return looked;
+                    }
+                    looked.map(|(nodes, _)| nodes)
                 }
-                Some(call) => self
-                    .beat_in_one_call(held.conn()?, call, beat)
-                    .await
-                    .map(|(nodes, _)| nodes),
                 None => self.beat_on(held.conn()?, beat, forget).await,
             };
             let nodes = match nodes {

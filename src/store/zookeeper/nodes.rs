@@ -237,7 +237,7 @@ impl ZkStore {
 
 /// A read of the registry: the owners listed under `nodes/`, and the
 /// records (data and stat) read with the list.
-pub(super) struct RegistryRead {
+struct RegistryRead {
     owners: Vec<String>,
     records: HashMap<String, (Vec<u8>, zk::Stat)>,
 }
