@@ -136,8 +136,20 @@ pub fn serve() -> std::process::ExitCode {
     let every = std::time::Duration::from_secs(1);
     let mut last_scan = std::time::Instant::now();
     loop {
-        let wait = every.saturating_sub(last_scan.elapsed());
-        match incoming.recv_timeout(wait) {
+        // With no job running and none ended since the last look there is
+        // nothing to scan: an idle guard sleeps until a message comes, not
+        // once a second.
+        let event = if watched.idle() {
+            let event = incoming
+                .recv()
+                .map_err(|_| mpsc::RecvTimeoutError::Disconnected);
+            // The first scan a second after the first job, as before.
+            last_scan = std::time::Instant::now();
+            event
+        } else {
+            incoming.recv_timeout(every.saturating_sub(last_scan.elapsed()))
+        };
+        match event {
             // Every reading thread says so once it read the end: a start
             // it was still making (its `Watch` comes first) is killed too.
             Ok(Event::End) => {
@@ -291,6 +303,12 @@ impl Watched {
             self.known.remove(&pgid);
             self.orphans.forget(pgid);
         }
+    }
+
+    /// Nothing for [`Watched::scan`] to do: no job running, none ended
+    /// since the last look.
+    fn idle(&self) -> bool {
+        self.groups.is_empty() && self.ended.is_empty()
     }
 
     /// Notes the processes below each running job, then looks at the

@@ -402,3 +402,36 @@ fn a_guard_that_cannot_reach_the_store_kills_the_jobs_and_exits() {
         said.unwrap_or_default()
     );
 }
+
+/// An idle guard sleeps: with no job running its main thread waits for
+/// the daemon's next message, not once a second for the scan of the
+/// jobs' descendants (which has nothing to scan then). Counted from the
+/// kernel's voluntary context switches of that thread (the guard's pid),
+/// over four seconds with nothing due: each wake of a thread that sleeps
+/// is one.
+#[test]
+fn an_idle_guard_does_not_wake() {
+    let jobs = "[[job]]\nname = \"yearly\"\nschedule = \"0 0 0 1 1 *\"\ncommand = \"true\"\n";
+    let mut c = Cluster::new(Backend::Sqlite, Some(jobs), "");
+    c.start("n1");
+    let guard = c.guard_pid("n1");
+    let switches = || {
+        std::fs::read_to_string(format!("/proc/{guard}/task/{guard}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .map(|n| n.trim().parse::<u64>().unwrap())
+            .unwrap()
+    };
+    // Past the start's messages (the store's address, the node's name).
+    std::thread::sleep(Duration::from_secs(2));
+    let before = switches();
+    std::thread::sleep(Duration::from_secs(4));
+    let woke = switches() - before;
+    assert!(
+        woke <= 1,
+        "the idle guard's main thread woke {woke} times in 4 s\n{}",
+        c.report()
+    );
+    c.stop_all();
+}
