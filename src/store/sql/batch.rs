@@ -22,9 +22,16 @@ pub(super) struct Queries {
     /// upsert in a `WITH`); `None` on MySQL/MariaDB, where a prepared
     /// statement is one statement and an upsert cannot be a `WITH`.
     pub(super) beat_live: Option<SqlStr>,
-    /// SQLite only: as [`Queries::beat_live`], then
-    /// [`Queries::pending_triggers`].
+    /// As [`Queries::beat_live`], then [`Queries::pending_triggers`]: on
+    /// SQLite the three statements as one list; on PostgreSQL one
+    /// statement, the requests' rows after the nodes' (their job and id
+    /// in two columns more, NULL in the nodes' rows, and every node column
+    /// NULL in theirs); `None` on MySQL/MariaDB.
     pub(super) beat_live_pending: Option<SqlStr>,
+    /// MySQL/MariaDB, after [`Queries::beat`] on its own: the live rows and
+    /// the pending requests in one statement (their rows after the nodes',
+    /// as PostgreSQL's [`Queries::beat_live_pending`]); `None` elsewhere.
+    pub(super) live_pending: Option<SqlStr>,
 }
 
 pub(super) const RUN_COLUMNS: &str = "job, fence, owner, node, occurrence, started_at, finished_at, outcome, exit_code, takeover, delay_ms, decision_ms, output, trigger_id, cpu_ms, memory_peak";
@@ -86,23 +93,59 @@ impl Queries {
             beat_live: if file_clock {
                 Some(at(format!("{beat}; {live}")))
             } else if d.numbered_params {
-                // PostgreSQL: one statement. Its main query reads the
-                // snapshot taken before the upsert, so the beat's own row
-                // comes from `RETURNING` and the table gives the others
-                // (`$1`: the owner, the upsert's first parameter).
-                Some(at(format!(
-                    "WITH beat AS ({beat} RETURNING {NODE_COLUMNS}) \
-                     SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM beat \
-                     UNION ALL SELECT {NODE_COLUMNS}, {{now}} AS now_ms FROM {p}nodes \
-                     WHERE expires_at > {{now}} AND owner <> $1"
-                )))
+                Some(at(pg_beat_live(&beat, p, "")))
             } else {
                 None
             },
-            beat_live_pending: file_clock.then(|| at(format!("{beat}; {live}; {pending}"))),
+            beat_live_pending: if file_clock {
+                Some(at(format!("{beat}; {live}; {pending}")))
+            } else if d.numbered_params {
+                // The requests' rows: NULL in every node column (the
+                // branches before them set those columns' types).
+                Some(at(pg_beat_live(&beat, p, &requests_after_nodes(p))))
+            } else {
+                None
+            },
+            live_pending: (!file_clock && !d.numbered_params).then(|| {
+                at(format!(
+                    "SELECT {NODE_COLUMNS}, {{now}} AS now_ms, NULL AS trigger_job, NULL AS trigger_id \
+                     FROM {p}nodes WHERE expires_at > {{now}}{}",
+                    requests_after_nodes(p)
+                ))
+            }),
         }
     }
 }
+
+/// PostgreSQL's beat as one statement ([`Queries::beat_live`]): the
+/// upsert `beat` in a `WITH`, then the live rows. Its main query reads the
+/// snapshot taken before the upsert, so the beat's own row comes from
+/// `RETURNING` and the table gives the others (`$1`: the owner, the
+/// upsert's first parameter). Each node row ends in two NULL columns,
+/// typed as a request's job and id, for `more` (`UNION ALL` branches of
+/// the requests, or nothing).
+fn pg_beat_live(beat: &str, p: &str, more: &str) -> String {
+    format!(
+        "WITH beat AS ({beat} RETURNING {NODE_COLUMNS}) \
+         SELECT {NODE_COLUMNS}, {{now}} AS now_ms, NULL::text AS trigger_job, NULL::bigint AS trigger_id FROM beat \
+         UNION ALL SELECT {NODE_COLUMNS}, {{now}} AS now_ms, NULL::text, NULL::bigint FROM {p}nodes \
+         WHERE expires_at > {{now}} AND owner <> $1{more}"
+    )
+}
+
+/// The pending requests' rows after the live nodes' in one statement
+/// (`UNION ALL`): NULL in every node column (the branches before them set
+/// those columns' types), then their job and id.
+fn requests_after_nodes(p: &str) -> String {
+    let nulls = vec!["NULL"; NODE_ROW_COLUMNS].join(", ");
+    format!(
+        " UNION ALL SELECT {nulls}, lock_name, trigger_id FROM {p}lock_info WHERE trigger_id IS NOT NULL"
+    )
+}
+
+/// Columns of a live registry row as read: [`NODE_COLUMNS`] and the
+/// store's `now`.
+pub(super) const NODE_ROW_COLUMNS: usize = 14;
 
 /// Where `{now}` is the file-system clock's instant ([`Dialect::now_ms`]
 /// is `{now}` itself: SQLite).

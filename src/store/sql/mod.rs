@@ -115,13 +115,13 @@ pub struct SqlStore {
     refused: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
     /// Each connection's setup statements.
     setup: std::sync::Arc<[String]>,
-    /// SQLite: the heartbeats' own connection ([`SqlStore::beat_connection`]).
-    beat_conn: Option<tokio::sync::Mutex<Option<OwnBeat>>>,
+    /// The heartbeats' own connection ([`SqlStore::beat_connection`]).
+    beat_conn: tokio::sync::Mutex<Option<OwnBeat>>,
     /// Bumped by each [`SqlStore::reopen`].
     generation: std::sync::atomic::AtomicU64,
 }
 
-/// SQLite's heartbeat connection.
+/// The heartbeats' connection.
 pub(super) struct OwnBeat {
     conn: AnyConnection,
     /// The [`SqlStore::reopen`] generation it was opened in.
@@ -132,36 +132,26 @@ pub(super) struct OwnBeat {
     unfinished: bool,
 }
 
-/// A connection for a heartbeat: SQLite's own one, or one of the pool's.
-pub(super) enum BeatConn<'a> {
-    Own(tokio::sync::MutexGuard<'a, Option<OwnBeat>>),
-    Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
-}
+/// The heartbeats' connection, held for one beat.
+pub(super) struct BeatConn<'a>(tokio::sync::MutexGuard<'a, Option<OwnBeat>>);
 
 impl BeatConn<'_> {
     pub(super) fn conn(&mut self) -> Result<&mut AnyConnection, sqlx::Error> {
-        match self {
-            BeatConn::Own(own) => own
-                .as_mut()
-                .map(|own| &mut own.conn)
-                .ok_or_else(|| sqlx::Error::Protocol("the heartbeat connection is closed".into())),
-            BeatConn::Pooled(conn) => Ok(&mut **conn),
-        }
+        self.0
+            .as_mut()
+            .map(|own| &mut own.conn)
+            .ok_or_else(|| sqlx::Error::Protocol("the heartbeat connection is closed".into()))
     }
 
     /// A beat's statements are over with `done`: after an error other than
     /// a busy database the connection is not used again.
     pub(super) fn finish<T>(&mut self, done: &Result<T, sqlx::Error>) {
-        let keep = done.as_ref().err().is_none_or(is_transient);
-        match self {
-            BeatConn::Own(own) if keep => {
-                if let Some(own) = own.as_mut() {
-                    own.unfinished = false;
-                }
+        if done.as_ref().err().is_none_or(is_transient) {
+            if let Some(own) = self.0.as_mut() {
+                own.unfinished = false;
             }
-            BeatConn::Own(own) => **own = None,
-            BeatConn::Pooled(_) if keep => {}
-            BeatConn::Pooled(conn) => conn.close_on_drop(),
+        } else {
+            *self.0 = None;
         }
     }
 }
@@ -310,16 +300,21 @@ impl SqlStore {
             schema_notice: SchemaNotice::default(),
             forgot_at: std::sync::Mutex::new(None),
             refused: std::sync::Mutex::new(None),
-            beat_conn: (dialect.name == "sqlite").then(|| tokio::sync::Mutex::new(None)),
+            beat_conn: tokio::sync::Mutex::new(None),
             setup,
             generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// The connection a heartbeat sent on its own goes on (the caller
-    /// [`BeatConn::finish`]es it). SQLite: a connection of its own (opened
-    /// again after an error, a beat left unfinished, or when the file was
-    /// replaced), with `synchronous = NORMAL` when the file is in WAL mode:
+    /// [`BeatConn::finish`]es it): one of its own, beside the pool, opened
+    /// again after an error, a beat left unfinished, or a
+    /// [`SqlStore::reopen`]. A beat taken from the pool cost two round
+    /// trips more than its statements (sqlx pings a connection as it hands
+    /// it out and again, in a task of its own, as it takes it back), and
+    /// waited behind claims that held every pooled connection.
+    ///
+    /// SQLite: with `synchronous = NORMAL` when the file is in WAL mode:
     /// a beat commits without an fsync of the write-ahead log, which the
     /// next `FULL` commit (a claim won, a renewal, a release, a history
     /// write) or checkpoint syncs with it. A power cut may lose the beats
@@ -329,12 +324,8 @@ impl SqlStore {
     /// every reader is on this host, down with it. That fsync was a fifth
     /// of an idle node's CPU (docs/benchmarks.md, "Idle cost"). Beats sent
     /// inside claim batches stay on the pool's `FULL` connections.
-    /// Elsewhere: one of the pool's.
     pub(super) async fn beat_connection(&self) -> Result<BeatConn<'_>, sqlx::Error> {
-        let Some(own) = &self.beat_conn else {
-            return Ok(BeatConn::Pooled(self.pool().acquire().await?));
-        };
-        let mut own = own.lock().await;
+        let mut own = self.beat_conn.lock().await;
         let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
         if own
             .as_ref()
@@ -343,16 +334,18 @@ impl SqlStore {
             *own = None;
             let mut conn = AnyConnection::connect(&self.connect_url).await?;
             set_up(&mut conn, &self.setup).await?;
-            // In a rollback journal `NORMAL` could corrupt the file on a
-            // power cut: only in WAL mode (the setup asks for it, and a
-            // failure to switch is tolerated there).
-            let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-                .fetch_one(&mut conn)
-                .await?;
-            if mode.eq_ignore_ascii_case("wal") {
-                sqlx::raw_sql("PRAGMA synchronous = NORMAL")
-                    .execute(&mut conn)
+            if self.dialect.name == "sqlite" {
+                // In a rollback journal `NORMAL` could corrupt the file on
+                // a power cut: only in WAL mode (the setup asks for it, and
+                // a failure to switch is tolerated there).
+                let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                    .fetch_one(&mut conn)
                     .await?;
+                if mode.eq_ignore_ascii_case("wal") {
+                    sqlx::raw_sql("PRAGMA synchronous = NORMAL")
+                        .execute(&mut conn)
+                        .await?;
+                }
             }
             *own = Some(OwnBeat {
                 conn,
@@ -363,7 +356,7 @@ impl SqlStore {
         if let Some(own) = own.as_mut() {
             own.unfinished = true;
         }
-        Ok(BeatConn::Own(own))
+        Ok(BeatConn(own))
     }
 
     /// Whether this beat should delete long-dead registry rows (once a

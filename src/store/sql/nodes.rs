@@ -40,6 +40,12 @@ impl Registry for SqlStore {
                     }
                     looked.map(|(nodes, _)| nodes)
                 }
+                None if !forget
+                    && let Some(looked) = self.beat_then_look(held.conn()?, beat).await =>
+                {
+                    held.finish(&looked);
+                    return looked;
+                }
                 None => self.beat_on(held.conn()?, beat, forget).await,
             };
             let nodes = match nodes {
@@ -119,7 +125,7 @@ impl SqlStore {
         let rows = sqlx::query(self.queries.pending_triggers.clone())
             .fetch_all(&mut *conn)
             .await?;
-        Ok(rows.iter().filter_map(pending_row).collect())
+        Ok(rows.iter().filter_map(|r| pending_row(r, 0)).collect())
     }
 
     /// The live registry rows, read on `conn` at the store's `now`.
@@ -193,17 +199,56 @@ impl SqlStore {
         let rows = bind_beat(self.at_now(call.sql, now)?, beat)
             .fetch_all(&mut *conn)
             .await?;
-        let mut nodes = Vec::new();
-        let mut pending = Vec::new();
-        for r in &rows {
-            if r.len() == PENDING_COLUMNS {
-                pending.extend(pending_row(r));
-            } else {
-                nodes.push(node_record(r)?);
-            }
-        }
-        Ok((registry::sorted(nodes), call.look.then_some(pending)))
+        let (nodes, pending) = nodes_and_requests(&rows)?;
+        Ok((nodes, pending.filter(|_| call.look)))
     }
+
+    /// MySQL/MariaDB's beat with the look: the upsert, then the live rows
+    /// and the requests in one statement ([`Queries::live_pending`]); `None`
+    /// on the other stores.
+    pub(super) async fn beat_then_look(
+        &self,
+        conn: &mut AnyConnection,
+        beat: &Heartbeat,
+    ) -> Option<Result<registry::Looked, sqlx::Error>> {
+        let read = self.queries.live_pending.as_ref()?;
+        Some(
+            async {
+                bind_beat(self.at_now(&self.queries.beat, None)?, beat)
+                    .execute(&mut *conn)
+                    .await?;
+                let rows = self.at_now(read, None)?.fetch_all(&mut *conn).await?;
+                nodes_and_requests(&rows)
+            }
+            .await,
+        )
+    }
+}
+
+/// The live nodes (sorted) and the pending requests (by job) among the
+/// rows of one call that reads both: SQLite's requests come as rows of
+/// their own (two columns), the other stores' after the node columns,
+/// which they leave NULL.
+fn nodes_and_requests(rows: &[AnyRow]) -> Result<registry::Looked, sqlx::Error> {
+    let mut nodes = Vec::new();
+    let mut pending = Vec::new();
+    for r in rows {
+        let request_at = match r.len() {
+            PENDING_COLUMNS => Some(0),
+            n if n > NODE_ROW_COLUMNS
+                && r.try_get::<Option<String>, _>(NODE_ROW_COLUMNS)?.is_some() =>
+            {
+                Some(NODE_ROW_COLUMNS)
+            }
+            _ => None,
+        };
+        match request_at {
+            Some(at) => pending.extend(pending_row(r, at)),
+            None => nodes.push(node_record(r)?),
+        }
+    }
+    pending.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((registry::sorted(nodes), Some(pending)))
 }
 
 /// A beat's statement list ([`SqlStore::one_call_beat`]) and whether it
@@ -218,10 +263,11 @@ pub(super) struct OneCallBeat<'a> {
 /// Columns of a row of [`Queries::pending_triggers`].
 const PENDING_COLUMNS: usize = 2;
 
-/// A pending request's row: its job and id (`None`: an id that is not one).
-fn pending_row(r: &AnyRow) -> Option<(String, TriggerId)> {
-    let job: String = r.try_get(0).ok()?;
-    let id: i64 = r.try_get(1).ok()?;
+/// A pending request's job and id from the row's columns `at` and after
+/// (`None`: an id that is not one).
+fn pending_row(r: &AnyRow, at: usize) -> Option<(String, TriggerId)> {
+    let job: String = r.try_get(at).ok()?;
+    let id: i64 = r.try_get(at + 1).ok()?;
     Some((job, TriggerId::from_stored(id)?))
 }
 

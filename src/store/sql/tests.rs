@@ -1,6 +1,7 @@
 //! Unit tests of the SQL store: its pure parts, SQLite's heartbeat
-//! connection on a file of its own, and PostgreSQL's heartbeat statement
-//! (on the local server, tables of its own).
+//! connection on a file of its own, PostgreSQL's heartbeat statement and
+//! the heartbeats' own connection on PostgreSQL and MariaDB (on the local
+//! servers, tables of their own).
 #![allow(clippy::unwrap_used)]
 use super::schema::split_statements;
 use super::*;
@@ -154,29 +155,15 @@ async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
 /// live rows read beside it), and reads what the separate statements read:
 /// its own row as just written (the statement's main query reads the
 /// snapshot from before the upsert), the others from the table, no row
-/// twice; the requests are read after it.
+/// twice; and, when it looks, the pending requests in the same statement.
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_beats_in_one_statement_read_what_the_separate_statements_read() {
-    let url = std::env::var("CRONLEASE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let prefix = format!(
-        "unit_beat_{}_{}_",
-        std::process::id(),
-        Utc::now().timestamp_micros()
-    );
-    let store = open_store(
-        StoreUrl::parse(&url, std::path::Path::new("/")).unwrap(),
-        prefix,
-    );
-    if let Err(e) = store.prepare().await {
-        panic!(
-            "PostgreSQL at {url}: {e}; start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`"
-        );
-    }
+    let store = server_store(POSTGRES).await;
     let call = store.one_call_beat(false, false).unwrap();
-    assert!(!call.look, "the requests are read apart");
-    assert!(!store.one_call_beat(false, true).unwrap().look);
+    assert!(!call.look, "a beat that does not look");
+    let looking = store.one_call_beat(false, true).unwrap();
+    assert!(looking.look, "the requests in the same statement");
     assert!(
         store.one_call_beat(true, true).is_none(),
         "forgetting: apart"
@@ -192,21 +179,6 @@ async fn postgres_beats_in_one_statement_read_what_the_separate_statements_read(
         .await
         .unwrap();
     assert_eq!(answer, TriggerAnswer::Accepted);
-    type Summary = (String, String, u32, Vec<String>, Option<i64>);
-    let summary = |nodes: &[NodeRecord]| -> Vec<Summary> {
-        nodes
-            .iter()
-            .map(|n| {
-                (
-                    n.owner.clone(),
-                    n.node.clone(),
-                    n.jobs_held,
-                    n.tags.clone(),
-                    n.clock_offset_ms,
-                )
-            })
-            .collect()
-    };
     let mut conn = store.pool().acquire().await.unwrap();
     let (first, pending) = store
         .beat_in_one_call(&mut conn, call, &beat("a~1", "a", 1))
@@ -228,6 +200,18 @@ async fn postgres_beats_in_one_statement_read_what_the_separate_statements_read(
         .unwrap();
     let apart = store.live_nodes(&mut conn, None).await.unwrap();
     assert_eq!(summary(&one_call), summary(&apart));
+    // And with the look: the same nodes, and the request.
+    let (with_look, pending) = store
+        .beat_in_one_call(&mut conn, looking, &beat("a~1", "a", 3))
+        .await
+        .unwrap();
+    assert_eq!(summary(&with_look), summary(&apart));
+    assert_eq!(pending, Some(vec![("j1".to_string(), id)]));
+    assert_eq!(
+        Some(store.pending_on(&mut conn).await.unwrap()),
+        pending,
+        "what the look apart reads"
+    );
     assert_eq!(
         summary(&one_call)
             .iter()
@@ -309,7 +293,7 @@ async fn sqlite_store() -> (tempfile::TempDir, SqlStore) {
 }
 
 /// A heartbeat of `owner` on `node` holding `held` jobs, living 7 s.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 fn test_beat(owner: &str, node: &str, held: u32) -> Heartbeat {
     Heartbeat {
         owner: Owner::from_raw(owner),
@@ -329,8 +313,161 @@ fn test_beat(owner: &str, node: &str, held: u32) -> Heartbeat {
     }
 }
 
+/// What a test compares of a node's record.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+type Summary = (String, String, u32, Vec<String>, Option<i64>);
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn summary(nodes: &[NodeRecord]) -> Vec<Summary> {
+    nodes
+        .iter()
+        .map(|n| {
+            (
+                n.owner.clone(),
+                n.node.clone(),
+                n.jobs_held,
+                n.tags.clone(),
+                n.clock_offset_ms,
+            )
+        })
+        .collect()
+}
+
+/// MariaDB's beat with the look is the upsert, then one statement for the
+/// live rows and the requests (their rows after the nodes'), and reads
+/// what the separate statements read.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mariadb_reads_the_live_rows_and_the_requests_in_one_statement() {
+    let store = server_store(MARIADB).await;
+    assert!(store.one_call_beat(false, true).is_none());
+    let mut conn = store.pool().acquire().await.unwrap();
+    let (nodes, pending) = store
+        .beat_then_look(&mut conn, &test_beat("a~1", "a", 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        summary(&nodes),
+        [("a~1".into(), "a".into(), 1, vec![], None)]
+    );
+    assert_eq!(pending, Some(vec![]), "no request yet");
+    let ids = [TriggerId::new(), TriggerId::new()];
+    for (job, id) in ["j2", "j1"].iter().zip(ids) {
+        let answer = store
+            .request_trigger(&JobName::parse(job).unwrap(), id)
+            .await
+            .unwrap();
+        assert_eq!(answer, TriggerAnswer::Accepted);
+    }
+    store
+        .beat_on(&mut conn, &test_beat("b~1", "b", 2), false)
+        .await
+        .unwrap();
+    let (nodes, pending) = store
+        .beat_then_look(&mut conn, &test_beat("a~1", "a", 3))
+        .await
+        .unwrap()
+        .unwrap();
+    let apart = store.live_nodes(&mut conn, None).await.unwrap();
+    assert_eq!(summary(&nodes), summary(&apart));
+    assert_eq!(
+        nodes.iter().map(|n| n.jobs_held).collect::<Vec<_>>(),
+        [3, 2]
+    );
+    assert_eq!(
+        pending,
+        Some(vec![("j1".to_string(), ids[1]), ("j2".to_string(), ids[0])])
+    );
+    assert_eq!(Some(store.pending_on(&mut conn).await.unwrap()), pending);
+    drop(conn);
+    let (_, looked) = store
+        .heartbeat_looking(&test_beat("b~1", "b", 4))
+        .await
+        .unwrap();
+    assert_eq!(looked, pending, "the registry's own beat");
+}
+
+/// A database server the tests reach: the variable naming its URL, the
+/// URL without it, and how to start it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+type Server = (&'static str, &'static str, &'static str);
+
+#[cfg(feature = "postgres")]
+const POSTGRES: Server = (
+    "CRONLEASE_TEST_POSTGRES_URL",
+    "postgres://postgres@127.0.0.1:5432/test",
+    "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+);
+
+#[cfg(feature = "mysql")]
+const MARIADB: Server = (
+    "CRONLEASE_TEST_MYSQL_URL",
+    "mysql://root@127.0.0.1:3306/test",
+    "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd",
+);
+
+/// A store on `server` with tables of its own (a prefix no other test
+/// uses), prepared; a pool of 2 connections.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn server_store((var, default, start): Server) -> SqlStore {
+    let url = std::env::var(var).unwrap_or_else(|_| default.into());
+    let prefix = format!(
+        "unit_beat_{}_{}_",
+        std::process::id(),
+        Utc::now().timestamp_micros()
+    );
+    let store = open_store(
+        StoreUrl::parse(&url, std::path::Path::new("/")).unwrap(),
+        prefix,
+    );
+    if let Err(e) = store.prepare().await {
+        panic!("the database at {url}: {e}; start it with `{start}`");
+    }
+    store
+}
+
+/// A heartbeat goes on the connection of its own, not one of the pool's:
+/// it goes through while claims hold every pooled connection (before, it
+/// waited for one until the operation timeout and failed), and beat after
+/// beat on the same connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn beats_beside_a_busy_pool(server: Server) {
+    let store = server_store(server).await;
+    let pool = store.pool();
+    let held = [pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
+    assert_eq!(pool.num_idle(), 0, "the test holds the whole pool");
+    for _ in 0..3 {
+        let (nodes, pending) = tokio::time::timeout(
+            Duration::from_secs(3),
+            store.heartbeat_looking(&test_beat("n1~1", "n1", 0)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("a beat waited for the pool"))
+        .unwrap();
+        let owners: Vec<&str> = nodes.iter().map(|n| n.owner.as_str()).collect();
+        assert_eq!(owners, ["n1~1"]);
+        assert!(pending.is_some(), "the look went with the beat");
+        let nodes = store.heartbeat(&test_beat("n1~1", "n1", 0)).await.unwrap();
+        assert_eq!(nodes.len(), 1);
+    }
+    drop(held);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_beats_on_a_connection_of_their_own() {
+    beats_beside_a_busy_pool(POSTGRES).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mariadb_beats_on_a_connection_of_their_own() {
+    beats_beside_a_busy_pool(MARIADB).await;
+}
+
 /// A store at `url` with its tables under `prefix`, not prepared.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 fn open_store(url: StoreUrl, prefix: String) -> SqlStore {
     SqlStore::open(&StoreConfig {
         url,
