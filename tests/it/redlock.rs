@@ -283,3 +283,84 @@ fn masters_restarted_empty_one_after_another_run_nothing_twice() {
         "a restart is seen and logged\n{report}"
     );
 }
+
+/// An idle node's beat with its look for manual runs is one pipeline per
+/// master, the registry script and `HGETALL` of the requests, without the
+/// `INFO server` the other calls carry (a restart matters to the claims,
+/// which read it in their own pipelines before they count an answer).
+/// Counted by each master's own command statistics over ten beats; the
+/// requests a majority holds are what it reads.
+#[tokio::test]
+async fn a_beat_that_looks_is_one_pipeline_per_master_without_info() {
+    use cronlease::store::TriggerId;
+    use cronlease::store::registry::{Heartbeat, Registry};
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| {
+            let mut m = RedisServer::new(false);
+            m.start();
+            m
+        })
+        .collect();
+    let mut config = StoreConfig::new(store_url(
+        Backend::Redlock,
+        &urls(&masters),
+        std::path::Path::new("/"),
+    ));
+    config.key_prefix = format!("cl:{}", unique("rl"));
+    let store = RedlockStore::open(&config).unwrap();
+    store.prepare().await.unwrap();
+    let id = TriggerId::new();
+    let job = JobName::parse("looked-for").unwrap();
+    store.request_trigger(&job, id).await.unwrap();
+    let beat = Heartbeat {
+        owner: Owner::from_raw("n1~1"),
+        node: "n1".into(),
+        tags: Vec::new(),
+        version: "test".into(),
+        started_at: Utc::now(),
+        clock_offset_ms: None,
+        jobs_held: 0,
+        ttl: Duration::from_secs(5),
+        definitions: None,
+        running: Vec::new(),
+        progress: None,
+    };
+    let mut conns = Vec::new();
+    for m in &masters {
+        let client = redis::Client::open(m.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        conns.push(conn);
+    }
+    for _ in 0..10 {
+        let (nodes, pending) = store.heartbeat_looking(&beat).await.unwrap();
+        assert_eq!(nodes.len(), 1, "{nodes:?}");
+        assert_eq!(pending, Some(vec![("looked-for".to_string(), id)]));
+    }
+    for (m, conn) in masters.iter().zip(&mut conns) {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let calls = |name: &str| -> u64 {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        // `hgetall`: the registry script reads the records with one
+        // (commands a script calls count too), the look the requests.
+        assert_eq!(
+            (calls("info"), calls("evalsha"), calls("hgetall")),
+            (0, 10, 20),
+            "{}: {stats}",
+            m.url()
+        );
+    }
+}

@@ -443,19 +443,7 @@ impl Locks for RedlockStore {
             })
             .await;
         let answered = self.quorum(answers)?;
-        let mut seen: BTreeMap<(String, TriggerId), usize> = BTreeMap::new();
-        for (_, pairs) in answered {
-            for (job, id) in pairs {
-                if let Some(id) = TriggerId::parse_stored(&id) {
-                    *seen.entry((job, id)).or_default() += 1;
-                }
-            }
-        }
-        Ok(seen
-            .into_iter()
-            .filter(|(_, n)| *n >= self.majority())
-            .map(|(key, _)| key)
-            .collect())
+        Ok(self.pending_of(answered.into_iter().map(|(_, pairs)| pairs)))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -14,9 +14,37 @@ impl Registry for RedlockStore {
         .await
     }
 
-    /// Both requests at once: one round trip.
+    /// The registry script and the read of the requests' hash in one
+    /// pipeline per master, without the `INFO server` other calls carry:
+    /// a master's restart matters to the claims, which read it in their
+    /// own pipelines before they count its answer, not to the registry.
+    /// One request and one reply per master (there were three: `INFO`
+    /// and the script, then `HGETALL`).
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
-        registry::beat_beside_look(self, beat).await
+        let keys = [self.registry_key()];
+        let args = crate::store::redis::registry_args("beat", beat.owner.as_str(), Some(beat));
+        let triggers = triggers_key(&self.prefix);
+        let (k, a, t) = (&keys, &args, &triggers);
+        let answers = self.each(|m| self.beat_and_look_on(m, k, a, t)).await;
+        let mut records = Vec::new();
+        let mut looks = Vec::new();
+        let mut look_failed = None;
+        for (_, (reply, look)) in self.quorum(answers)? {
+            records.push(reply);
+            match look {
+                Ok(pairs) => looks.push(pairs),
+                Err(e) => look_failed = Some(e),
+            }
+        }
+        let pending = if looks.len() >= self.majority() {
+            Some(self.pending_of(looks))
+        } else {
+            if let Some(e) = look_failed {
+                tracing::debug!("the look for manual runs sent with a heartbeat failed: {e}");
+            }
+            None
+        };
+        Ok((freshest_records(records), pending))
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -85,6 +113,72 @@ impl RedlockStore {
             .await;
         let replies = self.quorum(answers)?.into_iter().map(|(_, reply)| reply);
         Ok(freshest_records(replies))
+    }
+
+    /// [`Registry::heartbeat_looking`] on one master: the registry script
+    /// (loaded again if the master forgot it) and `HGETALL` of the
+    /// requests' hash, one pipeline; the script's reply, and the hash's
+    /// pairs or why not.
+    async fn beat_and_look_on(
+        &self,
+        master: &Master,
+        keys: &[String],
+        args: &[String],
+        triggers: &str,
+    ) -> Result<(Vec<String>, Result<Vec<(String, String)>, StoreError>), StoreError> {
+        let mut conn = master.connection(self.op_timeout).await?;
+        let build = |which: &[usize]| {
+            let mut pipe = redis::pipe();
+            if !which.is_empty() {
+                add_evalsha(&mut pipe, (&self.registry, keys, args));
+            }
+            pipe.cmd("HGETALL").arg(triggers);
+            pipe
+        };
+        let scripts = [&self.registry];
+        let replies = match eval_loading(&mut conn, &scripts, 0, 1, build).await {
+            // The connection broke: the manager connects again, and the
+            // beat (which may run twice) goes again.
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                eval_loading(&mut conn, &scripts, 0, 1, build).await
+            }
+            other => other,
+        }
+        .map_err(|e| store_error(&master.url, &e))?;
+        let mut replies = replies.into_iter();
+        let reply = |v: Option<redis::Value>| match v {
+            Some(redis::Value::ServerError(e)) => {
+                Err(store_error(&master.url, &redis::RedisError::from(e)))
+            }
+            Some(v) => Ok(v),
+            None => Err(StoreError::Backend {
+                store: master.url.redacted().into(),
+                reason: "a reply of the heartbeat's pipeline is missing".into(),
+            }),
+        };
+        let records = reply(replies.next()).and_then(|v| decoded(master, v))?;
+        let look = reply(replies.next()).and_then(|v| decoded(master, v));
+        Ok((records, look))
+    }
+
+    /// The requests a majority of the masters hold, from the requests'
+    /// hashes of those that answered (job → id), sorted by job.
+    pub(super) fn pending_of(
+        &self,
+        hashes: impl IntoIterator<Item = Vec<(String, String)>>,
+    ) -> Vec<(String, TriggerId)> {
+        let mut seen: BTreeMap<(String, TriggerId), usize> = BTreeMap::new();
+        for pairs in hashes {
+            for (job, id) in pairs {
+                if let Some(id) = TriggerId::parse_stored(&id) {
+                    *seen.entry((job, id)).or_default() += 1;
+                }
+            }
+        }
+        seen.into_iter()
+            .filter(|(_, n)| *n >= self.majority())
+            .map(|(key, _)| key)
+            .collect()
     }
 
     /// The key of the node registry's hash.
