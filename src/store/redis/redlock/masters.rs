@@ -83,6 +83,44 @@ impl Master {
     }
 }
 
+/// [`eval_loading`] on `master`, once more if the connection broke (the
+/// master restarted: the manager connects again, and every script of the
+/// pipeline may run twice).
+pub(super) async fn send_loading(
+    master: &Master,
+    conn: &mut ConnectionManager,
+    scripts: &[&Script],
+    lead: usize,
+    count: usize,
+    build: impl Fn(&[usize]) -> redis::Pipeline,
+) -> Result<Vec<redis::Value>, StoreError> {
+    match eval_loading(conn, scripts, lead, count, &build).await {
+        Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+            eval_loading(conn, scripts, lead, count, &build).await
+        }
+        other => other,
+    }
+    .map_err(|e| store_error(&master.url, &e))
+}
+
+/// One reply of a pipeline of scripts, decoded: the server's error, or
+/// why it is not a `T`, or missing.
+pub(super) fn reply_of<T: redis::FromRedisValue>(
+    master: &Master,
+    reply: Option<redis::Value>,
+) -> Result<T, StoreError> {
+    match reply {
+        Some(redis::Value::ServerError(e)) => {
+            Err(store_error(&master.url, &redis::RedisError::from(e)))
+        }
+        Some(reply) => decoded(master, reply),
+        None => Err(StoreError::Backend {
+            store: master.url.redacted().into(),
+            reason: "a script's reply is missing".into(),
+        }),
+    }
+}
+
 /// One reply of a pipeline, decoded.
 pub(super) fn decoded<T: redis::FromRedisValue>(
     master: &Master,
@@ -224,16 +262,7 @@ impl RedlockStore {
             pipe
         };
         let scripts = self.scripts();
-        let replies: Vec<redis::Value> = match eval_loading(&mut conn, &scripts, 1, N, build).await
-        {
-            // The connection broke (the master restarted): the manager
-            // connects again, and every script here may run twice.
-            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                eval_loading(&mut conn, &scripts, 1, N, build).await
-            }
-            other => other,
-        }
-        .map_err(|e| store_error(&master.url, &e))?;
+        let replies = send_loading(master, &mut conn, &scripts, 1, N, build).await?;
         let malformed = |reason: String| StoreError::Backend {
             store: master.url.redacted().into(),
             reason,
@@ -252,14 +281,7 @@ impl RedlockStore {
             .map_err(|e| malformed(format!("unexpected reply to INFO: {e}")))?
             .unwrap_or_default();
         master.observe(&info);
-        Ok(std::array::from_fn(|_| match replies.next() {
-            Some(redis::Value::ServerError(e)) => {
-                Err(store_error(&master.url, &redis::RedisError::from(e)))
-            }
-            Some(reply) => redis::from_redis_value(reply)
-                .map_err(|e| malformed(format!("unexpected reply: {e}"))),
-            None => Err(malformed("a script's reply is missing".into())),
-        }))
+        Ok(std::array::from_fn(|_| reply_of(master, replies.next())))
     }
 
     /// A command without arguments on one master.

@@ -135,29 +135,10 @@ impl RedlockStore {
             pipe.cmd("HGETALL").arg(triggers);
             pipe
         };
-        let scripts = [&self.registry];
-        let replies = match eval_loading(&mut conn, &scripts, 0, 1, build).await {
-            // The connection broke: the manager connects again, and the
-            // beat (which may run twice) goes again.
-            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                eval_loading(&mut conn, &scripts, 0, 1, build).await
-            }
-            other => other,
-        }
-        .map_err(|e| store_error(&master.url, &e))?;
+        let replies = send_loading(master, &mut conn, &[&self.registry], 0, 1, build).await?;
         let mut replies = replies.into_iter();
-        let reply = |v: Option<redis::Value>| match v {
-            Some(redis::Value::ServerError(e)) => {
-                Err(store_error(&master.url, &redis::RedisError::from(e)))
-            }
-            Some(v) => Ok(v),
-            None => Err(StoreError::Backend {
-                store: master.url.redacted().into(),
-                reason: "a reply of the heartbeat's pipeline is missing".into(),
-            }),
-        };
-        let records = reply(replies.next()).and_then(|v| decoded(master, v))?;
-        let look = reply(replies.next()).and_then(|v| decoded(master, v));
+        let records = reply_of(master, replies.next())?;
+        let look = reply_of(master, replies.next());
         Ok((records, look))
     }
 
