@@ -203,13 +203,13 @@ pub(super) fn validate_job(
         every_node,
         env,
         working_dir,
-        identity,
+        identity: identity.map(Box::new),
         output_tail: output_tail?,
         on_failure,
         on_success,
         on_recovery,
-        retry,
-        isolation,
+        retry: retry.map(Box::new),
+        isolation: Box::new(isolation),
         defined_at: here,
     })
 }

@@ -410,8 +410,10 @@ pub struct Job {
     pub every_node: bool,
     pub env: BTreeMap<String, String>,
     pub working_dir: Option<PathBuf>,
-    /// Run as this user and group (the daemon must be root).
-    pub identity: Option<Identity>,
+    /// Run as this user and group (the daemon must be root). Boxed, as
+    /// `retry` and `isolation` are: most jobs have none, and every node
+    /// keeps every job (issue 35, item 6: memory per job).
+    pub identity: Option<Box<Identity>>,
     /// `output_tail`: how many of the last bytes of the run's stdout and
     /// stderr history keeps (0: none).
     pub output_tail: usize,
@@ -425,9 +427,9 @@ pub struct Job {
     /// follows a failed one.
     pub on_recovery: Option<Command>,
     /// `retry`: a failed run tried again, on any node.
-    pub retry: Option<Retry>,
+    pub retry: Option<Box<Retry>>,
     /// `[job.limits]`, `[job.sandbox]`, `credentials`.
-    pub isolation: Isolation,
+    pub isolation: Box<Isolation>,
     /// `file:line` of the definition, for log messages.
     pub defined_at: String,
 }
@@ -555,7 +557,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         on_success: None,
         on_recovery: None,
         retry: None,
-        isolation: Isolation::default(),
+        isolation: Box::default(),
         defined_at: "test.toml:1".into(),
     }
 }

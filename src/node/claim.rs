@@ -519,7 +519,7 @@ impl Node {
             (due.occurrence, due.previous, due.next, due.catch_up_only);
         let gave_up_unanswered = self.claim_occurrence(due, queued, mark).await;
         if gave_up_unanswered && !stop.is_cancelled() {
-            self.recheck_unanswered(&state, &stop, occurrence, previous, next, only)
+            Box::pin(self.recheck_unanswered(&state, &stop, occurrence, previous, next, only))
                 .await;
         }
     }
@@ -981,7 +981,7 @@ impl Node {
             // claim renewed) rather than start it late and push every later
             // run back.
             drop(gate);
-            self.skip_occurrence(state, ticket).await;
+            Box::pin(self.skip_occurrence(state, ticket)).await;
             return Flow::Done(false);
         }
         self.start_run(state, ticket);

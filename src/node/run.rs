@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{JobState, LeaseClock, Node};
-use crate::config::Hook;
+use crate::config::{Hook, Job};
 use crate::exec::{Finished, RunSpec, StopReason};
 use crate::metrics::Metrics;
 use crate::store::{Outcome, Renewal, RunRecord, StoreError, TriggerId};
@@ -155,29 +155,41 @@ impl Node {
             tracing::info!(job = %job.name, fence = ticket.fence, occurrence = %Rfc3339(ticket.occurrence), "previous run still going: skipping this occurrence (overlap = skip)");
             return None;
         }
-        let node = self.clone();
-        let state = state.clone();
         // A broadcast job's own occurrence runs nowhere: it is handed to
         // its shards ([`super::broadcast`]); a shard's runs.
         let dispatch = job.every_node && job.name.shard_of().is_none();
-        Some(self.life.runs.spawn(async move {
-            let ended = if dispatch {
-                node.dispatch_occurrence(&state, ticket).await
-            } else {
-                node.supervise(&state, ticket).await
-            };
-            // A step-down during the run, or (spread) a job whose preferred
-            // node is another: hand it back, so the next occurrence goes to
-            // a peer on time.
-            // Not while a later run of the job goes (the occurrence that
-            // replaced this one): its lease is that run's.
-            let hand_back = node.defers(&state.job()) && !state.is_running();
-            if state.take_release_after_run() || hand_back {
-                state.lease_ended();
-                node.release_one(&state.job().name).await;
-            }
-            node.after_run(&state, ticket, &ended).await;
-        }))
+        let task = self.clone().run_task(state.clone(), ticket, dispatch);
+        Some(self.life.runs.spawn(task))
+    }
+
+    /// A run's task, from its start to what follows its record. Its size is
+    /// what every run in flight holds (at an instant where a thousand jobs
+    /// end together, a thousand of them wait for their records' batch), so
+    /// the large and the short-lived steps are boxed: the size of the
+    /// longest of them is held only while it runs
+    /// (`a_run_in_flight_holds_a_small_task`).
+    pub(super) async fn run_task(
+        self: Arc<Self>,
+        state: Arc<JobState>,
+        ticket: RunTicket,
+        dispatch: bool,
+    ) {
+        let ended = if dispatch {
+            Box::pin(self.dispatch_occurrence(&state, ticket)).await
+        } else {
+            self.supervise(&state, ticket).await
+        };
+        // A step-down during the run, or (spread) a job whose preferred
+        // node is another: hand it back, so the next occurrence goes to
+        // a peer on time.
+        // Not while a later run of the job goes (the occurrence that
+        // replaced this one): its lease is that run's.
+        let hand_back = self.defers(&state.job()) && !state.is_running();
+        if state.take_release_after_run() || hand_back {
+            state.lease_ended();
+            self.release_one(&state.job().name).await;
+        }
+        Box::pin(self.after_run(&state, ticket, &ended)).await;
     }
 
     /// Records `ticket`'s occurrence, won but not run, as `outcome`
@@ -199,7 +211,7 @@ impl Node {
                 ..Finished::without_process(outcome.clone(), node.wall.now())
             };
             let ended = node.finish(&state, ticket, finished).await;
-            node.after_run(&state, ticket, &ended).await;
+            Box::pin(node.after_run(&state, ticket, &ended)).await;
         });
     }
 
@@ -220,7 +232,10 @@ impl Node {
         let mut ended = Ended::of(&finished);
         let webhooks = self.webhooks.as_deref();
         let retry = self.plan_retry(&job, ticket, &ended);
-        let notify = async {
+        // Boxed: what it holds (a spool write, a history read, a webhook
+        // event) is held only while it goes, not by every run in flight
+        // while its record waits for the batch.
+        let notify = Box::pin(async {
             // The outcome's event first: spooled at once. `recovered` needs
             // a history read. A failure to be tried again has none (yet).
             if retry.is_none() {
@@ -237,7 +252,7 @@ impl Node {
                     .await;
             }
             recovered
-        };
+        });
         let ((), recovered) = tokio::join!(self.record(state, ticket, finished), notify);
         ended.recovered = recovered;
         if let Some(id) = retry {
@@ -247,7 +262,7 @@ impl Node {
                 ended.retry = Some(id);
             } else {
                 // Not tried again after all: the failure is final.
-                self.spool_events(name, ticket, &ended).await;
+                Box::pin(self.spool_events(name, ticket, &ended)).await;
             }
         }
         ended
@@ -680,10 +695,8 @@ impl Node {
         }
     }
 
-    /// Writes the run to the store's history (a few tries; a record lost to
-    /// an outage is logged, never retried forever).
-    pub(super) async fn record(&self, state: &JobState, ticket: RunTicket, finished: Finished) {
-        let job = state.job();
+    /// The history record of `finished`, counted in the metrics.
+    fn counted_record(&self, job: &Job, ticket: RunTicket, finished: Finished) -> RunRecord {
         let record = RunRecord {
             job: job.name.to_string(),
             fence: ticket.fence,
@@ -738,6 +751,16 @@ impl Node {
                 .get_or_create(&Metrics::job(job.name.as_str()))
                 .inc();
         }
+        record
+    }
+
+    /// Writes the run to the store's history (a few tries; a record lost to
+    /// an outage is logged, never retried forever).
+    pub(super) async fn record(&self, state: &JobState, ticket: RunTicket, finished: Finished) {
+        // Built and counted before the first wait: what the wait holds is
+        // the record alone (every run ending at one instant waits here for
+        // the batch).
+        let record = self.counted_record(&state.job(), ticket, finished);
         let mut last_error = None;
         // A stopping node tries once: a store that cannot take the write
         // now (a peer frozen holding SQLite's write lock) must not hold the
@@ -759,7 +782,7 @@ impl Node {
             }
         }
         if let Some(e) = last_error {
-            tracing::warn!(job = %job.name, fence = ticket.fence, outcome = %record.outcome, "run not recorded in history: {e}");
+            tracing::warn!(job = %record.job, fence = record.fence, outcome = %record.outcome, "run not recorded in history: {e}");
         }
     }
 }
