@@ -96,17 +96,29 @@ impl<Q: Send + 'static, R: Send + 'static> Batcher<Q, R> {
         let Some(mut rx) = self.rx.lock().ok().and_then(|mut rx| rx.take()) else {
             return;
         };
-        while let Some(mut slots) = rx.recv().await {
+        while let Some(first) = rx.recv().await {
             if self.window.is_zero() {
                 // Let callers woken at the same moment queue theirs too.
                 tokio::task::yield_now().await;
             } else {
                 tokio::time::sleep(self.window).await;
             }
+            // Each group moved straight into the call's two lists, sized
+            // for what is queued (one request per group after the first,
+            // as a lone `call` queues): no third list of every request
+            // beside them while a thousand runs' records are in flight.
+            let room = first.len() + rx.len();
+            let (mut requests, mut replies) = (Vec::with_capacity(room), Vec::with_capacity(room));
+            let mut take = |group: Group<Q, R>| {
+                for (q, reply) in group {
+                    requests.push(q);
+                    replies.push(reply);
+                }
+            };
+            take(first);
             while let Ok(more) = rx.try_recv() {
-                slots.extend(more);
+                take(more);
             }
-            let (requests, replies): (Vec<Q>, Vec<_>) = slots.into_iter().unzip();
             let asked = requests.len();
             match flush(requests).await {
                 Ok(answers) if answers.len() == asked => {
