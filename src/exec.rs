@@ -73,7 +73,7 @@ pub fn warn_unenforced(jobs: &[Job], runner: &dyn Runner) {
                 "user/group: runs start as processes and this daemon is not root: the job's runs cannot switch to its user and will not start (run the daemon as root, or let it start units: jobs.runner)"
             );
         }
-        let missing = job.isolation.unenforced(runner.kind(), &lacking);
+        let missing = job.isolation().unenforced(runner.kind(), &lacking);
         if missing.is_empty() {
             continue;
         }
@@ -265,7 +265,7 @@ impl Launch {
     /// to become, or `nice` or `open_files` to apply.
     fn new(spec: &RunSpec<'_>, cgroup: Option<&std::path::Path>) -> Launch {
         let argv = command_argv(spec);
-        let limits = &spec.job.isolation.limits;
+        let limits = &spec.job.isolation().limits;
         let wrapped = cgroup.is_some()
             || spec.job.identity.is_some()
             || limits.nice.is_some()
@@ -489,7 +489,7 @@ pub async fn run(
     let cgroup = cgroups.and_then(|c| {
         c.create(
             &run_label(job.name.as_str(), fence, spec.hook),
-            &job.isolation.limits,
+            &job.isolation().limits,
         )
             .map_err(|e| {
                 tracing::warn!(job = %job.name, fence, "cannot make the run's cgroup ({e}): it runs without one");

@@ -209,7 +209,7 @@ pub(super) fn validate_job(
         on_success,
         on_recovery,
         retry: retry.map(Box::new),
-        isolation: Box::new(isolation),
+        isolation: (isolation != Isolation::default()).then(|| Box::new(isolation)),
         defined_at: here,
     })
 }

@@ -428,8 +428,9 @@ pub struct Job {
     pub on_recovery: Option<Command>,
     /// `retry`: a failed run tried again, on any node.
     pub retry: Option<Box<Retry>>,
-    /// `[job.limits]`, `[job.sandbox]`, `credentials`.
-    pub isolation: Box<Isolation>,
+    /// `[job.limits]`, `[job.sandbox]`, `credentials`; `None` where the
+    /// job sets none of them ([`Job::isolation`] reads it).
+    pub isolation: Option<Box<Isolation>>,
     /// `file:line` of the definition, for log messages.
     pub defined_at: String,
 }
@@ -521,7 +522,16 @@ impl Hook {
     }
 }
 
+/// The isolation of a job that configures none.
+static NO_ISOLATION: std::sync::LazyLock<Isolation> = std::sync::LazyLock::new(Isolation::default);
+
 impl Job {
+    /// Its limits, sandbox and credentials (the defaults where it sets
+    /// none).
+    pub fn isolation(&self) -> &Isolation {
+        self.isolation.as_deref().unwrap_or(&NO_ISOLATION)
+    }
+
     /// The job's command for `hook`, if it has one.
     pub fn hook(&self, hook: Hook) -> Option<&Command> {
         match hook {
@@ -557,7 +567,7 @@ pub(crate) fn test_job(name: &str, schedule: &str, command: &str) -> Job {
         on_success: None,
         on_recovery: None,
         retry: None,
-        isolation: Box::default(),
+        isolation: None,
         defined_at: "test.toml:1".into(),
     }
 }

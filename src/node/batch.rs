@@ -104,9 +104,10 @@ impl<Q: Send + 'static, R: Send + 'static> Batcher<Q, R> {
                 tokio::time::sleep(self.window).await;
             }
             // Each group moved straight into the call's two lists, sized
-            // for what is queued (one request per group after the first,
-            // as a lone `call` queues): no third list of every request
-            // beside them while a thousand runs' records are in flight.
+            // for at least what is queued (one request per group after the
+            // first, as a lone `call` queues; more grow the lists): no
+            // third list of every request beside them while a thousand
+            // runs' records are in flight.
             let room = first.len() + rx.len();
             let (mut requests, mut replies) = (Vec::with_capacity(room), Vec::with_capacity(room));
             let mut take = |group: Group<Q, R>| {

@@ -436,10 +436,11 @@ impl Node {
                 left_to_holders.push((left, d));
                 continue;
             }
-            let node = self.clone();
-            self.life.handlers.spawn(async move {
-                node.handle_occurrence(d, queued, mark).await;
-            });
+            // Spawned as it is: a wrapping block would hold its arguments
+            // a second time in every claim in flight.
+            self.life
+                .handlers
+                .spawn(self.clone().handle_occurrence(d, queued, mark));
         }
         self.leave_to_holders(left_to_holders);
     }

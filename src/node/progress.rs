@@ -292,10 +292,9 @@ impl Node {
             }
             // Claimed after all: marked as any claim of it.
             let mark = self.progress.mark(due.occurrence, false);
-            let node = self.clone();
-            self.life.handlers.spawn(async move {
-                node.handle_occurrence(due, None, Some(mark)).await;
-            });
+            self.life
+                .handlers
+                .spawn(self.clone().handle_occurrence(due, None, Some(mark)));
         }
     }
 

@@ -167,7 +167,7 @@ impl Node {
     /// end together, a thousand of them wait for their records' batch), so
     /// the large and the short-lived steps are boxed: the size of the
     /// longest of them is held only while it runs
-    /// (`a_run_in_flight_holds_a_small_task`).
+    /// (`runs_and_claims_in_flight_hold_small_tasks`).
     pub(super) async fn run_task(
         self: Arc<Self>,
         state: Arc<JobState>,

@@ -267,11 +267,11 @@ impl SystemdRunner {
                 Value::from(dir.to_string_lossy().into_owned()),
             ));
         }
-        limits(&job.isolation, &mut p);
-        self.sandbox(&job.isolation, &mut p);
-        if !job.isolation.credentials.is_empty() {
+        limits(job.isolation(), &mut p);
+        self.sandbox(job.isolation(), &mut p);
+        if !job.isolation().credentials.is_empty() {
             let creds: Vec<(String, String)> = job
-                .isolation
+                .isolation()
                 .credentials
                 .iter()
                 .map(|(k, v)| (k.clone(), v.to_string_lossy().into_owned()))
@@ -616,7 +616,7 @@ impl SystemdRunner {
             if setup_failed {
                 Some(setup_failure(e))
             } else {
-                reason_line(e, &job.isolation)
+                reason_line(e, job.isolation())
             }
         });
         let hint = (outcome != crate::store::Outcome::Ok)
