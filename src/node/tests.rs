@@ -61,6 +61,19 @@ fn config_in(dir: &std::path::Path, text: &str) -> Config {
     crate::config::load(&path, &crate::config::Overrides::default()).unwrap()
 }
 
+/// The config of node `a` with one job, `j`, on `schedule`, running
+/// `/bin/true` (its SQLite URL unused: the tests give the node a store).
+#[cfg(feature = "memory")]
+fn one_job_config(dir: &std::path::Path, schedule: &str) -> Config {
+    config_in(
+        dir,
+        &format!(
+            "node = \"a\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[[job]]\nname = \"j\"\nschedule = \"{schedule}\"\ncommand = [\"/bin/true\"]\n",
+            dir.display()
+        ),
+    )
+}
+
 /// A node of `config` on `store`, its clocks tokio's from `start`, its
 /// jobs run as processes.
 #[cfg(feature = "memory")]
@@ -210,13 +223,7 @@ async fn a_recheck_waits_for_the_claim_in_flight_and_records_nothing_it_won() {
     let at = |s: i64| chrono::TimeZone::timestamp_opt(&Utc, 1_800_000_000 + s, 0).unwrap();
     let store = MemoryStore::starting_at(at(0));
     let dir = tempfile::tempdir().unwrap();
-    let config = config_in(
-        dir.path(),
-        &format!(
-            "node = \"a\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[[job]]\nname = \"j\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n",
-            dir.path().display()
-        ),
-    );
+    let config = one_job_config(dir.path(), "0 0 0 1 1 *");
     let node = node_in_process(&config, &store, at(0));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
@@ -299,13 +306,7 @@ async fn runs_and_claims_in_flight_hold_small_tasks() {
     use crate::store::memory::MemoryStore;
     let at = |s: i64| chrono::TimeZone::timestamp_opt(&Utc, 1_800_000_000 + s, 0).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = config_in(
-        dir.path(),
-        &format!(
-            "node = \"a\"\n[store]\nurl = \"sqlite://{}/unused.db\"\n[[job]]\nname = \"j\"\nschedule = \"*/10 * * * * *\"\ncommand = [\"/bin/true\"]\n",
-            dir.path().display()
-        ),
-    );
+    let config = one_job_config(dir.path(), "*/10 * * * * *");
     let node = node_in_process(&config, &MemoryStore::starting_at(at(0)), at(0));
     node.apply_jobs(config.jobs);
     let due = node.take_due(at(10)).pop().unwrap();
