@@ -32,7 +32,6 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
-use tokio::sync::OnceCell;
 
 use super::registry::{self, BeatData, Heartbeat, NodeRecord, Registry};
 use super::{
@@ -120,13 +119,65 @@ pub(crate) async fn subscribe_notices(
     Ok(())
 }
 
+/// One server's connection: made on first use, and made anew after
+/// [`Connection::forget`]. A call that timed out leaves its request in the
+/// connection's TCP stream, and every later call waits behind it: after a
+/// partition heals, TCP sends it again only when its backoff ends (up to as
+/// long again as the partition lasted), while a new connection goes through
+/// at once. So a connection that let a call time out is forgotten.
+pub(crate) struct Connection {
+    client: Client,
+    current: std::sync::Mutex<Option<ConnectionManager>>,
+    /// One connection made at a time.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Connection {
+    pub(crate) fn new(client: Client) -> Self {
+        Connection {
+            client,
+            current: std::sync::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn cached(&self) -> Option<ConnectionManager> {
+        super::lock(&self.current).clone()
+    }
+
+    /// The connection, made now if there is none.
+    pub(crate) async fn get(
+        &self,
+        config: ConnectionManagerConfig,
+    ) -> redis::RedisResult<ConnectionManager> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let _one = self.connecting.lock().await;
+        // Another call may have made it while this one waited.
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let c = ConnectionManager::new_with_config(self.client.clone(), config).await?;
+        *super::lock(&self.current) = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Drops the connection: the next call makes a new one. Calls in flight
+    /// on it go on until they end.
+    pub(crate) fn forget(&self) {
+        *super::lock(&self.current) = None;
+    }
+}
+
 /// How the store reaches its master.
 enum Link {
     /// One server at a fixed address (`redis://`, `rediss://`).
-    Direct {
-        client: Client,
-        manager: OnceCell<ConnectionManager>,
-    },
+    Direct(Connection),
     /// The master the sentinels name (`redis+sentinel://`).
     #[cfg(feature = "sentinel")]
     Sentinel(sentinel::Master),
@@ -175,11 +226,11 @@ impl RedisStore {
             return Ok(Self::with_link(Link::Sentinel(master), wait, config));
         }
         let client = client_for(&url, config.tls.as_ref()).map_err(failed)?;
-        let link = Link::Direct {
-            client,
-            manager: OnceCell::new(),
-        };
-        Ok(Self::with_link(link, None, config))
+        Ok(Self::with_link(
+            Link::Direct(Connection::new(client)),
+            None,
+            config,
+        ))
     }
 
     fn with_link(link: Link, wait: Option<(u32, u64)>, config: &StoreConfig) -> Self {
@@ -420,6 +471,12 @@ impl RedisStore {
     }
 
     fn err(&self, e: redis::RedisError) -> StoreError {
+        if let Link::Direct(conn) = &self.link
+            && e.is_timeout()
+        {
+            // Stuck behind the call that timed out (see `Connection`).
+            conn.forget();
+        }
         #[cfg(feature = "sentinel")]
         if let Link::Sentinel(master) = &self.link {
             // Gone, or demoted by a failover: ask the sentinels again.
@@ -439,11 +496,7 @@ impl RedisStore {
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
         let config = manager_config(self.op_timeout);
         match &self.link {
-            Link::Direct { client, manager } => manager
-                .get_or_try_init(|| ConnectionManager::new_with_config(client.clone(), config))
-                .await
-                .cloned()
-                .map_err(|e| self.err(e)),
+            Link::Direct(conn) => conn.get(config).await.map_err(|e| self.err(e)),
             #[cfg(feature = "sentinel")]
             Link::Sentinel(master) => master.connection(config).await.map_err(|e| self.err(e)),
         }
@@ -690,7 +743,7 @@ impl Locks for RedisStore {
                 let store = store.clone();
                 async move {
                     let client = match &store.link {
-                        Link::Direct { client, .. } => client.clone(),
+                        Link::Direct(conn) => conn.client().clone(),
                         #[cfg(feature = "sentinel")]
                         Link::Sentinel(master) => master
                             .client()

@@ -6,7 +6,9 @@
 //!   without that, a claimer that reaches only the restarted masters and one
 //!   other wins an occurrence already won, with the same fence again;
 //! - masters restarted empty one after another during a cluster's run: every
-//!   occurrence runs once, fences in order.
+//!   occurrence runs once, fences in order;
+//! - a split vote among the answering masters, two others frozen: decided
+//!   within `op_timeout`, the job's last owner winning it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +25,7 @@ use crate::cluster::{Cluster, Line, check_exactly_once, check_once_in_order};
 use crate::support::{Backend, RedisServer, store_url, unique, wait_for_uptime};
 
 /// Five masters, up long enough to count for a lease of `lease_secs`.
-fn five_masters(lease_secs: u64) -> Vec<RedisServer> {
+pub fn five_masters(lease_secs: u64) -> Vec<RedisServer> {
     let masters: Vec<RedisServer> = (0..5)
         .map(|_| {
             let mut m = RedisServer::new(false);
@@ -108,9 +110,9 @@ fn a_majority_of_masters_claims_and_a_minority_claims_nothing() {
 }
 
 /// The lease of the store-level claims below.
-const LEASE_SECS: u64 = 6;
+pub const LEASE_SECS: u64 = 6;
 
-fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
+pub fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
     ClaimRequest {
         job: JobName::parse("j").unwrap(),
         occurrence,
@@ -127,6 +129,40 @@ fn request(owner: &str, occurrence: DateTime<Utc>) -> ClaimRequest {
         manual: None,
         redeliver: false,
         before_previous: None,
+    }
+}
+
+/// The current second, as an occurrence.
+pub fn this_second() -> DateTime<Utc> {
+    cronlease::store::from_ms(Utc::now().timestamp_millis() / 1000 * 1000)
+}
+
+/// `owner`'s claim of occurrence `t` of job `j`, which must be answered.
+async fn claim_one(store: &Arc<dyn Locks>, owner: &str, t: DateTime<Utc>) -> ClaimOutcome {
+    store
+        .claim(&[request(owner, t)])
+        .await
+        .unwrap()
+        .outcomes
+        .remove(0)
+}
+
+/// Stops the masters' processes (SIGSTOP): they take no call and answer
+/// none until [`thaw`].
+fn freeze(masters: &[RedisServer]) -> Vec<Pid> {
+    let frozen: Vec<Pid> = masters
+        .iter()
+        .map(|m| Pid::from_raw(m.pid().unwrap()))
+        .collect();
+    for p in &frozen {
+        kill(*p, Signal::SIGSTOP).unwrap();
+    }
+    frozen
+}
+
+fn thaw(frozen: &[Pid]) {
+    for p in frozen {
+        kill(*p, Signal::SIGCONT).unwrap();
     }
 }
 
@@ -171,23 +207,12 @@ async fn claim_after_restarts(
     let [a, b] = two_stores(&masters, quarantine).await;
     masters[3].stop();
     masters[4].stop();
-    let t = cronlease::store::from_ms(Utc::now().timestamp_millis() / 1000 * 1000);
-    let first = a
-        .claim(&[request("a#1", t)])
-        .await
-        .unwrap()
-        .outcomes
-        .remove(0);
+    let t = this_second();
+    let first = claim_one(&a, "a#1", t).await;
     restart_empty(&mut masters[2]);
     masters[3].start();
     masters[4].start();
-    let frozen: Vec<Pid> = masters[..2]
-        .iter()
-        .map(|m| Pid::from_raw(m.pid().unwrap()))
-        .collect();
-    for p in &frozen {
-        kill(*p, Signal::SIGSTOP).unwrap();
-    }
+    let frozen = freeze(&masters[..2]);
     // As a node would, b tries again after an error (its first call to a
     // restarted master may find the old connection broken).
     let mut second = Err(String::new());
@@ -209,9 +234,7 @@ async fn claim_after_restarts(
         .await
         .map(|mut c| c.outcomes.remove(0))
         .map_err(|e| e.to_string());
-    for p in &frozen {
-        kill(*p, Signal::SIGCONT).unwrap();
-    }
+    thaw(&frozen);
     (first, second, third)
 }
 
@@ -363,4 +386,71 @@ async fn a_beat_that_looks_is_one_pipeline_per_master_without_info() {
             m.url()
         );
     }
+}
+
+/// A split vote among the masters that answer, while the two others never
+/// do (frozen: as masters whose replies are lost): a, the job's last owner,
+/// holds it on m2 (and the frozen m3, m4); its leases on m0 and m1 ended
+/// (as on masters cut off for longer than a lease), and b takes them
+/// first. Their answers could still be decided by the frozen masters.
+///
+/// b's claim is decided within the node's budget for it (`op_timeout`): it
+/// stands back behind the last owner until a's lease on the answering
+/// masters ends, gives m0 and m1 back, and a's claim then wins. Before, the
+/// call waited the whole `op_timeout` for the frozen masters, round after
+/// round: the node gave up on every claim, and nothing ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_with_a_minority_silent_is_decided_within_op_timeout() {
+    let masters = five_masters(LEASE_SECS);
+    let [a, b] = two_stores(&masters, true).await;
+    let budget = Duration::from_millis(500);
+    let t = this_second();
+    let first = claim_one(&a, "a#1", t).await;
+    assert!(
+        matches!(&first, ClaimOutcome::Won(w) if w.fence == 1),
+        "{first:?}"
+    );
+    for m in &masters[..2] {
+        let client = redis::Client::open(m.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*{j}:lease")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let _: () = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let frozen = freeze(&masters[3..]);
+    let next = t + chrono::Duration::seconds(1);
+    // The node's own budget for a claim.
+    let second = tokio::time::timeout(budget, b.claim(&[request("b#1", next)])).await;
+    let third = tokio::time::timeout(budget, a.claim(&[request("a#1", next)])).await;
+    thaw(&frozen);
+    let second = second
+        .expect("b's claim was not decided within op_timeout")
+        .unwrap()
+        .outcomes
+        .remove(0);
+    match &second {
+        ClaimOutcome::Lost(lost) => {
+            assert_eq!(lost.holder.as_deref(), Some("a#1"), "{second:?}");
+            // Behind a's lease (6 s), not a short wait to split it again.
+            assert!(lost.remaining > Duration::from_secs(1), "{second:?}");
+        }
+        other => panic!("b won with a's lease live on m2: {other:?}"),
+    }
+    let third = third
+        .expect("a's claim was not decided within op_timeout")
+        .unwrap()
+        .outcomes
+        .remove(0);
+    assert!(
+        matches!(&third, ClaimOutcome::Won(w) if w.fence == 2),
+        "{third:?}"
+    );
 }

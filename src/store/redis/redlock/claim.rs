@@ -119,6 +119,25 @@ pub(super) fn majority_left(mut pttls: Vec<i64>, majority: usize) -> Option<u64>
     Some(pttls[k].max(0) as u64)
 }
 
+/// In a split vote, when the owner of the job's last claim is another
+/// node and holds leases on the answering masters: that owner, and how
+/// long until the first of those leases ends. The last owner goes first (as
+/// biased ownership has it): the claim stands back instead of splitting
+/// the vote again.
+pub(super) fn behind<'t>(t: &'t Tally, req: &ClaimRequest) -> Option<(&'t str, Duration)> {
+    let owner = t
+        .fence_owner
+        .as_deref()
+        .filter(|o| *o != req.owner.as_str())?;
+    let first_end = t
+        .others
+        .iter()
+        .filter(|(o, _)| o == owner)
+        .map(|(_, pttl)| *pttl)
+        .min()?;
+    Some((owner, Duration::from_millis(first_end.max(1) as u64)))
+}
+
 /// How long until `majority` of these waits (ms) are over: the
 /// `majority`-th shortest. `None` when they are fewer.
 pub(super) fn majority_past(mut waits: Vec<i64>, majority: usize) -> Option<Duration> {
@@ -361,14 +380,19 @@ impl RedlockStore {
         }
     }
 
-    /// Phase 1 with its split votes tried again: the requests whose lease
-    /// is ours on a majority (with what the masters reported), and the
-    /// store's clock; the others' answers go into `outcomes`.
+    /// Phase 1 with its split votes tried again (while less than half of
+    /// `op_timeout` has passed since `started`, the node's budget for the
+    /// whole call): the requests whose lease is ours on a majority (with
+    /// what the masters reported), and the store's clock; the others'
+    /// answers go into `outcomes`. A split where the owner of the job's last
+    /// claim is another node holding leases among the answers is not tried
+    /// again ([`behind`]): that owner tries again, and wins.
     pub(super) async fn lease_rounds(
         &self,
         requests: &[ClaimRequest],
         outcomes: &mut [Option<ClaimOutcome>],
         beat: Option<&[String]>,
+        started: Instant,
     ) -> Result<(Vec<(usize, Tally)>, i64, Option<Vec<NodeRecord>>), StoreError> {
         let mut ours: Vec<(usize, Tally)> = Vec::new();
         let mut pending: Vec<usize> = (0..requests.len()).collect();
@@ -391,6 +415,7 @@ impl RedlockStore {
                 })
                 .collect();
             store_now = median(clocks).or(store_now);
+            let last_round = round + 1 == SPLIT_ROUNDS || started.elapsed() >= self.op_timeout / 2;
             let mut split = Vec::new();
             let mut undecided = Vec::new();
             let mut give_back: Vec<(&ClaimRequest, Vec<usize>)> = Vec::new();
@@ -429,12 +454,18 @@ impl RedlockStore {
                             stale: false,
                         }));
                     }
-                    // Still split after the last round: a short wait, so the
-                    // node claims again soon instead of giving up.
-                    Vote::Split { holder } if round + 1 == SPLIT_ROUNDS => {
+                    // Behind the last owner: claimed again once its leases
+                    // among the answers could have ended. Still split after
+                    // the last round: a short wait, so the node claims
+                    // again soon instead of giving up.
+                    Vote::Split { holder } if last_round || behind(&t, req).is_some() => {
+                        let (holder, remaining) = match behind(&t, req) {
+                            Some((owner, until)) => (Some(owner.to_string()), until),
+                            None => (holder.or_else(|| Some("(split vote)".into())), jitter()),
+                        };
                         outcomes[i] = Some(ClaimOutcome::Lost(Lost {
-                            holder: holder.or_else(|| Some("(split vote)".into())),
-                            remaining: jitter(),
+                            holder,
+                            remaining,
                             last_occurrence: t.last.map(from_ms),
                             fence: t.fence,
                             too_early: false,
@@ -493,7 +524,9 @@ impl RedlockStore {
     ) -> Result<(Claimed, Option<Vec<NodeRecord>>), StoreError> {
         let started = Instant::now();
         let mut outcomes: Vec<Option<ClaimOutcome>> = requests.iter().map(|_| None).collect();
-        let (ours, store_now, nodes) = self.lease_rounds(requests, &mut outcomes, beat).await?;
+        let (ours, store_now, nodes) = self
+            .lease_rounds(requests, &mut outcomes, beat, started)
+            .await?;
         self.decide_and_write(requests, ours, store_now, started, &mut outcomes)
             .await?;
         let outcomes = outcomes

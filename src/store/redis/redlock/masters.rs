@@ -7,8 +7,7 @@ use super::*;
 /// One independent master and what this node knows of its life.
 pub(super) struct Master {
     pub(super) url: StoreUrl,
-    pub(super) client: redis::Client,
-    pub(super) conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    pub(super) conn: Connection,
     pub(super) life: std::sync::Mutex<Life>,
 }
 
@@ -20,6 +19,9 @@ pub(super) struct Life {
     pub(super) started_at: Option<Instant>,
     /// Since when calls to it fail (logged once when it starts and ends).
     pub(super) failing_since: Option<Instant>,
+    /// Since when its connection has not answered a call (a call given up
+    /// as a straggler or past `op_timeout`, or one that timed out).
+    pub(super) silent_since: Option<Instant>,
 }
 
 impl Master {
@@ -31,15 +33,10 @@ impl Master {
         &self,
         op_timeout: Duration,
     ) -> Result<ConnectionManager, StoreError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
-        let c = ConnectionManager::new_with_config(self.client.clone(), manager_config(op_timeout))
+        self.conn
+            .get(manager_config(op_timeout))
             .await
-            .map_err(|e| store_error(&self.url, &e))?;
-        *slot = Some(c.clone());
-        Ok(c)
+            .map_err(|e| store_error(&self.url, &e))
     }
 
     /// Reads `run_id` and `uptime_in_seconds` from `INFO server`: when the
@@ -69,8 +66,24 @@ impl Master {
     }
 
     pub(super) fn answered(&self) {
-        if let Some(since) = self.life().failing_since.take() {
+        let mut life = self.life();
+        life.silent_since = None;
+        if let Some(since) = life.failing_since.take() {
             tracing::info!(master = %self.url, "Redis master answers again after {:?}", since.elapsed());
+        }
+    }
+
+    /// A call made at `since` had no answer from it. Once its connection
+    /// has been silent for `op_timeout`, over one call or several, it is
+    /// made anew (see [`Connection`]).
+    pub(super) fn silent(&self, since: Instant, op_timeout: Duration) {
+        let mut life = self.life();
+        let since = *life.silent_since.get_or_insert(since);
+        let now = Instant::now();
+        if now.duration_since(since) >= op_timeout {
+            tracing::debug!(master = %self.url, "Redis master's connection silent for {:?}: connecting again", now.duration_since(since));
+            self.conn.forget();
+            life.silent_since = Some(now);
         }
     }
 
@@ -149,6 +162,12 @@ impl RedlockStore {
                 .is_none_or(|t| t.elapsed() >= lease)
     }
 
+    /// How long answers of a majority that do not decide a call wait for
+    /// the other masters: a quarter of `op_timeout`.
+    pub(super) fn unsettled_wait(&self) -> Duration {
+        self.op_timeout / 4
+    }
+
     pub(super) fn unavailable(&self, reason: String) -> StoreError {
         StoreError::Unavailable {
             store: self.url.redacted().into(),
@@ -170,8 +189,11 @@ impl RedlockStore {
 
     /// [`RedlockStore::each`], with the wait for stragglers starting only
     /// once a majority answered **and** `settled` says the answers so far
-    /// decide everything the call asked (a master whose answer could still
-    /// change an outcome is waited for, up to `op_timeout`).
+    /// decide everything the call asked. Answers of a majority that do not
+    /// (a split vote) wait for the other masters, whose answers could still
+    /// decide it, at most [`RedlockStore::unsettled_wait`] longer: the
+    /// split is then cheaper to try again than a master whose replies are
+    /// lost is to wait for (the node gives the whole call `op_timeout`).
     pub(super) async fn each_until<'a, T, F, Fut>(
         &'a self,
         call: F,
@@ -196,6 +218,7 @@ impl RedlockStore {
         let mut deadline = started + self.op_timeout;
         let mut ok = 0;
         let mut straggling = false;
+        let mut unsettled = false;
         loop {
             tokio::select! {
                 next = pending.next() => {
@@ -206,25 +229,34 @@ impl RedlockStore {
                             master.answered();
                             ok += 1;
                         }
-                        Err(e) if e.is_unreachable() => master.failed(e),
+                        Err(e) if e.is_unreachable() => {
+                            master.failed(e);
+                            master.silent(started, self.op_timeout);
+                        }
                         Err(_) => {}
                     }
                     answers[i] = Some(answer);
-                    if !straggling && ok >= self.majority() && settled(&answers) {
-                        straggling = true;
-                        deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
+                    if !straggling && ok >= self.majority() {
+                        if settled(&answers) {
+                            straggling = true;
+                            deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
+                        } else if !unsettled {
+                            unsettled = true;
+                            deadline = deadline.min(Instant::now() + self.unsettled_wait());
+                        }
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
-        // A master left behind once the others had decided the call is
-        // slow, not failing; one that let the whole op_timeout pass is.
-        if !straggling {
-            for (master, answer) in self.masters.iter().zip(&answers) {
-                if answer.is_none() {
+        // A master left behind once a majority had answered is slow, not
+        // failing; one that let the whole op_timeout pass is.
+        for (master, answer) in self.masters.iter().zip(&answers) {
+            if answer.is_none() {
+                if !straggling && !unsettled {
                     master.failed(&StoreError::Timeout(started.elapsed()));
                 }
+                master.silent(started, self.op_timeout);
             }
         }
         answers

@@ -41,9 +41,9 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::{
-    RELEASE, RENEW, ServerLock, add_evalsha, client_for, eval_loading, format_key, job_key,
-    manager_config, record_args, renew_args, scan_keys, server_locks, store_error, stream_runs,
-    triggers_key,
+    Connection, RELEASE, RENEW, ServerLock, add_evalsha, client_for, eval_loading, format_key,
+    job_key, manager_config, record_args, renew_args, scan_keys, server_locks, store_error,
+    stream_runs, triggers_key,
 };
 use crate::config::{JobName, StoreConfig, StoreKind, StoreUrl, one_line};
 
@@ -143,8 +143,7 @@ impl RedlockStore {
                     })?;
                 Ok(Master {
                     url: url.clone(),
-                    client,
-                    conn: tokio::sync::Mutex::new(None),
+                    conn: Connection::new(client),
                     life: std::sync::Mutex::new(Life::default()),
                 })
             })

@@ -240,3 +240,19 @@ fn the_clock_is_the_median_master() {
     assert_eq!(median(vec![7, 1, 9, 3, 100]), Some(7));
     assert_eq!(median(Vec::new()), None);
 }
+
+#[test]
+fn a_split_claim_stands_back_only_behind_another_last_owner_holding_leases() {
+    let req = request(false);
+    let mut t = tally(1, &[("a#1", 900), ("b#1", 300), ("a#1", 400)], 3);
+    t.fence_owner = Some("a#1".into());
+    assert_eq!(behind(&t, &req), Some(("a#1", Duration::from_millis(400))));
+    // Our own last claim: we go on trying.
+    t.fence_owner = Some("me#1".into());
+    assert_eq!(behind(&t, &req), None);
+    // A last owner with no lease among the answers (it died): a race.
+    t.fence_owner = Some("c#1".into());
+    assert_eq!(behind(&t, &req), None);
+    t.fence_owner = None;
+    assert_eq!(behind(&t, &req), None);
+}
