@@ -124,7 +124,9 @@ pub(crate) async fn subscribe_notices(
 /// connection's TCP stream, and every later call waits behind it: after a
 /// partition heals, TCP sends it again only when its backoff ends (up to as
 /// long again as the partition lasted), while a new connection goes through
-/// at once. So a connection that let a call time out is forgotten.
+/// at once. So a connection that let a call time out is forgotten (plain
+/// Redis: the driver's timeout; Redlock: a master that left a call without
+/// a majority unanswered).
 pub(crate) struct Connection {
     client: Client,
     current: std::sync::Mutex<Option<ConnectionManager>>,
@@ -157,7 +159,7 @@ impl Connection {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
-        let _one = self.connecting.lock().await;
+        let _connecting = self.connecting.lock().await;
         // Another call may have made it while this one waited.
         if let Some(c) = self.cached() {
             return Ok(c);
@@ -565,12 +567,15 @@ type StateFields = (
 /// One run stream's `XREVRANGE` reply: (entry id, fields), newest first.
 pub(crate) type StreamEntries = Vec<(String, HashMap<String, String>)>;
 
-/// How a connection to one server behaves: a call slower than `op_timeout`
-/// fails, and a lost connection is made again in the background.
+/// How a connection to one server behaves: a call slower than nine tenths
+/// of `op_timeout` fails (before the node, which gives the call
+/// `op_timeout`, gives up on it: so the store sees the timeout and makes a
+/// new connection, see [`Connection`]), and a lost connection is made again
+/// in the background.
 fn manager_config(op_timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(op_timeout))
-        .set_response_timeout(Some(op_timeout))
+        .set_response_timeout(Some(op_timeout - op_timeout / 10))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_secs(1))
 }

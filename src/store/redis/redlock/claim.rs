@@ -121,10 +121,16 @@ pub(super) fn majority_left(mut pttls: Vec<i64>, majority: usize) -> Option<u64>
 
 /// In a split vote, when the owner of the job's last claim is another
 /// node and holds leases on the answering masters: that owner, and how
-/// long until the first of those leases ends. The last owner goes first (as
-/// biased ownership has it): the claim stands back instead of splitting
-/// the vote again.
-pub(super) fn behind<'t>(t: &'t Tally, req: &ClaimRequest) -> Option<(&'t str, Duration)> {
+/// long to stand back (until the first of those leases ends, at most
+/// `most`). The last owner goes first, as biased ownership has it: its next
+/// round wins instead of being split again. At most `most`, because that
+/// owner may be gone (its leases left on a minority) or this node's own
+/// earlier life: then the claims race again after it.
+pub(super) fn behind<'t>(
+    t: &'t Tally,
+    req: &ClaimRequest,
+    most: Duration,
+) -> Option<(&'t str, Duration)> {
     let owner = t
         .fence_owner
         .as_deref()
@@ -135,7 +141,10 @@ pub(super) fn behind<'t>(t: &'t Tally, req: &ClaimRequest) -> Option<(&'t str, D
         .filter(|(o, _)| o == owner)
         .map(|(_, pttl)| *pttl)
         .min()?;
-    Some((owner, Duration::from_millis(first_end.max(1) as u64)))
+    Some((
+        owner,
+        Duration::from_millis(first_end.max(1) as u64).min(most),
+    ))
 }
 
 /// How long until `majority` of these waits (ms) are over: the
@@ -380,13 +389,13 @@ impl RedlockStore {
         }
     }
 
-    /// Phase 1 with its split votes tried again (while less than half of
-    /// `op_timeout` has passed since `started`, the node's budget for the
-    /// whole call): the requests whose lease is ours on a majority (with
+    /// Phase 1 with its split votes tried again (within the node's budget
+    /// for the whole call: `op_timeout` from `started`): the requests whose lease is ours on a majority (with
     /// what the masters reported), and the store's clock; the others'
-    /// answers go into `outcomes`. A split where the owner of the job's last
-    /// claim is another node holding leases among the answers is not tried
-    /// again ([`behind`]): that owner tries again, and wins.
+    /// answers go into `outcomes`. No round starts once half of that has
+    /// passed. A split where the owner of the job's last claim is another
+    /// node holding leases among the answers is not tried again: the claim
+    /// stands back ([`behind`]) and that owner's next round can win.
     pub(super) async fn lease_rounds(
         &self,
         requests: &[ClaimRequest],
@@ -454,14 +463,20 @@ impl RedlockStore {
                             stale: false,
                         }));
                     }
-                    // Behind the last owner: claimed again once its leases
-                    // among the answers could have ended. Still split after
-                    // the last round: a short wait, so the node claims
-                    // again soon instead of giving up.
-                    Vote::Split { holder } if last_round || behind(&t, req).is_some() => {
-                        let (holder, remaining) = match behind(&t, req) {
+                    // Behind the last owner: claimed again after standing
+                    // back. Still split after the last round: a short wait,
+                    // so the node claims again soon instead of giving up.
+                    // Otherwise: another round.
+                    Vote::Split { holder } => {
+                        let (holder, remaining) = match behind(&t, req, self.unsettled_wait()) {
                             Some((owner, until)) => (Some(owner.to_string()), until),
-                            None => (holder.or_else(|| Some("(split vote)".into())), jitter()),
+                            None if last_round => {
+                                (holder.or_else(|| Some("(split vote)".into())), jitter())
+                            }
+                            None => {
+                                split.push(i);
+                                continue;
+                            }
                         };
                         outcomes[i] = Some(ClaimOutcome::Lost(Lost {
                             holder,
@@ -475,7 +490,6 @@ impl RedlockStore {
                             stale: false,
                         }));
                     }
-                    Vote::Split { .. } => split.push(i),
                     Vote::Undecided => undecided.push((i, t.counted)),
                 }
             }

@@ -19,9 +19,6 @@ pub(super) struct Life {
     pub(super) started_at: Option<Instant>,
     /// Since when calls to it fail (logged once when it starts and ends).
     pub(super) failing_since: Option<Instant>,
-    /// Since when its connection has not answered a call (a call given up
-    /// as a straggler or past `op_timeout`, or one that timed out).
-    pub(super) silent_since: Option<Instant>,
 }
 
 impl Master {
@@ -66,24 +63,8 @@ impl Master {
     }
 
     pub(super) fn answered(&self) {
-        let mut life = self.life();
-        life.silent_since = None;
-        if let Some(since) = life.failing_since.take() {
+        if let Some(since) = self.life().failing_since.take() {
             tracing::info!(master = %self.url, "Redis master answers again after {:?}", since.elapsed());
-        }
-    }
-
-    /// A call made at `since` had no answer from it. Once its connection
-    /// has been silent for `op_timeout`, over one call or several, it is
-    /// made anew (see [`Connection`]).
-    pub(super) fn silent(&self, since: Instant, op_timeout: Duration) {
-        let mut life = self.life();
-        let since = *life.silent_since.get_or_insert(since);
-        let now = Instant::now();
-        if now.duration_since(since) >= op_timeout {
-            tracing::debug!(master = %self.url, "Redis master's connection silent for {:?}: connecting again", now.duration_since(since));
-            self.conn.forget();
-            life.silent_since = Some(now);
         }
     }
 
@@ -92,6 +73,34 @@ impl Master {
         if life.failing_since.is_none() {
             life.failing_since = Some(Instant::now());
             tracing::warn!(master = %self.url, "Redis master does not answer ({e}): claims go on while a majority does");
+        }
+    }
+}
+
+/// The masters a call waits for. When the call ends, or its caller gives up
+/// on it (the node gives a call `op_timeout`), without a majority having
+/// answered and after at least half of `op_timeout`, each master that did
+/// not answer is failing, and its connection is made anew on the next call
+/// (see [`Connection`]: after a partition it would wait for TCP's backoff).
+/// A master left behind once a majority answered is slow, not failing.
+struct Waiting<'a> {
+    store: &'a RedlockStore,
+    started: Instant,
+    answered: Vec<bool>,
+    majority: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let waited = self.started.elapsed();
+        if self.majority || waited < self.store.op_timeout / 2 {
+            return;
+        }
+        for (master, answered) in self.store.masters.iter().zip(&self.answered) {
+            if !answered {
+                master.failed(&StoreError::Timeout(waited));
+                master.conn.forget();
+            }
         }
     }
 }
@@ -214,11 +223,14 @@ impl RedlockStore {
             .collect();
         let mut answers: Vec<Option<Result<T, StoreError>>> =
             self.masters.iter().map(|_| None).collect();
-        let started = Instant::now();
-        let mut deadline = started + self.op_timeout;
+        let mut waiting = Waiting {
+            store: self,
+            started: Instant::now(),
+            answered: vec![false; self.masters.len()],
+            majority: false,
+        };
+        let mut deadline = waiting.started + self.op_timeout;
         let mut ok = 0;
-        let mut straggling = false;
-        let mut unsettled = false;
         loop {
             tokio::select! {
                 next = pending.next() => {
@@ -229,34 +241,24 @@ impl RedlockStore {
                             master.answered();
                             ok += 1;
                         }
-                        Err(e) if e.is_unreachable() => {
-                            master.failed(e);
-                            master.silent(started, self.op_timeout);
-                        }
+                        Err(e) if e.is_unreachable() => master.failed(e),
                         Err(_) => {}
                     }
+                    // A timeout is no answer.
+                    waiting.answered[i] = !matches!(&answer, Err(e) if e.is_unreachable());
                     answers[i] = Some(answer);
-                    if !straggling && ok >= self.majority() {
-                        if settled(&answers) {
-                            straggling = true;
-                            deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
-                        } else if !unsettled {
-                            unsettled = true;
-                            deadline = deadline.min(Instant::now() + self.unsettled_wait());
-                        }
+                    if !waiting.majority && ok >= self.majority() {
+                        waiting.majority = true;
+                        deadline = deadline.min(Instant::now() + if settled(&answers) {
+                            STRAGGLER_WAIT
+                        } else {
+                            self.unsettled_wait()
+                        });
+                    } else if waiting.majority && settled(&answers) {
+                        deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => break,
-            }
-        }
-        // A master left behind once a majority had answered is slow, not
-        // failing; one that let the whole op_timeout pass is.
-        for (master, answer) in self.masters.iter().zip(&answers) {
-            if answer.is_none() {
-                if !straggling && !unsettled {
-                    master.failed(&StoreError::Timeout(started.elapsed()));
-                }
-                master.silent(started, self.op_timeout);
             }
         }
         answers

@@ -244,15 +244,17 @@ fn the_clock_is_the_median_master() {
 #[test]
 fn a_split_claim_stands_back_only_behind_another_last_owner_holding_leases() {
     let req = request(false);
-    let mut t = tally(1, &[("a#1", 900), ("b#1", 300), ("a#1", 400)], 3);
+    let ms = Duration::from_millis;
+    let mut t = tally(1, &[("a#1", 900), ("b#1", 300), ("a#1", 400)], 4);
     t.fence_owner = Some("a#1".into());
-    assert_eq!(behind(&t, &req), Some(("a#1", Duration::from_millis(400))));
+    assert_eq!(behind(&t, &req, ms(250)), Some(("a#1", ms(250))));
+    assert_eq!(behind(&t, &req, ms(1_000)), Some(("a#1", ms(400))));
     // Our own last claim: we go on trying.
     t.fence_owner = Some("me#1".into());
-    assert_eq!(behind(&t, &req), None);
+    assert_eq!(behind(&t, &req, ms(250)), None);
     // A last owner with no lease among the answers (it died): a race.
     t.fence_owner = Some("c#1".into());
-    assert_eq!(behind(&t, &req), None);
+    assert_eq!(behind(&t, &req, ms(250)), None);
     t.fence_owner = None;
-    assert_eq!(behind(&t, &req), None);
+    assert_eq!(behind(&t, &req, ms(250)), None);
 }
