@@ -934,8 +934,7 @@ fn redlock_minority_cut_off_then_unheard() {
 /// after its backoff (6.2 s after the first try). Healed at 3.5 s, the next
 /// claim must be answered: the store made a new connection instead of
 /// waiting behind the lost request until TCP's next try. Redis (one
-/// server: the driver's timeout comes first) and Redlock (all five masters
-/// lost: the caller gives up first).
+/// server) and Redlock (all five masters lost: no majority answers).
 #[test]
 fn redis_connections_lost_in_a_partition_are_made_again() {
     if skipped_without_root("redis_connections_lost_in_a_partition_are_made_again") {

@@ -399,8 +399,8 @@ async fn a_beat_that_looks_is_one_pipeline_per_master_without_info() {
 /// first. Their answers could still be decided by the frozen masters.
 ///
 /// b's claim is decided within the node's budget for it (`op_timeout`): it
-/// stands back behind the last owner (a quarter of `op_timeout`, a's lease
-/// being longer), gives m0 and m1 back, and a's claim then wins. Before, the
+/// stands back behind the last owner (an eighth to a quarter of
+/// `op_timeout`, a's lease being longer), gives m0 and m1 back, and a's claim then wins. Before, the
 /// call waited the whole `op_timeout` for the frozen masters, round after
 /// round: the node gave up on every claim, and nothing ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -444,9 +444,12 @@ async fn a_split_vote_with_a_minority_silent_is_decided_within_op_timeout() {
     match &second {
         ClaimOutcome::Lost(lost) => {
             assert_eq!(lost.holder.as_deref(), Some("a#1"), "{second:?}");
-            // Standing back (a quarter of op_timeout: a's lease is 6 s), not
-            // a short wait (≤ 21 ms) to split it again.
-            assert_eq!(lost.remaining, budget / 4, "{second:?}");
+            // Standing back (an eighth to a quarter of op_timeout: a's lease
+            // is 6 s), not a short wait (≤ 21 ms) to split it again.
+            assert!(
+                lost.remaining >= budget / 8 && lost.remaining <= budget / 4,
+                "{second:?}"
+            );
         }
         other => panic!("b won with a's lease live on m2: {other:?}"),
     }

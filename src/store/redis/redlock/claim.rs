@@ -120,31 +120,38 @@ pub(super) fn majority_left(mut pttls: Vec<i64>, majority: usize) -> Option<u64>
 }
 
 /// In a split vote, when the owner of the job's last claim is another
-/// node and holds leases on the answering masters: that owner, and how
-/// long to stand back (until the first of those leases ends, at most
-/// `most`). The last owner goes first, as biased ownership has it: its next
-/// round wins instead of being split again. At most `most`, because that
-/// owner may be gone (its leases left on a minority) or this node's own
-/// earlier life: then the claims race again after it.
+/// node whose leases among the answers, with the `unheard` masters (counted
+/// ones that did not answer), could still make a majority of `majority`:
+/// that owner, and how long to stand back (until the first of those leases
+/// ends, at most `most`). The last owner goes first, as biased ownership has
+/// it: its next round wins instead of being split again. At most `most`,
+/// because that owner may be gone (its leases left where the others cannot
+/// win either) or be this node's own earlier life: then the claims race
+/// again after it.
 pub(super) fn behind<'t>(
     t: &'t Tally,
     req: &ClaimRequest,
+    majority: usize,
+    unheard: usize,
     most: Duration,
 ) -> Option<(&'t str, Duration)> {
     let owner = t
         .fence_owner
         .as_deref()
         .filter(|o| *o != req.owner.as_str())?;
-    let first_end = t
+    let leases: Vec<i64> = t
         .others
         .iter()
         .filter(|(o, _)| o == owner)
         .map(|(_, pttl)| *pttl)
-        .min()?;
-    Some((
-        owner,
-        Duration::from_millis(first_end.max(1) as u64).min(most),
-    ))
+        .collect();
+    let first_end = leases.iter().copied().min()?;
+    (leases.len() + unheard >= majority).then(|| {
+        (
+            owner,
+            Duration::from_millis(first_end.max(1) as u64).min(most),
+        )
+    })
 }
 
 /// How long until `majority` of these waits (ms) are over: the
@@ -468,16 +475,19 @@ impl RedlockStore {
                     // so the node claims again soon instead of giving up.
                     // Otherwise: another round.
                     Vote::Split { holder } => {
-                        let (holder, remaining) = match behind(&t, req, self.unsettled_wait()) {
-                            Some((owner, until)) => (Some(owner.to_string()), until),
-                            None if last_round => {
-                                (holder.or_else(|| Some("(split vote)".into())), jitter())
-                            }
-                            None => {
-                                split.push(i);
-                                continue;
-                            }
-                        };
+                        let unheard = self.masters.len().saturating_sub(t.counted);
+                        let most = spread(self.unsettled_wait());
+                        let (holder, remaining) =
+                            match behind(&t, req, self.majority(), unheard, most) {
+                                Some((owner, until)) => (Some(owner.to_string()), until),
+                                None if last_round => {
+                                    (holder.or_else(|| Some("(split vote)".into())), jitter())
+                                }
+                                None => {
+                                    split.push(i);
+                                    continue;
+                                }
+                            };
                         outcomes[i] = Some(ClaimOutcome::Lost(Lost {
                             holder,
                             remaining,

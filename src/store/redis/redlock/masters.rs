@@ -107,7 +107,8 @@ impl Drop for Waiting<'_> {
 
 /// [`eval_loading`] on `master`, once more if the connection broke (the
 /// master restarted: the manager connects again, and every script of the
-/// pipeline may run twice).
+/// pipeline may run twice). Not after a timeout: sent again on the same
+/// connection, it would wait behind the first.
 pub(super) async fn send_loading(
     master: &Master,
     conn: &mut ConnectionManager,
@@ -117,7 +118,7 @@ pub(super) async fn send_loading(
     build: impl Fn(&[usize]) -> redis::Pipeline,
 ) -> Result<Vec<redis::Value>, StoreError> {
     match eval_loading(conn, scripts, lead, count, &build).await {
-        Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+        Err(e) if (e.is_connection_dropped() || e.is_io_error()) && !e.is_timeout() => {
             eval_loading(conn, scripts, lead, count, &build).await
         }
         other => other,

@@ -204,14 +204,24 @@ fn median(mut times: Vec<i64>) -> Option<i64> {
     times.get(times.len() / 2).copied()
 }
 
-fn jitter() -> Duration {
+/// A random byte.
+fn random_byte() -> u8 {
     let mut b = [0u8; 1];
-    let r = if getrandom::fill(&mut b).is_ok() {
-        u64::from(b[0])
+    if getrandom::fill(&mut b).is_ok() {
+        b[0]
     } else {
-        u64::from(Utc::now().timestamp_subsec_micros() % 256)
-    };
-    Duration::from_millis(1 + r * SPLIT_PAUSE_MAX_MS / 256)
+        (Utc::now().timestamp_subsec_micros() % 256) as u8
+    }
+}
+
+fn jitter() -> Duration {
+    Duration::from_millis(1 + u64::from(random_byte()) * SPLIT_PAUSE_MAX_MS / 256)
+}
+
+/// A random time between half of `d` and `d`: claimers standing back at
+/// once come back apart.
+fn spread(d: Duration) -> Duration {
+    d / 2 + (d / 2).mul_f64(f64::from(random_byte()) / 255.0)
 }
 
 #[async_trait]

@@ -245,16 +245,24 @@ fn the_clock_is_the_median_master() {
 fn a_split_claim_stands_back_only_behind_another_last_owner_holding_leases() {
     let req = request(false);
     let ms = Duration::from_millis;
+    // Five masters, four answering: a holds two, b one, we one.
     let mut t = tally(1, &[("a#1", 900), ("b#1", 300), ("a#1", 400)], 4);
     t.fence_owner = Some("a#1".into());
-    assert_eq!(behind(&t, &req, ms(250)), Some(("a#1", ms(250))));
-    assert_eq!(behind(&t, &req, ms(1_000)), Some(("a#1", ms(400))));
+    assert_eq!(behind(&t, &req, 3, 1, ms(250)), Some(("a#1", ms(250))));
+    assert_eq!(behind(&t, &req, 3, 1, ms(1_000)), Some(("a#1", ms(400))));
+    // With every master heard, a's two leases cannot make a majority: a
+    // may be gone, and the others race for the rest.
+    assert_eq!(behind(&t, &req, 3, 0, ms(250)), None);
     // Our own last claim: we go on trying.
     t.fence_owner = Some("me#1".into());
-    assert_eq!(behind(&t, &req, ms(250)), None);
+    assert_eq!(behind(&t, &req, 3, 1, ms(250)), None);
     // A last owner with no lease among the answers (it died): a race.
     t.fence_owner = Some("c#1".into());
-    assert_eq!(behind(&t, &req, ms(250)), None);
+    assert_eq!(behind(&t, &req, 3, 1, ms(250)), None);
     t.fence_owner = None;
-    assert_eq!(behind(&t, &req, ms(250)), None);
+    assert_eq!(behind(&t, &req, 3, 1, ms(250)), None);
+    for _ in 0..100 {
+        let d = spread(ms(200));
+        assert!(d >= ms(100) && d <= ms(200), "{d:?}");
+    }
 }
