@@ -400,9 +400,10 @@ async fn a_beat_that_looks_is_one_pipeline_per_master_without_info() {
 ///
 /// b's claim is decided within the node's budget for it (`op_timeout`): it
 /// stands back behind the last owner (an eighth to a quarter of
-/// `op_timeout`, a's lease being longer), gives m0 and m1 back, and a's claim then wins. Before, the
-/// call waited the whole `op_timeout` for the frozen masters, round after
-/// round: the node gave up on every claim, and nothing ran.
+/// `op_timeout`, a's lease being longer), gives m0 and m1 back, and a's
+/// claim then wins. Before, the call waited the whole `op_timeout` for the
+/// frozen masters, round after round: the node gave up on every claim, and
+/// nothing ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_vote_with_a_minority_silent_is_decided_within_op_timeout() {
     let masters = five_masters(LEASE_SECS);

@@ -120,8 +120,8 @@ pub(super) fn majority_left(mut pttls: Vec<i64>, majority: usize) -> Option<u64>
 }
 
 /// In a split vote, when the owner of the job's last claim is another
-/// node whose leases among the answers, with the `unheard` masters (counted
-/// ones that did not answer), could still make a majority of `majority`:
+/// node whose leases among the answers, with the `unheard` masters (those
+/// not counted among the answers), could still make a majority of `majority`:
 /// that owner, and how long to stand back (until the first of those leases
 /// ends, at most `most`). The last owner goes first, as biased ownership has
 /// it: its next round wins instead of being split again. At most `most`,
@@ -397,12 +397,13 @@ impl RedlockStore {
     }
 
     /// Phase 1 with its split votes tried again (within the node's budget
-    /// for the whole call: `op_timeout` from `started`): the requests whose lease is ours on a majority (with
-    /// what the masters reported), and the store's clock; the others'
-    /// answers go into `outcomes`. No round starts once half of that has
-    /// passed. A split where the owner of the job's last claim is another
-    /// node holding leases among the answers is not tried again: the claim
-    /// stands back ([`behind`]) and that owner's next round can win.
+    /// for the whole call: `op_timeout` from `started`): the requests whose
+    /// lease is ours on a majority (with what the masters reported), and
+    /// the store's clock; the others' answers go into `outcomes`. No split
+    /// is tried again once half of that has passed. A split where the owner
+    /// of the job's last claim is another node that could still win it is
+    /// not tried again: the claim stands back ([`behind`]) and that owner's
+    /// next round can win.
     pub(super) async fn lease_rounds(
         &self,
         requests: &[ClaimRequest],

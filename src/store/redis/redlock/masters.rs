@@ -237,26 +237,31 @@ impl RedlockStore {
                 next = pending.next() => {
                     let Some((i, answer)) = next else { break };
                     let master = &self.masters[i];
-                    match &answer {
+                    // A timeout or a connection that failed is no answer.
+                    waiting.answered[i] = match &answer {
                         Ok(_) => {
                             master.answered();
                             ok += 1;
+                            true
                         }
-                        Err(e) if e.is_unreachable() => master.failed(e),
-                        Err(_) => {}
-                    }
-                    // A timeout is no answer.
-                    waiting.answered[i] = !matches!(&answer, Err(e) if e.is_unreachable());
+                        Err(e) if e.is_unreachable() => {
+                            master.failed(e);
+                            false
+                        }
+                        Err(_) => true,
+                    };
                     answers[i] = Some(answer);
-                    if !waiting.majority && ok >= self.majority() {
-                        waiting.majority = true;
-                        deadline = deadline.min(Instant::now() + if settled(&answers) {
-                            STRAGGLER_WAIT
+                    if ok >= self.majority() {
+                        // The unsettled wait starts once, with the majority.
+                        let wait = if settled(&answers) {
+                            Some(STRAGGLER_WAIT)
                         } else {
-                            self.unsettled_wait()
-                        });
-                    } else if waiting.majority && settled(&answers) {
-                        deadline = deadline.min(Instant::now() + STRAGGLER_WAIT);
+                            (!waiting.majority).then(|| self.unsettled_wait())
+                        };
+                        if let Some(wait) = wait {
+                            deadline = deadline.min(Instant::now() + wait);
+                        }
+                        waiting.majority = true;
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => break,
