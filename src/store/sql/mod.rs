@@ -117,6 +117,9 @@ pub struct SqlStore {
     setup: std::sync::Arc<[String]>,
     /// The heartbeats' own connection ([`SqlStore::beat_connection`]).
     beat_conn: tokio::sync::Mutex<Option<OwnBeat>>,
+    /// SQLite: the beats sent on the calling thread ([`sqlite::beat`]).
+    #[cfg(feature = "sqlite")]
+    inline_beat: Option<sqlite::beat::InlineBeat>,
     /// Bumped by each [`SqlStore::reopen`].
     generation: std::sync::atomic::AtomicU64,
 }
@@ -286,6 +289,11 @@ impl SqlStore {
             }),
             _ => None,
         };
+        #[cfg(feature = "sqlite")]
+        let inline_beat = match url.kind() {
+            StoreKind::Sqlite { path } => Some(sqlite::beat::InlineBeat::at(path)),
+            _ => None,
+        };
         Ok(SqlStore {
             pool: std::sync::RwLock::new(pool),
             make_pool: Box::new(make_pool),
@@ -301,6 +309,8 @@ impl SqlStore {
             forgot_at: std::sync::Mutex::new(None),
             refused: std::sync::Mutex::new(None),
             beat_conn: tokio::sync::Mutex::new(None),
+            #[cfg(feature = "sqlite")]
+            inline_beat,
             setup,
             generation: std::sync::atomic::AtomicU64::new(0),
         })

@@ -8,8 +8,11 @@ use super::*;
 impl Registry for SqlStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
         self.retrying(|| async {
-            let mut held = self.beat_connection().await?;
             let forget = self.forget_due();
+            if !forget && let Some(sent) = self.beat_inline(beat, false) {
+                return sent.map(|(nodes, _)| nodes);
+            }
+            let mut held = self.beat_connection().await?;
             let nodes = match self.one_call_beat(forget, false) {
                 Some(call) => self
                     .beat_in_one_call(held.conn()?, call, beat)
@@ -29,8 +32,11 @@ impl Registry for SqlStore {
     /// the beat as one statement, then the read).
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
         self.retrying(|| async {
-            let mut held = self.beat_connection().await?;
             let forget = self.forget_due();
+            if !forget && let Some(sent) = self.beat_inline(beat, true) {
+                return sent;
+            }
+            let mut held = self.beat_connection().await?;
             let nodes = match self.one_call_beat(forget, true) {
                 Some(call) => {
                     let looked = self.beat_in_one_call(held.conn()?, call, beat).await;
@@ -117,6 +123,27 @@ impl Registry for SqlStore {
 }
 
 impl SqlStore {
+    /// SQLite: `beat` sent on the calling thread ([`sqlite::beat`]), with
+    /// the look when `look`; `None` on the other stores, and on a SQLite
+    /// file not in WAL mode.
+    pub(super) fn beat_inline(
+        &self,
+        beat: &Heartbeat,
+        look: bool,
+    ) -> Option<Result<registry::Looked, sqlx::Error>> {
+        #[cfg(feature = "sqlite")]
+        if let Some(inline) = &self.inline_beat {
+            let now = match self.file_clock_now() {
+                Ok(now) => now?,
+                Err(e) => return Some(Err(e)),
+            };
+            let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+            return inline.send(generation, &self.queries, now, beat, look);
+        }
+        let _ = (beat, look);
+        None
+    }
+
     /// The pending requests, read on `conn`, sorted by job.
     pub(super) async fn pending_on(
         &self,
@@ -271,74 +298,122 @@ fn pending_row(r: &AnyRow, at: usize) -> Option<(String, TriggerId)> {
     Some((job, TriggerId::from_stored(id)?))
 }
 
-/// The beat's values bound to [`Queries::beat`] (or a statement list that
-/// starts with it), after the store's `now` if it has one.
-fn bind_beat<'q>(
-    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    beat: &Heartbeat,
-) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
-    query
-        .bind(beat.owner.as_str().to_string())
-        .bind(beat.node.clone())
-        .bind(beat.version.clone())
-        .bind(to_ms(beat.started_at))
-        .bind(duration_ms(beat.ttl))
-        .bind(beat.clock_offset_ms)
-        .bind(i64::from(beat.jobs_held))
-        .bind(
+/// One of a beat's values, as [`beat_values`] lists them.
+pub(super) enum BeatValue {
+    Text(String),
+    Int(i64),
+    MaybeText(Option<String>),
+    MaybeInt(Option<i64>),
+}
+
+/// A beat's values in the order [`Queries::beat`] binds them after the
+/// store's `now`: for sqlx ([`bind_beat`]) and for SQLite's beat on the
+/// calling thread.
+pub(super) fn beat_values(beat: &Heartbeat) -> [BeatValue; 12] {
+    use BeatValue::*;
+    [
+        Text(beat.owner.as_str().to_string()),
+        Text(beat.node.clone()),
+        Text(beat.version.clone()),
+        Int(to_ms(beat.started_at)),
+        Int(duration_ms(beat.ttl)),
+        MaybeInt(beat.clock_offset_ms),
+        Int(i64::from(beat.jobs_held)),
+        MaybeText(
             beat.definitions
                 .as_ref()
                 .and_then(|d| serde_json::to_string(d).ok()),
-        )
-        .bind(
+        ),
+        MaybeText(
             (!beat.running.is_empty())
                 .then(|| serde_json::to_string(&beat.running).ok())
                 .flatten(),
-        )
-        .bind(
+        ),
+        MaybeText(
             (!beat.tags.is_empty())
                 .then(|| serde_json::to_string(&beat.tags).ok())
                 .flatten(),
-        )
-        .bind(beat.progress.map(|p| p.through))
-        .bind(
+        ),
+        MaybeInt(beat.progress.map(|p| p.through)),
+        MaybeInt(
             beat.progress
                 .map(|p| i64::try_from(p.released).unwrap_or(i64::MAX)),
-        )
+        ),
+    ]
+}
+
+/// The beat's values bound to [`Queries::beat`] (or a statement list that
+/// starts with it), after the store's `now` if it has one.
+fn bind_beat<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    beat: &Heartbeat,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    for value in beat_values(beat) {
+        query = match value {
+            BeatValue::Text(v) => query.bind(v),
+            BeatValue::Int(v) => query.bind(v),
+            BeatValue::MaybeText(v) => query.bind(v),
+            BeatValue::MaybeInt(v) => query.bind(v),
+        };
+    }
+    query
+}
+
+/// A row's columns by index, as a registry row is read: sqlx's rows, and
+/// SQLite's beat on the calling thread (rusqlite).
+pub(super) trait Columns {
+    type Error;
+    fn int(&self, i: usize) -> Result<i64, Self::Error>;
+    fn maybe_int(&self, i: usize) -> Result<Option<i64>, Self::Error>;
+    fn text(&self, i: usize) -> Result<String, Self::Error>;
+    fn maybe_text(&self, i: usize) -> Result<Option<String>, Self::Error>;
+}
+
+impl Columns for AnyRow {
+    type Error = sqlx::Error;
+    fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
+        self.try_get(i)
+    }
+    fn maybe_int(&self, i: usize) -> Result<Option<i64>, sqlx::Error> {
+        self.try_get(i)
+    }
+    fn text(&self, i: usize) -> Result<String, sqlx::Error> {
+        self.try_get(i)
+    }
+    fn maybe_text(&self, i: usize) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(i)
+    }
 }
 
 /// A live registry row ([`NODE_COLUMNS`], then the store's `now`).
-fn node_record(r: &AnyRow) -> Result<NodeRecord, sqlx::Error> {
-    let expires_at: i64 = r.try_get(5)?;
-    let now: i64 = r.try_get(13)?;
+pub(super) fn node_record<R: Columns>(r: &R) -> Result<NodeRecord, R::Error> {
+    let expires_at = r.int(5)?;
+    let now = r.int(13)?;
     // JSON of what the beat said of its definitions; an unreadable one (a
     // hand edit) says nothing.
-    let definitions: Option<String> = r.try_get(8)?;
+    let definitions = r.maybe_text(8)?;
     Ok(NodeRecord {
-        owner: r.try_get(0)?,
-        node: r.try_get(1)?,
+        owner: r.text(0)?,
+        node: r.text(1)?,
         // A JSON list; none from an earlier version or a hand edit.
         tags: r
-            .try_get::<Option<String>, _>(10)?
+            .maybe_text(10)?
             .and_then(|d| serde_json::from_str(&d).ok())
             .unwrap_or_default(),
-        version: r.try_get(2)?,
-        started_at: from_ms(r.try_get(3)?),
-        last_seen: from_ms(r.try_get(4)?),
+        version: r.text(2)?,
+        started_at: from_ms(r.int(3)?),
+        last_seen: from_ms(r.int(4)?),
         expires_in_ms: expires_at.saturating_sub(now).max(0) as u64,
-        clock_offset_ms: r.try_get(6)?,
-        jobs_held: u32::try_from(r.try_get::<i64, _>(7)?).unwrap_or(0),
+        clock_offset_ms: r.maybe_int(6)?,
+        jobs_held: u32::try_from(r.int(7)?).unwrap_or(0),
         definitions: definitions.and_then(|d| serde_json::from_str(&d).ok()),
         // Likewise the runs going on it.
         running: r
-            .try_get::<Option<String>, _>(9)?
+            .maybe_text(9)?
             .and_then(|d| serde_json::from_str(&d).ok())
             .unwrap_or_default(),
         // Both or nothing (an earlier version wrote neither).
-        progress: match (
-            r.try_get::<Option<i64>, _>(11)?,
-            r.try_get::<Option<i64>, _>(12)?,
-        ) {
+        progress: match (r.maybe_int(11)?, r.maybe_int(12)?) {
             (Some(through), Some(released)) => Some(registry::ClaimProgress {
                 through,
                 released: u64::try_from(released).unwrap_or(0),

@@ -28,6 +28,8 @@ use std::time::SystemTime;
 use super::Dialect;
 use crate::store::StoreError;
 
+pub(super) mod beat;
+
 pub static DIALECT: Dialect = Dialect {
     name: "sqlite",
     // Filled in from the file-system clock when a statement runs.

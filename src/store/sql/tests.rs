@@ -151,6 +151,128 @@ async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
     }
 }
 
+/// On SQLite a beat other than the once-a-minute one that forgets dead
+/// rows runs on the calling thread ([`sqlite::beat`]): it reads what the
+/// statements sent through sqlx read (its own row as written, the others,
+/// the pending requests), and it never wakes sqlx's SQLite threads, which
+/// woke at every beat before (the switches counted here are theirs).
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_beats_run_on_the_calling_thread_and_read_what_sqlx_reads() {
+    let (_dir, store) = sqlite_store().await;
+    let mut a = test_beat("a~1", "a", 1);
+    a.tags = vec!["db".into(), "eu".into()];
+    a.clock_offset_ms = Some(-4);
+    let b = test_beat("b~1", "b", 3);
+    let id = TriggerId::new();
+    let job = JobName::parse("j1").unwrap();
+    store.request_trigger(&job, id).await.unwrap();
+    // The first beat of a handle forgets dead rows: through sqlx.
+    store.heartbeat(&b).await.unwrap();
+    let (inline, pending) = store.beat_inline(&a, true).unwrap().unwrap();
+    assert_eq!(pending, Some(vec![("j1".to_string(), id)]));
+    let (_, none) = store.beat_inline(&a, false).unwrap().unwrap();
+    assert_eq!(none, None, "no look asked for");
+    let mut held = store.beat_connection().await.unwrap();
+    let apart = store
+        .beat_on(held.conn().unwrap(), &a, false)
+        .await
+        .unwrap();
+    held.finish(&Ok::<(), sqlx::Error>(()));
+    drop(held);
+    let seen = |nodes: &[NodeRecord]| -> Vec<String> {
+        nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "{} {} {} {:?} {:?} {:?} {}",
+                    n.owner,
+                    n.node,
+                    n.jobs_held,
+                    n.tags,
+                    n.clock_offset_ms,
+                    n.progress,
+                    (6_900..=7_000).contains(&n.expires_in_ms)
+                )
+            })
+            .collect()
+    };
+    assert_eq!(seen(&inline), seen(&apart));
+    assert_eq!(
+        seen(&inline),
+        [
+            "a~1 a 1 [\"db\", \"eu\"] Some(-4) Some(ClaimProgress { through: 5, released: 2 }) true",
+            "b~1 b 3 [] None Some(ClaimProgress { through: 5, released: 2 }) true"
+        ]
+    );
+    let before = sqlx_thread_switches();
+    assert!(before.1 > 0, "no sqlx SQLite thread found");
+    for _ in 0..20 {
+        let (nodes, pending) = store.heartbeat_looking(&a).await.unwrap();
+        assert_eq!((nodes.len(), pending.map(|p| p.len())), (2, Some(1)));
+    }
+    let after = sqlx_thread_switches();
+    assert!(
+        after.0 < before.0 + 5,
+        "20 beats woke sqlx's SQLite threads {} times",
+        after.0 - before.0
+    );
+}
+
+/// A busy database (another connection holding the write lock) holds a
+/// beat on the calling thread back without blocking the thread: the beat
+/// answers busy at once and the store sends it again, on tokio's clock,
+/// until the lock is let go.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_beats_wait_out_a_busy_database_on_tokios_clock() {
+    let (_dir, store) = sqlite_store().await;
+    let beat = test_beat("a~1", "a", 1);
+    store.heartbeat(&beat).await.unwrap();
+    let mut writer = store.pool().acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let busy = store.beat_inline(&beat, true).unwrap();
+    assert!(
+        busy.as_ref().is_err_and(is_transient),
+        "{:?}",
+        busy.map(|_| ())
+    );
+    let started = tokio::time::Instant::now();
+    let (sent, ()) = tokio::join!(store.heartbeat_looking(&beat), async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut *writer).await.unwrap();
+    });
+    assert_eq!(sent.unwrap().0.len(), 1);
+    assert!(started.elapsed() >= Duration::from_millis(150));
+}
+
+/// Context switches of this process's sqlx SQLite threads, and how many
+/// there are.
+#[cfg(feature = "sqlite")]
+fn sqlx_thread_switches() -> (u64, usize) {
+    let mut total = (0, 0);
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if !comm.starts_with("sqlx-sqlite-wor") {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        total.0 += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+        total.1 += 1;
+    }
+    total
+}
+
 /// PostgreSQL's heartbeat is one statement (the upsert in a `WITH`, the
 /// live rows read beside it), and reads what the separate statements read:
 /// its own row as just written (the statement's main query reads the
