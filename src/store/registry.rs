@@ -266,10 +266,10 @@ pub(crate) async fn claim_alongside<S: super::Locks + Registry + ?Sized>(
 pub type Looked = (Vec<NodeRecord>, Option<Vec<(String, super::TriggerId)>>);
 
 /// [`Registry::heartbeat_looking`] for a store whose connection carries
-/// requests side by side (a multiplexed Redis connection, etcd's gRPC
-/// channel, a ZooKeeper session): both requests sent at once, so one round
-/// trip; the beat's failure is the call's.
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "etcd"))]
+/// requests side by side (a multiplexed Redis connection, a ZooKeeper
+/// session): both requests sent at once, so one round trip; the beat's
+/// failure is the call's.
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 pub(crate) async fn beat_beside_look<S: super::Locks + Registry + ?Sized>(
     store: &S,
     beat: &Heartbeat,

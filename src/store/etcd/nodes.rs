@@ -33,40 +33,13 @@ impl Registry for EtcdStore {
     /// spare's length. The read of every record rides in the same
     /// transaction.
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
-        let client = self.client().await?;
-        let id = match self.usable_beat_lease() {
-            Some(id) => id,
-            None => {
-                let ttl = lease_ttl_secs(beat.ttl + BEAT_LEASE_SPARE);
-                let granted_at = tokio::time::Instant::now();
-                let leases = self.grant(&client, vec![ttl]).await?;
-                let id = leases
-                    .get(&ttl)
-                    .copied()
-                    .ok_or_else(|| self.backend("etcd granted no lease for a heartbeat"))?;
-                *lock(&self.beat_lease) = Some((id, granted_at + BEAT_LEASE_SPARE));
-                id
-            }
-        };
-        let (ops, sent) = self.beat_ops(&client, beat, id);
-        let answers = match self.batch(&client, ops).await {
-            Ok(answers) => answers,
-            Err(e) => {
-                // Perhaps etcd no longer has the lease: the next beat
-                // grants another.
-                *lock(&self.beat_lease) = None;
-                return Err(e);
-            }
-        };
-        let [_, TxnOpResponse::Get(read)] = answers.as_slice() else {
-            return Err(self.backend("a heartbeat answered with something other than its keys"));
-        };
-        Ok(self.beat_answered(beat, read, sent))
+        self.beat_txn(beat, false).await.map(|(nodes, _)| nodes)
     }
 
-    /// Both requests at once: one round trip.
+    /// The look rides in the heartbeat's transaction too: one request and
+    /// one answer (there were two, side by side).
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
-        registry::beat_beside_look(self, beat).await
+        self.beat_txn(beat, true).await
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -121,6 +94,72 @@ impl Registry for EtcdStore {
 }
 
 impl EtcdStore {
+    /// [`Registry::heartbeat`] as one transaction: the record's put, the
+    /// registry's read and, when `look`, the read of the requests' keys
+    /// (one page of [`KEYS_PAGE`]; more are read apart, after it). A look
+    /// that fails apart leaves the requests unread; the beat stands.
+    async fn beat_txn(&self, beat: &Heartbeat, look: bool) -> Result<registry::Looked, StoreError> {
+        let client = self.client().await?;
+        let id = match self.usable_beat_lease() {
+            Some(id) => id,
+            None => {
+                let ttl = lease_ttl_secs(beat.ttl + BEAT_LEASE_SPARE);
+                let granted_at = tokio::time::Instant::now();
+                let leases = self.grant(&client, vec![ttl]).await?;
+                let id = leases
+                    .get(&ttl)
+                    .copied()
+                    .ok_or_else(|| self.backend("etcd granted no lease for a heartbeat"))?;
+                *lock(&self.beat_lease) = Some((id, granted_at + BEAT_LEASE_SPARE));
+                id
+            }
+        };
+        let (mut ops, sent) = self.beat_ops(&client, beat, id);
+        let root = self.keys.of(Kind::Trigger, "");
+        if look {
+            let keys = GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_limit(KEYS_PAGE);
+            ops.push(TxnOp::get(root.as_str(), Some(keys)));
+        }
+        let answers = match self.batch(&client, ops).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                // Perhaps etcd no longer has the lease: the next beat
+                // grants another.
+                *lock(&self.beat_lease) = None;
+                return Err(e);
+            }
+        };
+        let (read, requests) = match answers.as_slice() {
+            [_, TxnOpResponse::Get(read)] if !look => (read, None),
+            [_, TxnOpResponse::Get(read), TxnOpResponse::Get(requests)] if look => {
+                (read, Some(requests))
+            }
+            _ => {
+                return Err(self.backend("a heartbeat answered with something other than its keys"));
+            }
+        };
+        let nodes = self.beat_answered(beat, read, sent);
+        let pending = match requests {
+            None => None,
+            Some(page) if !page.more() => {
+                Some(pending_from_entries(page.kvs().iter().filter_map(|kv| {
+                    std::str::from_utf8(kv.key()).ok()?.strip_prefix(&root)
+                })))
+            }
+            Some(_) => match self.pending_triggers().await {
+                Ok(pending) => Some(pending),
+                Err(e) => {
+                    tracing::debug!("the look for manual runs sent with a heartbeat failed: {e}");
+                    None
+                }
+            },
+        };
+        Ok((nodes, pending))
+    }
+
     /// A heartbeat's operations: its record put with `lease`, and the read
     /// of every record. Returns them with the time it says it was sent.
     pub(super) fn beat_ops(
