@@ -144,6 +144,9 @@ pub struct EtcdStore {
     /// when a heartbeat may still use it ([`BEAT_LEASE_SPARE`]): claims
     /// carry the heartbeat in their first transaction with it.
     beat_lease: std::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
+    /// A beat with the look in its transaction was refused (a user who may
+    /// not read the requests' keys): the look goes beside the beat since.
+    look_apart: std::sync::atomic::AtomicBool,
     schema_notice: SchemaNotice,
 }
 
@@ -191,6 +194,7 @@ impl EtcdStore {
             releases: Arc::new(Releases::default()),
             clocks: Arc::new(PeerClocks::default()),
             beat_lease: std::sync::Mutex::new(None),
+            look_apart: std::sync::atomic::AtomicBool::new(false),
             schema_notice: SchemaNotice::default(),
         })
     }

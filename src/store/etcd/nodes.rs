@@ -37,9 +37,28 @@ impl Registry for EtcdStore {
     }
 
     /// The look rides in the heartbeat's transaction too: one request and
-    /// one answer (there were two, side by side).
+    /// one answer (there were two, side by side). A user refused it (etcd
+    /// checks every operation of a transaction: it may not read the
+    /// requests' keys) beats without it, and looks beside the beat from
+    /// then on, where only the look fails.
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
-        self.beat_txn(beat, true).await
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.look_apart.load(Relaxed) {
+            match self.beat_txn(beat, true).await {
+                Err(StoreError::Refused { reason, .. }) => {
+                    tracing::debug!(
+                        "a heartbeat with the look for manual runs was refused ({reason}): looking beside the beats from now on"
+                    );
+                    self.look_apart.store(true, Relaxed);
+                }
+                sent => return sent,
+            }
+        }
+        let (nodes, pending) = tokio::join!(self.beat_txn(beat, false), self.pending_triggers());
+        if let Err(e) = &pending {
+            tracing::debug!("the look for manual runs sent with a heartbeat failed: {e}");
+        }
+        Ok((nodes?.0, pending.ok()))
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {

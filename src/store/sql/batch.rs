@@ -18,7 +18,9 @@ pub(super) struct Queries {
     /// [`Queries::beat`] and [`Queries::live_nodes`] in one call (each call
     /// is a wake of the runtime, and on SQLite of sqlx's thread: most of an
     /// idle node's CPU): on SQLite as one list of statements, which sqlx's
-    /// SQLite worker runs in one call; on PostgreSQL as one statement (the
+    /// SQLite worker runs in one call (there only for a beat that cannot
+    /// run on the calling thread, [`super::sqlite::beat`]: on a file not in
+    /// WAL mode); on PostgreSQL as one statement (the
     /// upsert in a `WITH`); `None` on MySQL/MariaDB, where a prepared
     /// statement is one statement and an upsert cannot be a `WITH`.
     pub(super) beat_live: Option<SqlStr>,

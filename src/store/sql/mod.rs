@@ -324,7 +324,10 @@ impl SqlStore {
     /// it out and again, in a task of its own, as it takes it back), and
     /// waited behind claims that held every pooled connection.
     ///
-    /// SQLite: with `synchronous = NORMAL` when the file is in WAL mode:
+    /// SQLite: in WAL mode it carries only the once-a-minute beat that
+    /// deletes long-dead rows (the others run on the calling thread,
+    /// [`sqlite::beat`]), and checkpoints the log as a commit there finds
+    /// it long; with `synchronous = NORMAL` when the file is in WAL mode:
     /// a beat commits without an fsync of the write-ahead log, which the
     /// next `FULL` commit (a claim won, a renewal, a release, a history
     /// write) or checkpoint syncs with it. A power cut may lose the beats

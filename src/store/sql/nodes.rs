@@ -1,14 +1,17 @@
-//! The node registry: one row per owner, written by its heartbeat (a beat
-//! sent on its own goes on [`SqlStore::beat_connection`]: SQLite's own
-//! connection, without an fsync).
+//! The node registry: one row per owner, written by its heartbeat. A beat
+//! sent on its own goes on [`SqlStore::beat_connection`] (on SQLite without
+//! an fsync), except on SQLite in WAL mode, where it runs on the calling
+//! thread ([`sqlite::beat`]) unless it also deletes long-dead rows (once a
+//! minute).
 
 use super::*;
 
 #[async_trait]
 impl Registry for SqlStore {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<Vec<NodeRecord>, StoreError> {
+        // Decided once: a retried beat that forgets still forgets.
+        let forget = self.forget_due();
         self.retrying(|| async {
-            let forget = self.forget_due();
             if !forget && let Some(sent) = self.beat_inline(beat, false) {
                 return sent.map(|(nodes, _)| nodes);
             }
@@ -28,11 +31,12 @@ impl Registry for SqlStore {
     }
 
     /// The beat's statements, then the read of the requests, on one
-    /// connection (on SQLite all in one call to its thread; on PostgreSQL
-    /// the beat as one statement, then the read).
+    /// connection (on SQLite on the calling thread, or, for the beat that
+    /// forgets, all in one call to sqlx's thread; on PostgreSQL the beat as
+    /// one statement, then the read).
     async fn heartbeat_looking(&self, beat: &Heartbeat) -> Result<registry::Looked, StoreError> {
+        let forget = self.forget_due();
         self.retrying(|| async {
-            let forget = self.forget_due();
             if !forget && let Some(sent) = self.beat_inline(beat, true) {
                 return sent;
             }
@@ -293,8 +297,12 @@ const PENDING_COLUMNS: usize = 2;
 /// A pending request's job and id from the row's columns `at` and after
 /// (`None`: an id that is not one).
 fn pending_row(r: &AnyRow, at: usize) -> Option<(String, TriggerId)> {
-    let job: String = r.try_get(at).ok()?;
-    let id: i64 = r.try_get(at + 1).ok()?;
+    pending_entry(r.try_get(at).ok()?, r.try_get(at + 1).ok()?)
+}
+
+/// A pending request's job and stored id; `None` for an id that is not
+/// one (a hand edit).
+pub(super) fn pending_entry(job: String, id: i64) -> Option<(String, TriggerId)> {
     Some((job, TriggerId::from_stored(id)?))
 }
 

@@ -154,8 +154,8 @@ async fn sqlite_beats_in_one_call_read_what_the_separate_statements_read() {
 /// On SQLite a beat other than the once-a-minute one that forgets dead
 /// rows runs on the calling thread ([`sqlite::beat`]): it reads what the
 /// statements sent through sqlx read (its own row as written, the others,
-/// the pending requests), and it never wakes sqlx's SQLite threads, which
-/// woke at every beat before (the switches counted here are theirs).
+/// the pending requests), and it is answered at its first poll: it never
+/// waits for sqlx's SQLite thread (through which every beat waited before).
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_beats_run_on_the_calling_thread_and_read_what_sqlx_reads() {
@@ -205,18 +205,16 @@ async fn sqlite_beats_run_on_the_calling_thread_and_read_what_sqlx_reads() {
             "b~1 b 3 [] None Some(ClaimProgress { through: 5, released: 2 }) true"
         ]
     );
-    let before = sqlx_thread_switches();
-    assert!(before.1 > 0, "no sqlx SQLite thread found");
     for _ in 0..20 {
-        let (nodes, pending) = store.heartbeat_looking(&a).await.unwrap();
+        let beating = std::pin::pin!(store.heartbeat_looking(&a));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let first_poll = std::future::Future::poll(beating, &mut cx);
+        let std::task::Poll::Ready(looked) = first_poll else {
+            panic!("a beat waited: not on the calling thread");
+        };
+        let (nodes, pending) = looked.unwrap();
         assert_eq!((nodes.len(), pending.map(|p| p.len())), (2, Some(1)));
     }
-    let after = sqlx_thread_switches();
-    assert!(
-        after.0 < before.0 + 5,
-        "20 beats woke sqlx's SQLite threads {} times",
-        after.0 - before.0
-    );
 }
 
 /// A busy database (another connection holding the write lock) holds a
@@ -240,37 +238,44 @@ async fn sqlite_beats_wait_out_a_busy_database_on_tokios_clock() {
         "{:?}",
         busy.map(|_| ())
     );
-    let started = tokio::time::Instant::now();
-    let (sent, ()) = tokio::join!(store.heartbeat_looking(&beat), async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        sqlx::raw_sql("COMMIT").execute(&mut *writer).await.unwrap();
-    });
+    let ((sent, beat_done), committed) = tokio::join!(
+        async {
+            let sent = store.heartbeat_looking(&beat).await;
+            (sent, tokio::time::Instant::now())
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let committing = tokio::time::Instant::now();
+            sqlx::raw_sql("COMMIT").execute(&mut *writer).await.unwrap();
+            committing
+        }
+    );
     assert_eq!(sent.unwrap().0.len(), 1);
-    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert!(beat_done >= committed, "the beat went through the lock");
 }
 
-/// Context switches of this process's sqlx SQLite threads, and how many
-/// there are.
+/// On a SQLite file not in WAL mode (every commit syncs there) a beat
+/// does not run on the calling thread: the store sends it through sqlx
+/// (whose connections switch the file to WAL where they can). And the beat
+/// on the calling thread never creates the file.
 #[cfg(feature = "sqlite")]
-fn sqlx_thread_switches() -> (u64, usize) {
-    let mut total = (0, 0);
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let dir = task.unwrap().path();
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-            continue;
-        };
-        if !comm.starts_with("sqlx-sqlite-wor") {
-            continue;
-        }
-        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-        total.0 += status
-            .lines()
-            .filter(|l| l.contains("ctxt_switches"))
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>();
-        total.1 += 1;
-    }
-    total
+#[tokio::test]
+async fn sqlite_beats_run_on_the_calling_thread_only_in_wal_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.db");
+    let url = StoreUrl::parse(&format!("sqlite://{}", path.display()), dir.path()).unwrap();
+    let store = open_store(url, String::new());
+    let beat = test_beat("a~1", "a", 1);
+    let missing = store.beat_inline(&beat, true).unwrap();
+    assert!(missing.is_err());
+    assert!(!path.exists(), "the beat created the file");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+    drop(conn);
+    assert!(store.beat_inline(&beat, true).is_none());
 }
 
 /// PostgreSQL's heartbeat is one statement (the upsert in a `WITH`, the

@@ -5,7 +5,9 @@
 //! three short statements on a file in WAL mode without an fsync
 //! (`synchronous = NORMAL`): tens of microseconds, so it runs where the
 //! beat's task runs, on a connection of its own (rusqlite, over the SQLite
-//! library sqlx links), and never waits there:
+//! library sqlx links), and never waits there for a lock or a sync (the
+//! kernel may still hold it on a page read or a write-back, as it may any
+//! thread):
 //! - no busy handler: a busy database answers at once, and the store's
 //!   `retrying` pauses on tokio's clock and sends the beat again;
 //! - no checkpoint (`wal_autocheckpoint = 0`): a checkpoint syncs the files.
@@ -13,7 +15,10 @@
 //!   long-dead rows (still sent through sqlx) checkpoint as before, so the
 //!   log stays bounded;
 //! - only in WAL mode: in a rollback journal every commit syncs the file,
-//!   so there the store sends its beats through sqlx as before.
+//!   so there the store sends its beats through sqlx as before (and looks
+//!   again a minute later);
+//! - never creating the file: a missing one is an error, as the store's
+//!   own connections judge it (they create it, and migrate it first).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -21,10 +26,13 @@ use std::sync::Mutex;
 use rusqlite::types::ToSqlOutput;
 use rusqlite::{Connection, OpenFlags, ToSql};
 
-use super::super::Queries;
-use super::super::nodes::{BeatValue, Columns, beat_values, node_record};
-use crate::store::TriggerId;
+use super::super::nodes::{BeatValue, Columns, beat_values, node_record, pending_entry};
+use super::super::{Queries, is_transient};
 use crate::store::registry::{self, Heartbeat, Looked};
+
+/// How long a file found not in WAL mode sends its beats through sqlx
+/// before it is looked at again.
+const NOT_WAL_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The beat's connection on the calling thread, opened on first use.
 pub(in crate::store::sql) struct InlineBeat {
@@ -38,6 +46,16 @@ struct Opened {
     generation: u64,
     /// `None`: the file is not in WAL mode, beats go through sqlx.
     conn: Option<Connection>,
+    /// When it was opened.
+    at: std::time::Instant,
+}
+
+impl Opened {
+    /// Still the one to use in `generation`: a file found not in WAL mode
+    /// is looked at again after [`NOT_WAL_FOR`].
+    fn holds(&self, generation: u64) -> bool {
+        self.generation == generation && (self.conn.is_some() || self.at.elapsed() < NOT_WAL_FOR)
+    }
 }
 
 impl InlineBeat {
@@ -70,22 +88,24 @@ impl InlineBeat {
                 state
             }
         };
-        if state.as_ref().is_none_or(|o| o.generation != generation) {
+        if !state.as_ref().is_some_and(|o| o.holds(generation)) {
             *state = None;
             let conn = match open(&self.path) {
                 Ok(conn) => conn,
                 Err(e) => return Some(Err(to_sqlx(e))),
             };
-            *state = Some(Opened { generation, conn });
+            *state = Some(Opened {
+                generation,
+                conn,
+                at: std::time::Instant::now(),
+            });
         }
         let conn = state.as_ref()?.conn.as_ref()?;
-        let sent = send(conn, queries, now, beat, look);
-        if let Err(e) = &sent
-            && !is_busy(e)
-        {
+        let sent = send(conn, queries, now, beat, look).map_err(to_sqlx);
+        if sent.as_ref().is_err_and(|e| !is_transient(e)) {
             *state = None;
         }
-        Some(sent.map_err(to_sqlx))
+        Some(sent)
     }
 }
 
@@ -94,9 +114,7 @@ impl InlineBeat {
 fn open(path: &Path) -> rusqlite::Result<Option<Connection>> {
     let conn = Connection::open_with_flags(
         path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(std::time::Duration::ZERO)?;
     let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
@@ -130,8 +148,7 @@ fn send(
         let mut pending = Vec::new();
         for row in read.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))? {
             let (job, id) = row?;
-            // An id that is not one (a hand edit) is no request.
-            pending.extend(TriggerId::from_stored(id).map(|id| (job, id)));
+            pending.extend(pending_entry(job, id));
         }
         Some(pending)
     } else {
@@ -167,14 +184,6 @@ impl Columns for rusqlite::Row<'_> {
     }
 }
 
-/// The database was busy (another connection writing): try again soon.
-fn is_busy(e: &rusqlite::Error) -> bool {
-    matches!(
-        e.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-    )
-}
-
 /// SQLite's error as sqlx's SQLite driver gives it (the extended result
 /// code as the code), so the store judges both alike: busy is transient,
 /// "no such table" is a store not migrated.
@@ -191,19 +200,12 @@ fn to_sqlx(e: rusqlite::Error) -> sqlx::Error {
 }
 
 /// A SQLite failure: its extended result code and message.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
 struct SqliteFailure {
     code: std::ffi::c_int,
     message: String,
 }
-
-impl std::fmt::Display for SqliteFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for SqliteFailure {}
 
 impl sqlx::error::DatabaseError for SqliteFailure {
     fn message(&self) -> &str {
