@@ -267,9 +267,10 @@ pub type Looked = (Vec<NodeRecord>, Option<Vec<(String, super::TriggerId)>>);
 
 /// [`Registry::heartbeat_looking`] for a store whose connection carries
 /// requests side by side (a multiplexed Redis connection, a ZooKeeper
-/// session): both requests sent at once, so one round trip; the beat's
-/// failure is the call's.
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
+/// session; etcd's gRPC channel for a user refused the look inside the
+/// beat's transaction): both requests sent at once, so one round trip;
+/// the beat's failure is the call's.
+#[cfg(any(feature = "redis", feature = "zookeeper", feature = "etcd"))]
 pub(crate) async fn beat_beside_look<S: super::Locks + Registry + ?Sized>(
     store: &S,
     beat: &Heartbeat,

@@ -54,11 +54,7 @@ impl Registry for EtcdStore {
                 sent => return sent,
             }
         }
-        let (nodes, pending) = tokio::join!(self.beat_txn(beat, false), self.pending_triggers());
-        if let Err(e) = &pending {
-            tracing::debug!("the look for manual runs sent with a heartbeat failed: {e}");
-        }
-        Ok((nodes?.0, pending.ok()))
+        registry::beat_beside_look(self, beat).await
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
