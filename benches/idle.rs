@@ -11,10 +11,14 @@
 //! daemon's and guard's `fsync`/`fdatasync` calls per second counted by
 //! `strace -c` (on SQLite each is a committed write; `0` skips it).
 //! `CRONLEASE_BENCH_BIN` runs another build of the binary, for a
-//! before/after table.
+//! before/after table. The daemon runs at the shipped `store.op_timeout`
+//! (2 s), not the test clusters' 1 s, unless `--op-timeout` says: on
+//! ZooKeeper it is the connection timeout, and the client pings when
+//! nothing was sent for five eighths of it, so at 1 s it pings between
+//! every two beats.
 //!
 //! cargo bench --all-features --bench idle -- [--jobs 100] [--seconds 120]
-//! [--fsync-seconds 20] [--stores sqlite,redis]
+//! [--fsync-seconds 20] [--stores sqlite,redis] [--op-timeout 2s]
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -113,6 +117,7 @@ fn main() {
     let fsync_seconds: u64 = common::arg("--fsync-seconds", "20")
         .parse()
         .expect("--fsync-seconds N");
+    let op_timeout = common::arg("--op-timeout", "");
     let stores = if std::env::args().any(|a| a == "--stores") {
         common::stores()
     } else {
@@ -130,8 +135,13 @@ fn main() {
     .parse()
     .unwrap();
     println!(
-        "binary: {}",
-        std::env::var("CRONLEASE_BENCH_BIN").unwrap_or_else(|_| "this build".into())
+        "binary: {}, store.op_timeout: {}",
+        std::env::var("CRONLEASE_BENCH_BIN").unwrap_or_else(|_| "this build".into()),
+        if op_timeout.is_empty() {
+            "2s (the default)"
+        } else {
+            &op_timeout
+        }
     );
     println!(
         "| store | jobs | daemon RSS | daemon PSS | guard RSS | guard PSS | CPU (daemon + guard) | CPU share | store calls/s | by op | fsyncs/s | measured over |"
@@ -151,6 +161,17 @@ fn main() {
             Some(&job_file),
             &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
         );
+        // The test clusters' 1 s, replaced by the given one or removed (the
+        // shipped default).
+        let config = c.config("n1");
+        let text = std::fs::read_to_string(&config).unwrap();
+        let timeout = match op_timeout.as_str() {
+            "" => String::new(),
+            t => format!("op_timeout = \"{t}\""),
+        };
+        let changed = text.replace("op_timeout = \"1s\"", &timeout);
+        assert_ne!(changed, text, "the cluster's config sets op_timeout");
+        std::fs::write(&config, changed).unwrap();
         c.start("n1");
         std::thread::sleep(Duration::from_secs(5));
         let tree = c.tree("n1");

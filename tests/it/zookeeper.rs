@@ -298,3 +298,65 @@ fn zookeeper_claims_queued_behind_a_stall_catch_up_only_the_latest() {
         "run_once",
     );
 }
+
+/// Packets the shared ZooKeeper (127.0.0.1:2181) received on the
+/// connection of session `sid` (`0x…`), from its `cons` command.
+fn packets_received(sid: &str) -> u64 {
+    let mut s = TcpStream::connect(("127.0.0.1", 2181)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"cons").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.contains(&format!("sid={sid},")))
+        .unwrap_or_else(|| panic!("no connection of session {sid} in `cons`:\n{out}"));
+    let from = line.find("recved=").unwrap() + "recved=".len();
+    line[from..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The ZooKeeper client (vendor/zookeeper-client) pings only when nothing
+/// was sent for five eighths of its connection timeout, on a timer set to
+/// that deadline: a session sending a request every second (a node's beat)
+/// at the shipped 2 s sends no ping between them (the published client
+/// pinged after 750 ms, one between every two beats), and an idle session
+/// is still pinged, so its connection stays up. Counted by the server
+/// (`cons`: packets received per connection).
+#[tokio::test]
+async fn a_zookeeper_session_pings_only_when_nothing_else_was_sent() {
+    Backend::ZooKeeper.require();
+    let client = zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .with_connection_timeout(Duration::from_secs(2))
+        .connect("127.0.0.1:2181")
+        .await
+        .unwrap();
+    let sid = client.session_id().to_string();
+    let requests = 6;
+    let first = packets_received(&sid);
+    for _ in 0..requests {
+        client.check_stat("/").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let beating = packets_received(&sid) - first;
+    assert!(
+        beating <= requests + 2,
+        "{beating} packets for {requests} requests a second apart: pings went between them"
+    );
+    let quiet = packets_received(&sid);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let pings = packets_received(&sid) - quiet;
+    assert!(
+        pings >= 2,
+        "{pings} packets in 3.5 s without a request: the idle session was not pinged"
+    );
+    assert!(
+        client.check_stat("/").await.is_ok(),
+        "the session's connection is gone"
+    );
+}

@@ -3,7 +3,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use async_io::Timer;
+use crate::timer::Timer;
 use futures::future::{Fuse, FusedFuture, FutureExt};
 
 pub struct Deadline {

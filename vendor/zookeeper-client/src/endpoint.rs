@@ -1,7 +1,7 @@
 use std::fmt::{self, Display, Formatter};
 use std::time::Duration;
 
-use async_io::Timer;
+use crate::timer::Timer;
 
 use crate::chroot::Chroot;
 use crate::error::Error;

@@ -38,11 +38,13 @@ mod client;
 mod deadline;
 mod endpoint;
 mod error;
+mod net;
 mod proto;
 mod record;
 #[cfg(any(feature = "sasl-digest-md5", feature = "sasl-gssapi"))]
 mod sasl;
 mod session;
+mod timer;
 #[cfg(feature = "tls")]
 mod tls;
 mod util;

@@ -3,8 +3,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use async_io::Timer;
-use async_net::TcpStream;
+use crate::timer::Timer;
+use crate::net::TcpStream;
 use asyncs::select;
 use bytes::buf::BufMut;
 use futures::io::BufReader;

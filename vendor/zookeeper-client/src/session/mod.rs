@@ -6,11 +6,10 @@ mod types;
 mod watch;
 mod xid;
 
-use std::pin::pin;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use async_io::Timer;
+use crate::timer::Timer;
 use asyncs::{select, sync};
 use futures::channel::mpsc;
 use futures::{AsyncWriteExt, StreamExt};
@@ -134,7 +133,6 @@ impl Builder {
             last_recv: now,
             last_send: now,
             last_ping: None,
-            tick_timeout: Duration::ZERO,
             ping_timeout: Duration::ZERO,
             session_expired_timeout: Duration::ZERO,
             connector,
@@ -169,7 +167,6 @@ pub struct Session {
     last_recv: Instant,
     last_send: Instant,
     last_ping: Option<Instant>,
-    tick_timeout: Duration,
     ping_timeout: Duration,
     session_expired_timeout: Duration,
 
@@ -426,8 +423,12 @@ impl Session {
     /// [ZOOKEEPER-4508]: https://issues.apache.org/jira/browse/ZOOKEEPER-4508
     fn reset_timeout(&mut self, session_timeout: Duration) {
         let tick = self.calc_tick_timeout(session_timeout);
-        self.tick_timeout = tick;
-        self.ping_timeout = Duration::from_secs(10).min(3 * tick);
+        // cronlease: five ticks, not three. A node beats every second;
+        // with a ping after 750 ms without a request (three ticks of the
+        // default two-second connection timeout) a ping went between every
+        // two beats. A reply still has three ticks to come before the
+        // connection counts as dead (eight ticks without one).
+        self.ping_timeout = Duration::from_secs(10).min(5 * tick);
         self.connector.set_timeout(8 * tick);
         self.session_timeout = session_timeout.max(self.connector.timeout());
         self.session_expired_timeout = self.session_timeout * 7 / 5;
@@ -494,8 +495,11 @@ impl Session {
     ) -> Result<(), Error> {
         let mut pinged = false;
         let (mut reader, mut writer) = conn.split();
-        let mut tick = pin!(Timer::interval(self.tick_timeout));
+        // cronlease: a timer set to the next deadline, in place of a tick
+        // every eighth of the connection timeout.
+        let mut tick = Timer::at(self.next_deadline(false));
         while !(self.session_state.is_connected() && depot.is_empty()) {
+            tick.reset(self.next_deadline(false));
             select! {
                 r = reader.read_to_buf(buf) => match r.map_err(Error::other)? {
                     0 => return Err(Error::ConnectionLoss),
@@ -505,7 +509,7 @@ impl Session {
                     r?;
                     self.last_send = Instant::now();
                 },
-                now = tick.as_mut() => {
+                now = &mut tick => {
                     if now >= self.last_recv + self.connector.timeout() {
                         return Err(Error::with_message(format!("no response from connection in {}ms", self.connector.timeout().as_millis())));
                     }
@@ -540,12 +544,17 @@ impl Session {
         self.sasl_session.take();
         let mut seek_for_writable =
             if self.session.readonly { Some(self.connector.clone().seek_for_writable(endpoints)) } else { None };
-        let mut tick = pin!(Timer::interval(self.tick_timeout));
+        // cronlease: a timer set to the next deadline (no reply for the
+        // connection timeout, or nothing sent for the ping timeout), in place
+        // of a tick every eighth of the connection timeout: an idle session
+        // woke four times a second at the default two seconds.
+        let mut tick = Timer::at(self.next_deadline(true));
         let mut err = None;
         let mut channel_halted = false;
         depot.start();
         let (mut reader, mut writer) = conn.split();
         while !(channel_halted && depot.is_empty()) {
+            tick.reset(self.next_deadline(true));
             select! {
                 Some(endpoint) = Self::poll(&mut seek_for_writable), if seek_for_writable.is_some() => {
                     seek_for_writable = None;
@@ -574,7 +583,7 @@ impl Session {
                         self.watch_manager.remove_watcher(id, responser, depot);
                     }
                 },
-                now = tick.as_mut() => {
+                now = &mut tick => {
                     if now >= self.last_recv + self.connector.timeout() {
                         return Err(Error::with_message(format!("no response from connection in {}ms", self.connector.timeout().as_millis())));
                     }
@@ -586,6 +595,18 @@ impl Session {
         }
         writer.flush().await.map_err(Error::other)?;
         Err(err.unwrap_or(Error::ClientClosed))
+    }
+
+    /// cronlease: when the session's timer must next look: when no reply
+    /// came for the connection timeout, and (`pinging`, no ping out) when
+    /// nothing was sent for the ping timeout.
+    fn next_deadline(&self, pinging: bool) -> Instant {
+        let silent = self.last_recv + self.connector.timeout();
+        if pinging && self.last_ping.is_none() {
+            silent.min(self.last_send + self.ping_timeout)
+        } else {
+            silent
+        }
     }
 
     fn send_ping(&mut self, depot: &mut Depot, now: Instant) {

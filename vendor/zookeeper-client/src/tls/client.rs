@@ -1,6 +1,6 @@
 use std::sync::{Arc, RwLock};
 
-use async_net::TcpStream;
+use crate::net::TcpStream;
 use futures_rustls::client::TlsStream;
 use futures_rustls::TlsConnector;
 use rustls::client::WebPkiServerVerifier;
