@@ -404,8 +404,8 @@ impl Session {
 
     /// Resets connection and session related timeout values.
     ///
-    /// Set ping timeout to `3/8` of connection timeout to fully cover one roundtrip. See also
-    /// [PredefinedXid::Ping].
+    /// Set ping timeout to `5/8` of connection timeout (cronlease: `3/8` upstream), leaving
+    /// `3/8` for its roundtrip. See also [PredefinedXid::Ping].
     ///
     /// Set connection timeout to `2/5` of session timeout for at least two tries after connection
     /// loss if there is no configured connection timeout.
