@@ -1,8 +1,10 @@
 //! Idle footprint: memory, CPU and store traffic of one daemon holding
 //! `--jobs` jobs that do not fire while it is measured (yearly schedules),
 //! on the embedded SQLite store unless `--stores` says. Prints RSS and PSS
-//! (shared pages split among the processes that map them: the guard is the
-//! daemon's own binary) of the daemon and its guard, CPU seconds per hour
+//! (shared pages split among the processes that map them: libc, and the
+//! binary where the guard is the daemon's own) of the daemon and its guard
+//! (`cronlease-guard` where it is beside the binary, else `cronlease
+//! __guard`), CPU seconds per hour
 //! and as a share of one core (the scheduler's exact run time of their
 //! threads; clock ticks where the kernel has no schedstat), and store
 //! calls per second by op (the
@@ -11,7 +13,8 @@
 //! daemon's and guard's `fsync`/`fdatasync` calls per second counted by
 //! `strace -c` (on SQLite each is a committed write; `0` skips it).
 //! `CRONLEASE_BENCH_BIN` runs another build of the binary, for a
-//! before/after table. The daemon runs at the shipped `store.op_timeout`
+//! before/after table (its guard is the `cronlease-guard` beside it, if
+//! any). The daemon runs at the shipped `store.op_timeout`
 //! (2 s), not the test clusters' 1 s, unless `--op-timeout` says: on
 //! ZooKeeper it is the connection timeout, and the client pings when
 //! nothing was sent for five eighths of it, so at 1 s it pings between

@@ -135,17 +135,22 @@ impl Launch {
 pub fn starter() -> (String, Vec<String>) {
     static STARTER: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let found = STARTER.get_or_init(|| {
-        let exe = std::env::current_exe().ok()?;
-        let path = exe.parent()?.join("cronlease-run-as");
-        use std::os::unix::fs::PermissionsExt;
-        let runnable = std::fs::metadata(&path)
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        runnable.then(|| path.to_string_lossy().into_owned())
+        beside_this("cronlease-run-as").map(|path| path.to_string_lossy().into_owned())
     });
     match found {
         Some(path) => (path.clone(), Vec::new()),
         None => ("/proc/self/exe".to_string(), vec!["__run-as".to_string()]),
     }
+}
+
+/// The executable file `name` in this executable's directory, if there is
+/// one (the package's small helpers: `cronlease-run-as`, `cronlease-guard`).
+pub fn beside_this(name: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::current_exe().ok()?.parent()?.join(name);
+    let runnable =
+        std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    runnable.then_some(path)
 }
 
 /// `cronlease __run-as [--cgroup DIR] [--user UID:GID:USER] [--nice N]

@@ -36,9 +36,14 @@ fn main() -> ExitCode {
     // The job guard the daemon starts (`cronlease __guard`, nothing after
     // it) goes straight to its loop: the command line parser and its
     // tables would stay paged into a process that never needs them again.
+    // `__guard --gone`: `cronlease-guard` handing a dead daemon's work on.
     let mut args = std::env::args_os().skip(1);
-    if args.next().is_some_and(|a| a == "__guard") && args.next().is_none() {
-        return cronlease::app::guard();
+    if args.next().is_some_and(|a| a == "__guard") {
+        match (args.next(), args.next()) {
+            (None, _) => return cronlease::app::guard(),
+            (Some(a), None) if a == "--gone" => return cronlease::app::guard_gone(),
+            _ => {}
+        }
     }
     let cli = cronlease::cli::Cli::parse();
     cronlease::app::main(cli)

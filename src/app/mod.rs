@@ -52,6 +52,20 @@ pub fn guard() -> ExitCode {
     guard::serve()
 }
 
+/// `cronlease-guard __guard VERSION`: the small guard
+/// ([`guard::serve_small`]) of a daemon of `VERSION`.
+pub fn guard_small(daemon_version: &str) -> ExitCode {
+    telemetry::init_guard();
+    guard::serve_small(daemon_version)
+}
+
+/// `cronlease __guard --gone`, which `cronlease-guard` executes in its
+/// place when its daemon died: hands over ([`guard::resume`]).
+pub fn guard_gone() -> ExitCode {
+    telemetry::init_guard();
+    guard::resume()
+}
+
 /// Runs a parsed command line.
 pub fn main(cli: Cli) -> ExitCode {
     match cli.command {

@@ -56,8 +56,10 @@ pub(super) struct Waiting {
 }
 
 impl Guard {
-    /// Starts the guard: this same executable, in `__guard` mode. Must be
-    /// called on a tokio runtime (it reads the guard's answers there).
+    /// Starts the guard: `cronlease-guard` beside this executable, the
+    /// small one ([`super::serve_small`]), else this executable in
+    /// `__guard` mode. Must be called on a tokio runtime (it reads the
+    /// guard's answers there).
     pub fn spawn() -> std::io::Result<Guard> {
         let (ours, theirs) = rustix::net::socketpair(
             AddressFamily::UNIX,
@@ -66,9 +68,21 @@ impl Guard {
             None,
         )?;
         rustix::io::ioctl_fionbio(&ours, true)?;
-        let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
-        let child = Command::new(exe)
-            .arg("__guard")
+        let mut command = match crate::launch::beside_this("cronlease-guard") {
+            Some(small) => {
+                let mut c = Command::new(small);
+                c.args(["__guard", env!("CARGO_PKG_VERSION")]);
+                c
+            }
+            None => {
+                let mut c = Command::new(
+                    std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into()),
+                );
+                c.arg("__guard");
+                c
+            }
+        };
+        let child = command
             // The guard needs nothing from the daemon's environment, least of
             // all its secrets; the jobs it starts get the daemon's
             // environment less these, as `exec` says.

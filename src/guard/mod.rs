@@ -56,9 +56,11 @@ mod client;
 mod handover;
 pub mod owed;
 mod procs;
+mod relay;
 mod server;
 pub use client::*;
 use procs::*;
+pub use relay::{resume, serve_small};
 pub use server::*;
 
 /// Largest message either side sends or reads: a job's command and

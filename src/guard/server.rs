@@ -24,7 +24,7 @@ pub(super) enum Event {
 }
 
 /// What the guard hands over if the daemon dies without a [`Request::Bye`].
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 pub(super) struct Succession {
     pub(super) handover: Option<Handover>,
     /// Every job name told, for the owner-checked release.
@@ -103,17 +103,36 @@ impl Succession {
 /// job running when it is first seen, or ended since the last look
 /// ([`Orphans`], [`Watched::look`]); one adopted while no job ran, or whose
 /// jobs have all ended, was left behind on purpose and is never killed.
+///
+/// This is `cronlease __guard`, which does it all in one process: the
+/// daemon's fallback when `cronlease-guard` is not beside it
+/// ([`serve_small`]).
 pub fn serve() -> std::process::ExitCode {
+    serve_then(Remains::finish)
+}
+
+/// The signals that would stop a daemon, which the guard ignores.
+pub(super) const STOP_SIGNALS: [i32; 5] = [
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGUSR1,
+    signal_hook::consts::SIGQUIT,
+];
+
+/// Ignores [`STOP_SIGNALS`] by a handler that only sets a flag: an ignored
+/// disposition (`SIG_IGN`) would be inherited by every job it starts.
+pub(super) fn ignore_stop_signals() {
     let ignored = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-        signal_hook::consts::SIGUSR1,
-        signal_hook::consts::SIGQUIT,
-    ] {
+    for sig in STOP_SIGNALS {
         let _ = signal_hook::flag::register(sig, ignored.clone());
     }
+}
+
+/// The loop of [`serve`] and [`serve_small`]; once the daemon is gone and
+/// the runs' trees are killed, `then` does what is left.
+pub(super) fn serve_then(then: impl FnOnce(Remains, std::time::Instant)) -> std::process::ExitCode {
+    ignore_stop_signals();
     let sock = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(sock) => Arc::new(sock),
         Err(e) => {
@@ -167,7 +186,8 @@ pub fn serve() -> std::process::ExitCode {
             watched.scan();
         }
     }
-    watched.daemon_gone(std::time::Instant::now());
+    let died = std::time::Instant::now();
+    then(watched.daemon_gone(), died);
     std::process::ExitCode::SUCCESS
 }
 
@@ -333,13 +353,47 @@ impl Watched {
         self.look();
     }
 
-    /// The daemon's end of the socket closed (at `died`): kills what is
-    /// left and, unless it said goodbye, hands over.
-    fn daemon_gone(mut self, died: std::time::Instant) {
+    /// The daemon's end of the socket closed: kills what is left of the
+    /// runs' process trees at once, and says what else there is to do.
+    fn daemon_gone(mut self) -> Remains {
         self.look();
         let mut known: BTreeMap<i32, u64> = self.known.into_values().flatten().collect();
         known.extend(self.orphans.counted());
         let doomed = kill_trees(&self.groups, &known);
+        Remains {
+            doomed,
+            units: self.units,
+            succession: self.succession,
+            died_us_ago: 0,
+        }
+    }
+}
+
+/// What is left to do for a dead daemon once its runs' process trees are
+/// killed: its runs' systemd units and cgroups to kill, then (unless it
+/// said goodbye) its work to hand over. Passed from `cronlease-guard` to
+/// `cronlease __guard --gone` ([`super::relay`]) as JSON.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Remains {
+    /// The processes killed (pid and start time), to wait for.
+    pub(super) doomed: BTreeMap<i32, u64>,
+    pub(super) units: BTreeSet<String>,
+    pub(super) succession: Succession,
+    /// How long before the pass the daemon died (µs); 0 in one process.
+    #[serde(default)]
+    pub(super) died_us_ago: u64,
+}
+
+impl Remains {
+    /// Whether what is left needs more than `cronlease-guard` holds: a
+    /// systemd unit to stop (over D-Bus) or work to hand over (the store).
+    pub(super) fn needs_more(&self) -> bool {
+        !self.units.is_empty() || (!self.succession.bye && self.succession.handover.is_some())
+    }
+
+    /// Kills the units and cgroups of the runs and, unless the daemon
+    /// said goodbye, hands over once they are gone (daemon died at `died`).
+    pub(super) fn finish(mut self, died: std::time::Instant) {
         // Its units too, and they must be gone before anything is handed
         // over (a peer would run beside them).
         let units_gone =
@@ -351,14 +405,7 @@ impl Watched {
             );
         }
         // And each run's cgroup, with whatever got away from its group.
-        let cgroups_gone = crate::cgroup::kill_runs(GONE_WITHIN);
-        if !cgroups_gone {
-            tracing::warn!(
-                process = "guard",
-                "the daemon died and processes of its runs' cgroups are still there after {GONE_WITHIN:?}: its leases are left to expire"
-            );
-        }
-        let units_gone = units_gone && cgroups_gone;
+        let units_gone = units_gone && kill_cgroups();
         if units_gone
             && !self.succession.bye
             && let Some(handover) = self.succession.handover.take()
@@ -379,11 +426,23 @@ impl Watched {
                     unstarted,
                     known,
                 },
-                &doomed,
+                &self.doomed,
                 died,
             );
         }
     }
+}
+
+/// Kills what is left in the runs' cgroups; true once they are empty.
+pub(super) fn kill_cgroups() -> bool {
+    let gone = crate::cgroup::kill_runs(GONE_WITHIN);
+    if !gone {
+        tracing::warn!(
+            process = "guard",
+            "the daemon died and processes of its runs' cgroups are still there after {GONE_WITHIN:?}: its leases are left to expire"
+        );
+    }
+    gone
 }
 
 /// Waits until none of `doomed` (pid and start time) is alive any more,

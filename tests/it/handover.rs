@@ -51,6 +51,21 @@ struct Case {
     guard_said: Option<String>,
 }
 
+/// Waits until the job wrote `start` to the output file.
+fn wait_for_start(c: &Cluster) {
+    crate::support::wait_until(
+        "the job to start",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            std::fs::read_to_string(&c.out)
+                .unwrap_or_default()
+                .contains("start")
+                .then_some(())
+        },
+    );
+}
+
 fn now_f64() -> f64 {
     Utc::now().timestamp_micros() as f64 / 1e6
 }
@@ -322,17 +337,7 @@ fn a_guard_that_cannot_reach_the_store_kills_the_jobs_and_exits() {
     c.edit_configs("margin = \"1s\"", "margin = \"20s\"");
     c.start("n1");
     let guard = c.guard_pid("n1");
-    crate::support::wait_until(
-        "the job to start",
-        Duration::from_secs(15),
-        || c.report(),
-        || {
-            std::fs::read_to_string(&c.out)
-                .unwrap_or_default()
-                .contains("start")
-                .then_some(())
-        },
-    );
+    wait_for_start(&c);
     std::thread::sleep(Duration::from_millis(300));
     let job_pids: Vec<i32> = crate::support::all_pids()
         .into_iter()
@@ -434,4 +439,135 @@ fn an_idle_guard_does_not_wake() {
         c.report()
     );
     c.stop_all();
+}
+
+/// Which guard a daemon gets.
+#[derive(Clone, Copy, PartialEq)]
+enum GuardKind {
+    /// `cronlease-guard` beside `cronlease`.
+    Small,
+    /// `cronlease` alone: its own `cronlease __guard`.
+    Alone,
+    /// `cronlease-guard` beside it, of another version (a failpoint says
+    /// so): it gives way to `cronlease __guard`, executed in its place.
+    OtherVersion,
+}
+
+/// A crashed daemon's guard is `cronlease-guard` when that small
+/// executable is beside the daemon's, and hands over through the daemon's
+/// binary as it was when the guard started, also once that file's name is
+/// gone (a package upgrade replaced it); with `cronlease` alone, or beside
+/// a `cronlease-guard` of another version, the daemon's own `cronlease
+/// __guard` guards and hands over. Judged from the guard's executable, its
+/// lines in the log and history: the run that was going is recorded
+/// `killed` and the lease released.
+fn crash_hands_over_with(kind: GuardKind) {
+    let jobs = "[[job]]\nname = \"long\"\nschedule = \"* * * * * *\"\ncommand = \"echo start >> '{out}'; sleep 30\"\n";
+    let mut c = Cluster::new(Backend::Redis, Some(jobs), "");
+    // A lease that outlasts the test: only a handover frees it.
+    c.edit_configs("margin = \"1s\"", "margin = \"60s\"");
+    let bin = c.dir.path().join("cronlease");
+    std::fs::copy(&c.bin, &bin).unwrap();
+    if kind != GuardKind::Alone {
+        let guard = c.bin.with_file_name("cronlease-guard");
+        std::fs::copy(&guard, c.dir.path().join("cronlease-guard")).unwrap();
+    }
+    c.bin = bin.clone();
+    match kind {
+        GuardKind::OtherVersion => c.start_with_env(
+            "n1",
+            &[("CRONLEASE_FAILPOINT_GUARD_VERSION", "0.0.1-other")],
+        ),
+        _ => c.start("n1"),
+    }
+    let guard = c.guard_pid("n1");
+    let expected = match kind {
+        GuardKind::Small => "cronlease-guard",
+        _ => "cronlease",
+    };
+    // The guard of another version gives way at once: its executable is
+    // the daemon's once it did.
+    let exe = crate::support::wait_until(
+        "the guard's executable",
+        Duration::from_secs(5),
+        || c.report(),
+        || {
+            let exe = std::fs::read_link(format!("/proc/{guard}/exe")).ok()?;
+            (exe.file_name().and_then(|n| n.to_str()) == Some(expected)).then_some(exe)
+        },
+    );
+    wait_for_start(&c);
+    let still = std::fs::read_link(format!("/proc/{guard}/exe")).unwrap();
+    assert_eq!(
+        still,
+        exe,
+        "the guard's executable while the job runs\n{}",
+        c.report()
+    );
+    let gave_way = c
+        .log("n1")
+        .lines()
+        .any(|l| l.contains("is not of its daemon's version") && l.contains("process=\"guard\""));
+    assert_eq!(
+        gave_way,
+        kind == GuardKind::OtherVersion,
+        "the guard says it gave way to the daemon's binary\n{}",
+        c.report()
+    );
+    // The daemon's binary is renamed away: only what the guard opened at
+    // its start is left to hand over with.
+    let moved = c.dir.path().join("cronlease.moved");
+    std::fs::rename(&bin, &moved).unwrap();
+    let logged = c.log("n1").len();
+    c.signal("n1", Signal::SIGKILL);
+    c.wait_exit("n1", Duration::from_secs(5)).unwrap();
+    let said = crate::support::wait_until(
+        "the guard to say what it handed over",
+        Duration::from_secs(15),
+        || c.report(),
+        || {
+            c.log("n1")[logged..]
+                .lines()
+                .find(|l| l.contains("the daemon died") && l.contains("process=\"guard\""))
+                .map(str::to_string)
+        },
+    );
+    std::fs::rename(&moved, &bin).unwrap();
+    assert!(
+        said.contains("leases released"),
+        "the guard handed over: {said}\n{}",
+        c.report()
+    );
+    let history = c.cli_json("n1", &["history", "--limit", "10"]).unwrap();
+    assert!(
+        history
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["outcome"] == "killed"),
+        "the run that was going is recorded killed: {history}\n{}",
+        c.report()
+    );
+    let status = c.cli_json("n1", &["status"]).unwrap();
+    let job = &status.as_array().unwrap()[0];
+    assert!(
+        job["lease_remaining_ms"].as_u64().is_none_or(|ms| ms == 0),
+        "the lease is released: {job}\n{}",
+        c.report()
+    );
+}
+
+#[test]
+fn a_small_guard_hands_over_through_the_daemons_binary_as_it_started() {
+    crash_hands_over_with(GuardKind::Small);
+}
+
+#[test]
+fn without_the_small_guard_the_daemons_own_binary_guards_and_hands_over() {
+    crash_hands_over_with(GuardKind::Alone);
+}
+
+#[test]
+fn a_small_guard_of_another_version_gives_way_to_the_daemons_binary() {
+    crash_hands_over_with(GuardKind::OtherVersion);
 }

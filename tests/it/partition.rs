@@ -1179,18 +1179,13 @@ impl ZkEnsemble {
 
     /// Each member's `srvr` mode line ("Mode: leader", …).
     fn modes(&self) -> Vec<String> {
-        use std::io::{Read, Write};
         self.members
             .iter()
             .map(|(port, _, _)| {
-                let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", *port)) else {
+                let Ok(out) = crate::zookeeper::four_letter(*port, "srvr", Duration::from_secs(1))
+                else {
                     return String::from("no answer");
                 };
-                let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-                let mut out = String::new();
-                let _ = s
-                    .write_all(b"srvr")
-                    .and_then(|_| s.read_to_string(&mut out).map(|_| ()));
                 out.lines()
                     .find(|l| l.starts_with("Mode:"))
                     .unwrap_or("no mode")

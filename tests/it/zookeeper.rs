@@ -60,12 +60,8 @@ impl ZkServer {
     }
 
     fn answers(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut out = String::new();
-        s.write_all(b"srvr").is_ok() && s.read_to_string(&mut out).is_ok() && out.contains("Mode:")
+        four_letter(self.port, "srvr", Duration::from_secs(1))
+            .is_ok_and(|out| out.contains("Mode:"))
     }
 
     /// Starts it on its data directory and waits until it serves.
@@ -299,14 +295,22 @@ fn zookeeper_claims_queued_behind_a_stall_catch_up_only_the_latest() {
     );
 }
 
+/// The answer of the ZooKeeper server on 127.0.0.1:`port` to the
+/// four-letter word `command` (`srvr`, `cons`: whitelisted in its config),
+/// read to its end within `timeout`.
+pub fn four_letter(port: u16, command: &str, timeout: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(command.as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
 /// Packets the shared ZooKeeper (127.0.0.1:2181) received on the
 /// connection of session `sid` (`0x…`), from its `cons` command.
 fn packets_received(sid: &str) -> u64 {
-    let mut s = TcpStream::connect(("127.0.0.1", 2181)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"cons").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    let out = four_letter(2181, "cons", Duration::from_secs(5)).unwrap();
     let line = out
         .lines()
         .find(|l| l.contains(&format!("sid={sid},")))
