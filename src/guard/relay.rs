@@ -10,10 +10,10 @@
 //! handed over, it then executes `cronlease __guard --gone` in its own
 //! place ([`resume`]): the same process (its pid, its children, still
 //! their subreaper), with what is left ([`Remains`]) as JSON on its
-//! standard input. The binary it executes is the `cronlease` beside it,
-//! opened when the guard starts: a package upgraded meanwhile replaces the
-//! file's name, not what was opened, so the daemon's own version hands
-//! over.
+//! standard input. The binary it executes is the daemon's own, opened when
+//! the guard starts (`/proc/PID/exe` of its parent, the daemon that made
+//! its socket): a package upgraded meanwhile renames a new file over the
+//! old one's name, and the dead daemon's version hands over.
 
 use std::io::{Read, Seek, Write};
 
@@ -30,6 +30,12 @@ use super::*;
 /// `cronlease __guard`.
 pub fn serve_small(daemon_version: &str) -> std::process::ExitCode {
     let daemon_binary = open_daemon_binary();
+    if let Err(e) = &daemon_binary {
+        tracing::warn!(
+            process = "guard",
+            "cannot open the daemon's binary ({e}): if the daemon dies, its leases are left to expire"
+        );
+    }
     let ours = own_version();
     if daemon_version != ours {
         tracing::warn!(
@@ -46,23 +52,39 @@ pub fn serve_small(daemon_version: &str) -> std::process::ExitCode {
     super::server::serve_then(move |remains, died| {
         if !remains.needs_more() {
             kill_cgroups();
-            return;
+            return std::process::ExitCode::SUCCESS;
         }
         let Err(e) = pass_on(daemon_binary, remains, died);
         tracing::error!(
             process = "guard",
             "the daemon died; cannot hand over ({e}): its leases are left to expire"
         );
+        // What this executable can still do: the runs' cgroups (their
+        // units need the daemon's binary).
+        kill_cgroups();
+        std::process::ExitCode::from(70)
     })
 }
 
-/// `cronlease` beside this executable, opened read-only.
+/// The daemon's executable as it runs, opened read-only: `/proc/PID/exe`
+/// of the process that made the socket on standard input, which must be
+/// this process's parent before and after (one that died meanwhile would
+/// have given its number to another).
 fn open_daemon_binary() -> Result<OwnedFd, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
-    let path = exe.with_file_name("cronlease");
-    std::fs::File::open(&path)
-        .map(OwnedFd::from)
-        .map_err(|e| format!("{}: {e}", path.display()))
+    use rustix::process::getppid;
+    let daemon = rustix::net::sockopt::socket_peercred(std::io::stdin())
+        .map_err(|e| format!("the daemon's socket: {e}"))?
+        .pid;
+    let gone = || "the daemon is not this guard's parent".to_string();
+    if getppid() != Some(daemon) {
+        return Err(gone());
+    }
+    let path = format!("/proc/{}/exe", daemon.as_raw_nonzero());
+    let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+    if getppid() != Some(daemon) {
+        return Err(gone());
+    }
+    Ok(file.into())
 }
 
 /// Executes `cronlease __guard --gone` in this process with `remains` on
@@ -73,7 +95,7 @@ fn pass_on(
     died: std::time::Instant,
 ) -> Result<std::convert::Infallible, String> {
     let binary = daemon_binary?;
-    remains.died_us_ago = u64::try_from(died.elapsed().as_micros()).unwrap_or(u64::MAX);
+    remains.died_at_ns = Some(monotonic_ns().saturating_sub(nanos(died.elapsed())));
     let json = serde_json::to_vec(&remains).map_err(|e| format!("what is left: {e}"))?;
     let state = memfd().map_err(|e| format!("memfd_create: {e}"))?;
     let mut file = std::fs::File::from(state);
@@ -89,6 +111,19 @@ fn pass_on(
     let e = exec_daemon_binary(&binary, &[c"cronlease", c"__guard", c"--gone"]);
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&stops), None);
     Err(e)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `Instant` reads, and the
+/// same in both images of the process.
+fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let nsec = u64::try_from(t.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec)
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// This executable's version, as the daemon's is compared with it; in a
@@ -140,18 +175,27 @@ fn stop_set() -> SigSet {
 
 /// `cronlease __guard --gone`: what `cronlease-guard` passed on
 /// ([`pass_on`]), done: the runs' units and cgroups killed, then the
-/// handover. Exits 70 if what it was given cannot be read.
+/// handover. Exits 70 if what it was given cannot be read (the runs'
+/// cgroups are still killed).
 pub fn resume() -> std::process::ExitCode {
     ignore_stop_signals();
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&stop_set()), None);
+    // Executed from a descriptor, the process would be named by its
+    // number before Linux 6.14.
+    let _ = nix::sys::prctl::set_name(c"cronlease");
     let mut json = Vec::new();
     let read = std::io::stdin().lock().read_to_end(&mut json);
+    // What was read holds the store's address: not kept open past here.
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = nix::unistd::dup2_stdin(&null);
+    }
     // serde_json's message may quote what it read (the store's address):
     // only where it stopped is said.
     let remains = read.map_err(|e| e.to_string()).and_then(|_| {
         serde_json::from_slice::<Remains>(&json)
             .map_err(|e| format!("not what the guard passes, at column {}", e.column()))
     });
+    json.clear();
     let remains = match remains {
         Ok(remains) => remains,
         Err(e) => {
@@ -159,11 +203,15 @@ pub fn resume() -> std::process::ExitCode {
                 process = "guard",
                 "the daemon died; cannot read what its guard left ({e}): its leases are left to expire"
             );
+            kill_cgroups();
             return std::process::ExitCode::from(70);
         }
     };
-    let since = std::time::Duration::from_micros(remains.died_us_ago);
     let now = std::time::Instant::now();
-    remains.finish(now.checked_sub(since).unwrap_or(now));
+    let since = remains
+        .died_at_ns
+        .map(|at| std::time::Duration::from_nanos(monotonic_ns().saturating_sub(at)));
+    let died = since.and_then(|s| now.checked_sub(s)).unwrap_or(now);
+    remains.finish(died);
     std::process::ExitCode::SUCCESS
 }

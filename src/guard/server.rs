@@ -108,7 +108,14 @@ impl Succession {
 /// daemon's fallback when `cronlease-guard` is not beside it
 /// ([`serve_small`]).
 pub fn serve() -> std::process::ExitCode {
-    serve_then(Remains::finish)
+    // Executed from a descriptor by a `cronlease-guard` of another version
+    // ([`serve_small`]), the process would be named by its number before
+    // Linux 6.14.
+    let _ = nix::sys::prctl::set_name(c"cronlease");
+    serve_then(|remains, died| {
+        remains.finish(died);
+        std::process::ExitCode::SUCCESS
+    })
 }
 
 /// The signals that would stop a daemon, which the guard ignores.
@@ -131,7 +138,9 @@ pub(super) fn ignore_stop_signals() {
 
 /// The loop of [`serve`] and [`serve_small`]; once the daemon is gone and
 /// the runs' trees are killed, `then` does what is left.
-pub(super) fn serve_then(then: impl FnOnce(Remains, std::time::Instant)) -> std::process::ExitCode {
+pub(super) fn serve_then(
+    then: impl FnOnce(Remains, std::time::Instant) -> std::process::ExitCode,
+) -> std::process::ExitCode {
     ignore_stop_signals();
     let sock = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(sock) => Arc::new(sock),
@@ -187,8 +196,7 @@ pub(super) fn serve_then(then: impl FnOnce(Remains, std::time::Instant)) -> std:
         }
     }
     let died = std::time::Instant::now();
-    then(watched.daemon_gone(), died);
-    std::process::ExitCode::SUCCESS
+    then(watched.daemon_gone(), died)
 }
 
 /// Starts the threads that read the daemon's requests and the reaper;
@@ -364,7 +372,7 @@ impl Watched {
             doomed,
             units: self.units,
             succession: self.succession,
-            died_us_ago: 0,
+            died_at_ns: None,
         }
     }
 }
@@ -379,9 +387,9 @@ pub(super) struct Remains {
     pub(super) doomed: BTreeMap<i32, u64>,
     pub(super) units: BTreeSet<String>,
     pub(super) succession: Succession,
-    /// How long before the pass the daemon died (µs); 0 in one process.
+    /// When the daemon died, on `CLOCK_MONOTONIC` (ns), when passed on.
     #[serde(default)]
-    pub(super) died_us_ago: u64,
+    pub(super) died_at_ns: Option<u64>,
 }
 
 impl Remains {
