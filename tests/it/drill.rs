@@ -639,8 +639,9 @@ fn judge(c: &Cluster, disturbances: &[Disturbance], begin: f64, until: f64, coun
                     .filter(|d| d.from > instant - 4.0 && d.from < instant + 3.0)
                     .collect();
                 let finding = format!(
-                    "missed occurrence {} (unix {instant}); disturbances around it: {around:?}",
-                    DateTime::from_timestamp(t, 0).unwrap_or_default()
+                    "missed occurrence {} (unix {instant}); its records: {:?}; disturbances around it: {around:?}",
+                    DateTime::from_timestamp(t, 0).unwrap_or_default(),
+                    records_of(t)
                 );
                 eprintln!("{finding}");
                 counts.findings.push(finding);
