@@ -68,21 +68,15 @@ impl Guard {
             None,
         )?;
         rustix::io::ioctl_fionbio(&ours, true)?;
-        let mut command = match crate::launch::beside_this("cronlease-guard") {
-            Some(small) => {
-                let mut c = Command::new(small);
-                c.args(["__guard", env!("CARGO_PKG_VERSION")]);
-                c
-            }
-            None => {
-                let mut c = Command::new(
-                    std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into()),
-                );
-                c.arg("__guard");
-                c
-            }
+        let (program, args): (_, &[&str]) = match crate::launch::beside_this("cronlease-guard") {
+            Some(small) => (small, &["__guard", env!("CARGO_PKG_VERSION")]),
+            None => (
+                std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into()),
+                &["__guard"],
+            ),
         };
-        let child = command
+        let child = Command::new(program)
+            .args(args)
             // The guard needs nothing from the daemon's environment, least of
             // all its secrets; the jobs it starts get the daemon's
             // environment less these, as `exec` says.

@@ -164,13 +164,7 @@ fn memfd() -> rustix::io::Result<OwnedFd> {
 
 /// [`STOP_SIGNALS`] as a set.
 fn stop_set() -> SigSet {
-    let mut set = SigSet::empty();
-    for sig in STOP_SIGNALS {
-        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
-            set.add(sig);
-        }
-    }
-    set
+    STOP_SIGNALS.into_iter().collect()
 }
 
 /// `cronlease __guard --gone`: what `cronlease-guard` passed on
@@ -195,7 +189,6 @@ pub fn resume() -> std::process::ExitCode {
         serde_json::from_slice::<Remains>(&json)
             .map_err(|e| format!("not what the guard passes, at column {}", e.column()))
     });
-    json.clear();
     let remains = match remains {
         Ok(remains) => remains,
         Err(e) => {

@@ -119,12 +119,12 @@ pub fn serve() -> std::process::ExitCode {
 }
 
 /// The signals that would stop a daemon, which the guard ignores.
-pub(super) const STOP_SIGNALS: [i32; 5] = [
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGUSR1,
-    signal_hook::consts::SIGQUIT,
+pub(super) const STOP_SIGNALS: [Signal; 5] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGQUIT,
 ];
 
 /// Ignores [`STOP_SIGNALS`] by a handler that only sets a flag: an ignored
@@ -132,7 +132,7 @@ pub(super) const STOP_SIGNALS: [i32; 5] = [
 pub(super) fn ignore_stop_signals() {
     let ignored = Arc::new(AtomicBool::new(false));
     for sig in STOP_SIGNALS {
-        let _ = signal_hook::flag::register(sig, ignored.clone());
+        let _ = signal_hook::flag::register(sig as i32, ignored.clone());
     }
 }
 

@@ -53,6 +53,12 @@ pub struct Cluster {
     pub cwd: Option<PathBuf>,
 }
 
+/// Whether a node's log line is its guard's word on a dead daemon (`the
+/// daemon died: … leases released …`, or why it could not hand over).
+pub fn guard_on_death(line: &str) -> bool {
+    line.contains("the daemon died") && line.contains("process=\"guard\"")
+}
+
 /// The job every cluster test runs unless it brings its own: each second,
 /// append what it is to the shared output file.
 pub fn tick_job(out: &Path) -> String {

@@ -138,7 +138,7 @@ fn kill_holder(c: &mut Cluster, death: Death, busy: bool) -> Case {
     let guard_said = c.log(&holder)[logged..]
         .lines()
         .rev()
-        .find(|l| l.contains("the daemon died") && l.contains("process=\"guard\""))
+        .find(|l| crate::cluster::guard_on_death(l))
         .map(str::to_string);
     c.start(&holder);
     c.wait_registry(peers[0], &["n1", "n2", "n3"], Duration::from_secs(10));
@@ -387,7 +387,7 @@ fn a_guard_that_cannot_reach_the_store_kills_the_jobs_and_exits() {
     kill(redis, Signal::SIGCONT).unwrap();
     let said = c.log("n1")[logged..]
         .lines()
-        .find(|l| l.contains("the daemon died") && l.contains("process=\"guard\""))
+        .find(|l| crate::cluster::guard_on_death(l))
         .map(str::to_string);
     assert!(
         said.as_deref()
@@ -528,7 +528,7 @@ fn crash_hands_over_with(kind: GuardKind) {
         || {
             c.log("n1")[logged..]
                 .lines()
-                .find(|l| l.contains("the daemon died") && l.contains("process=\"guard\""))
+                .find(|l| crate::cluster::guard_on_death(l))
                 .map(str::to_string)
         },
     );

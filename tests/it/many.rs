@@ -263,7 +263,7 @@ fn spread_over_three_nodes(backend: Backend) {
     let guard_said = c
         .log("n2")
         .lines()
-        .find(|l| l.contains("the daemon died") && l.contains("process=\"guard\""))
+        .find(|l| crate::cluster::guard_on_death(l))
         .map(str::to_owned);
     let released = guard_said.as_deref().and_then(|l| {
         let before = l.split(" leases released").next()?;
