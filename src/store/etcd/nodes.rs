@@ -208,6 +208,7 @@ impl EtcdStore {
         read: &GetResponse,
         sent: i64,
     ) -> Vec<NodeRecord> {
+        self.clocks.answered(sent, now_ms());
         let prefix = self.keys.of(Kind::Node, "");
         let live = live_records(read.kvs(), &prefix, sent);
         // Every other record's clock is waited for, not only those live by
