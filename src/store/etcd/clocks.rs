@@ -202,6 +202,8 @@ pub(super) async fn read_clocks(
 impl EtcdStore {
     /// Starts the watch on the registry unless it runs: every heartbeat
     /// it delivers is a reading of its sender's clock ([`PeerClocks`]).
+    /// Called once this node's owner is known (`clocks.me`), whose record
+    /// the watch leaves out.
     pub(super) fn watch_clocks(&self, client: &etcd::Client) {
         let mut slot = lock(&self.clocks.watch);
         if slot.as_ref().is_some_and(|w| !w.is_finished()) {

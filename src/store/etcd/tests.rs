@@ -168,7 +168,7 @@ fn a_node_is_measured_against_the_median_of_three_or_more_clocks() {
     // Our own heartbeat: sent at 1000, answered at 1004; an event of it
     // (none comes: the watch leaves it out) is no peer's clock.
     clocks.answered(1000, 1004);
-    clocks.observe("n1#1", 1000, 1004, 1333);
+    clocks.observe("n1#1", 1000, 1010, 1333);
     // Alone, and with one peer: no majority, our own clock.
     assert_eq!(clocks.median_ms(1004), 0);
     // A peer 5 s ahead (sent at its 6000, seen at our 1006).
