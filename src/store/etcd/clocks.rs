@@ -10,16 +10,13 @@ use super::*;
 ///
 /// A heartbeat carries its sender's clock when it was sent; the watch
 /// event comes one path later (sender to etcd to this node). That path is
-/// taken to be as long as this node's own heartbeat's (its send to etcd's
-/// answer, which etcd sends as it sends the watch's events of the same
-/// write), so a peer's clock − ours ≈ its sent − our received + our path.
-/// The watch leaves this node's own record out: its event would only
-/// repeat the answer, a wake a beat.
+/// taken to be as long as this node's own heartbeat's (its send to its own
+/// event), so a peer's clock − ours ≈ its sent − our received + our path.
 #[derive(Default)]
 pub(super) struct PeerClocks {
     /// This node's owner, from its heartbeats (none: a CLI, no median).
     pub(super) me: std::sync::Mutex<Option<String>>,
-    /// This node's own heartbeat from its send to etcd's answer, in ms.
+    /// This node's own heartbeat from its send to its watch event, in ms.
     pub(super) own_path_ms: std::sync::Mutex<Option<i64>>,
     /// Per peer owner: its clock − ours in ms, and until when (our clock)
     /// the reading counts: its record's time to live.
@@ -54,6 +51,7 @@ impl PeerClocks {
     /// `received` (ours), living `ttl_ms`.
     pub(super) fn observe(&self, owner: &str, sent: i64, received: i64, ttl_ms: i64) {
         if lock(&self.me).as_deref() == Some(owner) {
+            *lock(&self.own_path_ms) = Some((received - sent).max(0));
             return;
         }
         let path = lock(&self.own_path_ms).unwrap_or(0);
@@ -61,12 +59,6 @@ impl PeerClocks {
             owner.to_string(),
             (sent - received + path, received.saturating_add(ttl_ms)),
         );
-    }
-
-    /// This node's own heartbeat, sent at `sent` and answered at
-    /// `answered` (our clock).
-    pub(super) fn answered(&self, sent: i64, answered: i64) {
-        *lock(&self.own_path_ms) = Some((answered - sent).max(0));
     }
 
     pub(super) fn forget(&self, owner: &str) {
@@ -113,81 +105,52 @@ pub(super) fn median(values: &mut [i64]) -> i64 {
     }
 }
 
-/// The key ranges a node's registry watch covers: every key under
-/// `prefix` but `own` (this node's record), as `(key, range end)`.
-pub(super) fn peer_ranges(prefix: &str, own: Option<&str>) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let end = prefix_end(prefix.as_bytes());
-    match own {
-        None => vec![(prefix.as_bytes().to_vec(), end)],
-        Some(own) => {
-            let mut after = own.as_bytes().to_vec();
-            after.push(0);
-            vec![
-                (prefix.as_bytes().to_vec(), own.as_bytes().to_vec()),
-                (after, end),
-            ]
-        }
-    }
-}
-
-/// Reads every heartbeat put under `prefix` (but `own`, this node's
-/// record) as a reading of its sender's clock, and drops a leaving node's;
-/// watches again when the watch breaks (after 1 s, doubling to 30 s), for
-/// as long as the store lasts. Without the watch a node is measured
-/// against its own clock, as before it had peers.
+/// Reads every heartbeat put under `prefix` as a reading of its sender's
+/// clock, and drops a leaving node's; watches again when the watch breaks
+/// (after 1 s, doubling to 30 s), for as long as the store lasts. Without
+/// the watch a node is measured against its own clock, as before it had
+/// peers.
 pub(super) async fn read_clocks(
     clocks: Weak<PeerClocks>,
     client: etcd::Client,
     prefix: String,
-    own: Option<String>,
     url: StoreUrl,
 ) {
-    let ranges = peer_ranges(&prefix, own.as_deref());
+    let options = WatchOptions::new().with_range(prefix_end(prefix.as_bytes()));
     let mut pause = Duration::from_secs(1);
     loop {
         let mut watch = client.watch_client();
-        let mut watched = None;
-        for (key, end) in &ranges {
-            let options = WatchOptions::new().with_range(end.clone());
-            let sent = match watched.as_mut() {
-                None => watch
-                    .watch(key.clone(), Some(options))
-                    .await
-                    .map(|stream| watched = Some(stream)),
-                Some(stream) => stream.watch(key.clone(), Some(options)).await,
-            };
-            if let Err(e) = sent {
+        match watch.watch(prefix.as_str(), Some(options.clone())).await {
+            Err(e) => {
                 tracing::debug!(store = %url.redacted(), "cannot watch the node registry: {}", one_line(&url.scrub(&e.to_string())));
                 pause = (pause * 2).min(Duration::from_secs(30));
-                watched = None;
-                break;
             }
-        }
-        if let Some(mut stream) = watched {
-            pause = Duration::from_secs(1);
-            while let Ok(Some(answer)) = stream.message().await {
-                let received = now_ms();
-                let Some(clocks) = clocks.upgrade() else {
-                    return;
-                };
-                if answer.canceled() {
-                    break;
-                }
-                for event in answer.events() {
-                    let Some(kv) = event.kv() else {
-                        continue;
+            Ok(mut stream) => {
+                pause = Duration::from_secs(1);
+                while let Ok(Some(answer)) = stream.message().await {
+                    let received = now_ms();
+                    let Some(clocks) = clocks.upgrade() else {
+                        return;
                     };
-                    let Some(owner) = owner_of(kv, &prefix) else {
-                        continue;
-                    };
-                    if matches!(event.event_type(), EventType::Delete) {
-                        clocks.forget(owner);
-                        continue;
+                    if answer.canceled() {
+                        break;
                     }
-                    if let Some(data) = BeatData::parse(kv.value())
-                        && let Some(sent) = data.last_seen
-                    {
-                        clocks.observe(owner, sent, received, data.ttl_ms);
+                    for event in answer.events() {
+                        let Some(kv) = event.kv() else {
+                            continue;
+                        };
+                        let Some(owner) = owner_of(kv, &prefix) else {
+                            continue;
+                        };
+                        if matches!(event.event_type(), EventType::Delete) {
+                            clocks.forget(owner);
+                            continue;
+                        }
+                        if let Some(data) = BeatData::parse(kv.value())
+                            && let Some(sent) = data.last_seen
+                        {
+                            clocks.observe(owner, sent, received, data.ttl_ms);
+                        }
                     }
                 }
             }
@@ -202,21 +165,15 @@ pub(super) async fn read_clocks(
 impl EtcdStore {
     /// Starts the watch on the registry unless it runs: every heartbeat
     /// it delivers is a reading of its sender's clock ([`PeerClocks`]).
-    /// Called once this node's owner is known (`clocks.me`), whose record
-    /// the watch leaves out.
     pub(super) fn watch_clocks(&self, client: &etcd::Client) {
         let mut slot = lock(&self.clocks.watch);
         if slot.as_ref().is_some_and(|w| !w.is_finished()) {
             return;
         }
-        let own = lock(&self.clocks.me)
-            .as_deref()
-            .map(|me| self.keys.of(Kind::Node, me));
         *slot = Some(tokio::spawn(read_clocks(
             Arc::downgrade(&self.clocks),
             client.clone(),
             self.keys.of(Kind::Node, ""),
-            own,
             self.url.clone(),
         )));
     }

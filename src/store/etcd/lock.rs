@@ -231,10 +231,8 @@ impl EtcdStore {
             })
             .await?;
         let nodes = match (sent, extra.as_slice()) {
-            // `now`: when the first read, which carried the beat, was
-            // answered; not after the writes that followed it.
             (Some((beat, sent)), [_, TxnOpResponse::Get(read)]) => {
-                Some(self.beat_answered(beat, read, sent, now))
+                Some(self.beat_answered(beat, read, sent))
             }
             _ => None,
         };

@@ -156,7 +156,7 @@ impl EtcdStore {
                 return Err(self.backend("a heartbeat answered with something other than its keys"));
             }
         };
-        let nodes = self.beat_answered(beat, read, sent, now_ms());
+        let nodes = self.beat_answered(beat, read, sent);
         let pending = match requests {
             None => None,
             Some(page) if !page.more() => {
@@ -200,17 +200,14 @@ impl EtcdStore {
         (ops, now)
     }
 
-    /// The live records a heartbeat sent at `sent` read back, in the
-    /// transaction etcd answered at `answered` (this host's clock: the
-    /// node's own path); the peers' clocks are expected from them.
+    /// The live records a heartbeat sent at `sent` read back; the peers'
+    /// clocks are expected from them.
     pub(super) fn beat_answered(
         &self,
         beat: &Heartbeat,
         read: &GetResponse,
         sent: i64,
-        answered: i64,
     ) -> Vec<NodeRecord> {
-        self.clocks.answered(sent, answered);
         let prefix = self.keys.of(Kind::Node, "");
         let live = live_records(read.kvs(), &prefix, sent);
         // Every other record's clock is waited for, not only those live by
